@@ -1,0 +1,161 @@
+"""Reading typed dataclasses from TOML tables, with errors that name the key.
+
+One function serves plans, strategy settings and (later) study files, so every
+user-written table is checked the same way: unknown keys, wrong types and values
+outside a `Literal` are refused with the dotted path of the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from harness.errors import HarnessError
+
+T = TypeVar("T")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, turning every way it can fail into a HarnessError."""
+    p = Path(path)
+    if not p.is_file():
+        raise HarnessError(f"{p}: no such file; give the path of a TOML file")
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise HarnessError(f"{p}: not valid TOML ({e}); fix the syntax at that place") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise HarnessError(f"{p}: cannot be read as a TOML text file ({e})") from None
+
+
+def did_you_mean(word: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def from_table(cls: type[T], table: Mapping[str, Any], where: str) -> T:
+    """Build dataclass `cls` from `table`, checking keys and types.
+
+    `where` names the table in messages, e.g. "plan.toml [strategies.amp]".
+    """
+    if not isinstance(table, Mapping):
+        raise HarnessError(f"{where}: expected a table, got {type(table).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    values: dict[str, Any] = {}
+    for key, raw in table.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise HarnessError(
+                f"{where}: unknown key '{key}'{did_you_mean(key, fields)}; known keys: {known}"
+            )
+        values[key] = coerce(raw, hints[key], f"{where}.{key}")
+    missing = [
+        n for n, f in fields.items()
+        if n not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise HarnessError(f"{where}: missing key '{missing[0]}'")
+    obj = cls(**values)
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        check(where)
+    return obj
+
+
+def type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in get_args(tp))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or tp is dict:
+        return "a table"
+    if tp is type(None):
+        return "nothing"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(raw: Any, tp: Any, key: str) -> Any:
+    """Check `raw` against annotation `tp`; return it (ints widen to floats)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return raw
+    if origin is Literal:
+        if raw in get_args(tp) and type(raw) in {type(a) for a in get_args(tp)}:
+            return raw
+        raise HarnessError(f"{key}: {raw!r} is not one of {type_name(tp)}")
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return coerce(raw, arg, key)
+            except HarnessError:
+                continue
+        raise HarnessError(f"{key}: expected {type_name(tp)}, got {_show(raw)}")
+    if tp is type(None):
+        if raw is None:
+            return None
+        raise HarnessError(f"{key}: expected nothing, got {_show(raw)}")
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+    elif tp is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+    elif tp is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+    elif tp is str:
+        if isinstance(raw, str):
+            return raw
+    elif origin in (list, tuple):
+        if isinstance(raw, (list, tuple)):
+            args = get_args(tp)
+            if origin is tuple and args and args[-1] is not Ellipsis:
+                if len(raw) != len(args):
+                    raise HarnessError(f"{key}: expected {len(args)} values, got {len(raw)}")
+                return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(raw, args)))
+            item = args[0] if args else Any
+            out = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(raw)]
+            return tuple(out) if origin is tuple else out
+    elif origin is dict or tp is dict:
+        if isinstance(raw, Mapping):
+            return dict(raw)
+    elif dataclasses.is_dataclass(tp):
+        return from_table(tp, raw, key)
+    else:
+        raise TypeError(f"config type {tp!r} for {key} is not supported")
+    raise HarnessError(f"{key}: expected {type_name(tp)}, got {_show(raw)}")
+
+
+def _show(raw: Any) -> str:
+    text = repr(raw)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{text} ({type(raw).__name__})"
+
+
+def to_table(obj: Any) -> Any:
+    """The inverse of from_table: a dataclass as plain TOML-able values (None dropped)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            f.name: to_table(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if getattr(obj, f.name) is not None
+        }
+    if isinstance(obj, Mapping):
+        return {k: to_table(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, (list, tuple)):
+        return [to_table(v) for v in obj]
+    return obj

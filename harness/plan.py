@@ -1,0 +1,169 @@
+"""Plan: everything needed to run one trial, and nothing else.
+
+A plan is read from TOML (or built in code) and written back whole into every
+result, so `harness bench` on a stored plan re-runs it exactly. In TOML the
+workload's arguments sit beside its name:
+
+    [workload]
+    name = "gpt"
+    layers = 4
+
+and each strategy is a table under [strategies] holding its settings.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.config import did_you_mean, from_table, read_toml, to_table
+from harness.errors import HarnessError
+
+
+@dataclass
+class Layout:
+    """How the world is split: data x pipeline x tensor parallel ranks."""
+
+    data: int = 1
+    pipeline: int = 1
+    tensor: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.data * self.pipeline * self.tensor
+
+    def validate(self, where: str) -> None:
+        for name in ("data", "pipeline", "tensor"):
+            if getattr(self, name) < 1:
+                raise HarnessError(f"{where}.{name}: must be 1 or more")
+
+
+@dataclass
+class OptimizerSettings:
+    """Hyper-parameters of the optimizer (AdamW unless a strategy replaces it)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def validate(self, where: str) -> None:
+        if not self.lr > 0:
+            raise HarnessError(f"{where}.lr: must be above 0")
+        if self.weight_decay < 0:
+            raise HarnessError(f"{where}.weight_decay: must be 0 or more")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise HarnessError(f"{where}.betas: each must be in [0, 1)")
+        if not self.eps > 0:
+            raise HarnessError(f"{where}.eps: must be above 0")
+
+
+@dataclass
+class Plan:
+    name: str = "plan"
+    workload: str = "gpt"
+    workload_args: dict[str, Any] = field(default_factory=dict)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    layout: Layout = field(default_factory=Layout)
+    micro_batch_size: int = 8
+    global_batch_size: int | None = None  # default: micro_batch_size x data
+    strategies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    warmup_steps: int = 3
+    steps: int = 10
+    seed: int = 0
+    timeout_s: float = 900.0
+
+    # --- derived -----------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def batch_size(self) -> int:
+        """The global batch: samples per optimizer step over the whole job."""
+        if self.global_batch_size is None:
+            return self.micro_batch_size * self.layout.data
+        return self.global_batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-steps per optimizer step: global / (micro-batch x data-parallel)."""
+        per_step = self.micro_batch_size * self.layout.data
+        if self.batch_size % per_step:
+            raise HarnessError(
+                f"global_batch_size {self.batch_size} is not a multiple of micro_batch_size "
+                f"{self.micro_batch_size} x data-parallel {self.layout.data} = {per_step}; "
+                f"set global_batch_size to a multiple of {per_step}"
+            )
+        return self.batch_size // per_step
+
+    def validate(self, where: str) -> None:
+        positive = ("micro_batch_size", "steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise HarnessError(f"{where}.{name}: must be 1 or more")
+        if self.warmup_steps < 0:
+            raise HarnessError(f"{where}.warmup_steps: must be 0 or more")
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            raise HarnessError(f"{where}.global_batch_size: must be 1 or more")
+        if not self.timeout_s > 0:
+            raise HarnessError(f"{where}.timeout_s: must be above 0")
+        for name, settings in self.strategies.items():
+            if not isinstance(settings, dict):
+                raise HarnessError(
+                    f"{where}.strategies.{name}: expected a table of settings, "
+                    f"e.g. [strategies.{name}]"
+                )
+
+    # --- reading and writing ------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "plan") -> Plan:
+        data = copy.deepcopy(dict(data))
+        wl = data.pop("workload", None)
+        if isinstance(wl, dict):
+            args = dict(wl)
+            name = args.pop("name", None)
+            if not isinstance(name, str):
+                raise HarnessError(
+                    f"{where}.workload: needs name = \"gpt\" (or \"vit\", \"resnet\", \"mlp\", "
+                    f"or \"package.module:function\")"
+                )
+            data["workload"] = name
+            if "workload_args" in data:
+                raise HarnessError(f"{where}: give workload arguments in [workload], not both")
+            data["workload_args"] = args
+        elif wl is not None:
+            data["workload"] = wl
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise HarnessError(
+                    f"{where}: unknown key '{key}'{did_you_mean(key, known)}; "
+                    f"known keys: {', '.join(sorted(known - {'workload_args'}))}"
+                )
+        return from_table(cls, data, where)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Plan:
+        return cls.from_dict(read_toml(path), where=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML form: workload arguments inside [workload]."""
+        table = to_table(self)
+        table.pop("workload_args", None)
+        table["workload"] = {"name": self.workload, **to_table(self.workload_args)}
+        table["layout"] = to_table(self.layout)
+        table["optimizer"]["betas"] = list(self.optimizer.betas)
+        return table
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+    def replace(self, **changes: Any) -> Plan:
+        return dataclasses.replace(copy.deepcopy(self), **changes)

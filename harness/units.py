@@ -1,0 +1,47 @@
+"""Human-readable numbers for summaries, and parsing of sizes users type."""
+
+from __future__ import annotations
+
+import re
+
+from harness.errors import HarnessError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(text: str, what: str = "size") -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise HarnessError(f"{what} {text!r}: write a size such as 70GiB, 512MiB or 8GB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    return f"{s / 60:.1f} min"
+
+
+def format_rate(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    for prefix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= size:
+            return f"{x / size:.2f} {prefix}{unit}"
+    return f"{x:.2f} {unit}"

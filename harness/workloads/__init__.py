@@ -1,0 +1,69 @@
+"""Workloads by name: the built-in ones, or a user's `package.module:function`."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from typing import Any
+
+from harness.config import did_you_mean
+from harness.errors import HarnessError
+from harness.workloads.base import TransformerShape, Workload
+
+BUILTIN = {
+    "gpt": "harness.workloads.gpt:build_gpt",
+    "vit": "harness.workloads.vision:build_vit",
+    "resnet": "harness.workloads.vision:build_resnet",
+    "mlp": "harness.workloads.mlp:build_mlp",
+}
+
+__all__ = ["BUILTIN", "TransformerShape", "Workload", "load_workload"]
+
+
+def _resolve(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise HarnessError(
+            f"workload '{spec}': use a built-in name ({', '.join(BUILTIN)}) "
+            "or 'package.module:function'"
+        )
+    if os.getcwd() not in sys.path:  # as `python -m` would: the user's own package
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise HarnessError(
+            f"workload '{spec}': cannot import module '{module_name}' ({e}); "
+            "check the name and that it is on PYTHONPATH"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise HarnessError(f"workload '{spec}': '{module_name}' has no function '{attr}'")
+    return fn
+
+
+def load_workload(name: str, args: dict[str, Any] | None = None) -> Workload:
+    """Build workload `name` with its arguments; a user's mistake is a HarnessError."""
+    args = dict(args or {})
+    if ":" in name:
+        fn = _resolve(name)
+    elif name in BUILTIN:
+        fn = _resolve(BUILTIN[name])
+    else:
+        raise HarnessError(
+            f"unknown workload '{name}'{did_you_mean(name, BUILTIN)}; built-in: "
+            f"{', '.join(BUILTIN)}, or give 'package.module:function'"
+        )
+    try:
+        inspect.signature(fn).bind(**args)
+    except TypeError as e:
+        raise HarnessError(f"workload '{name}': {e}; fix the [workload] arguments") from None
+    workload = fn(**args)
+    if not isinstance(workload, Workload):
+        raise HarnessError(
+            f"workload '{name}' returned {type(workload).__name__}, not a "
+            "harness.workloads.base.Workload"
+        )
+    return workload

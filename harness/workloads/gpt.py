@@ -1,0 +1,165 @@
+"""A GPT-style decoder language model (pre-norm, learned positions, tied weights)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.config import from_table
+from harness.errors import HarnessError
+from harness.workloads.attention import ATTENTION
+from harness.workloads.base import TransformerShape, Workload
+
+
+@dataclass
+class GPTConfig:
+    layers: int = 4
+    heads: int = 4
+    hidden: int = 256
+    seq_len: int = 256
+    vocab: int = 8192
+    ffn_mult: int = 4
+    dropout: float = 0.0
+    attention: Literal["explicit", "sdpa"] = "explicit"
+    tie_weights: bool = True
+
+    def validate(self, where: str) -> None:
+        for name in ("layers", "heads", "hidden", "seq_len", "vocab", "ffn_mult"):
+            if getattr(self, name) < 1:
+                raise HarnessError(f"{where}.{name}: must be 1 or more")
+        if self.hidden % self.heads:
+            raise HarnessError(
+                f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
+                "choose hidden as a multiple of heads"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise HarnessError(f"{where}.dropout: must be in [0, 1)")
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.up = nn.Linear(hidden, inner)
+        self.act = nn.GELU(approximate="tanh")
+        self.down = nn.Linear(inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.attention = ATTENTION[cfg.attention](dropout=cfg.dropout)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg.hidden, cfg.ffn_mult * cfg.hidden)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = self.attention(q, k, v).transpose(1, 2).reshape(b, t, h)
+        x = x + F.dropout(self.proj(y), self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        # A module, so a fused kernel can replace it (kernels.cross_entropy).
+        self.criterion = nn.CrossEntropyLoss()
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2: scale residual projections by 1/sqrt(2L)
+            for proj in (block.proj, block.mlp.down):
+                nn.init.normal_(proj.weight, std=0.02 / (2 * cfg.layers) ** 0.5)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        t = idx.size(1)
+        pos = torch.arange(t, device=idx.device)
+        x = F.dropout(self.wte(idx) + self.wpe(pos), self.cfg.dropout, self.training)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return self.criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class GPTWorkload(Workload):
+    name = "gpt"
+
+    def __init__(self, cfg: GPTConfig):
+        self.cfg = cfg
+        self.tokens_per_sample = cfg.seq_len
+        self.shape = TransformerShape(
+            layers=cfg.layers,
+            hidden=cfg.hidden,
+            heads=cfg.heads,
+            seq_len=cfg.seq_len,
+            vocab=cfg.vocab,
+            ffn_hidden=cfg.ffn_mult * cfg.hidden,
+            dropout=cfg.dropout,
+        )
+
+    def build_model(self) -> GPT:
+        return GPT(self.cfg)
+
+    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        """Learnable synthetic text: each sequence follows x[t+1] = (5·x[t] + 17) mod V
+        from a random start, with 10% of tokens replaced by noise, so the loss falls
+        as the model learns instead of sitting at log V."""
+        cfg = self.cfg
+        g = torch.Generator().manual_seed(1_000_003 * (index + 1))
+        start = torch.randint(cfg.vocab, (batch_size, 1), generator=g)
+        tokens = start.expand(-1, cfg.seq_len + 1).clone()
+        for t in range(1, cfg.seq_len + 1):
+            tokens[:, t] = (5 * tokens[:, t - 1] + 17) % cfg.vocab
+        noise = torch.rand(tokens.shape, generator=g) < 0.1
+        tokens[noise] = torch.randint(cfg.vocab, (int(noise.sum()),), generator=g)
+        tokens = tokens.to(device)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        idx, targets = batch
+        return model(idx, targets)
+
+    def flops_per_sample(self) -> float:
+        """6N + 12·L·H·Q·T per token (PaLM, appendix B), times T tokens.
+
+        N counts every parameter but the position embeddings (their "matmul" is a
+        lookup); the token embedding stays in because, tied, it is also the LM head.
+        """
+        cfg = self.cfg
+        with torch.device("meta"):
+            model = self.build_model()
+        n = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+        per_token = 6 * n + 12 * cfg.layers * cfg.hidden * cfg.seq_len
+        return float(per_token * cfg.seq_len)
+
+
+def build_gpt(**args: Any) -> GPTWorkload:
+    return GPTWorkload(from_table(GPTConfig, args, "[workload]"))

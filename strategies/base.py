@@ -1,0 +1,105 @@
+"""What a strategy is: one acceleration technique, its settings, where it acts.
+
+A strategy is small: a settings dataclass, the search space of those settings,
+`check` (the reasons it cannot apply to a plan here, in words) and `apply` at
+each phase it declares. `strategies.compose` calls the phases in order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from harness.config import from_table, to_table
+
+if TYPE_CHECKING:
+    from harness.device import RuntimeEnv
+    from harness.plan import Plan
+    from strategies.setup import Setup
+
+
+class Phase(IntEnum):
+    """Where in the composition a strategy acts; the numbers are DESIGN.md's order.
+
+    Phase 1 (building the model) belongs to the workload. The order follows what
+    techniques require of each other: kernels are swapped before anything wraps
+    the modules; tensor parallel shards plain modules; checkpoint wrappers go
+    inside compile; the pipeline splits the compiled blocks; the data-parallel
+    wrapper sees each stage; the optimizer sees the final (maybe sharded)
+    parameters; the step runs last.
+    """
+
+    MODULE_SWAP = 2
+    TENSOR_PARALLEL = 3
+    CHECKPOINT = 4
+    COMPILE = 5
+    PIPELINE = 6
+    DATA_PARALLEL = 7
+    OPTIMIZER = 8
+    STEP = 9
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A categorical setting: one of `values`."""
+
+    values: tuple[Any, ...]
+
+    def describe(self) -> str:
+        return " | ".join(repr(v) for v in self.values)
+
+
+@dataclass(frozen=True)
+class IntRange:
+    low: int
+    high: int
+    log: bool = False
+
+    def describe(self) -> str:
+        return f"int [{self.low}, {self.high}]" + (" log" if self.log else "")
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    low: float
+    high: float
+    log: bool = False
+
+    def describe(self) -> str:
+        return f"float [{self.low:g}, {self.high:g}]" + (" log" if self.log else "")
+
+
+Space = Choice | IntRange | FloatRange
+
+
+class Strategy(ABC):
+    """One technique. Subclasses set the class attributes and implement `apply`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    phases: ClassVar[tuple[Phase, ...]]
+    Settings: ClassVar[type]
+    requires: ClassVar[str] = "nothing"
+    # Issue-level stage of the technique: distributed ones need world_size > 1.
+    distributed: ClassVar[bool] = False
+
+    def space(self) -> dict[str, Space]:
+        """The searchable settings and their ranges (a subset of Settings' fields)."""
+        return {}
+
+    def parse(self, table: dict[str, Any], where: str = "") -> Any:
+        """Settings from a TOML table, refusing unknown keys and wrong types."""
+        return from_table(self.Settings, table, where or f"[strategies.{self.name}]")
+
+    def defaults(self) -> dict[str, Any]:
+        return to_table(self.Settings())
+
+    def check(self, settings: Any, plan: Plan, env: RuntimeEnv) -> list[str]:
+        """Reasons this strategy cannot apply to `plan` here; empty when it can."""
+        return []
+
+    @abstractmethod
+    def apply(self, phase: Phase, setup: Setup, settings: Any) -> None:
+        """Change `setup` at `phase` (one of `self.phases`)."""

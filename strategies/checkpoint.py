@@ -1,0 +1,48 @@
+"""Activation checkpointing: keep a block's input, recompute its inside in backward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from harness.errors import HarnessError
+from strategies.base import Choice, Phase, Strategy
+from strategies.registry import register
+
+
+@dataclass
+class CheckpointSettings:
+    every: int = 1  # checkpoint blocks 0, k, 2k, ...; 1 checkpoints all of them
+
+    def validate(self, where: str) -> None:
+        if self.every < 1:
+            raise HarnessError(f"{where}.every: must be 1 or more (1 = every block)")
+
+
+class Checkpoint(Strategy):
+    name = "checkpoint"
+    summary = "activation checkpointing of every k-th block (trades recompute for memory)"
+    phases = (Phase.CHECKPOINT,)
+    Settings = CheckpointSettings
+    requires = "a model whose repeated layers are an nn.ModuleList named `blocks`"
+
+    def space(self):
+        return {"every": Choice((1, 2, 4))}
+
+    def apply(self, phase, setup, settings):
+        blocks = getattr(setup.model, "blocks", None)
+        if blocks is None:
+            raise HarnessError(
+                "checkpoint: the model has no `blocks` ModuleList to checkpoint; "
+                "keep its repeated layers in self.blocks or drop [strategies.checkpoint]"
+            )
+        wrapped = 0
+        for i in range(0, len(blocks), settings.every):
+            # torch's wrapper (non-reentrant checkpoint) also composes with FSDP.
+            blocks[i] = checkpoint_wrapper(blocks[i])
+            wrapped += 1
+        setup.notes.append(f"checkpoint: {wrapped} of {len(blocks)} blocks")
+
+
+register(Checkpoint())

@@ -1,0 +1,100 @@
+"""The one function that owns the order in which techniques are applied."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.device import RuntimeEnv, resolve_device
+from harness.errors import HarnessError
+from harness.plan import Plan
+from strategies.base import Phase, Strategy
+from strategies.registry import get
+from strategies.setup import Setup
+
+
+def active(plan: Plan) -> list[tuple[Strategy, Any]]:
+    """The plan's strategies with parsed settings (unknown names and keys refused)."""
+    return [
+        (get(name), get(name).parse(table, f"[strategies.{name}]"))
+        for name, table in plan.strategies.items()
+    ]
+
+
+def reasons_against(plan: Plan, env: RuntimeEnv) -> list[str]:
+    """Everything that stops `plan` from running here, in words; empty when it can run."""
+    chosen = active(plan)
+    reasons: list[str] = []
+    try:
+        steps = plan.accumulation_steps
+    except HarnessError as e:
+        return [str(e)]
+    if steps > 1 and "accumulation" not in plan.strategies:
+        reasons.append(
+            f"global_batch_size {plan.batch_size} needs {steps} micro-steps of "
+            f"{plan.micro_batch_size}: add [strategies.accumulation], or set "
+            f"global_batch_size = micro_batch_size x data-parallel"
+        )
+    if plan.world_size > 1 and not any(s.distributed for s, _ in chosen):
+        reasons.append(
+            f"layout has {plan.world_size} ranks but no distributed strategy "
+            "(ddp, zero, pipeline, tensor) uses them; add one or set [layout] to 1"
+        )
+    for strategy, settings in chosen:
+        reasons += strategy.check(settings, plan, env)
+    return reasons
+
+
+def validate(plan: Plan, env: RuntimeEnv) -> None:
+    """Raise a HarnessError naming what to change when `plan` cannot run here."""
+    reasons = reasons_against(plan, env)
+    if reasons:
+        raise HarnessError("; ".join(reasons))
+
+
+def resolved(plan: Plan) -> Plan:
+    """`plan` with every strategy's settings written out in full (defaults filled)."""
+    from harness.config import to_table
+
+    return plan.replace(
+        strategies={s.name: to_table(settings) for s, settings in active(plan)}
+    )
+
+
+def compose(
+    model: nn.Module,
+    plan: Plan | Mapping[str, Mapping[str, Any]],
+    device: torch.device | str | None = None,
+    env: RuntimeEnv | None = None,
+) -> Setup:
+    """Apply the plan's strategies to `model` in DESIGN.md's order; return the Setup.
+
+    `plan` may be a whole Plan or just its strategies, e.g.
+    ``compose(model, {"amp": {"dtype": "bf16"}, "checkpoint": {}})``.
+    Call ``setup.step(micro_batches, loss_fn)`` once per optimizer step.
+    """
+    if not isinstance(plan, Plan):
+        plan = Plan(strategies={k: dict(v) for k, v in plan.items()})
+    device = torch.device(device) if device is not None else resolve_device(plan.device)
+    env = env or RuntimeEnv.detect(device.type)
+    validate(plan, env)
+    chosen = active(plan)
+
+    setup = Setup(
+        model=model.to(device),
+        device=device,
+        hyper=plan.optimizer,
+        accumulation_steps=plan.accumulation_steps,
+    )
+    for phase in Phase:
+        for strategy, settings in chosen:
+            if phase in strategy.phases:
+                strategy.apply(phase, setup, settings)
+        if phase is Phase.OPTIMIZER:
+            # Every optimizer-phase choice is made (which optimizer, its kernels,
+            # a sharding wrapper); now build it over the final parameters.
+            setup.optimizer = setup.build_optimizer()
+    return setup

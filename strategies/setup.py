@@ -1,0 +1,99 @@
+"""Setup: the model, optimizer and step that composition builds, and the step itself.
+
+Strategies fill in the fields at their phases; `Setup.step` reads them. The step
+is the one place that knows the order inside a training step: autocast around
+forward, loss scaling, gradient accumulation without gradient sync on all but
+the last micro-step, the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.plan import OptimizerSettings
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+# (params, hyper-parameters, implementation) -> optimizer. `impl` is "default",
+# "foreach" or "fused": how the update runs, never what it computes.
+OptimizerFactory = Callable[[Iterable[Any], OptimizerSettings, str], torch.optim.Optimizer]
+# (params, the factory with hyper-parameters bound) -> a wrapping optimizer (ZeRO-1).
+OptimizerWrapper = Callable[[Iterable[Any], Callable[..., torch.optim.Optimizer]], torch.optim.Optimizer]
+
+
+def adamw(params: Iterable[Any], hp: OptimizerSettings, impl: str = "default") -> torch.optim.Optimizer:
+    """The default optimizer, in torch's default, foreach or fused implementation."""
+    flags = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+    return torch.optim.AdamW(
+        params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay, **flags
+    )
+
+
+@dataclass
+class Setup:
+    model: nn.Module
+    device: torch.device
+    hyper: OptimizerSettings = field(default_factory=OptimizerSettings)
+    accumulation_steps: int = 1
+    # Strategies replace these.
+    optimizer_factory: OptimizerFactory = adamw
+    optimizer_impl: str = "default"
+    optimizer_wrapper: OptimizerWrapper | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    autocast_dtype: torch.dtype | None = None
+    grad_scaler: Any = None  # torch.amp.GradScaler (or a sharded one) for fp16
+    sync_last_micro_step_only: bool = True
+    no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # Filled by workloads or strategies that need a different step (the pipeline).
+    step_override: Callable[[Setup, Sequence[Any], LossFn], torch.Tensor] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+
+        def make(p: Iterable[Any], **_: Any) -> torch.optim.Optimizer:
+            return self.optimizer_factory(p, self.hyper, self.optimizer_impl)
+
+        if self.optimizer_wrapper is not None:
+            return self.optimizer_wrapper(params, make)
+        return make(params)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> torch.Tensor:
+        """One optimizer step over `micro_batches`; returns the mean loss (a tensor).
+
+        The loss stays on the device: reading it would synchronise, and the caller
+        decides when that happens.
+        """
+        if self.step_override is not None:
+            return self.step_override(self, micro_batches, loss_fn)
+        assert self.optimizer is not None, "compose() builds the optimizer"
+        n = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            last = i == n - 1
+            sync = contextlib.nullcontext() if last or not self.sync_last_micro_step_only else self.no_sync()
+            with sync:
+                with self.autocast():
+                    loss = loss_fn(self.model, batch) / n
+                if self.grad_scaler is not None:
+                    self.grad_scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            total += loss.detach().float()
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total

@@ -1,0 +1,154 @@
+"""The command line as a user meets it: records written, mistakes refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.result import empty_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "studies" / "plans"
+TINY = ["--arg", "layers=2", "--arg", "hidden=32", "--arg", "heads=2",
+        "--arg", "seq_len=16", "--arg", "vocab=64", "--steps", "2", "--warmup-steps", "1"]
+
+SCHEMA_KEYS = {"schema", "study", "trial_id", "status", "reason", "plan", "predicted",
+               "metrics", "env", "command", "started_at", "duration_s"}
+
+
+def harness(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=240)
+
+
+def assert_schema_v1(record: dict) -> None:
+    assert SCHEMA_KEYS <= record.keys()
+    assert record["schema"] == 1
+    required = empty_metrics()
+    for key, value in required.items():
+        assert key in record["metrics"], key
+        if isinstance(value, dict):
+            assert value.keys() <= record["metrics"][key].keys(), key
+    assert {"peak_memory_bytes", "step_time_s"} <= record["predicted"].keys()
+
+
+@pytest.mark.slow
+def test_bench_quickstart_writes_a_complete_record(tmp_path):
+    out = tmp_path / "quick"
+    proc = harness("bench", str(PLANS / "quickstart.toml"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "result.json").read_text())
+    assert_schema_v1(record)
+    assert record["status"] == "ok", record["reason"]
+    m = record["metrics"]
+    assert m["step_time_s"]["n"] == 10
+    assert m["step_time_s"]["p10"] <= m["step_time_s"]["median"] <= m["step_time_s"]["p90"]
+    assert m["samples_per_s"] > 0 and m["tokens_per_s"] == pytest.approx(m["samples_per_s"] * 256)
+    assert 0 < m["mfu"] < 1.5 and m["peak_flops_source"]
+    assert m["peak_memory_bytes"] > 0 and m["memory"]["rss"] > 0
+    assert m["loss"]["finite"] and m["loss"]["last"] < m["loss"]["first"]
+    assert record["env"]["torch"]
+    assert "status" in proc.stdout and "MFU" in proc.stdout
+    # The stored plan re-runs: `harness bench` on it gives the same plan back.
+    again = harness("estimate", str(out / "plan.toml"), "--json")
+    assert again.returncode == 0, again.stderr
+
+
+def test_bench_from_flags_only(tmp_path):
+    out = tmp_path / "flags"
+    proc = harness("bench", "--workload", "gpt", *TINY, "--strategy", "amp:dtype=bf16",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "result.json").read_text())
+    assert record["status"] == "ok"
+    assert record["plan"]["strategies"] == {"amp": {"dtype": "bf16", "init_scale": 65536.0}}
+    assert record["plan"]["workload"]["layers"] == 2
+
+
+def test_user_workload_from_a_module_path(tmp_path):
+    out = tmp_path / "user"
+    proc = harness("bench", "--workload", "tests.user_workload:build", "--arg", "width=8",
+                   "--steps", "2", "--warmup-steps", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "result.json").read_text())
+    assert record["status"] == "ok"
+    assert record["metrics"]["tokens_per_s"] is None  # not a language model
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--strategy", "amq"], "unknown strategy 'amq' (did you mean 'amp'?)"),
+        (["--strategy", "amp:dtype=fp8"], "dtype: 'fp8' is not one of 'bf16' | 'fp16'"),
+        (["--strategy", "amp:precision=bf16"], "unknown key 'precision'"),
+        (["--strategy", "amp:dtype=fp16", "--device", "cpu"], "needs a CUDA device"),
+        (["--micro-batch-size", "3", "--global-batch-size", "8", "--strategy", "accumulation"],
+         "not a multiple of micro_batch_size 3"),
+        (["--global-batch-size", "16"], "add [strategies.accumulation]"),
+        (["--arg", "layerz=2"], "unknown key 'layerz'"),
+        (["--workload", "nosuch.module:build"], "cannot import module 'nosuch.module'"),
+        (["--workload", "gtp"], "unknown workload 'gtp' (did you mean 'gpt'?)"),
+        (["--strategy", "checkpoint:every=0"], "every: must be 1 or more"),
+    ],
+)
+def test_mistakes_are_one_line_exit_2_nothing_run(tmp_path, capsys, args, expected):
+    out = tmp_path / "never"
+    code = main(["bench", "--device", "cpu", *args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_plan_files(tmp_path, capsys):
+    cases = {
+        "missing.toml": None,
+        "junk.toml": "this is = = not toml",
+        "types.toml": 'steps = "ten"',
+        "unknown.toml": "stepz = 3",
+        "binary.toml": b"\x00\xff\xfe",
+    }
+    for name, content in cases.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            path.write_text(content)
+        assert main(["bench", str(path), "--out", str(tmp_path / "o")]) == 2, name
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and name in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_estimate_prints_breakdown(capsys):
+    assert main(["estimate", str(PLANS / "checkpoint.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "peak memory" in out and "activations" in out
+
+
+def test_strategies_lists_the_registry(capsys):
+    assert main(["strategies", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    names = {s["name"] for s in listing}
+    assert {"amp", "checkpoint", "accumulation", "fused", "lamb"} <= names
+    amp = next(s for s in listing if s["name"] == "amp")
+    assert amp["settings"]["dtype"]["space"] == "'bf16' | 'fp16'"
+    assert amp["phases"] == ["step"] and amp["requires"]
+    assert main(["strategies"]) == 0
+    assert "requires" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("plan", sorted(p.name for p in PLANS.glob("*.toml")))
+def test_every_shipped_plan_is_valid(plan, capsys):
+    code = main(["estimate", str(PLANS / plan), "--json"])
+    err = capsys.readouterr().err
+    if plan == "amp-fp16.toml":  # CUDA only: refused here with the reason
+        assert code == 2 and "CUDA" in err
+    else:
+        assert code == 0, err

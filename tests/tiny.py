@@ -1,0 +1,33 @@
+"""A tiny GPT and a plain training loop through `compose`, shared by strategy tests."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.batches import split_batch
+from harness.plan import Plan
+from harness.workloads import load_workload
+from strategies import compose
+
+TINY_GPT = dict(layers=2, heads=2, hidden=32, seq_len=16, vocab=64)
+
+
+def tiny_gpt(**overrides):
+    return load_workload("gpt", {**TINY_GPT, **overrides})
+
+
+def train(strategies: dict, micro: int = 8, global_batch: int = 8, steps: int = 5,
+          lr: float = 1e-2, workload=None) -> list[float]:
+    """Losses of `steps` optimizer steps from the same seed and data."""
+    workload = workload or tiny_gpt()
+    torch.manual_seed(0)
+    model = workload.build_model()
+    plan = Plan(micro_batch_size=micro, global_batch_size=global_batch,
+                strategies=strategies, device="cpu")
+    plan.optimizer.lr = lr
+    setup = compose(model, plan, "cpu")
+    losses = []
+    for s in range(steps):
+        batch = workload.batch(global_batch, s, "cpu")
+        losses.append(setup.step(split_batch(batch, plan.accumulation_steps), workload.loss).item())
+    return losses
