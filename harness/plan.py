@@ -35,6 +35,16 @@ class Layout:
     def world_size(self) -> int:
         return self.data * self.pipeline * self.tensor
 
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pipeline, data, tensor) index of global `rank`: tensor varies fastest, so
+        tensor-parallel peers sit on one node. This is the row-major order of a
+        DeviceMesh of shape (pipeline, data, tensor)."""
+        return (
+            rank // (self.tensor * self.data),
+            (rank // self.tensor) % self.data,
+            rank % self.tensor,
+        )
+
     def validate(self, where: str) -> None:
         for name in ("data", "pipeline", "tensor"):
             if getattr(self, name) < 1:

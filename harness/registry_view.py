@@ -34,6 +34,7 @@ def strategies_json() -> list[dict[str, Any]]:
             },
             "requires": s.requires,
             "available_here": _here(s, env),
+            "kernels_here": s.availability() if hasattr(s, "availability") else None,
         })
     return out
 
@@ -46,6 +47,8 @@ def strategies_text() -> str:
             space = f"   search: {info['space']}" if info["space"] else ""
             lines.append(f"    {key} = {info['default']!r}{space}")
         lines.append(f"    requires: {s['requires']}; here: {s['available_here']}")
+        for kernel, where in (s["kernels_here"] or {}).items():
+            lines.append(f"    kernel {kernel}: {where}")
         lines.append("")
     lines.append("Composition order: module swaps, tensor parallel, checkpointing, compile, "
                  "pipeline, data parallel, optimizer, step.")

@@ -7,14 +7,14 @@
 
 Dispatch (`use_triton`): a CUDA tensor takes the Triton kernel when triton imports; a
 CPU tensor takes the plain-PyTorch reference, or Triton's interpreter when
-TRITON_INTERPRET=1. Triton reads that variable once, when it is first imported
-(its own library, `tl.sum` and the like, is decorated then), so it must be set
-before anything imports triton: `TRITON_INTERPRET=1 pytest tests/kernels`.
+TRITON_INTERPRET=1. Triton reads that variable when it is first imported (its
+own library, `tl.sum` and the like, is decorated then), so it must be set before
+anything imports triton (tests/kernels/conftest.py does so).
 
-Importing this package never imports triton; importing a kernel module imports
-triton.language if it is installed, and works without it (the kernels are then
-defined but never launched). The kernels are `LazyKernel`s: decorated with
-triton.jit at their first launch, in the mode TRITON_INTERPRET says then.
+Importing this package or a kernel module never imports triton (and works
+without it): the kernels are `LazyKernel`s, decorated with triton.jit at their
+first launch, in the mode TRITON_INTERPRET says then; triton is imported by the
+first dispatch that could use it (on CUDA, or with TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ class LazyKernel:
     per call instead of at import. (Triton's own library, tl.sum and the like, is
     still decorated when triton is first imported: `why_not_triton` checks that.)
     The kernels do not call each other, so no jit'd helper has to match the mode.
+
+    The kernel modules do not import triton: their `tl` global is None until the
+    first launch binds it to triton.language (the kernels' `tl.constexpr`
+    annotations are strings, never evaluated, under `from __future__ import
+    annotations`). So importing them neither needs triton nor fixes the mode.
     """
 
     def __init__(self, fn):
@@ -122,7 +127,9 @@ class LazyKernel:
         mode = interpreter_requested()
         if mode not in self._jitted:
             import triton
+            import triton.language
 
+            self.fn.__globals__["tl"] = triton.language  # the kernel modules leave it unset
             self._jitted[mode] = triton.jit(self.fn)
         return self._jitted[mode][grid]
 

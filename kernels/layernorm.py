@@ -19,10 +19,7 @@ from torch import nn
 
 from kernels import cdiv, jit, next_power_of_2, resolve
 
-try:
-    import triton.language as tl
-except ImportError:  # reference-only install: the kernels below are never launched
-    tl = None
+tl = None  # triton.language, bound by kernels.jit at the first launch (see kernels/__init__)
 
 MAX_N = 16384  # the widest row kept in registers; wider rows take the reference
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -32,10 +32,7 @@ import torch
 
 from kernels import jit, resolve
 
-try:
-    import triton.language as tl
-except ImportError:  # reference-only install: the kernels below are never launched
-    tl = None
+tl = None  # triton.language, bound by kernels.jit at the first launch (see kernels/__init__)
 
 BLOCK = 1024
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

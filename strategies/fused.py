@@ -1,4 +1,4 @@
-"""Fused kernels: SDPA attention, foreach/fused optimizer updates, torch.compile."""
+"""Fused kernels: SDPA attention, our Triton kernels, fused optimizers, torch.compile."""
 
 from __future__ import annotations
 
@@ -6,46 +6,83 @@ import shutil
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
+import kernels
 from harness.workloads.attention import swap_attention
 from strategies.base import Choice, Phase, Strategy
+from strategies.kernel_swaps import SWAPS
 from strategies.registry import register
+
+KernelMode = Literal["eager", "compile", "triton"]
 
 
 @dataclass
 class FusedSettings:
     attention: Literal["explicit", "sdpa"] = "sdpa"
-    optimizer: Literal["default", "foreach", "fused"] = "fused"
-    compile: bool = False
+    optimizer: Literal["default", "foreach", "fused", "triton"] = "fused"
+    compile: bool = False  # torch.compile each block
+    layernorm: KernelMode = "eager"
+    gelu: KernelMode = "eager"  # the MLP's bias + GELU
+    cross_entropy: KernelMode = "eager"
+
+
+def triton_unavailable(device_type: str) -> str | None:
+    probe = torch.empty(0) if device_type == "cpu" else None  # no CUDA context here
+    return kernels.why_not_triton(probe)
+
+
+def has_compiler() -> bool:
+    return any(shutil.which(c) for c in ("gcc", "cc", "clang"))
 
 
 class Fused(Strategy):
     name = "fused"
-    summary = "fused kernels: scaled_dot_product_attention, fused/foreach optimizer, torch.compile"
+    summary = ("fused kernels: SDPA attention, Triton LayerNorm / bias+GELU / cross-entropy, "
+               "fused or multi-tensor optimizer, torch.compile")
     phases = (Phase.MODULE_SWAP, Phase.COMPILE, Phase.OPTIMIZER)
     Settings = FusedSettings
-    requires = "compile: a C compiler on the CPU, Triton on a GPU"
+    requires = "triton: a CUDA device (or TRITON_INTERPRET=1); compile: gcc on a CPU, Triton on a GPU"
 
     def space(self):
+        kernel = Choice(("eager", "compile", "triton"))
         return {
             "attention": Choice(("explicit", "sdpa")),
-            "optimizer": Choice(("default", "foreach", "fused")),
+            "optimizer": Choice(("default", "foreach", "fused", "triton")),
             "compile": Choice((False, True)),
+            "layernorm": kernel,
+            "gelu": kernel,
+            "cross_entropy": kernel,
         }
 
+    def availability(self) -> dict[str, str]:
+        return kernels.available()
+
     def check(self, settings, plan, env):
-        if settings.compile and env.device_type == "cpu" and not (
-            shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
-        ):
-            return ["fused compile on the CPU needs a C compiler (gcc); set compile = false"]
-        if settings.compile and env.device_type == "cuda" and not env.triton:
-            return ["fused compile on a GPU needs Triton (pip install triton); set compile = false"]
-        return []
+        reasons = []
+        wants_triton = [k for k in SWAPS if getattr(settings, k) == "triton"]
+        if settings.optimizer == "triton":
+            wants_triton.append("optimizer")
+        why = triton_unavailable(env.device_type) if wants_triton else None
+        if why:
+            reasons.append(f"fused {', '.join(wants_triton)} = 'triton': {why}; use 'eager' "
+                           "or 'compile' (or 'fused' for the optimizer)")
+        wants_compile = settings.compile or any(getattr(settings, k) == "compile" for k in SWAPS)
+        if wants_compile and env.device_type == "cpu" and not has_compiler():
+            reasons.append("fused compile on the CPU needs a C compiler (gcc); use 'eager'")
+        if wants_compile and env.device_type == "cuda" and not env.triton:
+            reasons.append("fused compile on a GPU needs Triton (pip install triton); use 'eager'")
+        return reasons
 
     def apply(self, phase, setup, settings):
         model = setup.model
         if phase is Phase.MODULE_SWAP:
-            n = swap_attention(model, settings.attention)
-            setup.notes.append(f"fused: {n} attention cores -> {settings.attention}")
+            done = [f"{swap_attention(model, settings.attention)} attention -> {settings.attention}"]
+            for kernel, swap in SWAPS.items():
+                mode = getattr(settings, kernel)
+                if mode != "eager":
+                    done.append(f"{swap(model, mode)} {kernel} -> {mode}")
+            setup.notes.append("fused: " + ", ".join(done))
         elif phase is Phase.COMPILE and settings.compile:
             # Per block, as torchtitan does: shorter compiles, and wrappers applied
             # later (pipeline split, FSDP) see ordinary modules.

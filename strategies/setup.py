@@ -15,19 +15,28 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from harness.plan import OptimizerSettings
+from harness.plan import OptimizerSettings, Plan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # (params, hyper-parameters, implementation) -> optimizer. `impl` is "default",
-# "foreach" or "fused": how the update runs, never what it computes.
+# "foreach", "fused" or "triton": how the update runs, never what it computes.
 OptimizerFactory = Callable[[Iterable[Any], OptimizerSettings, str], torch.optim.Optimizer]
 # (params, the factory with hyper-parameters bound) -> a wrapping optimizer (ZeRO-1).
 OptimizerWrapper = Callable[[Iterable[Any], Callable[..., torch.optim.Optimizer]], torch.optim.Optimizer]
 
 
 def adamw(params: Iterable[Any], hp: OptimizerSettings, impl: str = "default") -> torch.optim.Optimizer:
-    """The default optimizer, in torch's default, foreach or fused implementation."""
+    """The default optimizer, in torch's default, foreach or fused implementation,
+    or our Triton multi-tensor one (kernels.multi_tensor: one launch per group)."""
+    if impl == "triton":
+        from kernels.multi_tensor import MultiTensorAdamW
+
+        return MultiTensorAdamW(
+            params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay,
+            impl="triton",
+        )
     flags = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
     return torch.optim.AdamW(
         params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay, **flags
@@ -49,12 +58,24 @@ class Setup:
     grad_scaler: Any = None  # torch.amp.GradScaler (or a sharded one) for fp16
     sync_last_micro_step_only: bool = True
     no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    # Filled by workloads or strategies that need a different step (the pipeline).
-    step_override: Callable[[Setup, Sequence[Any], LossFn], torch.Tensor] | None = None
+    # Filled by workloads or strategies that need a different step (the pipeline:
+    # it returns the loss on the last stage and None on the ranks that have none).
+    step_override: Callable[[Setup, Sequence[Any], LossFn], torch.Tensor | None] | None = None
     notes: list[str] = field(default_factory=list)
+    # The (pipeline, data, tensor) DeviceMesh when the plan runs on several ranks
+    # (strategies.mesh), and the plan itself, for strategies that depend on a
+    # neighbour's settings (zero reads amp's dtype for FSDP's mixed precision).
+    mesh: Any = None
+    plan: Plan | None = None
 
     def build_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params: list[Any] = [p for p in self.model.parameters() if p.requires_grad]
+        dtensors = [p for p in params if isinstance(p, DTensor)]
+        if dtensors and len(dtensors) < len(params):
+            # Tensor parallel leaves norms and embeddings plain: foreach and fused
+            # kernels take DTensors or plain tensors, not both, so one group each.
+            plain = [p for p in params if not isinstance(p, DTensor)]
+            params = [{"params": dtensors}, {"params": plain}]
 
         def make(p: Iterable[Any], **_: Any) -> torch.optim.Optimizer:
             return self.optimizer_factory(p, self.hyper, self.optimizer_impl)
@@ -68,7 +89,7 @@ class Setup:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> torch.Tensor:
+    def step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> torch.Tensor | None:
         """One optimizer step over `micro_batches`; returns the mean loss (a tensor).
 
         The loss stays on the device: reading it would synchronise, and the caller

@@ -94,6 +94,7 @@ def test_user_workload_from_a_module_path(tmp_path):
         (["--workload", "nosuch.module:build"], "cannot import module 'nosuch.module'"),
         (["--workload", "gtp"], "unknown workload 'gtp' (did you mean 'gpt'?)"),
         (["--strategy", "checkpoint:every=0"], "every: must be 1 or more"),
+        (["--strategy", "fused:layernorm=triton"], "use 'eager' or 'compile'"),
     ],
 )
 def test_mistakes_are_one_line_exit_2_nothing_run(tmp_path, capsys, args, expected):

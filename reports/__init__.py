@@ -1,0 +1,1 @@
+"""HTML reports and comparisons built from stored trial records."""

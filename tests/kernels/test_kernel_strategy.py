@@ -1,0 +1,46 @@
+"""The `fused` strategy with every Triton kernel on: same losses as the plain GPT.
+
+Through compose, as a user's plan would: FusedLayerNorm, bias+GELU, the chunked
+cross-entropy and the multi-tensor optimizer, in Triton (the interpreter on a
+CPU). Tolerance: 1e-4 absolute on a loss of about 4 over 3 steps (fp32; the
+kernels round differently from eager PyTorch, observed ~1e-6).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from harness.workloads.attention import SdpaAttention  # noqa: E402
+from kernels.bias_gelu import LinearBiasGELU  # noqa: E402
+from kernels.cross_entropy import ChunkedCrossEntropy  # noqa: E402
+from kernels.layernorm import FusedLayerNorm  # noqa: E402
+from kernels.multi_tensor import MultiTensorAdamW  # noqa: E402
+from strategies import compose  # noqa: E402
+from strategies.lamb import Lamb  # noqa: E402
+from tests.tiny import tiny_gpt, train  # noqa: E402
+
+ALL_TRITON = {"layernorm": "triton", "gelu": "triton", "cross_entropy": "triton",
+              "optimizer": "triton", "attention": "explicit"}
+
+
+def test_fused_triton_swaps_every_module():
+    setup = compose(tiny_gpt().build_model(), {"fused": ALL_TRITON}, "cpu")
+    kinds = {type(m) for m in setup.model.modules()}
+    assert {FusedLayerNorm, LinearBiasGELU, ChunkedCrossEntropy} <= kinds
+    assert SdpaAttention not in kinds
+    assert isinstance(setup.optimizer, MultiTensorAdamW)
+
+
+@pytest.mark.parametrize("optimizer", [{}, {"lamb": {}}])
+def test_fused_triton_trains_like_eager(optimizer):
+    steps = 3
+    plain = train(dict(optimizer), steps=steps)
+    fused = train({"fused": ALL_TRITON, **optimizer}, steps=steps)
+    assert max(abs(a - b) for a, b in zip(fused, plain, strict=True)) < 1e-4, (fused, plain)
+
+
+def test_lamb_triton_is_the_multi_tensor_kernel():
+    setup = compose(tiny_gpt().build_model(), {"fused": ALL_TRITON, "lamb": {}}, "cpu")
+    assert isinstance(setup.optimizer, Lamb) and setup.optimizer.fused
