@@ -46,7 +46,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a workload argument (repeatable), e.g. --arg layers=4")
     g.add_argument("--strategy", action="append", default=[], metavar="NAME[:K=V,...]",
-                   help="enable a strategy with settings (repeatable), e.g. --strategy amp:dtype=bf16")
+                   help="enable a strategy with settings (repeatable), "
+                        "e.g. --strategy amp:dtype=bf16")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"])
     g.add_argument("--micro-batch-size", type=int)
     g.add_argument("--global-batch-size", type=int)
@@ -71,33 +72,43 @@ def plan_from_args(args: argparse.Namespace):
     for text in args.strategy:
         name, settings = _strategy_flag(text)
         data.setdefault("strategies", {})[name] = settings
-    for flag in ("device", "micro_batch_size", "global_batch_size", "steps", "warmup_steps", "seed"):
+    flags = ("device", "micro_batch_size", "global_batch_size", "steps", "warmup_steps", "seed")
+    for flag in flags:
         if getattr(args, flag) is not None:
             data[flag] = getattr(args, flag)
+    if getattr(args, "timeout", None) is not None:
+        data["timeout_s"] = args.timeout
     return Plan.from_dict(data, where=where)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import strategies  # noqa: F401  (registers the built-in strategies)
+    from harness.launch import check_nodes, launch
     from harness.summary import estimate_table, result_table
-    from harness.trial import prepare, run_trial
+    from harness.trial import prepare
 
     plan = plan_from_args(args)
     prepare(plan)  # refuses a bad plan before anything is created or run
+    check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint)
     out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
-    plan_file = out / "plan.toml"
-    command = f"harness bench {shlex.quote(str(plan_file))} --out {shlex.quote(str(out))}"
-    print(f"bench {plan.name}: {plan.workload}, micro-batch {plan.micro_batch_size}, "
-          f"global batch {plan.batch_size}, strategies: {', '.join(plan.strategies) or 'none'}")
-    result = run_trial(plan, command=command)
-    plan_file.write_text(plan.from_dict(result.plan).to_toml())
-    path = result.write(out / "result.json")
+    command = f"harness bench {shlex.quote(str(out / 'plan.toml'))} --out {shlex.quote(str(out))}"
+    if args.nnodes > 1:
+        command += (f" --nnodes {args.nnodes} --node-rank {args.node_rank}"
+                    f" --rdzv-endpoint {shlex.quote(args.rdzv_endpoint)}")
+    print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on {args.nnodes} "
+          f"node(s), micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}, "
+          f"strategies: {', '.join(plan.strategies) or 'none'}", flush=True)
+    result = launch(plan, out, command, nnodes=args.nnodes, node_rank=args.node_rank,
+                    rdzv_endpoint=args.rdzv_endpoint)
+    if args.node_rank != 0:
+        print(f"{result.status}: {result.reason}")
+        return 0
     record = result.to_dict()
     print(result_table(record))
     if args.verbose and record.get("predicted"):
         print("predicted:\n" + estimate_table(record["predicted"]))
-    print(f"wrote {path}\nre-run: {command}")
+    print(f"wrote {out / 'result.json'} (logs in {out / 'logs'})\nre-run: {command}")
     return 0
 
 
@@ -137,7 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run one plan and measure it honestly")
     add_plan_flags(bench)
     bench.add_argument("--out", help="folder for result.json and plan.toml")
-    bench.add_argument("-v", "--verbose", action="store_true", help="print the estimate's breakdown")
+    bench.add_argument("-v", "--verbose", action="store_true",
+                       help="print the estimate's breakdown")
+    bench.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="stop the trial after this long (default: the plan's timeout_s)")
+    nodes = bench.add_argument_group("several nodes (run the same command on each)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="how many nodes the trial spans")
+    nodes.add_argument("--node-rank", type=int, default=0,
+                       help="this node's index; node 0 writes the record")
+    nodes.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                       help="torchrun's rendezvous: node 0's address and a free port")
     bench.set_defaults(func=cmd_bench)
 
     est = sub.add_parser("estimate", help="predicted memory and step time; nothing is run")

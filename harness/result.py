@@ -45,6 +45,10 @@ class TrialResult:
     started_at: str = ""
     duration_s: float = 0.0
     schema: int = SCHEMA_VERSION
+    # Beyond schema 1's keys: where the trial came from in a study, e.g.
+    # {"phase": "baseline" | "known-good" | "search" | "ablation",
+    #  "ablation": {"of": <trial_id>, "without": "<strategy>", "repeat": <i>}}
+    tags: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))

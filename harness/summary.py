@@ -25,7 +25,8 @@ def estimate_table(predicted: dict[str, Any]) -> str:
 def result_table(record: dict[str, Any]) -> str:
     m, p = record["metrics"], record.get("predicted") or {}
     st = m["step_time_s"]
-    rows = [("status", record["status"] + (f" ({record['reason']})" if record["reason"] else ""))]
+    reason, _, details = (record["reason"] or "").partition("\n")
+    rows = [("status", record["status"] + (f" ({reason})" if reason else ""))]
     if st.get("median") is not None:
         rows += [
             ("step time", f"{format_seconds(st['median'])} median "
@@ -48,4 +49,7 @@ def result_table(record: dict[str, Any]) -> str:
     loss = m["loss"]
     if loss.get("first") is not None:
         rows.append(("loss", f"{loss['first']:.4f} -> {loss['last']:.4f}"))
-    return _table(rows)
+    table = _table(rows)
+    if details:  # e.g. the last lines of a failing rank's stderr
+        table += "\n" + "\n".join(f"    {line}" for line in details.splitlines())
+    return table

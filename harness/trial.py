@@ -2,6 +2,10 @@
 
 The loop reads like nanoGPT's bench.py: warm-up steps, then measured steps that
 each end in a device synchronisation; median step time and MFU from those.
+
+The same code runs in every rank of a distributed trial (harness.worker): each
+rank trains its share, the ranks agree on the loss of every step, and their
+figures are combined into the job's (harness.ranks).
 """
 
 from __future__ import annotations
@@ -16,19 +20,23 @@ from typing import Any
 
 import torch
 
+from harness import distributed
 from harness.batches import step_pool
 from harness.device import RuntimeEnv, resolve_device, synchronize
+from harness.distributed import RankInfo
 from harness.env import capture_env
 from harness.errors import HarnessError
 from harness.estimator import estimate
-from harness.memory import MemoryTracker, peak_memory_bytes
+from harness.memory import MemoryTracker
 from harness.nvml import NvmlSampler
 from harness.peaks import autocast_dtype_name, peaks_for
 from harness.plan import Plan
+from harness.ranks import combine, rank_figures, step_loss
 from harness.result import TrialResult, empty_metrics
 from harness.timing import StepTimer, summarize
 from harness.workloads import Workload, load_workload
 from strategies import compose, resolved, validate
+
 
 @dataclass
 class Prepared:
@@ -43,9 +51,11 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
 
 
-def prepare(plan: Plan) -> Prepared:
-    """Everything that can refuse a plan, before anything runs (HarnessError)."""
-    device = resolve_device(plan.device)
+def prepare(plan: Plan, local_rank: int = 0) -> Prepared:
+    """Everything that can refuse a plan, before anything runs (HarnessError).
+
+    `local_rank` picks this rank's device on a node with several."""
+    device = resolve_device(plan.device, local_rank)
     runtime = RuntimeEnv.detect(device.type)
     workload = load_workload(plan.workload, plan.workload_args)
     validate(plan, runtime)
@@ -63,13 +73,24 @@ def is_oom(e: BaseException) -> bool:
 
 
 def run_trial(
-    plan: Plan, command: str, study: str | None = None, trial_id: int | str | None = None
+    plan: Plan,
+    command: str,
+    study: str | None = None,
+    trial_id: int | str | None = None,
+    rank: RankInfo | None = None,
 ) -> TrialResult:
     """Run `plan` here and return its record. A user's mistake raises HarnessError
-    before anything runs; a failure while running becomes the record's status."""
+    before anything runs; a failure while running becomes the record's status.
+
+    `rank` is this process's place in a distributed trial (default: the only one).
+    There a failure is raised, not recorded: the other ranks may be waiting for
+    this one in a collective, so the process must end (and torchrun stop the rest);
+    the launcher makes the record from the ranks' error files.
+    """
+    info = rank or RankInfo()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    prep = prepare(plan)
+    prep = prepare(plan, info.local_rank)
     result = TrialResult(
         study=study,
         trial_id=trial_id,
@@ -82,11 +103,11 @@ def run_trial(
         started_at=started_at,
     )
     try:
-        result.metrics, result.status, result.reason = measure(prep)
+        result.metrics, result.status, result.reason = measure(prep, info)
     except HarnessError:
         raise
     except BaseException as e:  # a trial's failure is data, not a crash
-        if isinstance(e, KeyboardInterrupt):
+        if isinstance(e, KeyboardInterrupt) or info.distributed:
             raise
         result.status = "oom" if is_oom(e) else "failed"
         first_line = (str(e).strip().splitlines() or [""])[0][:500]
@@ -100,7 +121,10 @@ def run_trial(
     return result
 
 
-def measure(prep: Prepared) -> tuple[dict[str, Any], str, str | None]:
+def measure(
+    prep: Prepared, info: RankInfo | None = None
+) -> tuple[dict[str, Any], str, str | None]:
+    info = info or RankInfo()
     plan, device, workload = prep.plan, prep.device, prep.workload
     torch.manual_seed(plan.seed)
     memory = MemoryTracker(device)
@@ -108,16 +132,26 @@ def measure(prep: Prepared) -> tuple[dict[str, Any], str, str | None]:
     with torch.device(device):
         model = workload.build_model()
     setup = compose(model, plan, device, prep.runtime)
-    pool = step_pool(plan, workload, device)
-    timer = StepTimer(device)
-    losses: list[float] = []
+    pool = step_pool(plan, workload, device, data_rank=plan.layout.coordinates(info.rank)[1])
+    # Each timed step starts after a barrier, so the slowest rank sets its time.
+    timer = StepTimer(device, barrier=distributed.barrier if info.distributed else None)
+    losses: list[float | None] = []  # the job's loss per step (mean over ranks)
+    own_losses: list[float | None] = []  # this rank's (None where it computes none)
     status, reason = "ok", None
 
-    def record(loss: torch.Tensor, step: int) -> bool:
-        losses.append(loss.item())  # outside the timed region
-        if not math.isfinite(losses[-1]):
+    def record(loss: torch.Tensor | None, step: int) -> bool:
+        # Outside the timed region; with several ranks one all-reduce, so every
+        # rank stops at the same step when any rank's loss is not finite.
+        agreed = step_loss(loss, info, device)
+        losses.append(agreed.value)
+        own_losses.append(agreed.local)
+        if not agreed.finite:
             nonlocal status, reason
-            status, reason = "diverged", f"loss became {losses[-1]} at step {step}"
+            status = "diverged"
+            reason = f"loss became {agreed.value} at step {step}"
+            if info.distributed:
+                bad = ", ".join(map(str, agreed.bad_ranks))
+                reason = f"loss became non-finite at step {step} on rank {bad}"
             return False
         return True
 
@@ -134,22 +168,30 @@ def measure(prep: Prepared) -> tuple[dict[str, Any], str, str | None]:
             record(loss, i)
     mem = memory.end()
     reading = nvml.reading()
+    mine = {**mem, "nvml_used": reading.memory_used_peak_bytes if reading else None}
+    figures = rank_figures(info, timer.times_s, mine, own_losses)
+    figures["energy_j"] = reading.energy_j if reading else None
+    ranks = distributed.all_gather(figures)
+    job = combine(ranks)
+    step_times = job["step_times_s"]
 
+    values = [v for v in losses if v is not None]
     metrics = empty_metrics()
     metrics["loss"] = {
-        "first": losses[0] if losses else None,
-        "last": losses[-1] if losses else None,
-        "finite": all(math.isfinite(v) for v in losses) if losses else None,
-        "values": losses,
-        "warmup_steps": min(plan.warmup_steps, len(losses)),
+        "first": values[0] if values else None,
+        "last": values[-1] if values else None,
+        "finite": all(math.isfinite(v) for v in values) if values else None,
+        "values": values,
+        "warmup_steps": min(plan.warmup_steps, len(values)),
     }
-    metrics["memory"] = {**mem, "nvml_used": reading.memory_used_peak_bytes if reading else None}
-    metrics["peak_memory_bytes"] = peak_memory_bytes(mem)
+    metrics["memory"] = job["memory"]
+    metrics["peak_memory_bytes"] = job["peak_memory_bytes"]
+    metrics["per_rank"] = job["per_rank"]
     metrics["notes"] = setup.notes
-    if not timer.times_s:
+    if not step_times:
         return metrics, status, reason or "no measured step completed"
 
-    times = summarize(timer.times_s)
+    times = summarize(step_times)
     median = times["median"]
     flops_per_step = workload.flops_per_sample() * plan.batch_size
     tflops = flops_per_step / median / plan.world_size / 1e12
@@ -157,20 +199,26 @@ def measure(prep: Prepared) -> tuple[dict[str, Any], str, str | None]:
     samples_per_s = plan.batch_size / median
     metrics.update(
         step_time_s=times,
-        step_times_s=timer.times_s,
+        step_times_s=step_times,
         samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * workload.tokens_per_sample if workload.tokens_per_sample else None,
+        tokens_per_s=(
+            samples_per_s * workload.tokens_per_sample if workload.tokens_per_sample else None
+        ),
         flops_per_step=flops_per_step,
         tflops_per_device=tflops,
         mfu=tflops * 1e12 / peak.used.flops,
         mfu_measured_peak=tflops * 1e12 / peak.measured.flops,
         peak_flops_source=peak.used.source,
         peak_flops=peak.as_record(),
-        energy_j_per_sample=(
-            reading.energy_j / (len(timer.times_s) * plan.batch_size)
-            if reading and reading.energy_j is not None
-            else None
-        ),
+        energy_j_per_sample=_energy_per_sample(ranks, len(step_times) * plan.batch_size),
         nvml=dataclasses.asdict(reading) if reading else None,
     )
     return metrics, status, reason
+
+
+def _energy_per_sample(ranks: list[dict[str, Any]], samples: int) -> float | None:
+    """Joules of every rank's device per sample of the job; None unless all have power."""
+    joules = [r["energy_j"] for r in ranks]
+    if not joules or any(j is None for j in joules):
+        return None
+    return sum(joules) / samples

@@ -1,0 +1,159 @@
+"""Reading what a trial's ranks left behind: which rank failed, why, and where each hung.
+
+Each rank keeps its stdout and stderr in its own folder (torchrun's --log-dir with
+--redirects 3: `<log-dir>/<run id>_<random>/attempt_0/<local rank>/`; a
+single-process trial uses `<log-dir>/rank0/`). torchrun gives each rank an error
+file there (TORCHELASTIC_ERROR_FILE, error.json) that harness.worker's @record
+fills with the exception and its traceback. Only the tails of the logs are read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.distributed import LOG_HEADER as HEADER
+
+TAIL_BYTES = 8192
+
+_RANK = re.compile(re.escape(HEADER) + r" rank (\d+) of (\d+)")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.IGNORECASE)
+# Errors a rank sees because another rank went away: never the root cause.
+_SYMPTOM = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|"
+    r"DistBackendError|communicator was aborted|Socket Timeout|SignalException",
+    re.IGNORECASE,
+)
+
+
+def tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    """The last `limit` bytes of a text file, from a line start; '' when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode(errors="replace")
+    if size > limit and "\n" in text:
+        text = text.split("\n", 1)[1]
+    return text
+
+
+def head(path: Path, limit: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class RankLog:
+    folder: Path
+    rank: int | None  # from the worker's first line; None if it never got there
+    stderr: str  # the tail
+    error: str | None  # the exception line from the error file
+    traceback: str | None
+    timestamp: int | None
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"the process in {self.folder}"
+
+    @property
+    def is_oom(self) -> bool:
+        return bool(_OOM.search(self.error or "") or _OOM.search(self.stderr))
+
+    @property
+    def is_symptom(self) -> bool:
+        return bool(self.error and _SYMPTOM.search(self.error))
+
+    def last_lines(self, n: int = 8) -> str:
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        return "\n".join(lines[-n:])
+
+    def where(self) -> str | None:
+        """Where the main thread was when the rank was stopped (its faulthandler dump)."""
+        blocks = self.stderr.split("(most recent call first):")
+        for block in reversed(blocks[1:]):
+            frames = _FRAME.findall(block.split("\n\n", 1)[0])
+            if frames and any("worker.py" in f or "runpy" in f for f, _, _ in frames):
+                file, line, fn = frames[0]
+                return f"in {fn} at {Path(file).name}:{line}"
+        return None
+
+
+def _read_error(path: Path) -> tuple[str | None, str | None, int | None]:
+    try:
+        message = json.loads(path.read_text())["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None, None
+    if isinstance(message, str):
+        return message.strip().splitlines()[0][:500] if message.strip() else None, None, None
+    text = str(message.get("message", "")).strip()
+    extra = message.get("extraInfo") or {}
+    stamp = extra.get("timestamp")
+    return (
+        text.splitlines()[0][:500] if text else None,
+        extra.get("py_callstack"),
+        int(stamp) if str(stamp or "").isdigit() else None,
+    )
+
+
+def read_rank_logs(log_dir: Path) -> list[RankLog]:
+    """Every rank folder under `log_dir`, by rank."""
+    found = []
+    for stderr in sorted(Path(log_dir).rglob("stderr.log")):
+        folder = stderr.parent
+        m = _RANK.search(head(stderr))
+        error, tb, stamp = _read_error(folder / "error.json")
+        found.append(
+            RankLog(folder, int(m.group(1)) if m else None, tail(stderr), error, tb, stamp)
+        )
+    return sorted(found, key=lambda r: (r.rank is None, r.rank or 0))
+
+
+def root_cause(logs: list[RankLog]) -> RankLog | None:
+    """The rank that failed first: an error that is not a symptom of another rank's
+    failure before one that is, then the earliest, then the lowest rank."""
+    failed = [r for r in logs if r.error]
+    if not failed:
+        return None
+    return min(failed, key=lambda r: (r.is_symptom, r.timestamp or 0, r.rank or 0))
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = ", as the kernel's out-of-memory killer does" if -code == 9 else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"
+
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+    re.DOTALL,
+)
+
+
+def agent_root_cause(agent_log: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failure torchrun's closing summary names."""
+    m = _ROOT_CAUSE.search(agent_log)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def log_paths(logs: list[RankLog]) -> dict[str, Any]:
+    return {str(r.rank if r.rank is not None else r.folder.name): str(r.folder) for r in logs}

@@ -1,0 +1,73 @@
+"""Shared pieces of the launcher's tests: tiny plans, and the check that nothing survives."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import strategies
+from harness.plan import Layout, Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(layers=2, heads=2, hidden=32, seq_len=16, vocab=64)
+
+
+def needs_ddp() -> None:
+    if "ddp" not in {s.name for s in strategies.all_strategies()}:
+        pytest.skip("needs the ddp strategy (strategies/ddp.py): a 2-rank plan is refused "
+                    "without a distributed strategy")
+
+
+def faulty_plan(world: int = 2, timeout_s: float = 60.0, steps: int = 3, **faults) -> Plan:
+    """A tiny GPT that fails as `faults` say, on `world` data-parallel ranks (ddp)."""
+    if world > 1:
+        needs_ddp()
+    return Plan(
+        name="faulty",
+        workload="tests.faulty_workload:build",
+        workload_args={**TINY, **faults},
+        device="cpu",
+        layout=Layout(data=world),
+        micro_batch_size=4,
+        strategies={"ddp": {}} if world > 1 else {},
+        warmup_steps=1,
+        steps=steps,
+        timeout_s=timeout_s,
+    )
+
+
+def survivors(out_dir: Path) -> list[psutil.Process]:
+    """Live processes started for the trial in `out_dir`: children of this process, or
+    any process with the folder in its command line."""
+    found = {}
+    for p in psutil.Process().children(recursive=True):
+        found[p.pid] = p
+    for p in psutil.process_iter(["cmdline"]):
+        if p.pid != os.getpid() and str(out_dir) in " ".join(p.info["cmdline"] or []):
+            found[p.pid] = p
+    alive = []
+    for p in found.values():
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def assert_nothing_left(out_dir: Path) -> None:
+    deadline = time.monotonic() + 2  # a process may take a moment to be reaped
+    while survivors(out_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [(p.pid, " ".join(p.cmdline())[:200]) for p in survivors(out_dir)]
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def in_repo_root(monkeypatch):
+    """The trial imports tests.faulty_workload from the working folder."""
+    monkeypatch.chdir(ROOT)

@@ -1,0 +1,60 @@
+"""Two nodes simulated on this machine: two `harness bench` launchers, one rank each,
+meeting through torchrun's c10d rendezvous on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.distributed import free_port
+from tests.distributed.launch_helpers import (
+    ROOT,
+    assert_nothing_left,
+    faulty_plan,
+    in_repo_root,  # noqa: F401  (a fixture)
+)
+
+pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
+
+
+@pytest.mark.timeout(180)
+def test_two_nodes_on_loopback_complete_a_ddp_trial(tmp_path):
+    plan_file = tmp_path / "two-nodes.toml"
+    plan_file.write_text(faulty_plan().replace(name="two-nodes").to_toml())
+    endpoint = f"127.0.0.1:{free_port()}"
+
+    def bench(node: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "harness", "bench", str(plan_file),
+             "--out", str(tmp_path / f"node{node}"), "--nnodes", "2",
+             "--node-rank", str(node), "--rdzv-endpoint", endpoint],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    # Node 1 first: c10d numbers ranks by its own order, so global rank 0 is most
+    # likely on node 1 here, and the record must still be made on node 0.
+    second = bench(1)
+    time.sleep(1.0)
+    first = bench(0)
+    out0, _ = first.communicate(timeout=150)
+    out1, _ = second.communicate(timeout=150)
+    assert first.returncode == 0, out0
+    assert second.returncode == 0, out1
+
+    record = json.loads((tmp_path / "node0" / "result.json").read_text())
+    assert record["status"] == "ok", record["reason"]
+    per_rank = record["metrics"]["per_rank"]
+    assert [r["rank"] for r in per_rank] == [0, 1]
+    assert sorted(r["node"] for r in per_rank) == [0, 1]
+    assert sorted(r["launched_node"] for r in per_rank) == [0, 1]
+    assert "--nnodes 2 --node-rank 0" in record["command"]
+    # Written once, on node 0; node 1 says that its rank finished.
+    assert not (tmp_path / "node1" / "result.json").exists()
+    assert "node 1 of 2: its ranks finished" in out1
+    assert "status" in out0 and "ok" in out0
+    for node in (0, 1):
+        assert_nothing_left(tmp_path / f"node{node}")
