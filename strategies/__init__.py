@@ -3,7 +3,17 @@
 Importing this package registers every built-in strategy.
 """
 
-from strategies import accumulation, amp, checkpoint, fused, lamb  # noqa: F401  (registers)
+from strategies import (  # noqa: F401  (registers)
+    accumulation,
+    amp,
+    checkpoint,
+    ddp,
+    fused,
+    lamb,
+    pipeline,
+    tensor,
+    zero,
+)
 from strategies.base import Choice, FloatRange, IntRange, Phase, Strategy
 from strategies.compose import compose, reasons_against, resolved, validate
 from strategies.registry import all_strategies, get, register

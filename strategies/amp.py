@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from strategies.base import Choice, Phase, Strategy
 from strategies.registry import register
@@ -45,7 +46,10 @@ class Amp(Strategy):
         setup.autocast_dtype = torch.bfloat16 if settings.dtype == "bf16" else torch.float16
         if settings.dtype == "fp16":
             # Master weights stay fp32; only the loss (hence the gradients) is scaled.
-            setup.grad_scaler = torch.amp.GradScaler(setup.device.type, init_scale=settings.init_scale)
+            # On several ranks (gradient shards, tensor slices) torch's sharded scaler
+            # agrees on inf/NaN over all of them, so every rank skips the same steps.
+            scaler = ShardedGradScaler if setup.mesh is not None else torch.amp.GradScaler
+            setup.grad_scaler = scaler(setup.device.type, init_scale=settings.init_scale)
 
 
 register(Amp())

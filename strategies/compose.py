@@ -6,12 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from harness.device import RuntimeEnv, resolve_device
 from harness.errors import HarnessError
 from harness.plan import Plan
 from strategies.base import Phase, Strategy
+from strategies.mesh import build_mesh, layout_reasons
 from strategies.registry import get
 from strategies.setup import Setup
 
@@ -32,17 +34,14 @@ def reasons_against(plan: Plan, env: RuntimeEnv) -> list[str]:
         steps = plan.accumulation_steps
     except HarnessError as e:
         return [str(e)]
-    if steps > 1 and "accumulation" not in plan.strategies:
+    # The pipeline feeds the micro-batches through its schedule itself.
+    if steps > 1 and not {"accumulation", "pipeline"} & plan.strategies.keys():
         reasons.append(
             f"global_batch_size {plan.batch_size} needs {steps} micro-steps of "
             f"{plan.micro_batch_size}: add [strategies.accumulation], or set "
             f"global_batch_size = micro_batch_size x data-parallel"
         )
-    if plan.world_size > 1 and not any(s.distributed for s, _ in chosen):
-        reasons.append(
-            f"layout has {plan.world_size} ranks but no distributed strategy "
-            "(ddp, zero, pipeline, tensor) uses them; add one or set [layout] to 1"
-        )
+    reasons += layout_reasons(plan)
     for strategy, settings in chosen:
         reasons += strategy.check(settings, plan, env)
     return reasons
@@ -88,7 +87,10 @@ def compose(
         device=device,
         hyper=plan.optimizer,
         accumulation_steps=plan.accumulation_steps,
+        plan=plan,
     )
+    if plan.world_size > 1 and dist.is_available() and dist.is_initialized():
+        setup.mesh = build_mesh(plan.layout, device.type)
     for phase in Phase:
         for strategy, settings in chosen:
             if phase in strategy.phases:

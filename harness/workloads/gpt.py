@@ -55,6 +55,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.heads = cfg.heads
+        self.head_dim = cfg.hidden // cfg.heads
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.attention = ATTENTION[cfg.attention](dropout=cfg.dropout)
@@ -64,10 +65,12 @@ class Block(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = self.attention(q, k, v).transpose(1, 2).reshape(b, t, h)
+        b, t, _ = x.shape
+        # Head counts follow from the shapes: under tensor parallel (strategies.tensor)
+        # qkv yields this rank's [q; k; v] heads only, and proj takes their width.
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        y = self.attention(q, k, v).transpose(1, 2).reshape(b, t, -1)
         x = x + F.dropout(self.proj(y), self.dropout, self.training)
         return x + F.dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
 

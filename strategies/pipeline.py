@@ -1,0 +1,236 @@
+"""Pipeline parallel: the GPT split into stages run by torch.distributed.pipelining.
+
+The blocks are split evenly over `pipeline x virtual_stages` stages: the first
+stage also holds the embeddings, the last one the final norm, the LM head and
+the loss. Pipeline rank p holds stages p, p + P, p + 2P, ... (P = layout
+pipeline), the looped placement the interleaved schedule expects. The plan's
+micro-batches (global batch / (micro-batch x data)) are the schedule's; torch's
+schedule runs forward and backward and scales the gradients by 1/micro-batches,
+so the step is the same mean loss as the unsplit model's.
+
+The split is built by hand rather than traced: it is short, and the stage
+modules stay ordinary modules that zero's FSDP2 shards afterwards (DDP on
+stages is refused: torch's schedules do not drive its reducer correctly). The LM head
+cannot share the embedding's weight across stages, so tied weights are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.config import from_table
+from harness.errors import HarnessError
+from harness.workloads.gpt import GPT, GPTConfig
+from strategies.base import Choice, Phase, Strategy
+from strategies.mesh import group
+from strategies.registry import register
+
+# torch.distributed.pipelining is imported when a schedule is built: it imports
+# triton, which the kernel tests need to import first (in interpreter mode).
+SCHEDULES = {
+    "gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"
+}
+
+
+@dataclass
+class PipelineSettings:
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
+    stages: int = 0  # pipeline ranks; 0 = layout pipeline (any other value must equal it)
+    microbatches: int = 0  # 0 = the plan's: global batch / (micro_batch_size x data)
+    virtual_stages: int = 1  # stages per rank: 2 or more for interleaved-1f1b
+
+    def validate(self, where: str) -> None:
+        for name in ("stages", "microbatches"):
+            if getattr(self, name) < 0:
+                raise HarnessError(f"{where}.{name}: must be 0 (follow the plan) or more")
+        if self.virtual_stages < 1:
+            raise HarnessError(f"{where}.virtual_stages: must be 1 or more")
+
+
+class Stages(nn.ModuleList):
+    """This rank's stage modules, in stage order: what the optimizer and the
+    data-parallel wrappers see in place of the whole model."""
+
+    def __init__(self, modules, ids: list[int], total: int, loss_fn):
+        super().__init__(modules)
+        self.ids, self.total = ids, total
+        self.loss_fn = loss_fn  # (logits, targets) -> mean loss, on the last stage
+
+
+def local_stages(model: nn.Module) -> Stages | None:
+    """The model's stages on this rank when it is split into a pipeline, else None."""
+    return model if isinstance(model, Stages) else None
+
+
+class GPTStage(nn.Module):
+    """Consecutive GPT blocks, plus the embeddings (first stage) or the head (last)."""
+
+    def __init__(self, gpt: GPT, blocks: range, first: bool, last: bool):
+        super().__init__()
+        self.dropout = gpt.cfg.dropout
+        self.wte = gpt.wte if first else None
+        self.wpe = gpt.wpe if first else None
+        self.blocks = nn.ModuleList(gpt.blocks[i] for i in blocks)
+        self.ln_f = gpt.ln_f if last else None
+        self.lm_head = gpt.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wte is not None:  # x: token ids
+            pos = torch.arange(x.size(1), device=x.device)
+            x = F.dropout(self.wte(x) + self.wpe(pos), self.dropout, self.training)
+        for block in self.blocks:
+            x = block(x)
+        if self.lm_head is not None:
+            x = self.lm_head(self.ln_f(x))
+        return x
+
+
+def gpt_config(plan) -> GPTConfig:
+    return from_table(GPTConfig, dict(plan.workload_args), "[workload]")
+
+
+class Pipeline(Strategy):
+    name = "pipeline"
+    summary = "pipeline parallel: GPT blocks split into stages, GPipe / 1F1B / interleaved 1F1B"
+    phases = (Phase.PIPELINE, Phase.STEP)
+    Settings = PipelineSettings
+    requires = "the gpt workload with tie_weights = false; layout pipeline >= 2"
+    distributed = True
+
+    def space(self):
+        return {
+            "schedule": Choice(("gpipe", "1f1b", "interleaved-1f1b")),
+            "virtual_stages": Choice((1, 2)),
+        }
+
+    def check(self, settings, plan, env):
+        p, v = plan.layout.pipeline, settings.virtual_stages
+        reasons = []
+        if plan.workload != "gpt":
+            return [f"pipeline splits the built-in gpt workload only, not '{plan.workload}'"]
+        try:
+            cfg = gpt_config(plan)
+        except HarnessError as e:
+            return [str(e)]
+        if p < 2:
+            reasons.append("pipeline needs layout pipeline = 2 or more (the number of stages)")
+        if settings.stages not in (0, p):
+            reasons.append(
+                f"pipeline stages = {settings.stages} but layout pipeline = {p}; "
+                f"set stages = {p} (or 0 to follow the layout)"
+            )
+        if settings.schedule == "interleaved-1f1b" and v < 2:
+            reasons.append("pipeline schedule 'interleaved-1f1b' needs virtual_stages = 2 or more")
+        if settings.schedule != "interleaved-1f1b" and v != 1:
+            reasons.append(
+                f"pipeline schedule '{settings.schedule}' runs one stage per rank; set "
+                "virtual_stages = 1 or schedule = 'interleaved-1f1b'"
+            )
+        if cfg.layers % (p * v):
+            reasons.append(
+                f"pipeline: {cfg.layers} layers do not split evenly into {p} stages x {v} "
+                f"virtual stages; choose layers as a multiple of {p * v}"
+            )
+        if cfg.tie_weights:
+            reasons.append(
+                "pipeline cannot tie the LM head to the token embedding: they sit on the "
+                "last and the first stage; set tie_weights = false in [workload]"
+            )
+        try:
+            n = plan.accumulation_steps
+        except HarnessError as e:
+            return reasons + [str(e)]
+        if settings.microbatches not in (0, n):
+            per = plan.micro_batch_size * plan.layout.data
+            reasons.append(
+                f"pipeline microbatches = {settings.microbatches} but the plan makes {n} "
+                f"micro-batches (global batch / (micro_batch_size x data)); set "
+                f"global_batch_size = {settings.microbatches * per} or microbatches = 0"
+            )
+        if settings.schedule == "1f1b" and n < p:
+            per = plan.micro_batch_size * plan.layout.data
+            reasons.append(
+                f"pipeline schedule '1f1b' needs at least as many micro-batches as stages "
+                f"({n} < {p}); set global_batch_size = {p * per}"
+            )
+        if settings.schedule == "interleaved-1f1b" and n % max(1, n // p):
+            reasons.append(
+                f"pipeline schedule 'interleaved-1f1b' needs the micro-batches ({n}) to be a "
+                f"multiple of the rounds ({max(1, n // p)} = micro-batches // stages)"
+            )
+        if plan.strategies.get("amp", {}).get("dtype") == "fp16":
+            reasons.append(
+                "pipeline with amp fp16 is not supported: the schedule runs backward itself, "
+                "so the loss cannot be scaled; use amp dtype = 'bf16'"
+            )
+        return reasons
+
+    def apply(self, phase, setup, settings):
+        if phase is Phase.PIPELINE:
+            split(setup, settings)
+        else:
+            build_schedule(setup, settings)
+
+
+def split(setup, settings) -> None:
+    """Replace the model by this rank's stage modules (the rest is dropped)."""
+    gpt = setup.model
+    if not isinstance(gpt, GPT) or gpt.cfg.tie_weights:
+        raise HarnessError("pipeline: needs the gpt workload built with tie_weights = false")
+    pp = group(setup.mesh, "pipeline", "pipeline")
+    rank, size = pp.rank(), pp.size()
+    total = size * settings.virtual_stages
+    per = len(gpt.blocks) // total
+    ids = list(range(rank, total, size))  # looped placement
+    criterion = gpt.criterion  # the model's own: a kernel may have replaced it
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    setup.model = Stages(
+        [GPTStage(gpt, range(s * per, (s + 1) * per), s == 0, s == total - 1) for s in ids],
+        ids, total, loss_fn,
+    )
+    setup.notes.append(
+        f"pipeline: stages {ids} of {total} on pipeline rank {rank}, {per} blocks each"
+    )
+
+
+def build_schedule(setup, settings) -> None:
+    """Wrap the (maybe FSDP-wrapped) stage modules and install the step."""
+    from torch.distributed import pipelining
+
+    stages: Stages = setup.model
+    pp = group(setup.mesh, "pipeline", "pipeline")
+    pipe = [
+        pipelining.PipelineStage(module, s, stages.total, setup.device, group=pp)
+        for module, s in zip(stages, stages.ids, strict=True)
+    ]
+    n = setup.accumulation_steps
+    kind = getattr(pipelining, SCHEDULES[settings.schedule])
+    # Multi-stage schedules take this rank's list of stages; the others its one stage.
+    schedule = kind(pipe if settings.virtual_stages > 1 else pipe[0], n, loss_fn=stages.loss_fn)
+    first = any(s.is_first for s in pipe)
+    last = any(s.is_last for s in pipe)
+
+    def step(setup, micro_batches, _loss_fn):
+        idx = torch.cat([mb[0] for mb in micro_batches])
+        targets = torch.cat([mb[1] for mb in micro_batches])
+        losses: list[torch.Tensor] = []
+        with setup.autocast():
+            schedule.step(*([idx] if first else []), target=targets if last else None,
+                          losses=losses if last else None)
+        setup.optimizer.step()
+        setup.optimizer.zero_grad(set_to_none=True)
+        return torch.stack(losses).detach().float().mean() if last else None
+
+    setup.step_override = step
+    setup.notes.append(f"pipeline: schedule {settings.schedule}, {n} micro-batches")
+
+
+register(Pipeline())

@@ -1,0 +1,96 @@
+"""Tensor parallel: each GPT block's matmuls split over the mesh's "tensor" ranks.
+
+Megatron's split, written with torch's DTensor plans: qkv and mlp.up are split
+by output rows (ColwiseParallel), proj and mlp.down by input columns
+(RowwiseParallel), so each rank computes its own attention heads and its slice
+of the MLP, and one all-reduce after proj and after mlp.down restores the full
+activations. Norms, embeddings and the head stay replicated.
+
+The fused qkv weight holds [q; k; v]; a plain row split would give rank 0 all
+of q. Its rows are first reordered to [q0 k0 v0 | q1 k1 v1 | ...] so that each
+rank's contiguous shard holds its q, k and v heads; the block finds its local
+head count from the shapes. Sequence parallel (sharding the norms over tokens)
+is not done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from harness.config import from_table
+from harness.errors import HarnessError
+from harness.workloads.gpt import GPTConfig
+from strategies.base import Choice, Phase, Strategy
+from strategies.mesh import submesh
+from strategies.registry import register
+
+
+@dataclass
+class TensorSettings:
+    mlp: bool = True  # split the MLP too (else attention only)
+
+
+def interleave_qkv(qkv: nn.Linear, ranks: int) -> None:
+    """Reorder qkv's output rows from [q; k; v] to [q0 k0 v0 | q1 k1 v1 | ...] in place."""
+    with torch.no_grad():
+        w = qkv.weight.view(3, ranks, -1, qkv.in_features).transpose(0, 1).reshape_as(qkv.weight)
+        qkv.weight.copy_(w)
+        if qkv.bias is not None:
+            qkv.bias.copy_(qkv.bias.view(3, ranks, -1).transpose(0, 1).reshape(-1))
+
+
+class Tensor(Strategy):
+    name = "tensor"
+    summary = "tensor parallel: GPT blocks' qkv/proj and MLP split column/row-wise (DTensor)"
+    phases = (Phase.TENSOR_PARALLEL,)
+    Settings = TensorSettings
+    requires = "the gpt workload; heads and hidden divisible by layout tensor"
+    distributed = True
+
+    def space(self):
+        return {"mlp": Choice((True, False))}
+
+    def check(self, settings, plan, env):
+        t = plan.layout.tensor
+        if plan.workload != "gpt":
+            return [f"tensor parallel splits the built-in gpt workload only, not '{plan.workload}'"]
+        try:
+            cfg = from_table(GPTConfig, dict(plan.workload_args), "[workload]")
+        except HarnessError as e:
+            return [str(e)]
+        reasons = []
+        if t < 2:
+            reasons.append("tensor parallel needs layout tensor = 2 or more")
+        if cfg.heads % t:
+            reasons.append(
+                f"tensor parallel over {t} ranks needs heads ({cfg.heads}) divisible by {t}: "
+                "each rank computes whole heads"
+            )
+        if cfg.hidden % t:
+            reasons.append(
+                f"tensor parallel over {t} ranks needs hidden ({cfg.hidden}) divisible by {t}"
+            )
+        return reasons
+
+    def apply(self, phase, setup, settings):
+        mesh = submesh(setup.mesh, "tensor", "tensor")
+        blocks = getattr(setup.model, "blocks", None)
+        if blocks is None:
+            raise HarnessError("tensor: the model has no `blocks` of GPT blocks to split")
+        plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel()}
+        if settings.mlp:
+            plan |= {"mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+        for block in blocks:
+            interleave_qkv(block.qkv, mesh.size())
+            parallelize_module(block, mesh, plan)
+        setup.notes.append(
+            f"tensor: {len(blocks)} blocks split over {mesh.size()} ranks "
+            f"({'attention and MLP' if settings.mlp else 'attention only'})"
+        )
+
+
+register(Tensor())
