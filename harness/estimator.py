@@ -1,6 +1,6 @@
 """Predicted peak memory and step time of a plan, without running it.
 
-`estimate(plan, workload, env, peak_flops)` adds up, per device:
+`estimate(plan, workload, env, peak_flops)` works out, per device:
 
 - parameters, gradients and optimizer state, from the parameter count of the
   model built on the meta device (tied weights once);
@@ -10,24 +10,26 @@
   `block_activation_terms`); for other models by tracing one forward pass on
   fake tensors and adding up what autograd saves (`trace_activations`);
 - the transient of the language-model loss, the 16-bit weight copies autocast
-  keeps, under activation checkpointing the one block rebuilt at a time, and
-  the optimizer step's temporaries.
+  keeps, the working set of a block's backward, under activation checkpointing
+  the one block rebuilt at a time, and the optimizer step's temporaries.
 
-These components do not all live at once. The peak is the persistent state
-(parameters, optimizer state, buffers) plus the largest of three moments of a
-step (`Estimate.phases`): the start of backward (all activations and the loss's
-transient, no gradients yet: `zero_grad(set_to_none=True)`), the rebuild of a
-checkpointed block, and the optimizer step (gradients and temporaries, the
-activations gone). The plain sum of the components is kept as an upper bound.
+These do not all live at once. The peak is the persistent state (parameters,
+optimizer state, buffers) plus the largest of the moments of a step
+(`Estimate.phases`): the end of forward, the start of backward (activations and
+the loss's transient, no gradients yet: the step zeroes them with
+`set_to_none=True`), the rebuild of a checkpointed block, and the
+optimizer step (gradients and temporaries, the activations gone). The plain sum
+of all components is kept as an upper bound (`Estimate.upper_bound_bytes`).
 
 Step time is the step's FLOPs over an assumed fraction of the device's peak.
-Every figure comes with the sentences that state what it assumes
+Every figure comes with sentences that state what it assumes
 (`Estimate.assumptions`): the estimate is meant to be checked against
 measurements, and those sentences say where it can be wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,8 +39,8 @@ import torch
 from torch import nn
 
 from harness.device import RuntimeEnv
-from harness.errors import HarnessError
 from harness.plan import Layout, Plan
+from harness.units import format_bytes
 from harness.workloads.base import TransformerShape, Workload
 
 # Assumed fraction of the peak FLOP rate a training step reaches. On CUDA the
@@ -46,7 +48,7 @@ from harness.workloads.base import TransformerShape, Workload
 # matmul peak, which a whole training step gets closer to.
 ASSUMED_MFU = {"cuda": 0.4, "cpu": 0.5}
 
-# The components of `Estimate.memory`, in the order they are summed and shown.
+# The components of `Estimate.memory`, in the order they are shown.
 COMPONENTS = (
     "parameters",
     "gradients",
@@ -67,18 +69,19 @@ class Estimate:
     """Predicted per-device peak memory and step time of one plan.
 
     `memory` holds bytes per component (all of `COMPONENTS`, zero where one does
-    not apply): parameters, gradients, optimizer_state, buffers,
-    autocast_weight_copies; activations (what the repeated blocks keep for
-    backward, or the whole model's when it has no blocks), other_activations
-    (what the rest keeps: token ids, embeddings, final norm, head input, loss),
-    logits (the language-model loss's transient at the start of backward),
-    backward_working (the most one block's or op's backward holds beyond what it
-    saved), recompute (one checkpointed block's activations, rebuilt during
-    backward) and optimizer_temporaries (the optimizer step's scratch memory).
+    not apply): parameters, gradients, optimizer_state, buffers;
+    autocast_weight_copies (the 16-bit weight copies autocast makes in forward);
+    activations (what the repeated blocks keep for backward, or the whole
+    model's when it has no blocks); other_activations (what the rest keeps:
+    token ids, embeddings, final norm, head input, loss); logits (the
+    language-model loss's transient at the start of backward);
+    backward_working (the most one block's or op's backward holds beyond what
+    it saved); recompute (one checkpointed block's activations, rebuilt in
+    backward); optimizer_temporaries (the optimizer step's scratch memory).
 
-    `phases` gives the transient memory of each moment of a step; the peak is
-    the persistent state (parameters, optimizer_state, buffers) plus the largest
-    phase. `upper_bound_bytes` is the plain sum of the components.
+    `phases` gives what lives above the persistent state at each moment of a
+    step; the peak is the persistent state (parameters, optimizer_state,
+    buffers) plus the largest phase. `upper_bound_bytes` sums every component.
     """
 
     peak_memory_bytes: int
@@ -110,10 +113,10 @@ class Estimate:
         """A few lines for the terminal."""
         lines = [
             f"peak memory  {format_bytes(self.peak_memory_bytes)} per device "
-            f"(sum of all components {format_bytes(self.upper_bound_bytes)})"
+            f"(all components added: {format_bytes(self.upper_bound_bytes)})"
         ]
         lines += [f"  {name:<24}{format_bytes(n)}" for name, n in self.memory.items() if n]
-        lines += ["moments of a step, above the persistent state:"]
+        lines += ["moments of a step, above parameters, optimizer state and buffers:"]
         lines += [f"  {name:<24}{format_bytes(n)}" for name, n in self.phases.items()]
         time = "unknown (no peak FLOP rate)" if self.step_time_s is None else (
             f"{self.step_time_s:.4g} s"
@@ -124,73 +127,53 @@ class Estimate:
         return "\n".join(lines)
 
 
-def format_bytes(n: float) -> str:
-    """Binary units with two decimals: 512 B, 1.50 KiB, 3.25 GiB."""
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    if n < 1024:
-        return f"{sign}{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        n /= 1024
-        if n < 1024 or unit == "PiB":
-            return f"{sign}{n:.2f} {unit}"
-    raise AssertionError("unreachable")
-
-
 # --- the plan's settings -------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What the estimate reads from a plan, with the strategies' defaults filled in."""
+    """What the estimate reads from a plan's strategies, defaults filled in.
+
+    The tables are parsed by the strategies themselves (`Strategy.parse`), so
+    defaults, allowed values and error messages are theirs.
+    """
 
     amp: str | None  # "bf16" | "fp16" | None (fp32 activations)
     checkpoint_every: int | None  # every k-th block checkpointed; None: no checkpointing
-    attention: str  # "explicit" | "sdpa"
+    fused_attention: str | None  # the attention the fused strategy swaps in, if present
     compile: bool
     optimizer: str  # "adamw" | "lamb"
-    optimizer_impl: str  # "default" | "foreach" | "fused"
+    optimizer_impl: str  # "default" | "foreach" | "fused" | "triton"
+    cross_entropy: str  # "eager" | "compile" | "triton"
+    max_grad_norm: float  # LAMB's clipping (0: off)
+    distributed: tuple[str, ...]  # distributed strategies in the plan
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
-        st = plan.strategies
-        amp = None
-        if "amp" in st:
-            amp = st["amp"].get("dtype", "bf16")
-            if amp not in ("bf16", "fp16"):
-                raise HarnessError(f"[strategies.amp] dtype = {amp!r}: use 'bf16' or 'fp16'")
-        every = None
-        if "checkpoint" in st:
-            every = st["checkpoint"].get("every", 1)
-            if not isinstance(every, int) or every < 1:
-                raise HarnessError(
-                    f"[strategies.checkpoint] every = {every!r}: use a whole number, 1 or more"
-                )
-        fused = st.get("fused")
-        if fused is not None:
-            attention = fused.get("attention", "sdpa")
-        else:
-            attention = plan.workload_args.get("attention", "explicit")
-        if attention not in ("explicit", "sdpa"):
-            raise HarnessError(f"attention = {attention!r}: use 'explicit' or 'sdpa'")
-        impl = fused.get("optimizer", "default") if fused is not None else "default"
-        if impl not in ("default", "foreach", "fused"):
-            raise HarnessError(
-                f"[strategies.fused] optimizer = {impl!r}: use 'default', 'foreach' or 'fused'"
-            )
+        import strategies  # noqa: F401  (registers the built-in strategies)
+        from strategies.registry import get
+
+        parsed = {
+            name: get(name).parse(table, f"[strategies.{name}]")
+            for name, table in plan.strategies.items()
+        }
+        amp, ckpt, fused, lamb = (parsed.get(n) for n in ("amp", "checkpoint", "fused", "lamb"))
         return cls(
-            amp=amp,
-            checkpoint_every=every,
-            attention=attention,
-            compile=bool(fused.get("compile", False)) if fused is not None else False,
-            optimizer="lamb" if "lamb" in st else "adamw",
-            optimizer_impl=impl,
+            amp=amp.dtype if amp is not None else None,
+            checkpoint_every=ckpt.every if ckpt is not None else None,
+            fused_attention=fused.attention if fused is not None else None,
+            compile=bool(fused is not None and fused.compile),
+            optimizer="lamb" if lamb is not None else "adamw",
+            optimizer_impl=fused.optimizer if fused is not None else "default",
+            cross_entropy=fused.cross_entropy if fused is not None else "eager",
+            max_grad_norm=lamb.max_grad_norm if lamb is not None else 0.0,
+            distributed=tuple(sorted(n for n in parsed if get(n).distributed)),
         )
 
 
 def checkpointed_blocks(layers: int, every: int | None) -> list[int]:
-    """Indices of the checkpointed blocks: 0, k, 2k, ... (ceil(layers / k) of them)."""
+    """Indices of the checkpointed blocks: 0, k, 2k, ... (ceil(layers / k) of them),
+    as strategies.checkpoint wraps them."""
     if not every:
         return []
     return list(range(0, layers, every))
@@ -209,13 +192,18 @@ class ModelFacts:
     trainable_bytes: int
     buffer_bytes: int
     # The for-loop optimizer's scratch: two temporaries of one parameter's size
-    # and the previous parameter's denominator, at their largest.
+    # and the previous parameter's, at their largest.
     loop_temporaries_bytes: int
     block_parameters: int | None  # parameters of blocks[0], when the model has blocks
     blocks: int | None
+    # "explicit" / "sdpa": the kind of harness.workloads.attention core the model
+    # uses (the fused strategy can swap those); None: no such core.
+    attention_cores: str | None
 
     @classmethod
     def of(cls, workload: Workload) -> ModelFacts:
+        from harness.workloads.attention import ATTENTION
+
         with torch.device("meta"):
             model = workload.build_model()
         params = list(model.parameters())  # unique by identity: tied weights once
@@ -224,11 +212,14 @@ class ModelFacts:
         buffers = {id(b): b for b in model.buffers()}.values()
         blocks = getattr(model, "blocks", None)
         has_blocks = isinstance(blocks, nn.ModuleList) and len(blocks) > 0
+        cores = [
+            kind for m in model.modules() for kind, cls in ATTENTION.items() if type(m) is cls
+        ]
         return cls(
             parameters=sum(p.numel() for p in params),
             trainable=sum(p.numel() for p in trainable),
             parameter_bytes=sum(p.numel() * p.element_size() for p in params),
-            trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+            trainable_bytes=sum(sizes),
             buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
             loop_temporaries_bytes=max(
                 (2 * n + prev for prev, n in zip([0, *sizes], sizes, strict=False)), default=0
@@ -237,19 +228,19 @@ class ModelFacts:
                 sum(p.numel() for p in blocks[0].parameters()) if has_blocks else None
             ),
             blocks=len(blocks) if has_blocks else None,
+            attention_cores=cores[0] if cores else None,
         )
 
 
 def state_memory(facts: ModelFacts, layout: Layout) -> dict[str, int]:
     """Parameters, gradients and optimizer state on one device.
 
-    Without ZeRO every data-parallel rank holds all three whole: parameters 4Ψ,
-    gradients 4Ψ (held once, also across accumulation micro-steps) and AdamW's
-    or LAMB's two moments 8Ψ, for fp32 parameters. The layout does not shrink
-    them: data parallelism replicates, and tensor / pipeline splits are stated
-    as not modelled by `layout_assumptions`.
+    Parameters 4Ψ, gradients 4Ψ (held once, also across accumulation
+    micro-steps) and AdamW's or LAMB's two moments 8Ψ, for fp32 parameters, on
+    every rank: data parallelism without ZeRO replicates them. ZeRO, tensor and
+    pipeline splits are not modelled (`layout_assumptions` says so).
     """
-    del layout  # replicated state: the same on every rank
+    del layout  # replicated: the same on every rank
     return {
         "parameters": facts.parameter_bytes,
         "gradients": facts.trainable_bytes,
@@ -260,17 +251,24 @@ def state_memory(facts: ModelFacts, layout: Layout) -> dict[str, int]:
 def optimizer_temporaries(facts: ModelFacts, cfg: Settings, device_type: str) -> int:
     """Memory the optimizer step allocates and frees.
 
-    AdamW's foreach implementation (torch's default on CUDA) builds the
-    denominator sqrt(v) + eps for all parameters at once: one more copy of the
-    trainable parameters. The for-loop (the default on CPU) does it one
-    parameter at a time, keeping two temporaries and the previous parameter's
-    denominator (measured on CPU). The fused kernel needs
-    none. LAMB is taken to build one update of the parameters' size before its
-    trust ratio.
+    torch's AdamW: foreach (its default on CUDA) builds the denominator
+    sqrt(v) + eps for all parameters at once, one more copy of the trainable
+    parameters; the for-loop (its default on CPU) goes one parameter at a time,
+    keeping two temporaries and the previous parameter's denominator (measured
+    on CPU); the fused kernel and our Triton multi-tensor kernels (`triton`)
+    need none. strategies.lamb's LAMB: foreach ("foreach" or "fused") builds the
+    denominator and the update u for all parameters (two copies), the loop
+    (its "default") one parameter at a time, and gradient clipping scales a copy
+    of all the gradients.
     """
-    if cfg.optimizer == "lamb":
-        return facts.trainable_bytes
     impl = cfg.optimizer_impl
+    if impl == "triton":
+        return 0
+    if cfg.optimizer == "lamb":
+        clip = facts.trainable_bytes if cfg.max_grad_norm > 0 else 0
+        if impl in ("foreach", "fused"):
+            return clip + 2 * facts.trainable_bytes
+        return clip + facts.loop_temporaries_bytes
     if impl == "default":
         impl = "foreach" if device_type == "cuda" else "for-loop"
     if impl == "foreach":
@@ -463,10 +461,12 @@ def korthikanti_bytes(shape: TransformerShape, batch: int) -> int:
     return 34 * s * b * h + 5 * a * s * s * b
 
 
-def outside_block_terms(
+def lm_outside_block_terms(
     shape: TransformerShape, batch: int, widths: Widths, dropout: bool
 ) -> dict[str, int]:
-    """What a GPT keeps outside its blocks, except the loss (see `logits_bytes`)."""
+    """What a GPT keeps outside its blocks, except the loss (see `logits_bytes`):
+    the token ids and targets, the embedding dropout's mask, the final LayerNorm's
+    input and statistics, the LM head's input."""
     s, b, h = shape.seq_len, batch, shape.hidden
     sbh = s * b * h
     return {
@@ -477,7 +477,7 @@ def outside_block_terms(
     }
 
 
-def logits_bytes(shape: TransformerShape, batch: int) -> int:
+def logits_bytes(shape: TransformerShape, batch: int, chunked_width: int | None = None) -> int:
     """The language-model loss at its largest: 12·b·s·V bytes.
 
     Cross-entropy runs in fp32 (autocast's fp32 list on CPU and CUDA) and keeps
@@ -486,7 +486,13 @@ def logits_bytes(shape: TransformerShape, batch: int) -> int:
     10·bsV. At the start of backward the log-softmax output, the gradient
     nll_loss hands back and the one log-softmax's backward makes are all fp32
     and alive together: 12·bsV, the larger.
+
+    kernels.cross_entropy's chunked Triton kernel (fused cross_entropy =
+    'triton') holds no log-probabilities: it writes the gradient over the
+    logits, in their dtype (`chunked_width` bytes), and scales it in place.
     """
+    if chunked_width is not None:
+        return chunked_width * batch * shape.seq_len * shape.vocab
     return 12 * batch * shape.seq_len * shape.vocab
 
 
@@ -506,10 +512,16 @@ class Trace:
 
     activations: int  # saved by the blocks (by the whole model when it has none)
     other_activations: int  # saved outside the blocks (embedding, head, loss)
-    recompute: int  # the largest checkpointed block's own saved tensors
-    weight_copies: int  # autocast's 16-bit copies of parameters kept for backward
+    recompute: int  # the largest checkpointed block's own saved tensors, its input aside
+    weight_copies: int  # autocast's 16-bit copies of parameters that backward needs
+    weight_copies_kept: int  # of which saved outside checkpointed blocks
+    weight_copies_rebuilt: int  # the largest checkpointed block's, made again when rebuilt
     largest_saved: int  # the largest single saved storage (backward's working set)
+    checkpointed: list[int]  # indices of the checkpointed blocks
+    stored_by_block: list[int]  # bytes each block keeps (a checkpointed one: its input)
+    params_by_block: list[int]  # bytes of each block's trainable parameters
     recompute_flops: float  # forward FLOPs of the checkpointed blocks, per micro-batch
+    calls_sdpa: bool  # whether the forward called scaled_dot_product_attention
     notes: list[str] = field(default_factory=list)
 
 
@@ -541,28 +553,34 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
+    from torch.utils._pytree import tree_leaves
 
-    for leaf in tree_flatten(obj)[0]:
+    for leaf in tree_leaves(obj):
         if isinstance(leaf, torch.Tensor):
             yield leaf
 
 
-class _CudaFp32Ops(torch.overrides.TorchFunctionMode):
-    """CUDA autocast's fp32 ops, which CPU autocast leaves in 16-bit.
+class _TraceOps(torch.overrides.TorchFunctionMode):
+    """Notes calls to scaled_dot_product_attention; with `cuda_fp32`, runs CUDA
+    autocast's fp32 ops in fp32.
 
     The trace runs under CPU autocast (fake tensors cannot be CUDA ones here);
-    on CUDA, norms and softmax take fp32 inputs (a new fp32 copy, which they
-    keep) and give fp32 outputs. Casting their input here reproduces that.
+    CUDA autocast runs norms and softmax in fp32, which CPU autocast leaves in
+    bf16: their input becomes an fp32 copy (which they keep) and their output
+    fp32. Casting their input here reproduces that.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cuda_fp32: bool) -> None:
         super().__init__()
+        self.calls_sdpa = False
         f = torch.nn.functional
-        names = ("layer_norm", "group_norm", "rms_norm", "softmax", "log_softmax", "softplus")
-        self.ops: set[Callable[..., Any]] = {getattr(f, n) for n in names if hasattr(f, n)}
-        self.ops |= {torch.softmax, torch.log_softmax, torch.layer_norm, torch.group_norm}
-        self.ops |= {torch.Tensor.softmax, torch.Tensor.log_softmax}
+        self.sdpa = f.scaled_dot_product_attention
+        self.ops: set[Callable[..., Any]] = set()
+        if cuda_fp32:
+            names = ("layer_norm", "group_norm", "rms_norm", "softmax", "log_softmax", "softplus")
+            self.ops = {getattr(f, n) for n in names if hasattr(f, n)}
+            self.ops |= {torch.softmax, torch.log_softmax, torch.layer_norm, torch.group_norm}
+            self.ops |= {torch.Tensor.softmax, torch.Tensor.log_softmax}
 
     def __torch_function__(
         self,
@@ -572,6 +590,8 @@ class _CudaFp32Ops(torch.overrides.TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func is self.sdpa:
+            self.calls_sdpa = True
         if (
             func in self.ops
             and args
@@ -593,7 +613,7 @@ def trace_activations(
 
     Saved tensors are counted once per storage (views share), leaving out
     parameters, buffers and autocast's weight copies (counted apart). Under amp
-    the trace runs under CPU autocast in bf16, with CUDA's fp32 norms and softmax
+    the trace runs CPU autocast in bf16, with CUDA's fp32 norms and softmax
     emulated when `device_type` is 'cuda'. With checkpointing, a checkpointed
     block keeps only its inputs. Falls back to the meta device without autocast
     when fake tensors fail, and says so in `notes`.
@@ -609,6 +629,37 @@ def trace_activations(
         return trace
 
 
+def _fake_model(workload: Workload, mode: Any) -> nn.Module:
+    """The workload's model with fake CPU parameters and buffers.
+
+    Built under the fake mode directly; a model whose initialisation reads
+    values (trunc_normal_ does) is built on the meta device and given empty fake
+    tensors instead, ties kept.
+    """
+    try:
+        with mode:
+            return workload.build_model()
+    except Exception:
+        with torch.device("meta"):
+            model = workload.build_model()
+        made: dict[int, torch.Tensor] = {}
+        with mode:
+            for module in model.modules():
+                for table, as_param in ((module._parameters, True), (module._buffers, False)):
+                    for name, t in list(table.items()):
+                        if t is None:
+                            continue
+                        if id(t) not in made:
+                            empty = torch.empty(t.shape, dtype=t.dtype)
+                            made[id(t)] = (
+                                nn.Parameter(empty, requires_grad=t.requires_grad)
+                                if as_param
+                                else empty
+                            )
+                        table[name] = made[id(t)]
+        return model
+
+
 def _trace(
     workload: Workload,
     micro_batch: int,
@@ -617,29 +668,27 @@ def _trace(
     every: int | None,
     fake: bool,
 ) -> Trace:
-    import contextlib
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch.utils._pytree import tree_map
     from torch.utils.flop_counter import FlopCounterMode
 
     mode = FakeTensorMode() if fake else None
-    device = "cpu" if fake else "meta"
-    with mode if mode is not None else torch.device("meta"):
-        model = workload.build_model()
-        model.train()
+    if mode is not None:
+        model = _fake_model(workload, mode)
         try:
-            batch = workload.batch(micro_batch, 0, device)
-        except Exception:
-            if mode is None:
-                raise
-            # Some batch sources cannot run on fake tensors: build it for real.
-            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            with mode:
+                batch = workload.batch(micro_batch, 0, "cpu")
+        except Exception:  # a batch source fake tensors cannot run: make it for real
+            with unset_fake_temporarily():
                 real = workload.batch(micro_batch, 0, "cpu")
-            from torch.utils._pytree import tree_map
-
             batch = tree_map(
                 lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x, real
             )
+    else:
+        with torch.device("meta"):
+            model = workload.build_model()
+            batch = workload.batch(micro_batch, 0, "meta")
+    model.train()
 
     params = list(model.parameters())
     param_ids = {id(p) for p in params}
@@ -666,30 +715,26 @@ def _trace(
         handles.append(block.register_forward_hook(post))
 
     held: list[torch.Tensor] = []  # keeps storages alive so their keys stay unique
-    owners: dict[int, tuple[int, set[int | None]]] = {}
-    copies: dict[int, int] = {}
+    owners: dict[int, tuple[int, set[int | None]]] = {}  # storage -> (bytes, savers)
+    copies: dict[int, tuple[int, set[int | None]]] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         held.append(t)
         key = _storage_key(t)
         if key in excluded:
             return t
-        if key in copies or _is_parameter_copy(t, param_ids):
-            copies[key] = t.untyped_storage().nbytes()
-            return t
-        entry = owners.setdefault(key, (t.untyped_storage().nbytes(), set()))
+        table = copies if key in copies or _is_parameter_copy(t, param_ids) else owners
+        entry = table.setdefault(key, (t.untyped_storage().nbytes(), set()))
         entry[1].add(current[-1] if current else None)
         return t
 
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp and fake)
-    fp32_ops = _CudaFp32Ops() if amp and fake and device_type == "cuda" else None
+    ops = _TraceOps(cuda_fp32=amp and fake and device_type == "cuda")
     with contextlib.ExitStack() as stack:
         if mode is not None:
             stack.enter_context(mode)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
-        if fp32_ops is not None:
-            stack.enter_context(fp32_ops)
-        stack.enter_context(autocast)
+        stack.enter_context(ops)
+        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp and fake))
         held.append(workload.loss(model, batch))  # the graph, alive until we are done
     for h in handles:
         h.remove()
@@ -697,13 +742,17 @@ def _trace(
     ckpt = set(checkpointed_blocks(len(blocks), every))
     activations = other = 0
     kept: set[int] = set()
+    by_block: dict[int, int] = {}  # kept bytes by the first block that keeps them
     for key, (n, who) in owners.items():
         live = who - ckpt
         if not live:
             continue  # saved only inside checkpointed blocks: not kept
         kept.add(key)
-        if not blocks or any(o is not None for o in live):
+        in_blocks = sorted(o for o in live if o is not None)
+        if not blocks or in_blocks:
             activations += n
+            if in_blocks:
+                by_block[in_blocks[0]] = by_block.get(in_blocks[0], 0) + n
         else:
             other += n
     for i in sorted(ckpt):
@@ -711,11 +760,12 @@ def _trace(
             if key not in kept and key not in excluded:
                 kept.add(key)
                 activations += n
+                by_block[i] = by_block.get(i, 0) + n
+    # A rebuilt block's own tensors; its input is kept already.
     per_block = {
-        i: sum(n for n, who in owners.values() if i in who) for i in ckpt
+        i: sum(n for key, (n, who) in owners.items() if i in who and key not in block_inputs[i][2])
+        for i in ckpt
     }
-    recompute = max(per_block.values(), default=0)
-    largest = max((n for n, _ in owners.values()), default=0)
 
     recompute_flops = 0.0
     notes: list[str] = []
@@ -735,10 +785,21 @@ def _trace(
     return Trace(
         activations=activations,
         other_activations=other,
-        recompute=recompute,
-        weight_copies=sum(copies.values()),
-        largest_saved=largest,
+        recompute=max(per_block.values(), default=0),
+        weight_copies=sum(n for n, _ in copies.values()),
+        weight_copies_kept=sum(n for n, who in copies.values() if who - ckpt),
+        weight_copies_rebuilt=max(
+            (sum(n for n, who in copies.values() if i in who) for i in ckpt), default=0
+        ),
+        largest_saved=max((n for n, _ in owners.values()), default=0),
+        checkpointed=sorted(ckpt),
+        stored_by_block=[by_block.get(i, 0) for i in range(len(blocks))],
+        params_by_block=[
+            sum(p.numel() * p.element_size() for p in block.parameters() if p.requires_grad)
+            for block in blocks
+        ],
         recompute_flops=recompute_flops,
+        calls_sdpa=ops.calls_sdpa,
         notes=notes,
     )
 
@@ -746,19 +807,236 @@ def _trace(
 # --- the estimate ---------------------------------------------------------------
 
 
-def layout_assumptions(layout: Layout) -> list[str]:
-    notes = []
-    if layout.data > 1:
-        notes.append(
-            f"Data parallel over {layout.data} ranks replicates parameters, gradients and "
-            "optimizer state (no ZeRO); communication buckets are not counted."
+def rebuild_moment(
+    stored: list[int], params: list[int], checkpointed: list[int], trainable: int, held: int
+) -> int:
+    """Activations and gradients alive when a checkpointed block is rebuilt, at most.
+
+    Backward runs the blocks last to first. When it rebuilds checkpointed block
+    j, the blocks after j are done (their activations freed, their gradients
+    made, and j's own come in its backward), the blocks up to j still keep
+    theirs (`stored`). Early blocks see more gradients, late ones more
+    activations: the largest over j counts. `held`: gradients kept from earlier
+    micro-steps.
+    """
+    return max(
+        (
+            sum(stored[: j + 1]) + max(held, trainable - sum(params[:j]))
+            for j in checkpointed
+        ),
+        default=0,
+    )
+
+
+
+def layout_assumptions(layout: Layout, distributed: tuple[str, ...]) -> list[str]:
+    """What the estimate says about splitting the work over several devices."""
+    if distributed:
+        return [
+            f"Not modelled: {', '.join(distributed)}. Memory is given as if one device held "
+            "the whole model, its gradients and optimizer state (no ZeRO, tensor or pipeline "
+            "split, no communication buffers); only the FLOPs are divided over the ranks."
+        ]
+    if layout.world_size > 1:
+        return [
+            f"Layout {layout.data} x {layout.pipeline} x {layout.tensor} (data x pipeline x "
+            "tensor): every device is taken to hold the whole model, its gradients and "
+            "optimizer state; only the FLOPs are divided over the ranks."
+        ]
+    return []
+
+
+@dataclass
+class ActivationParts:
+    """The activation side of an estimate, and what the moments of a step need."""
+
+    memory: dict[str, int]  # activations, other_activations, logits, backward_working,
+    # recompute, autocast_weight_copies
+    assumptions: list[str]
+    block_terms: dict[str, int] = field(default_factory=dict)
+    # Autocast's weight copies live in its cache until forward ends; after that
+    # only those saved outside checkpointed blocks stay (None: all of them), and a
+    # rebuilt block makes its own again.
+    copies_kept: int | None = None
+    copies_rebuilt: int = 0
+    loss_forward: int = 0  # the language-model loss's transient in forward
+    # Per block: what it keeps and its parameters' bytes; the checkpointed ones.
+    stored: list[int] = field(default_factory=list)
+    block_param_bytes: list[int] = field(default_factory=list)
+    checkpointed: list[int] = field(default_factory=list)
+    recompute_flops_per_sample: float = 0.0
+
+
+def transformer_activations(
+    shape: TransformerShape,
+    lm: bool,
+    cfg: Settings,
+    facts: ModelFacts,
+    device_type: str,
+    batch: int,
+    trace: Trace | None,
+) -> ActivationParts:
+    """Activations of a transformer, term by term; outside the blocks a language
+    model's terms (`lm`), else the trace's."""
+    amp = cfg.amp is not None
+    dropout = shape.dropout > 0
+    if facts.attention_cores is not None:  # harness cores, which `fused` swaps
+        requested = cfg.fused_attention or facts.attention_cores
+    else:
+        requested = "sdpa" if trace is not None and trace.calls_sdpa else "explicit"
+    kind = attention_kind(requested, device_type, dropout)
+    widths = widths_for(amp, device_type)
+    terms = block_activation_terms(
+        shape,
+        batch,
+        widths,
+        attention=kind,
+        dropout=dropout,
+        # memory-efficient attention (CUDA's fused kernel for fp32) pads rows to 32
+        logsumexp_rows=(
+            32 * math.ceil(shape.seq_len / 32) if device_type == "cuda" and not amp else None
+        ),
+    )
+    per_block = sum(terms.values())
+    ckpt = checkpointed_blocks(shape.layers, cfg.checkpoint_every)
+    stored_input = widths.resid * shape.seq_len * batch * shape.hidden
+    h, f = shape.hidden, shape.ffn_hidden
+    block_params = facts.block_parameters or 4 * h * h + 2 * h * f
+    width = round(facts.parameter_bytes / max(facts.parameters, 1))
+    memory = {
+        "activations": len(ckpt) * stored_input + (shape.layers - len(ckpt)) * per_block,
+        "backward_working": block_backward_working_bytes(terms, shape, batch, widths, kind),
+        # The rebuilt block's tensors; its input (LayerNorm's) is kept already.
+        "recompute": per_block - terms["ln1_input"] if ckpt else 0,
+    }
+    parts = ActivationParts(
+        memory=memory,
+        assumptions=[],
+        block_terms=terms,
+        stored=[stored_input if i in ckpt else per_block for i in range(shape.layers)],
+        block_param_bytes=[block_params * width] * shape.layers,
+        checkpointed=ckpt,
+        recompute_flops_per_sample=len(ckpt)
+        * block_forward_flops_per_sample(shape, facts.block_parameters),
+    )
+    sbh = shape.seq_len * batch * shape.hidden
+    parts.assumptions += [
+        f"Transformer activations per block follow Korthikanti et al. (2022) eq. 1 term "
+        f"by term, adapted to what PyTorch keeps on {device_type}: "
+        f"{per_block:,} bytes per block ({per_block / sbh:.2f}·s·b·h) with "
+        f"{'16-bit' if amp else 'fp32'} activations, an fp32 residual stream "
+        f"(LayerNorm inputs), {kind} attention"
+        + (f" and dropout {shape.dropout:g}" if dropout else " and no dropout")
+        + "; see block_terms.",
+        "The blocks are pre-LayerNorm transformer blocks (LayerNorm, one QKV projection, "
+        "attention, output projection; LayerNorm, FC, GELU, FC); tensors that do not "
+        "grow with the batch are left out.",
+    ]
+    if kind == "fused":
+        parts.assumptions.append(
+            "SDPA runs a fused kernel (flash / memory-efficient): no s² terms, a fp32 "
+            "log-sum-exp per row and head instead."
         )
-    if layout.tensor > 1 or layout.pipeline > 1:
-        notes.append(
-            f"Tensor ({layout.tensor}) and pipeline ({layout.pipeline}) splits are not "
-            "modelled: memory is given for a device holding the whole model."
+    elif kind == "math":
+        parts.assumptions.append(
+            "SDPA on CPU with dropout runs its math path, which keeps fp32 scores."
         )
-    return notes
+
+    if lm:
+        memory["other_activations"] = sum(
+            lm_outside_block_terms(shape, batch, widths, dropout).values()
+        )
+        chunked = widths.act if cfg.cross_entropy == "triton" else None
+        memory["logits"] = logits_bytes(shape, batch, chunked)
+        sbv = batch * shape.seq_len * shape.vocab
+        parts.loss_forward = memory["logits"] if chunked else (10 if amp else 8) * sbv
+        parts.assumptions.append(
+            "The language-model loss peaks at 12·b·s·V bytes at the start of backward "
+            "(the fp32 log-softmax output and two fp32 gradients of its size)."
+            if chunked is None
+            else "The chunked Triton cross-entropy holds only the logits, overwritten by "
+            "their gradient."
+        )
+    else:
+        assert trace is not None, "a transformer that is no language model is traced"
+        memory["other_activations"] = trace.other_activations
+        memory["backward_working"] = max(memory["backward_working"], trace.largest_saved)
+        parts.assumptions.append(
+            "Outside the blocks (embedding, head, loss) what autograd saves is traced on "
+            "fake tensors."
+        )
+    if trace is not None:
+        memory["autocast_weight_copies"] = trace.weight_copies
+        parts.copies_kept = trace.weight_copies_kept
+        parts.copies_rebuilt = trace.weight_copies_rebuilt
+    elif amp:
+        memory["autocast_weight_copies"] = 2 * facts.parameters
+        if ckpt:
+            parts.copies_kept = 2 * max(0, facts.parameters - len(ckpt) * block_params)
+            parts.copies_rebuilt = 2 * block_params
+        parts.assumptions.append(
+            "Autocast's 16-bit weight copies are counted at 2 bytes for every parameter "
+            "(an upper bound: norms and position embeddings are not cast)."
+        )
+    return parts
+
+
+def traced_activations(trace: Trace, batch: int) -> ActivationParts:
+    """Activations of any model, as the trace of its forward pass counted them."""
+    return ActivationParts(
+        memory={
+            "activations": trace.activations,
+            "other_activations": trace.other_activations,
+            "recompute": trace.recompute,
+            "backward_working": trace.largest_saved,
+            "autocast_weight_copies": trace.weight_copies,
+        },
+        assumptions=[
+            "Activations are counted by tracing one forward pass on fake tensors: what "
+            "autograd saves, once per storage, parameters, buffers and autocast weight "
+            "copies apart. Backward's working set is taken as the largest saved tensor "
+            "(the gradients of an op's output and input, while what follows is freed)."
+        ],
+        copies_kept=trace.weight_copies_kept,
+        copies_rebuilt=trace.weight_copies_rebuilt,
+        stored=trace.stored_by_block,
+        block_param_bytes=trace.params_by_block,
+        checkpointed=trace.checkpointed,
+        recompute_flops_per_sample=trace.recompute_flops / batch,
+    )
+
+
+def step_phases(memory: dict[str, int], parts: ActivationParts, grads_held: int) -> dict[str, int]:
+    """What lives above parameters, optimizer state and buffers at each moment of a step.
+
+    Gradients are None at the start of backward (the step zeroes them with
+    set_to_none=True) unless earlier micro-steps made them (`grads_held`). The
+    loss's transient comes first in backward and is gone before any block's.
+    """
+    copies = memory["autocast_weight_copies"]
+    kept = copies if parts.copies_kept is None else parts.copies_kept
+    saved = memory["activations"] + memory["other_activations"] + grads_held
+    phases = {
+        "forward_end": copies + saved + parts.loss_forward,
+        "backward_start": kept + saved + max(memory["logits"], memory["backward_working"]),
+    }
+    if memory["recompute"]:
+        phases["checkpoint_recompute"] = (
+            kept
+            + parts.copies_rebuilt
+            + memory["other_activations"]
+            + memory["recompute"]
+            + memory["backward_working"]
+            + rebuild_moment(
+                parts.stored,
+                parts.block_param_bytes,
+                parts.checkpointed,
+                memory["gradients"],
+                grads_held,
+            )
+        )
+    phases["optimizer_step"] = memory["gradients"] + memory["optimizer_temporaries"]
+    return phases
 
 
 def estimate(
@@ -770,7 +1048,8 @@ def estimate(
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
     `peak_flops` is the device's peak FLOP rate (harness.peaks); without it the
-    step time is None.
+    step time is None. Strategy settings the plan leaves out take the
+    strategies' defaults; a bad setting is a HarnessError.
     """
     cfg = Settings.of(plan)
     facts = ModelFacts.of(workload)
@@ -795,163 +1074,63 @@ def estimate(
             f"Autocast ({cfg.amp}) keeps master weights, gradients and optimizer state fp32 "
             "and 16-bit activations for matmul inputs."
         )
-    if cfg.compile:
+    if cfg.compile or cfg.cross_entropy == "compile":
         assumptions.append(
             "torch.compile is estimated as eager: its partitioner usually saves fewer "
             "activations, so the estimate is high."
         )
-    assumptions += layout_assumptions(plan.layout)
+    assumptions += layout_assumptions(plan.layout, cfg.distributed)
 
     shape = workload.shape
-    block_terms: dict[str, int] = {}
-    recompute_flops_per_sample = 0.0
-    # Activations and gradients live when a checkpointed block is rebuilt
-    # (without the rebuilt block's own); by default all stored activations.
-    recompute_moment: int | None = None
-    if shape is not None:
-        dropout = shape.dropout > 0
-        kind = attention_kind(cfg.attention, env.device_type, dropout)
-        widths = widths_for(amp, env.device_type)
-        block_terms = block_activation_terms(
-            shape,
-            b,
-            widths,
-            attention=kind,
-            dropout=dropout,
-            # memory-efficient attention (CUDA's fused kernel for fp32) pads rows to 32
-            logsumexp_rows=(
-                32 * math.ceil(shape.seq_len / 32)
-                if env.device_type == "cuda" and not amp
-                else None
-            ),
-        )
-        per_block = sum(block_terms.values())
-        ckpt = checkpointed_blocks(shape.layers, cfg.checkpoint_every)
-        stored_input = widths.resid * shape.seq_len * b * shape.hidden
-        memory["activations"] = len(ckpt) * stored_input + (shape.layers - len(ckpt)) * per_block
-        memory["other_activations"] = sum(outside_block_terms(shape, b, widths, dropout).values())
-        memory["logits"] = logits_bytes(shape, b)
-        memory["backward_working"] = block_backward_working_bytes(
-            block_terms, shape, b, widths, kind
-        )
-        if ckpt:
-            memory["recompute"] = per_block
-            # Backward reaches the last checkpointed block j first: the blocks after
-            # it are done (their activations freed, their gradients made), the
-            # blocks before it still hold theirs.
-            j = ckpt[-1]
-            block_params = facts.block_parameters or 4 * shape.hidden**2 + 2 * shape.hidden * (
-                shape.ffn_hidden
-            )
-            recompute_moment = (
-                sum(stored_input if i in ckpt else per_block for i in range(j + 1))
-                + max(0, facts.trainable_bytes - (j + 1) * block_params * round(width))
-            )
-        if amp:
-            memory["autocast_weight_copies"] = 2 * facts.parameters
-        recompute_flops_per_sample = len(ckpt) * block_forward_flops_per_sample(
-            shape, facts.block_parameters
-        )
-        sbh = shape.seq_len * b * shape.hidden
-        assumptions += [
-            f"Transformer activations per block follow Korthikanti et al. (2022) eq. 1 term "
-            f"by term, adapted to what PyTorch keeps on {env.device_type}: "
-            f"{per_block:,} bytes per block ({per_block / sbh:.2f}·s·b·h) with "
-            f"{'16-bit' if amp else 'fp32'} activations, an fp32 residual stream "
-            f"(LayerNorm inputs), {kind} attention"
-            + (f" and dropout {shape.dropout:g}" if dropout else " and no dropout")
-            + "; see block_terms.",
-            "The blocks are pre-LayerNorm GPT blocks (LayerNorm, one QKV projection, "
-            "attention, output projection; LayerNorm, FC, GELU, FC); tensors that do not "
-            "grow with the batch are left out.",
-            "The language-model loss peaks at 12·b·s·V bytes at the start of backward "
-            "(the fp32 log-softmax output and two fp32 gradients of its size).",
-        ]
-        if amp:
-            assumptions.append(
-                "Autocast's 16-bit weight copies are counted at 2 bytes for every parameter "
-                "(an upper bound: norms and position embeddings are not cast)."
-            )
-        if kind == "fused":
-            assumptions.append(
-                "SDPA runs a fused kernel (flash / memory-efficient): no s² terms, a fp32 "
-                "log-sum-exp per row and head instead."
-            )
-        elif kind == "math":
-            assumptions.append(
-                "SDPA on CPU with dropout runs its math path, which keeps fp32 scores."
-            )
-    else:
+    # A language model: its head and loss act on every token (the GPT). Other
+    # models' outside of the blocks is traced (a ViT's head sees one token).
+    lm = shape is not None and workload.tokens_per_sample is not None
+    trace = None
+    if shape is None or not lm or facts.attention_cores is None:
         trace = trace_activations(workload, b, amp, env.device_type, cfg.checkpoint_every)
-        memory["activations"] = trace.activations
-        memory["other_activations"] = trace.other_activations
-        memory["recompute"] = trace.recompute
-        memory["backward_working"] = trace.largest_saved
-        memory["autocast_weight_copies"] = trace.weight_copies
-        recompute_flops_per_sample = trace.recompute_flops / b
-        assumptions.append(
-            "Activations are counted by tracing one forward pass on fake tensors: what "
-            "autograd saves, once per storage, parameters, buffers and autocast weight "
-            "copies apart. Backward's working set is taken as the largest saved tensor "
-            "(the gradients of an op's output and input, while what follows is freed)."
-        )
-        if amp:
-            assumptions.append(
-                "Under amp the trace runs CPU autocast in bf16"
-                + (
-                    ", with CUDA's fp32 norms and softmax emulated."
-                    if env.device_type == "cuda"
-                    else "."
-                )
-            )
         assumptions += trace.notes
+    if shape is not None:
+        parts = transformer_activations(shape, lm, cfg, facts, env.device_type, b, trace)
+    else:
+        assert trace is not None
+        parts = traced_activations(trace, b)
         if cfg.checkpoint_every and facts.blocks is None:
-            assumptions.append(
+            parts.assumptions.append(
                 "The model has no `blocks` ModuleList: checkpointing is not modelled."
             )
-
-    if cfg.checkpoint_every:
-        layers = shape.layers if shape is not None else (facts.blocks or 0)
-        ckpt = checkpointed_blocks(layers, cfg.checkpoint_every)
+    memory.update(parts.memory)
+    assumptions += parts.assumptions
+    if trace is not None and amp:
         assumptions.append(
-            f"Checkpointing every {cfg.checkpoint_every} block(s): blocks 0, "
-            f"{cfg.checkpoint_every}, ... ({len(ckpt)} of {layers}) keep only their input; "
-            "one is rebuilt at a time in backward (recompute), adding one forward of each "
-            "checkpointed block to the step's FLOPs."
+            "The trace runs CPU autocast in bf16"
+            + (", with CUDA's fp32 norms and softmax emulated." if env.device_type == "cuda"
+               else ".")
+        )
+    if parts.checkpointed:
+        k, n = cfg.checkpoint_every, len(parts.checkpointed)
+        layers = shape.layers if shape is not None else facts.blocks
+        assumptions.append(
+            f"Checkpointing every {k} block(s): blocks 0, {k}, ... ({n} of {layers}) keep "
+            "only their input; one is rebuilt at a time in backward (recompute), adding one "
+            "forward of each checkpointed block to the step's FLOPs."
         )
 
-    # The moments of a step. Gradients are None at the start of backward
-    # (zero_grad(set_to_none=True)) unless earlier micro-steps made them.
     grads_held = memory["gradients"] if plan.accumulation_steps > 1 else 0
-    saved = memory["autocast_weight_copies"] + memory["activations"] + memory["other_activations"]
-    # The loss's transient comes first in backward and is gone before any block's.
-    working = max(memory["logits"], memory["backward_working"])
-    phases = {"backward_start": saved + working + grads_held}
-    if memory["recompute"]:
-        live = memory["activations"] if recompute_moment is None else recompute_moment
-        phases["checkpoint_recompute"] = (
-            memory["autocast_weight_copies"]
-            + memory["other_activations"]
-            + live
-            + memory["recompute"]
-            + memory["backward_working"]
-            + grads_held
-        )
-    phases["optimizer_step"] = memory["gradients"] + memory["optimizer_temporaries"]
+    phases = step_phases(memory, parts, grads_held)
     persistent = memory["parameters"] + memory["optimizer_state"] + memory["buffers"]
     peak = persistent + max(phases.values())
     assumptions.append(
         "Peak = parameters, optimizer state and buffers, plus the largest moment of a step: "
-        "backward (activations with the loss's or a block's working set, gradients not yet "
-        "allocated"
+        "the end of forward (autocast's weight cache still full), the start of backward "
+        "(activations with the loss's or a block's working set, gradients not yet allocated"
         + (", except those of earlier micro-steps" if grads_held else "")
-        + "), the rebuild of a checkpointed block, or the optimizer step (gradients and "
-        "its temporaries). Allocator fragmentation and caching are not counted; "
+        + "), the rebuild of a checkpointed block, or the optimizer step (gradients "
+        "and its temporaries). Allocator fragmentation and caching are not counted; "
         "upper_bound_bytes adds every component instead."
     )
 
     flops_per_sample = float(workload.flops_per_sample())
-    flops_per_step = (flops_per_sample + recompute_flops_per_sample) * plan.batch_size
+    flops_per_step = (flops_per_sample + parts.recompute_flops_per_sample) * plan.batch_size
     flops_per_device = flops_per_step / plan.world_size
     mfu = ASSUMED_MFU.get(env.device_type, ASSUMED_MFU["cpu"])
     step_time = None
@@ -976,6 +1155,6 @@ def estimate(
         assumptions=assumptions,
         phases={k: int(v) for k, v in phases.items()},
         upper_bound_bytes=sum(memory.values()),
-        block_terms=block_terms,
+        block_terms=parts.block_terms,
         assumed_mfu=mfu,
     )
