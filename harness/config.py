@@ -21,6 +21,14 @@ from harness.errors import HarnessError
 T = TypeVar("T")
 
 
+def bounded(default: Any, lo: float, hi: float) -> Any:
+    """A dataclass field whose value from_table keeps within [lo, hi].
+
+    Upper bounds keep absurd values (layers = 10**12) from hanging model building:
+    they are far above any model that trains today."""
+    return dataclasses.field(default=default, metadata={"range": (lo, hi)})
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, turning every way it can fail into a HarnessError."""
     p = Path(path)
@@ -65,6 +73,14 @@ def from_table(cls: type[T], table: Mapping[str, Any], where: str) -> T:
     ]
     if missing:
         raise HarnessError(f"{where}: missing key '{missing[0]}'")
+    for key, value in values.items():
+        bounds = fields[key].metadata.get("range")
+        if bounds is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            lo, hi = bounds
+            if not lo <= value <= hi:
+                raise HarnessError(
+                    f"{where}.{key}: must be between {_num(lo)} and {_num(hi)}, got {_num(value)}"
+                )
     obj = cls(**values)
     check = getattr(obj, "validate", None)
     if callable(check):
@@ -125,7 +141,8 @@ def coerce(raw: Any, tp: Any, key: str) -> Any:
             if origin is tuple and args and args[-1] is not Ellipsis:
                 if len(raw) != len(args):
                     raise HarnessError(f"{key}: expected {len(args)} values, got {len(raw)}")
-                return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(raw, args)))
+                pairs = enumerate(zip(raw, args, strict=True))
+                return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in pairs)
             item = args[0] if args else Any
             out = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(raw)]
             return tuple(out) if origin is tuple else out
@@ -137,6 +154,12 @@ def coerce(raw: Any, tp: Any, key: str) -> Any:
     else:
         raise TypeError(f"config type {tp!r} for {key} is not supported")
     raise HarnessError(f"{key}: expected {type_name(tp)}, got {_show(raw)}")
+
+
+def _num(x: float) -> str:
+    if float(x).is_integer() and abs(x) < 1e18:
+        return str(int(x))
+    return f"{x:g}"
 
 
 def _show(raw: Any) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import did_you_mean, from_table, read_toml, to_table
+from harness.config import bounded, did_you_mean, from_table, read_toml, to_table
 from harness.errors import HarnessError
 
 
@@ -27,9 +27,9 @@ from harness.errors import HarnessError
 class Layout:
     """How the world is split: data x pipeline x tensor parallel ranks."""
 
-    data: int = 1
-    pipeline: int = 1
-    tensor: int = 1
+    data: int = bounded(1, 1, 2**20)
+    pipeline: int = bounded(1, 1, 4096)
+    tensor: int = bounded(1, 1, 4096)
 
     @property
     def world_size(self) -> int:
@@ -45,10 +45,6 @@ class Layout:
             rank % self.tensor,
         )
 
-    def validate(self, where: str) -> None:
-        for name in ("data", "pipeline", "tensor"):
-            if getattr(self, name) < 1:
-                raise HarnessError(f"{where}.{name}: must be 1 or more")
 
 
 @dataclass
@@ -78,14 +74,14 @@ class Plan:
     workload_args: dict[str, Any] = field(default_factory=dict)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     layout: Layout = field(default_factory=Layout)
-    micro_batch_size: int = 8
+    micro_batch_size: int = bounded(8, 1, 2**24)
     global_batch_size: int | None = None  # default: micro_batch_size x data
     strategies: dict[str, dict[str, Any]] = field(default_factory=dict)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
-    warmup_steps: int = 3
-    steps: int = 10
-    seed: int = 0
-    timeout_s: float = 900.0
+    warmup_steps: int = bounded(3, 0, 10**6)
+    steps: int = bounded(10, 1, 10**6)
+    seed: int = bounded(0, 0, 2**63 - 1)
+    timeout_s: float = bounded(900.0, 1e-3, 30 * 86400)
 
     # --- derived -----------------------------------------------------------
     @property
@@ -112,16 +108,8 @@ class Plan:
         return self.batch_size // per_step
 
     def validate(self, where: str) -> None:
-        positive = ("micro_batch_size", "steps")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise HarnessError(f"{where}.{name}: must be 1 or more")
-        if self.warmup_steps < 0:
-            raise HarnessError(f"{where}.warmup_steps: must be 0 or more")
-        if self.global_batch_size is not None and self.global_batch_size < 1:
-            raise HarnessError(f"{where}.global_batch_size: must be 1 or more")
-        if not self.timeout_s > 0:
-            raise HarnessError(f"{where}.timeout_s: must be above 0")
+        if self.global_batch_size is not None and not 1 <= self.global_batch_size <= 2**30:
+            raise HarnessError(f"{where}.global_batch_size: must be between 1 and 2^30")
         for name, settings in self.strategies.items():
             if not isinstance(settings, dict):
                 raise HarnessError(

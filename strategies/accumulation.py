@@ -28,7 +28,7 @@ class Accumulation(Strategy):
 
     def check(self, settings, plan, env):
         try:
-            plan.accumulation_steps
+            _ = plan.accumulation_steps  # raises when the batch does not divide
         except HarnessError as e:
             return [str(e)]
         return []

@@ -42,7 +42,8 @@ class Fused(Strategy):
                "fused or multi-tensor optimizer, torch.compile")
     phases = (Phase.MODULE_SWAP, Phase.COMPILE, Phase.OPTIMIZER)
     Settings = FusedSettings
-    requires = "triton: a CUDA device (or TRITON_INTERPRET=1); compile: gcc on a CPU, Triton on a GPU"
+    requires = ("triton: a CUDA device (or TRITON_INTERPRET=1); "
+                "compile: gcc on a CPU, Triton on a GPU")
 
     def space(self):
         kernel = Choice(("eager", "compile", "triton"))
@@ -77,7 +78,8 @@ class Fused(Strategy):
     def apply(self, phase, setup, settings):
         model = setup.model
         if phase is Phase.MODULE_SWAP:
-            done = [f"{swap_attention(model, settings.attention)} attention -> {settings.attention}"]
+            swapped = swap_attention(model, settings.attention)
+            done = [f"{swapped} attention -> {settings.attention}"]
             for kernel, swap in SWAPS.items():
                 mode = getattr(settings, kernel)
                 if mode != "eager":

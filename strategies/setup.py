@@ -24,10 +24,14 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # "foreach", "fused" or "triton": how the update runs, never what it computes.
 OptimizerFactory = Callable[[Iterable[Any], OptimizerSettings, str], torch.optim.Optimizer]
 # (params, the factory with hyper-parameters bound) -> a wrapping optimizer (ZeRO-1).
-OptimizerWrapper = Callable[[Iterable[Any], Callable[..., torch.optim.Optimizer]], torch.optim.Optimizer]
+OptimizerWrapper = Callable[
+    [Iterable[Any], Callable[..., torch.optim.Optimizer]], torch.optim.Optimizer
+]
 
 
-def adamw(params: Iterable[Any], hp: OptimizerSettings, impl: str = "default") -> torch.optim.Optimizer:
+def adamw(
+    params: Iterable[Any], hp: OptimizerSettings, impl: str = "default"
+) -> torch.optim.Optimizer:
     """The default optimizer, in torch's default, foreach or fused implementation,
     or our Triton multi-tensor one (kernels.multi_tensor: one launch per group)."""
     if impl == "triton":
@@ -102,7 +106,8 @@ class Setup:
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             last = i == n - 1
-            sync = contextlib.nullcontext() if last or not self.sync_last_micro_step_only else self.no_sync()
+            skip_sync = not last and self.sync_last_micro_step_only
+            sync = self.no_sync() if skip_sync else contextlib.nullcontext()
             with sync:
                 with self.autocast():
                     loss = loss_fn(self.model, batch) / n

@@ -27,7 +27,7 @@ def harness(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def assert_schema_v1(record: dict) -> None:
-    assert SCHEMA_KEYS <= record.keys()
+    assert record.keys() >= SCHEMA_KEYS
     assert record["schema"] == 1
     required = empty_metrics()
     for key, value in required.items():

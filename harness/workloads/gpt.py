@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.config import from_table
+from harness.config import bounded, from_table
 from harness.errors import HarnessError
 from harness.workloads.attention import ATTENTION
 from harness.workloads.base import TransformerShape, Workload
@@ -17,27 +17,22 @@ from harness.workloads.base import TransformerShape, Workload
 
 @dataclass
 class GPTConfig:
-    layers: int = 4
-    heads: int = 4
-    hidden: int = 256
-    seq_len: int = 256
-    vocab: int = 8192
-    ffn_mult: int = 4
-    dropout: float = 0.0
+    layers: int = bounded(4, 1, 4096)
+    heads: int = bounded(4, 1, 4096)
+    hidden: int = bounded(256, 1, 2**20)
+    seq_len: int = bounded(256, 1, 2**24)
+    vocab: int = bounded(8192, 1, 2**26)
+    ffn_mult: int = bounded(4, 1, 256)
+    dropout: float = bounded(0.0, 0.0, 0.99)
     attention: Literal["explicit", "sdpa"] = "explicit"
     tie_weights: bool = True
 
     def validate(self, where: str) -> None:
-        for name in ("layers", "heads", "hidden", "seq_len", "vocab", "ffn_mult"):
-            if getattr(self, name) < 1:
-                raise HarnessError(f"{where}.{name}: must be 1 or more")
         if self.hidden % self.heads:
             raise HarnessError(
                 f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
                 "choose hidden as a multiple of heads"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise HarnessError(f"{where}.dropout: must be in [0, 1)")
 
 
 class MLP(nn.Module):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.config import from_table
+from harness.config import bounded, from_table
 from harness.errors import HarnessError
 from harness.workloads.base import Workload
 
@@ -28,10 +28,10 @@ _TEACHER_SEED = 0x7EAC
 
 @dataclass
 class MLPConfig:
-    in_features: int = 256
-    hidden: int = 1024
-    layers: int = 4
-    out_features: int = 10
+    in_features: int = bounded(256, 1, 2**24)
+    hidden: int = bounded(1024, 1, 2**20)
+    layers: int = bounded(4, 1, 4096)
+    out_features: int = bounded(10, 1, 2**24)
     task: Literal["classification", "regression"] = "classification"
 
     def validate(self, where: str) -> None:

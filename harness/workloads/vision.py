@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.config import from_table
+from harness.config import bounded, from_table
 from harness.errors import HarnessError
 from harness.workloads.base import TransformerShape, Workload
 
@@ -82,17 +82,17 @@ class ResNetConfig:
     """
 
     widths: tuple[int, ...] = (32, 64, 128)
-    blocks_per_stage: int = 2
-    image_size: int = 32
-    num_classes: int = 10
-    channels: int = 3
+    blocks_per_stage: int = bounded(2, 1, 1024)
+    image_size: int = bounded(32, 1, 2**16)
+    num_classes: int = bounded(10, 1, 2**24)
+    channels: int = bounded(3, 1, 4096)
 
     def validate(self, where: str) -> None:
-        if not self.widths:
-            raise HarnessError(f"{where}.widths: give at least one stage width")
+        if not 1 <= len(self.widths) <= 64:
+            raise HarnessError(f"{where}.widths: give 1 to 64 stage widths")
         for i, w in enumerate(self.widths):
-            if w < 1:
-                raise HarnessError(f"{where}.widths[{i}]: must be 1 or more, got {w}")
+            if not 1 <= w <= 2**20:
+                raise HarnessError(f"{where}.widths[{i}]: must be between 1 and 1048576, got {w}")
         _positive(self, where, "blocks_per_stage", "image_size", "num_classes", "channels")
 
 
@@ -177,15 +177,15 @@ def build_resnet(**args: Any) -> Workload:
 class ViTConfig:
     """A ViT: Conv2d patch embedding, class token, pre-norm blocks, head on the class token."""
 
-    layers: int = 6
-    hidden: int = 256
-    heads: int = 8
-    mlp_ratio: float = 4.0
-    patch_size: int = 4
-    image_size: int = 32
-    num_classes: int = 10
-    channels: int = 3
-    dropout: float = 0.0
+    layers: int = bounded(6, 1, 4096)
+    hidden: int = bounded(256, 1, 2**20)
+    heads: int = bounded(8, 1, 4096)
+    mlp_ratio: float = bounded(4.0, 1e-3, 256)
+    patch_size: int = bounded(4, 1, 2**16)
+    image_size: int = bounded(32, 1, 2**16)
+    num_classes: int = bounded(10, 1, 2**24)
+    channels: int = bounded(3, 1, 4096)
+    dropout: float = bounded(0.0, 0.0, 0.99)
 
     @property
     def num_patches(self) -> int:

@@ -47,10 +47,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plans", nargs="+")
     ap.add_argument("--variant", action="append", required=True,
-                    help="NAME=strategy[;strategy...], e.g. bf16=amp:dtype=bf16 (first is the baseline)")
+                    help="NAME=strategy[;strategy...], e.g. bf16=amp:dtype=bf16; "
+                         "the first is the baseline")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flags", default="", help="extra flags for every run, e.g. '--steps 4'")
     args = ap.parse_args()
-    variants = [parse_variant(v) for v in args.variant]
+    variants = [(n, f + args.flags.split()) for n, f in map(parse_variant, args.variant)]
     tmp = Path(tempfile.mkdtemp(prefix="side-by-side-"))
     print(f"<!-- {date.today()}; rounds={args.rounds}; command: python {' '.join(sys.argv)} -->")
     print("| plan | variant | samples/s | vs baseline | spread over rounds | MFU | "
