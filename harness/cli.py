@@ -168,8 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     strat = sub.add_parser("strategies", help="the registry: techniques, settings, requirements")
     strat.add_argument("--json", action="store_true", help="machine-readable output")
     strat.set_defaults(func=cmd_strategies)
+
+    from harness.tune_cli import add_tune_parser  # `tune`: its flags and body live there
+    add_tune_parser(sub)
+
+    from reports.cli import add_commands  # `report` and `compare`: HTML pages from records
+    add_commands(sub)
     return parser
 
+
+
+def one_line(text: str) -> str:
+    """Control characters (from a user's file) shown escaped, so an error stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except HarnessError as e:
-        print(f"harness {args.command}: error: {e}", file=sys.stderr)
+        print(f"harness {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
