@@ -13,7 +13,8 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 
 def estimate_table(predicted: dict[str, Any]) -> str:
-    rows = [(f"memory: {k}", format_bytes(v)) for k, v in predicted.get("memory", {}).items()]
+    memory = predicted.get("memory", {})
+    rows = [(f"memory: {k}", format_bytes(v)) for k, v in memory.items() if v]
     rows.append(("peak memory", format_bytes(predicted["peak_memory_bytes"])))
     rows.append(("step time", format_seconds(predicted.get("step_time_s"))))
     out = _table(rows)

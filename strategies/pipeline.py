@@ -223,8 +223,10 @@ def build_schedule(setup, settings) -> None:
         targets = torch.cat([mb[1] for mb in micro_batches])
         losses: list[torch.Tensor] = []
         with setup.autocast():
+            # return_outputs=False: the losses are all we read; keeping every
+            # micro-batch's logits (and a merged copy) would only cost memory.
             schedule.step(*([idx] if first else []), target=targets if last else None,
-                          losses=losses if last else None)
+                          losses=losses if last else None, return_outputs=False)
         setup.optimizer.step()
         setup.optimizer.zero_grad(set_to_none=True)
         return torch.stack(losses).detach().float().mean() if last else None

@@ -1,0 +1,149 @@
+"""`estimate`: a plan's predicted peak memory and step time, put together."""
+
+from __future__ import annotations
+
+from harness.device import RuntimeEnv
+from harness.estimator.activations import (
+    ActivationParts,
+    traced_activations,
+    transformer_activations,
+)
+from harness.estimator.assumptions import (
+    checkpoint_assumption,
+    parallel_assumptions,
+    peak_assumption,
+    state_assumptions,
+)
+from harness.estimator.facts import ModelFacts
+from harness.estimator.pipeline import bubble_fraction
+from harness.estimator.rank import PERSISTENT, RankMemory, rank_memory
+from harness.estimator.result import Estimate
+from harness.estimator.settings import Settings
+from harness.estimator.step_time import step_time
+from harness.estimator.trace import trace_activations
+from harness.plan import Plan
+from harness.workloads.base import Workload
+
+
+def estimate(
+    plan: Plan,
+    workload: Workload,
+    env: RuntimeEnv,
+    peak_flops: float | None = None,
+) -> Estimate:
+    """Predicted per-device peak memory and step time of `plan`; nothing is run.
+
+    The memory is the largest rank's. `peak_flops` is the device's peak FLOP
+    rate (harness.peaks); without it the step time is None. Strategy settings
+    the plan leaves out take the strategies' defaults; a bad setting is a
+    HarnessError.
+    """
+    cfg = Settings.of(plan)
+    par = cfg.parallel
+    facts = ModelFacts.of(workload)
+    b = plan.micro_batch_size
+    assumptions = state_assumptions(facts, cfg, b)
+    parts = activation_parts(workload, facts, cfg, env.device_type, b)
+    ranks = [rank_memory(parts, facts, cfg, env.device_type, r) for r in range(par.pipeline)]
+    peaks = [r.peak for r in ranks]
+    worst = ranks[peaks.index(max(peaks))]
+    bubble = bubble_fraction(par.pipeline, par.microbatches, par.virtual)
+    assumptions += parallel_assumptions(cfg, plan.layout, worst, peaks, bubble)
+    assumptions += parts.assumptions
+    if parts.checkpointed:
+        layers = workload.shape.layers if workload.shape is not None else facts.blocks
+        assumptions.append(
+            checkpoint_assumption(cfg.checkpoint_every, len(parts.checkpointed), layers)
+        )
+    held = None
+    if worst.grads_held:
+        held = "those DDP's buckets keep" if par.ddp and par.data > 1 else (
+            "those of earlier micro-steps"
+        )
+    assumptions.append(peak_assumption(held, bool(worst.memory["gradient_buckets"])))
+
+    flops_per_sample = float(workload.flops_per_sample())
+    flops_per_step = (flops_per_sample + parts.recompute_flops_per_sample) * plan.batch_size
+    seconds, mfu, how = step_time(flops_per_step, plan, env, peak_flops, bubble)
+    assumptions.append(how)
+
+    memory = {k: int(v) for k, v in worst.memory.items()}
+    return Estimate(
+        peak_memory_bytes=int(worst.peak),
+        step_time_s=seconds,
+        memory=memory,
+        flops_per_step=flops_per_step,
+        assumptions=assumptions,
+        phases={k: int(v) for k, v in worst.phases.items()},
+        upper_bound_bytes=sum(memory.values()),
+        block_terms=parts.block_terms,
+        assumed_mfu=mfu,
+        sharding=sharding_record(cfg, worst),
+        pipeline={
+            "stages": par.pipeline,
+            "virtual_stages": par.virtual,
+            "schedule": par.schedule if par.pipeline > 1 else None,
+            "microbatches": par.microbatches,
+            "bubble": bubble,
+            "in_flight": [r.in_flight for r in ranks],
+            "stage_memory_bytes": [int(p) for p in peaks],
+            "stage_parameters_bytes": [r.state.parameters for r in ranks],
+            "stage_persistent_bytes": [sum(r.memory[k] for k in PERSISTENT) for r in ranks],
+            "largest_rank": peaks.index(max(peaks)),
+        },
+        tensor={"ranks": par.tensor, "mlp": par.tensor_mlp},
+    )
+
+
+def sharding_record(cfg: Settings, worst: RankMemory) -> dict:
+    """How the data-parallel strategy holds the state, on the largest rank."""
+    par, st = cfg.parallel, worst.state
+    strategy = "zero" if par.zero else ("ddp" if par.ddp else "none")
+    return {
+        "strategy": strategy,
+        "stage": par.zero,
+        "data_ranks": par.data,
+        "offload": par.offload,
+        "mixed_precision": par.fsdp_mixed,
+        "parameters_bytes": st.parameters,
+        "gradients_bytes": st.gradients,
+        "optimizer_state_bytes": st.optimizer_state,
+        "cpu_bytes": st.offloaded,
+        "gathered_parameters_bytes": st.gathered,
+    }
+
+
+def activation_parts(
+    workload: Workload,
+    facts: ModelFacts,
+    cfg: Settings,
+    device_type: str,
+    batch: int,
+) -> ActivationParts:
+    """A transformer's activations term by term, other models' traced."""
+    amp = cfg.amp is not None
+    shape = workload.shape
+    # A language model: its head and loss act on every token (the GPT). Other
+    # models' outside of the blocks is traced (a ViT's head sees one token).
+    lm = shape is not None and workload.tokens_per_sample is not None
+    trace = None
+    if shape is None or not lm or facts.attention_cores is None:
+        trace = trace_activations(workload, batch, amp, device_type, cfg.checkpoint_every)
+    if shape is not None:
+        parts = transformer_activations(shape, lm, cfg, facts, device_type, batch, trace)
+    else:
+        assert trace is not None
+        parts = traced_activations(trace, batch)
+        if cfg.checkpoint_every and facts.blocks is None:
+            parts.assumptions.append(
+                "The model has no `blocks` ModuleList: checkpointing is not modelled."
+            )
+    if trace is not None:
+        parts.assumptions[:0] = trace.notes
+    if trace is not None and amp:
+        parts.assumptions.append(
+            "The trace runs CPU autocast in bf16"
+            + (", with CUDA's fp32 norms and softmax emulated." if device_type == "cuda"
+               else ".")
+        )
+    return parts

@@ -1,0 +1,90 @@
+"""The model's sizes, read from the model built on the meta device."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class Param:
+    """One unique parameter: where it sits and its size (as one rank holds it, once
+    split by `harness.estimator.placement`)."""
+
+    name: str  # its first qualified name
+    shape: tuple[int, ...]
+    width: int  # bytes per element
+    trainable: bool
+    block: int | None  # its index in model.blocks; None outside the blocks
+    # Outside the blocks, before them in module order (a pipeline's first stage
+    # holds those, the last stage the ones after).
+    first: bool
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * self.width
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Sizes read from the model built on the meta device."""
+
+    parameters: int  # unique parameters (tied weights once)
+    parameter_bytes: int
+    buffer_bytes: int
+    block_parameters: int | None  # parameters of blocks[0], when the model has blocks
+    blocks: int | None
+    # "explicit" / "sdpa": the kind of harness.workloads.attention core the model
+    # uses (the fused strategy can swap those); None: no such core.
+    attention_cores: str | None
+    params: tuple[Param, ...] = ()  # every unique parameter, in the model's order
+
+    @classmethod
+    def of(cls, workload: Workload) -> ModelFacts:
+        from harness.workloads.attention import ATTENTION
+
+        with torch.device("meta"):
+            model = workload.build_model()
+        params = list(model.parameters())  # unique by identity: tied weights once
+        buffers = {id(b): b for b in model.buffers()}.values()
+        blocks = getattr(model, "blocks", None)
+        has_blocks = isinstance(blocks, nn.ModuleList) and len(blocks) > 0
+        cores = [
+            kind for m in model.modules() for kind, cls in ATTENTION.items() if type(m) is cls
+        ]
+        return cls(
+            parameters=sum(p.numel() for p in params),
+            parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+            buffer_bytes=sum(b.numel() * b.element_size() for b in buffers),
+            block_parameters=(
+                sum(p.numel() for p in blocks[0].parameters()) if has_blocks else None
+            ),
+            blocks=len(blocks) if has_blocks else None,
+            attention_cores=cores[0] if cores else None,
+            params=tuple(_params(model, has_blocks)),
+        )
+
+
+def _params(model: nn.Module, has_blocks: bool) -> list[Param]:
+    """Each unique parameter, with its block (`blocks.<i>.`) or side of the blocks."""
+    children = [name for name, _ in model.named_children()]
+    before = set(children[: children.index("blocks")]) if has_blocks else set(children)
+    out = []
+    for name, p in model.named_parameters():  # unique: tied weights under their first name
+        parts = name.split(".")
+        block = int(parts[1]) if has_blocks and parts[0] == "blocks" else None
+        out.append(Param(
+            name=name, shape=tuple(p.shape), width=p.element_size(),
+            trainable=p.requires_grad, block=block,
+            first=block is None and (parts[0] in before or len(parts) == 1),
+        ))
+    return out

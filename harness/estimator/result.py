@@ -1,0 +1,125 @@
+"""What an estimate returns: `Estimate`, its memory components and its record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.units import format_bytes
+
+# The components of `Estimate.memory`, in the order they are shown.
+COMPONENTS = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "buffers",
+    "autocast_weight_copies",
+    "activations",
+    "other_activations",
+    "logits",
+    "backward_working",
+    "recompute",
+    "optimizer_temporaries",
+    "gathered_parameters",
+    "communication_buffers",
+    "gradient_buckets",
+    "pipeline_buffers",
+)
+
+
+@dataclass
+class Estimate:
+    """Predicted per-device peak memory and step time of one plan.
+
+    `memory` holds bytes per component (all of `COMPONENTS`, zero where one does
+    not apply): parameters, gradients, optimizer_state, buffers;
+    autocast_weight_copies (the 16-bit weight copies autocast makes in forward);
+    activations (what the repeated blocks keep for backward, or the whole
+    model's when it has no blocks); other_activations (what the rest keeps:
+    token ids, embeddings, final norm, head input, loss); logits (the
+    language-model loss's transient at the start of backward);
+    backward_working (the most one block's or op's backward holds beyond what
+    it saved); recompute (one checkpointed block's activations, rebuilt in
+    backward); optimizer_temporaries (the optimizer step's scratch memory);
+    gathered_parameters (FSDP's unsharded parameters while forward and backward
+    run); communication_buffers (gradients awaiting their reduction, and its
+    buffers); gradient_buckets (DDP's buckets when they are not the gradients'
+    own storage); pipeline_buffers (the stage outputs a pipeline schedule keeps).
+
+    All of it is per device, on the largest rank. `phases` gives what lives
+    above the persistent state at each moment of a step; the peak is the
+    persistent state (parameters, optimizer_state, buffers, gradient_buckets)
+    plus the largest phase. `upper_bound_bytes` sums every component.
+
+    `sharding` says how the data-parallel strategy holds the state (strategy,
+    ZeRO stage, data ranks, bytes on the device and on the CPU); `pipeline` the
+    stages, schedule, micro-batches, bubble fraction, and per pipeline rank the
+    micro-batches in flight, its peak (`stage_memory_bytes`), its parameters and
+    its persistent state; `tensor` the tensor-parallel ranks.
+    """
+
+    peak_memory_bytes: int
+    step_time_s: float | None
+    memory: dict[str, int]
+    flops_per_step: float
+    assumptions: list[str]
+    phases: dict[str, int] = field(default_factory=dict)
+    upper_bound_bytes: int = 0
+    # Bytes of one transformer block's saved tensors, by term (empty when traced).
+    block_terms: dict[str, int] = field(default_factory=dict)
+    assumed_mfu: float | None = None
+    sharding: dict[str, Any] = field(default_factory=dict)
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    tensor: dict[str, Any] = field(default_factory=dict)
+
+    def to_record(self) -> dict[str, Any]:
+        """The `predicted` entry of a result record (JSON-ready)."""
+        return {
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "step_time_s": self.step_time_s,
+            "memory": dict(self.memory),
+            "flops_per_step": self.flops_per_step,
+            "assumptions": list(self.assumptions),
+            "phases": dict(self.phases),
+            "upper_bound_bytes": self.upper_bound_bytes,
+            "block_terms": dict(self.block_terms),
+            "assumed_mfu": self.assumed_mfu,
+            "sharding": dict(self.sharding),
+            "pipeline": dict(self.pipeline),
+            "tensor": dict(self.tensor),
+        }
+
+    def summary(self) -> str:
+        """A few lines for the terminal."""
+        lines = [
+            f"peak memory  {format_bytes(self.peak_memory_bytes)} per device "
+            f"(all components added: {format_bytes(self.upper_bound_bytes)})"
+        ]
+        lines += [f"  {name:<24}{format_bytes(n)}" for name, n in self.memory.items() if n]
+        lines += ["moments of a step, above parameters, optimizer state and buffers:"]
+        lines += [f"  {name:<24}{format_bytes(n)}" for name, n in self.phases.items()]
+        time = "unknown (no peak FLOP rate)" if self.step_time_s is None else (
+            f"{self.step_time_s:.4g} s"
+        )
+        lines.append(f"step time    {time}  ({self.flops_per_step:.3e} FLOPs per step)")
+        lines += self._parallel_lines()
+        lines.append("assumptions:")
+        lines += [f"  - {a}" for a in self.assumptions]
+        return "\n".join(lines)
+
+    def _parallel_lines(self) -> list[str]:
+        lines = []
+        shard = self.sharding
+        if shard.get("strategy", "none") != "none":
+            stage = f" stage {shard['stage']}" if shard["strategy"] == "zero" else ""
+            cpu = f", {format_bytes(shard['cpu_bytes'])} on the CPU" if shard["cpu_bytes"] else ""
+            lines.append(f"data parallel  {shard['strategy']}{stage} over "
+                         f"{shard['data_ranks']} ranks{cpu}")
+        pipe = self.pipeline
+        if pipe.get("stages", 1) > 1:
+            stages = ", ".join(format_bytes(n) for n in pipe["stage_memory_bytes"])
+            lines.append(f"pipeline     {pipe['stages']} ranks, {pipe['schedule']}, bubble "
+                         f"{100 * pipe['bubble']:.1f}%, peak per rank: {stages}")
+        if self.tensor.get("ranks", 1) > 1:
+            lines.append(f"tensor       {self.tensor['ranks']} ranks")
+        return lines

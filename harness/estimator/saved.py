@@ -1,0 +1,193 @@
+"""The tools of a trace: the model on fake tensors, and a record of what autograd saves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.workloads.base import Workload
+
+_VIEW_NODES = {
+    "TBackward", "ViewBackward", "TransposeBackward", "PermuteBackward",
+    "ExpandBackward", "AliasBackward", "UnsafeViewBackward", "SliceBackward",
+    "SelectBackward", "ReshapeAliasBackward", "AsStridedBackward",
+}
+
+
+def is_parameter_copy(t: torch.Tensor, param_ids: set[int]) -> bool:
+    """Whether `t` is (a view of) a dtype cast of a parameter: autocast's weight copy."""
+    node = t.grad_fn
+    for _ in range(8):
+        if node is None:
+            return False
+        name = type(node).__name__.rstrip("0123456789")
+        if name == "ToCopyBackward":
+            nxt = node.next_functions[0][0] if node.next_functions else None
+            return id(getattr(nxt, "variable", None)) in param_ids
+        if name not in _VIEW_NODES or not node.next_functions:
+            return False
+        node = node.next_functions[0][0]
+    return False
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def tensors(obj: Any) -> Iterator[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            yield leaf
+
+
+class TraceOps(torch.overrides.TorchFunctionMode):
+    """Notes calls to scaled_dot_product_attention; with `cuda_fp32`, runs CUDA
+    autocast's fp32 ops in fp32.
+
+    The trace runs under CPU autocast (fake tensors cannot be CUDA ones here);
+    CUDA autocast runs norms and softmax in fp32, which CPU autocast leaves in
+    bf16: their input becomes an fp32 copy (which they keep) and their output
+    fp32. Casting their input here reproduces that.
+    """
+
+    def __init__(self, cuda_fp32: bool) -> None:
+        super().__init__()
+        self.calls_sdpa = False
+        f = torch.nn.functional
+        self.sdpa = f.scaled_dot_product_attention
+        self.ops: set[Callable[..., Any]] = set()
+        if cuda_fp32:
+            names = ("layer_norm", "group_norm", "rms_norm", "softmax", "log_softmax", "softplus")
+            self.ops = {getattr(f, n) for n in names if hasattr(f, n)}
+            self.ops |= {torch.softmax, torch.log_softmax, torch.layer_norm, torch.group_norm}
+            self.ops |= {torch.Tensor.softmax, torch.Tensor.log_softmax}
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is self.sdpa:
+            self.calls_sdpa = True
+        if (
+            func in self.ops
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and args[0].dtype in (torch.bfloat16, torch.float16)
+        ):
+            args = (args[0].float(), *args[1:])
+        return func(*args, **kwargs)
+
+
+def fake_model(workload: Workload, mode: Any) -> nn.Module:
+    """The workload's model with fake CPU parameters and buffers.
+
+    Built under the fake mode directly; a model whose initialisation reads
+    values (trunc_normal_ does) is built on the meta device and given empty fake
+    tensors instead, ties kept.
+    """
+    try:
+        with mode:
+            return workload.build_model()
+    except Exception:
+        with torch.device("meta"):
+            model = workload.build_model()
+        made: dict[int, torch.Tensor] = {}
+        with mode:
+            for module in model.modules():
+                for table, as_param in ((module._parameters, True), (module._buffers, False)):
+                    for name, t in list(table.items()):
+                        if t is None:
+                            continue
+                        if id(t) not in made:
+                            empty = torch.empty(t.shape, dtype=t.dtype)
+                            made[id(t)] = (
+                                nn.Parameter(empty, requires_grad=t.requires_grad)
+                                if as_param
+                                else empty
+                            )
+                        table[name] = made[id(t)]
+        return model
+
+
+def model_and_batch(workload: Workload, micro_batch: int, mode: Any) -> tuple[nn.Module, Any]:
+    """The model and one micro-batch on fake tensors (`mode`), or on the meta device."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._pytree import tree_map
+
+    if mode is None:
+        with torch.device("meta"):
+            return workload.build_model(), workload.batch(micro_batch, 0, "meta")
+    model = fake_model(workload, mode)
+    try:
+        with mode:
+            batch = workload.batch(micro_batch, 0, "cpu")
+    except Exception:  # a batch source fake tensors cannot run: make it for real
+        with unset_fake_temporarily():
+            real = workload.batch(micro_batch, 0, "cpu")
+        batch = tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x, real)
+    return model, batch
+
+
+class SavedTensors:
+    """What autograd saves in a forward pass, by storage, and which block saved it.
+
+    `owners` and `copies` (autocast's weight copies) map a storage to its bytes
+    and the blocks that saved it (None: outside the blocks); parameters and
+    buffers are left out. `block_inputs` keeps each block's first inputs and
+    their storages' sizes. Use `pack` as the saved-tensors hook, inside `hooked`.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        params = list(model.parameters())
+        self.param_ids = {id(p) for p in params}
+        self.excluded = {storage_key(p) for p in params}
+        self.excluded |= {storage_key(b) for b in model.buffers()}
+        blocks = getattr(model, "blocks", None)
+        self.blocks: list[nn.Module] = list(blocks) if isinstance(blocks, nn.ModuleList) else []
+        self.current: list[int] = []
+        self.block_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[int, int]]] = {}
+        self.held: list[torch.Tensor] = []  # keeps storages alive so their keys stay unique
+        self.owners: dict[int, tuple[int, set[int | None]]] = {}  # storage -> (bytes, savers)
+        self.copies: dict[int, tuple[int, set[int | None]]] = {}
+
+    def hooked(self) -> list[Any]:
+        """Register the hooks that follow which block runs; returns their handles."""
+        handles = []
+        for i, block in enumerate(self.blocks):
+
+            def pre(_m: nn.Module, args: Any, kwargs: Any, i: int = i) -> None:
+                self.current.append(i)
+                sizes = {
+                    storage_key(x): x.untyped_storage().nbytes() for x in tensors((args, kwargs))
+                }
+                self.block_inputs.setdefault(i, (args, kwargs, sizes))
+
+            def post(_m: nn.Module, _args: Any, _out: Any) -> None:
+                self.current.pop()
+
+            handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(block.register_forward_hook(post))
+        return handles
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.held.append(t)
+        key = storage_key(t)
+        if key in self.excluded:
+            return t
+        table = (
+            self.copies
+            if key in self.copies or is_parameter_copy(t, self.param_ids)
+            else self.owners
+        )
+        entry = table.setdefault(key, (t.untyped_storage().nbytes(), set()))
+        entry[1].add(self.current[-1] if self.current else None)
+        return t

@@ -1,0 +1,39 @@
+"""Step time: the step's FLOPs per device over an assumed fraction of the device's peak,
+stretched by the pipeline's bubble."""
+
+from __future__ import annotations
+
+from harness.device import RuntimeEnv
+from harness.plan import Plan
+
+# Assumed fraction of the peak FLOP rate a training step reaches. On CUDA the
+# peak is the datasheet (or calibration-matmul) figure; on CPU it is a measured
+# matmul peak, which a whole training step gets closer to.
+ASSUMED_MFU = {"cuda": 0.4, "cpu": 0.5}
+
+
+def step_time(
+    flops_per_step: float,
+    plan: Plan,
+    env: RuntimeEnv,
+    peak_flops: float | None,
+    bubble: float = 0.0,
+) -> tuple[float | None, float, str]:
+    """(step time or None without a peak, the assumed MFU, the sentence saying how).
+
+    Step time = FLOPs / world size / (peak x MFU) / (1 − bubble).
+    """
+    flops_per_device = flops_per_step / plan.world_size
+    mfu = ASSUMED_MFU.get(env.device_type, ASSUMED_MFU["cpu"])
+    if peak_flops is None or peak_flops <= 0:
+        return None, mfu, "No peak FLOP rate was given: step time is not estimated."
+    seconds = flops_per_device / (peak_flops * mfu) / (1 - bubble)
+    return seconds, mfu, (
+        f"Step time = FLOPs per device ({flops_per_device:.3e}, the global batch of "
+        f"{plan.batch_size} over {plan.world_size} device(s)) / ({peak_flops:.3e} FLOP/s "
+        f"peak x assumed MFU {mfu:g}"
+        + (", of a measured CPU peak" if env.device_type == "cpu" else "")
+        + ")"
+        + (f" / (1 − pipeline bubble {bubble:.3f})" if bubble else "")
+        + "; communication and data loading are not counted."
+    )

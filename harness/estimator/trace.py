@@ -1,0 +1,163 @@
+"""Any model's activations: trace one forward pass and add up what autograd saves."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.estimator.saved import SavedTensors, TraceOps, model_and_batch
+from harness.estimator.settings import checkpointed_blocks
+from harness.workloads.base import Workload
+
+
+@dataclass
+class Trace:
+    """What one traced forward pass keeps for backward, in bytes."""
+
+    activations: int  # saved by the blocks (by the whole model when it has none)
+    other_activations: int  # saved outside the blocks (embedding, head, loss)
+    recompute: int  # the largest checkpointed block's own saved tensors, its input aside
+    weight_copies: int  # autocast's 16-bit copies of parameters that backward needs
+    weight_copies_kept: int  # of which saved outside checkpointed blocks
+    weight_copies_rebuilt: int  # the largest checkpointed block's, made again when rebuilt
+    largest_saved: int  # the largest single saved storage (backward's working set)
+    checkpointed: list[int]  # indices of the checkpointed blocks
+    stored_by_block: list[int]  # bytes each block keeps (a checkpointed one: its input)
+    recompute_flops: float  # forward FLOPs of the checkpointed blocks, per micro-batch
+    calls_sdpa: bool  # whether the forward called scaled_dot_product_attention
+    notes: list[str] = field(default_factory=list)
+
+
+def trace_activations(
+    workload: Workload,
+    micro_batch: int,
+    amp: bool,
+    device_type: str,
+    checkpoint_every: int | None = None,
+) -> Trace:
+    """Trace `workload.loss` on fake tensors and add up what autograd saves.
+
+    Saved tensors are counted once per storage (views share), leaving out
+    parameters, buffers and autocast's weight copies (counted apart). Under amp
+    the trace runs CPU autocast in bf16, with CUDA's fp32 norms and softmax
+    emulated when `device_type` is 'cuda'. With checkpointing, a checkpointed
+    block keeps only its inputs. Falls back to the meta device without autocast
+    when fake tensors fail, and says so in `notes`.
+    """
+    try:
+        return _trace(workload, micro_batch, amp, device_type, checkpoint_every, fake=True)
+    except Exception as e:  # a workload fake tensors cannot run: meta, no autocast
+        trace = _trace(workload, micro_batch, False, device_type, checkpoint_every, fake=False)
+        trace.notes.append(
+            f"Could not trace on fake tensors ({type(e).__name__}: {e}); traced on the meta "
+            "device without autocast, so 16-bit activations are counted at fp32 width."
+        )
+        return trace
+
+
+def _trace(
+    workload: Workload,
+    micro_batch: int,
+    amp: bool,
+    device_type: str,
+    every: int | None,
+    fake: bool,
+) -> Trace:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode() if fake else None
+    model, batch = model_and_batch(workload, micro_batch, mode)
+    model.train()
+    saved = SavedTensors(model)
+    handles = saved.hooked()
+    ops = TraceOps(cuda_fp32=amp and fake and device_type == "cuda")
+    with contextlib.ExitStack() as stack:
+        if mode is not None:
+            stack.enter_context(mode)
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t))
+        stack.enter_context(ops)
+        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp and fake))
+        saved.held.append(workload.loss(model, batch))  # the graph, alive until we are done
+    for h in handles:
+        h.remove()
+
+    blocks = saved.blocks
+    ckpt = set(checkpointed_blocks(len(blocks), every))
+    activations, other, by_block = _tally(saved, ckpt)
+    # A rebuilt block's own tensors; its input is kept already.
+    inputs = saved.block_inputs
+    per_block = {
+        i: sum(n for key, (n, who) in saved.owners.items() if i in who and key not in inputs[i][2])
+        for i in ckpt
+    }
+    notes: list[str] = []
+    copies = saved.copies.values()
+    return Trace(
+        activations=activations,
+        other_activations=other,
+        recompute=max(per_block.values(), default=0),
+        weight_copies=sum(n for n, _ in copies),
+        weight_copies_kept=sum(n for n, who in copies if who - ckpt),
+        weight_copies_rebuilt=max(
+            (sum(n for n, who in copies if i in who) for i in ckpt), default=0
+        ),
+        largest_saved=max((n for n, _ in saved.owners.values()), default=0),
+        checkpointed=sorted(ckpt),
+        stored_by_block=[by_block.get(i, 0) for i in range(len(blocks))],
+        recompute_flops=_recompute_flops(saved, ckpt, mode, notes),
+        calls_sdpa=ops.calls_sdpa,
+        notes=notes,
+    )
+
+
+def _tally(saved: SavedTensors, ckpt: set[int]) -> tuple[int, int, dict[int, int]]:
+    """Bytes kept by the blocks and outside them, and by the first block keeping them.
+
+    A tensor saved only inside checkpointed blocks is not kept; a checkpointed
+    block keeps its inputs instead.
+    """
+    activations = other = 0
+    kept: set[int] = set()
+    by_block: dict[int, int] = {}
+    for key, (n, who) in saved.owners.items():
+        live = who - ckpt
+        if not live:
+            continue  # saved only inside checkpointed blocks: not kept
+        kept.add(key)
+        in_blocks = sorted(o for o in live if o is not None)
+        if not saved.blocks or in_blocks:
+            activations += n
+            if in_blocks:
+                by_block[in_blocks[0]] = by_block.get(in_blocks[0], 0) + n
+        else:
+            other += n
+    for i in sorted(ckpt):
+        for key, n in saved.block_inputs.get(i, ((), {}, {}))[2].items():
+            if key not in kept and key not in saved.excluded:
+                kept.add(key)
+                activations += n
+                by_block[i] = by_block.get(i, 0) + n
+    return activations, other, by_block
+
+
+def _recompute_flops(saved: SavedTensors, ckpt: set[int], mode, notes: list[str]) -> float:
+    """Forward FLOPs of the checkpointed blocks, run again on their recorded inputs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if not ckpt:
+        return 0.0
+    try:
+        with contextlib.ExitStack() as stack:
+            if mode is not None:
+                stack.enter_context(mode)
+            stack.enter_context(torch.no_grad())
+            counter = stack.enter_context(FlopCounterMode(display=False))
+            for i in sorted(ckpt):
+                args, kwargs, _ = saved.block_inputs[i]
+                saved.blocks[i](*args, **kwargs)
+        return float(counter.get_total_flops())
+    except Exception as e:
+        notes.append(f"Recompute FLOPs not counted ({type(e).__name__}: {e}).")
+        return 0.0

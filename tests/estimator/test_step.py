@@ -1,0 +1,137 @@
+"""The estimator's whole step: the peak against a live count of a CPU training step,
+step time, the record, the optimizer's temporaries, settings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.errors import HarnessError
+from harness.estimator import COMPONENTS, estimate
+from harness.plan import Layout
+from tests.estimator.measure import LiveBytes
+from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
+
+
+@pytest.mark.parametrize(
+    ("attention", "amp", "every"),
+    [("explicit", False, None), ("sdpa", True, None), ("explicit", False, 1)],
+)
+def test_peak_matches_a_live_count_of_a_training_step(attention, amp, every):
+    from torch.utils.checkpoint import checkpoint
+
+    w = TinyGPTWorkload(layers=3, hidden=96, heads=3, seq_len=64, vocab=2000, attention=attention)
+    strategies = {"amp": {}} if amp else {}
+    if every:
+        strategies["checkpoint"] = {"every": every}
+    e = estimate(gpt_plan(attention, micro_batch=4, **strategies), w, CPU)
+    torch.manual_seed(0)
+    model = w.build_model()
+    for i, block in enumerate(model.blocks):
+        if every and i % every == 0:
+            block.forward = (lambda f: lambda x: checkpoint(f, x, use_reentrant=False))(
+                block.forward
+            )
+    opt = torch.optim.AdamW(model.parameters())
+    batch = w.batch(4, 0, "cpu")
+    for _ in range(2):  # the second step has optimizer state, like every later one
+        kept = [*model.parameters(), *(t for st in opt.state.values() for t in st.values())]
+        with LiveBytes({t.untyped_storage().data_ptr() for t in kept}) as live:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss = w.loss(model, batch)
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad()
+    persistent = sum(e.memory[k] for k in ("parameters", "optimizer_state", "buffers"))
+    predicted = e.peak_memory_bytes - persistent
+    assert predicted == pytest.approx(live.peak, rel=0.08)
+    assert e.upper_bound_bytes >= e.peak_memory_bytes
+
+
+# --- step time, records, settings ---------------------------------------------------------
+
+
+def test_step_time_scales_with_the_global_batch():
+    w = TinyGPTWorkload()
+    one = estimate(gpt_plan(micro_batch=4), w, CUDA, peak_flops=1e12)
+    plan = gpt_plan(micro_batch=4, accumulation={})
+    plan.global_batch_size = 16
+    four = estimate(plan, w, CUDA, peak_flops=1e12)
+    assert four.step_time_s == pytest.approx(4 * one.step_time_s)
+    assert four.flops_per_step == pytest.approx(4 * one.flops_per_step)
+    assert one.step_time_s == pytest.approx(w.flops_per_sample() * 4 / (1e12 * 0.4))
+    # Activations are per micro-batch: accumulation leaves them alone.
+    assert four.memory["activations"] == one.memory["activations"]
+    cpu = estimate(gpt_plan(micro_batch=4), w, CPU, peak_flops=1e12)
+    assert cpu.step_time_s == pytest.approx(one.step_time_s * 0.4 / 0.5)
+
+
+def test_step_time_divides_over_the_data_parallel_ranks():
+    w = TinyGPTWorkload()
+    one = estimate(gpt_plan(micro_batch=4), w, CUDA, peak_flops=1e12)
+    plan = gpt_plan(micro_batch=4)
+    plan.layout = Layout(data=2)  # global batch 8 over 2 ranks
+    two = estimate(plan, w, CUDA, peak_flops=1e12)
+    assert two.flops_per_step == pytest.approx(2 * one.flops_per_step)
+    assert two.step_time_s == pytest.approx(one.step_time_s)
+    assert any("only the FLOPs are divided" in a for a in two.assumptions)
+
+
+def test_without_a_peak_there_is_no_step_time():
+    e = estimate(gpt_plan(), TinyGPTWorkload(), CPU)
+    assert e.step_time_s is None
+    assert e.flops_per_step > 0
+
+
+def test_record_and_peak():
+    e = estimate(gpt_plan(amp={}, checkpoint={"every": 2}), TinyGPTWorkload(), CUDA, 1e12)
+    record = e.to_record()
+    assert {"peak_memory_bytes", "step_time_s", "memory", "flops_per_step", "assumptions"} <= set(
+        record
+    )
+    assert set(record["memory"]) == set(COMPONENTS)
+    persistent = sum(e.memory[k] for k in ("parameters", "optimizer_state", "buffers"))
+    assert e.peak_memory_bytes == persistent + max(e.phases.values())
+    assert e.upper_bound_bytes == sum(e.memory.values()) >= e.peak_memory_bytes
+    assert all(isinstance(a, str) and a for a in e.assumptions)
+    assert "peak memory" in e.summary()
+
+
+def test_optimizer_implementation_sets_the_step_temporaries():
+    w = TinyGPTWorkload()
+    psi = expected_parameters(w)
+    temporaries = {
+        name: estimate(gpt_plan(**strategies), w, CUDA).memory["optimizer_temporaries"]
+        for name, strategies in {
+            "default": {},  # torch's AdamW picks foreach on CUDA
+            "fused": {"fused": {}},  # the fused strategy's default optimizer
+            "triton": {"fused": {"optimizer": "triton"}},
+            "lamb foreach": {"lamb": {}, "fused": {"optimizer": "foreach"}},
+            "lamb clipped": {"lamb": {"max_grad_norm": 1.0}, "fused": {"optimizer": "foreach"}},
+        }.items()
+    }
+    assert temporaries == {
+        "default": 4 * psi, "fused": 0, "triton": 0,
+        "lamb foreach": 8 * psi, "lamb clipped": 12 * psi,
+    }
+
+
+@pytest.mark.parametrize(
+    "strategies",
+    [
+        {"amp": {"dtype": "fp8"}},
+        {"checkpoint": {"every": 0}},
+        {"fused": {"attention": "flash"}},
+        {"checkpoint": {"evry": 2}},
+        {"no_such_strategy": {}},
+    ],
+)
+def test_bad_settings_are_harness_errors(strategies):
+    with pytest.raises(HarnessError):
+        estimate(gpt_plan(**strategies), TinyGPTWorkload(), CPU)
+
+
+def test_summary_reads_well():
+    text = estimate(gpt_plan(amp={}), TinyGPTWorkload(), CPU, peak_flops=1e11).summary()
+    assert "peak memory" in text and "step time" in text and "KiB" in text
