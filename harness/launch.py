@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,10 +54,12 @@ from harness.rank_logs import (
     tail,
 )
 from harness.result import TrialResult, empty_metrics, read_result
+from harness.step_log import STEP_LOG_ENV
 from harness.trial import Prepared, prepare
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
 STDERR_LINES = 8  # of the failing rank's stderr, in the reason
+POLL_S = 0.25  # how often a waiting launch asks `should_stop`
 
 # torchrun's variables: a launcher inside a torchrun job must not pass its own on.
 _TORCHRUN_VARS = {
@@ -98,12 +101,18 @@ def launch(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     timeout_s: float | None = None,
+    progress_file: str | Path | None = None,
+    should_stop: Callable[[], str | None] | None = None,
 ) -> TrialResult:
     """Run `plan` in its own processes and return its record (see the module's doc).
 
     A plan this machine refuses raises HarnessError before anything starts. On
     nodes other than 0 the record is made on node 0; this node's result says
     whether its ranks finished.
+
+    For the tuner: with `progress_file`, rank 0 appends each measured step's time
+    to it (harness.step_log); `should_stop` is called while the trial runs and,
+    when it returns a reason, the trial is stopped and recorded as `pruned` with it.
     """
     prep = prepare(plan)
     check_nodes(prep.plan, nnodes, node_rank, rdzv_endpoint)
@@ -125,6 +134,9 @@ def launch(
     worker += ["--trial-id", str(trial_id)] if trial_id is not None else []
     single = prep.plan.world_size == 1 and nnodes == 1
     env = _env(launch_id, node_rank)
+    if progress_file is not None:
+        Path(progress_file).unlink(missing_ok=True)
+        env[STEP_LOG_ENV] = str(Path(progress_file).absolute())
     if single:
         argv = [sys.executable, *worker]
         (logs / "rank0").mkdir()
@@ -136,7 +148,7 @@ def launch(
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    ended = _run(argv, env, stdout, stderr, timeout, launch_id)
+    ended = _run(argv, env, stdout, stderr, timeout, launch_id, should_stop)
     duration = time.monotonic() - t0
 
     if node_rank == 0 and result_file.exists():
@@ -146,6 +158,10 @@ def launch(
             note = f"the record at {result_file} could not be read ({e})"
         return _made_here(prep, "failed", note, {}, command, study, trial_id, started_at,
                           duration, result_file)
+    if ended.stop_reason is not None:
+        return _made_here(prep, "pruned", ended.stop_reason, {"exit_code": ended.code},
+                          command, study, trial_id, started_at, duration,
+                          result_file if node_rank == 0 else None)
     status, reason, extra = _decide(logs, ended, timeout, single, node_rank == 0)
     if status == "ok":  # a node other than 0 whose ranks finished
         reason = (f"node {node_rank} of {nnodes}: its ranks finished; the record is made "
@@ -161,24 +177,36 @@ class _Ended:
     timed_out: bool
     running: list[int]  # ranks still running at the deadline
     stopped_at: float  # time.time() when the launcher stopped waiting
+    stop_reason: str | None = None  # the caller's `should_stop` asked for it, and why
 
 
 def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeout: float,
-         launch_id: str) -> _Ended:
-    """Start `argv` in a new session, wait up to `timeout`, then stop whatever is left."""
-    timed_out, running = False, []
+         launch_id: str, should_stop: Callable[[], str | None] | None = None) -> _Ended:
+    """Start `argv` in a new session, wait up to `timeout` (or until `should_stop` gives
+    a reason), then stop whatever is left."""
+    timed_out, running, stop_reason = False, [], None
+    deadline = time.monotonic() + timeout
     with open(stdout, "ab") as out_f, open(stderr, "ab") as err_f:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
                                 env=env, start_new_session=True)
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            running = procs.running_ranks(launch_id)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    proc.wait(timeout=max(0.0, min(left, POLL_S if should_stop else left)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        running = procs.running_ranks(launch_id)
+                        break
+                    stop_reason = should_stop() if should_stop else None
+                    if stop_reason is not None:
+                        break
         finally:  # also when the caller is interrupted: no process outlives the launch
             stopped_at = time.time()
             procs.stop(proc, launch_id, GRACE_S)
-    return _Ended(proc.returncode, timed_out, running, stopped_at)
+    return _Ended(proc.returncode, timed_out, running, stopped_at, stop_reason)
 
 
 def _decide(

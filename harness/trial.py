@@ -33,6 +33,7 @@ from harness.peaks import autocast_dtype_name, peaks_for
 from harness.plan import Plan
 from harness.ranks import combine, rank_figures, step_loss
 from harness.result import TrialResult, empty_metrics
+from harness.step_log import step_writer
 from harness.timing import StepTimer, summarize
 from harness.workloads import Workload, load_workload
 from strategies import compose, resolved, validate
@@ -159,6 +160,7 @@ def measure(
         if not record(setup.step(pool[i % len(pool)], workload.loss), i):
             break
     synchronize(device)
+    progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
     with NvmlSampler(device) as nvml:
         for i in range(plan.warmup_steps, plan.warmup_steps + plan.steps):
             if status != "ok":
@@ -166,6 +168,8 @@ def measure(
             with timer.step():
                 loss = setup.step(pool[i % len(pool)], workload.loss)
             record(loss, i)
+            if progress is not None:  # outside the timed region
+                progress(i, timer.times_s[-1])
     mem = memory.end()
     reading = nvml.reading()
     mine = {**mem, "nvml_used": reading.memory_used_peak_bytes if reading else None}

@@ -45,3 +45,25 @@ def format_rate(x: float | None, unit: str) -> str:
         if x >= size:
             return f"{x / size:.2f} {prefix}{unit}"
     return f"{x:.2f} {unit}"
+
+
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str | float | int, what: str = "duration") -> float:
+    """Seconds from `90s`, `30m`, `6h`, `1d`, `1h30m` or a plain number of seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        parts = re.findall(r"([0-9]*\.?[0-9]+)\s*([smhd])", str(text).strip().lower())
+        joined = "".join(f"{n}{u}" for n, u in parts)
+        if not parts or joined != re.sub(r"\s+", "", str(text).strip().lower()):
+            raise HarnessError(
+                f"{what} {text!r}: write a positive duration such as 90s, 30m, 6h or 1d"
+            )
+        seconds = sum(float(n) * _DURATION[u] for n, u in parts)
+    if not seconds > 0:
+        raise HarnessError(
+            f"{what} {text!r}: must be above 0; write a duration such as 90s, 30m, 6h or 1d"
+        )
+    return seconds

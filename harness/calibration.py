@@ -1,0 +1,91 @@
+"""The estimator, corrected by what the study has measured so far.
+
+The estimator predicts the tensors a step keeps (peak memory) and the step's
+FLOPs at an assumed MFU (step time). A trial measures more than that: on a CPU
+the peak is the process's RSS, which also holds the Python and torch runtime;
+the allocator caches; the real MFU differs. So each measured component gets its
+own correction, a median over the study's ok trials:
+
+    runtime        bytes the process holds before the model is built (the RSS at
+                   the start of measuring; 0 on a GPU, where the allocator's peak
+                   counts tensors only)
+    memory_ratio   (measured peak - runtime) / predicted peak
+    step_ratio     measured median step time / predicted step time
+    overhead_s     a trial's duration beyond its steps: starting processes,
+                   building the model, compiling
+
+    calibrated peak = runtime + memory_ratio x predicted peak
+    expected trial  = overhead_s + (warm-up + steps) x step_ratio x predicted step
+
+Before any trial is measured the corrections are 1 and 0, and the overhead a
+default per device.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEFAULT_OVERHEAD_S = {"cpu": 10.0, "cuda": 40.0}
+
+
+@dataclass
+class Calibration:
+    runtime_bytes: float = 0.0
+    memory_ratio: float = 1.0
+    step_ratio: float = 1.0
+    overhead_s: float | None = None
+    n_memory: int = 0
+    n_time: int = 0
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> Calibration:
+        runtime, mem, step, over = [], [], [], []
+        for r in records:
+            if r.get("status") != "ok" or not r.get("predicted"):
+                continue
+            m, p = r["metrics"], r["predicted"]
+            memory = m.get("memory") or {}
+            base = memory.get("rss_base") if memory.get("allocated") is None else 0
+            peak, predicted_peak = m.get("peak_memory_bytes"), p.get("peak_memory_bytes")
+            if peak and predicted_peak and base is not None:
+                runtime.append(base)
+                mem.append(max(peak - base, 0) / predicted_peak)
+            median = (m.get("step_time_s") or {}).get("median")
+            if median and p.get("step_time_s"):
+                step.append(median / p["step_time_s"])
+            plan = r.get("plan") or {}
+            if median and r.get("duration_s"):
+                n_steps = plan.get("warmup_steps", 0) + plan.get("steps", 0)
+                over.append(max(r["duration_s"] - n_steps * median, 0.0))
+        med = statistics.median
+        return cls(
+            runtime_bytes=med(runtime) if runtime else 0.0,
+            memory_ratio=med(mem) if mem else 1.0,
+            step_ratio=med(step) if step else 1.0,
+            overhead_s=med(over) if over else None,
+            n_memory=len(mem),
+            n_time=len(step),
+        )
+
+    def peak_memory(self, predicted: dict[str, Any] | None) -> float | None:
+        if not predicted or predicted.get("peak_memory_bytes") is None:
+            return None
+        return self.runtime_bytes + self.memory_ratio * predicted["peak_memory_bytes"]
+
+    def step_time(self, predicted: dict[str, Any] | None) -> float | None:
+        if not predicted or predicted.get("step_time_s") is None:
+            return None
+        return self.step_ratio * predicted["step_time_s"]
+
+    def trial_seconds(self, predicted: dict[str, Any] | None, steps: int,
+                      device_type: str) -> float:
+        """How long a trial is expected to take, start to record."""
+        overhead = self.overhead_s
+        if overhead is None:
+            overhead = DEFAULT_OVERHEAD_S.get(device_type, DEFAULT_OVERHEAD_S["cuda"])
+        return overhead + steps * (self.step_time(predicted) or 0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

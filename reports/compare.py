@@ -1,0 +1,175 @@
+"""`harness compare RUN_DIR RUN_DIR...`: studies side by side (two clusters, two torch
+versions, two workloads): best configurations, speedups, per-technique effects."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from harness.units import format_bytes
+from reports.effects import Effects, technique_effects
+from reports.environment import environment
+from reports.figures_perf import measured, pareto_front
+from reports.headline import Headline, headline
+from reports.html import e, figure, page, section
+from reports.load import Run
+from reports.style import COLORS, TEMPLATE, Figure, esc, memory_unit, new_figure, pct, rate
+
+
+def build_compare(runs: list[Run]) -> str:
+    heads = [headline(r) for r in runs]
+    effects = [technique_effects(r) for r in runs]
+    labels = _labels(runs)
+    figs = [speedups(labels, heads), effects_side_by_side(labels, effects),
+            fronts(labels, runs)]
+    body = [section("summary", "Side by side", summary_table(runs, labels, heads, effects))]
+    body += [figure(f) for f in figs]
+    body.append(section("same", "The same configurations in each run", same_configs(runs, labels),
+                        "Configurations measured (status ok) in every run, by the first run's "
+                        "throughput; the ratio is each run's samples/s over the first run's."))
+    notes = [(lab, n) for lab, r in zip(labels, runs, strict=True) for n in r.notes]
+    if notes:
+        body.append(section("notes", "Notes on the records", "<ul>" + "".join(
+            f"<li>{e(lab)}: {e(n)}</li>" for lab, n in notes) + "</ul>"))
+    nav = [("summary", "Side by side"), ("speedups", "Speedups"), ("effects", "Techniques"),
+           ("fronts", "Throughput × memory"), ("same", "Same configurations")]
+    return page("Comparison: " + " vs ".join(labels), f"{len(runs)} runs: "
+                + ", ".join(str(r.path) for r in runs), nav, "".join(body))
+
+
+def _labels(runs: list[Run]) -> list[str]:
+    names = [r.name for r in runs]
+    return [n if names.count(n) == 1 else f"{n} ({r.path})" for n, r in zip(names, runs,
+                                                                              strict=True)]
+
+
+def summary_table(runs, labels, heads: list[Headline], effects: list[Effects]) -> str:
+    rows: list[tuple[str, list[str]]] = []
+    envs = [{k: v for k, v, _ in environment(r)} for r in runs]
+    for key in ("device_name", "gpu_names", "torch", "cuda", "driver", "harness", "hostname"):
+        rows.append((key, [env.get(key, "–") for env in envs]))
+    rows.append(("trials", [", ".join(f"{n} {s}" for s, n in sorted(h.counts.items())) or "none"
+                            for h in heads]))
+    rows.append(("best configuration", [_best(h, "config") for h in heads]))
+    rows.append(("layout, micro-batch", [
+        "–" if h.best is None else f"{h.best['layout']}, {h.best['micro_batch_size']:g}"
+        for h in heads]))
+    rows.append(("best samples/s", [_best(h, "samples_per_s", rate) for h in heads]))
+    rows.append(("baseline samples/s", ["–" if h.baseline is None else rate(
+        h.baseline["samples_per_s"]) for h in heads]))
+    rows.append(("speedup over fp32", [f"{h.speedup:.2f}×" if h.speedup else
+                                       (" ".join(h.missing) or "–") for h in heads]))
+    rows.append(("best peak memory", [_best(h, "peak_memory_bytes", format_bytes) for h in heads]))
+    rows.append(("best MFU", [_best(h, "mfu", pct) for h in heads]))
+    techniques = sorted({x.technique for ef in effects for x in ef.items})
+    for name in techniques:
+        rows.append((f"{name}: effect", [next((x.verdict for x in ef.items
+                                               if x.technique == name), "–")
+                                         for ef in effects]))
+    head = "".join(f"<th>{e(lab)}</th>" for lab in labels)
+    body = "".join(
+        f'<tr{" class=differs" if len(set(vals)) > 1 else ""}><th>{e(k)}</th>'
+        + "".join(f"<td>{e(v)}</td>" for v in vals) + "</tr>" for k, vals in rows)
+    return (f"<table><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+            '<p class="note">Rows in bold differ between the runs.</p>'
+            "<style>tr.differs th{font-weight:700;color:#0b5cad}</style>")
+
+
+def _best(h: Headline, key: str, fmt=str) -> str:
+    if h.best is None:
+        return "–"
+    v = h.best[key]
+    return "–" if v is None or v != v else fmt(v)
+
+
+def speedups(labels, heads: list[Headline]) -> Figure:
+    title = "Best against baseline, per run"
+    if not any(h.best is not None for h in heads):
+        return Figure("speedups", title, None, empty="No run has a finished trial.")
+    fig = new_figure(360, yaxis_title="samples/s", barmode="group",
+                     legend={"orientation": "h", "y": -0.2})
+    x = [esc(lab, 50) for lab in labels]
+    for name, key, color in (("fp32 baseline", "baseline", "#7f8c8d"), ("best", "best", COLORS[0])):
+        y = [None if getattr(h, key) is None else getattr(h, key)["samples_per_s"] for h in heads]
+        text = [f"{h.speedup:.2f}×" if key == "best" and h.speedup else "" for h in heads]
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=color, text=text,
+                             textposition="outside"))
+    return Figure("speedups", title, fig, caption="Throughput of each run's fp32 baseline and "
+                  "best configuration; the label is the speedup within that run.")
+
+
+def effects_side_by_side(labels, effects: list[Effects]) -> Figure:
+    title = "What each technique bought, per run"
+    techniques = sorted({x.technique for ef in effects for x in ef.items})
+    if not techniques:
+        return Figure("effects", title, None, empty="No run has leave-one-out trials or pairs of "
+                      "trials that differ in one technique.")
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("throughput: with it vs without it (%)",
+                                        "peak memory it saves (GiB)"))
+    fig.update_layout(template=TEMPLATE, height=max(300, 90 + 40 * len(techniques) * len(labels)),
+                      barmode="group", legend={"orientation": "h", "y": -0.15})
+    for i, (lab, ef) in enumerate(zip(labels, effects, strict=True)):
+        by = {x.technique: x for x in ef.items}
+        xs = [by.get(t) for t in techniques]
+        pct = [None if x is None or x.speedup is None else (x.speedup - 1) * 100 for x in xs]
+        err = {"type": "data", "symmetric": False,
+               "array": [0 if p is None else (x.speedup_hi - x.speedup) * 100
+                         for x, p in zip(xs, pct, strict=True)],
+               "arrayminus": [0 if p is None else (x.speedup - x.speedup_lo) * 100
+                              for x, p in zip(xs, pct, strict=True)]}
+        mem = [None if x is None or x.memory_saved is None else x.memory_saved / 2**30
+               for x in xs]
+        color = COLORS[i % len(COLORS)]
+        ys = [esc(t) for t in techniques]
+        fig.add_trace(go.Bar(y=ys, x=pct, orientation="h", name=esc(lab, 50), error_x=err,
+                             marker_color=color, legendgroup=str(i)), row=1, col=1)
+        fig.add_trace(go.Bar(y=ys, x=mem, orientation="h", name=esc(lab, 50), showlegend=False,
+                             marker_color=color, legendgroup=str(i)), row=1, col=2)
+    fig.update_yaxes(autorange="reversed")
+    sources = "; ".join(f"{lab}: {ef.source}" for lab, ef in zip(labels, effects, strict=True))
+    return Figure("effects", title, fig, caption=f"Where the effects come from — {sources} "
+                  "(ablation: repeated leave-one-out trials; pairs: single search trials).")
+
+
+def fronts(labels, runs: list[Run]) -> Figure:
+    title = "Throughput against peak memory, per run"
+    parts = [measured(r, ablation=False) for r in runs]
+    parts = [p[p["peak_memory_bytes"].notna()] for p in parts]
+    if not any(len(p) for p in parts):
+        return Figure("fronts", title, None, empty="No run has a measured trial.")
+    div, unit = memory_unit([v for p in parts for v in p["peak_memory_bytes"]])
+    fig = new_figure(440, xaxis_title=f"peak memory per device ({unit})", yaxis_title="samples/s",
+                     legend={"orientation": "h", "y": -0.2})
+    for i, (lab, p) in enumerate(zip(labels, parts, strict=True)):
+        color, front = COLORS[i % len(COLORS)], pareto_front(p)
+        fig.add_trace(go.Scatter(x=p["peak_memory_bytes"] / div, y=p["samples_per_s"],
+                                 mode="markers", name=esc(lab, 50), marker={
+                                     "color": color, "opacity": 0.45, "size": 7},
+                                 text=[esc(c, 80) for c in p["label"]],
+                                 hovertemplate="%{text}<br>%{y:.4g} samples/s<extra></extra>"))
+        fig.add_trace(go.Scatter(x=front["peak_memory_bytes"] / div, y=front["samples_per_s"],
+                                 mode="lines", line_shape="hv", line={"color": color, "width": 2},
+                                 name=esc(lab, 40) + " front", hoverinfo="skip"))
+    return Figure("fronts", title, fig, caption="Each run's trials and its Pareto front.")
+
+
+def same_configs(runs: list[Run], labels: list[str], limit: int = 20) -> str:
+    keyed = []
+    for r in runs:
+        m = measured(r, ablation=False)
+        mbs = m["micro_batch_size"].map(lambda v: "?" if v != v else f"{v:g}")
+        key = m["config"] + " | " + m["layout"] + " | mb " + mbs
+        keyed.append(m.assign(_key=key).groupby("_key")["samples_per_s"].median())
+    common = set(keyed[0].index).intersection(*[set(k.index) for k in keyed[1:]])
+    if not common:
+        return '<p class="empty">No configuration was measured in every run.</p>'
+    order = sorted(common, key=lambda k: -keyed[0][k])[:limit]
+    head = "".join(f"<th>{e(lab)}</th>" for lab in labels)
+    rows = "".join(
+        f"<tr><td>{e(k)}</td>" + "".join(
+            f'<td class="n">{e(rate(s[k]))}'
+            + (f" ({s[k] / keyed[0][k]:.2f}×)" if i else "") + "</td>"
+            for i, s in enumerate(keyed)) + "</tr>" for k in order)
+    return (f"<table><thead><tr><th>configuration | layout | micro-batch</th>{head}</tr>"
+            f"</thead><tbody>{rows}</tbody></table>")

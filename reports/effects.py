@@ -1,0 +1,161 @@
+"""What each technique bought: its effect on throughput and peak memory, with the spread.
+
+From ablation records (the tuner's leave-one-out trials of the best configuration,
+each technique turned off in turn and repeated): the reference is the best
+configuration re-measured (`without` null); for technique T every pair (reference
+repeat, repeat without T) gives a throughput ratio reference / without and a memory
+difference without - reference. The effect is the median over repeats, its spread
+the smallest and largest pair. An effect is called *clear* only when the two sets of
+measurements do not overlap (asv's rule: a ratio within run-to-run spread is noise).
+
+With no ablation records the fallback compares search trials that differ in exactly
+that one technique (everything else equal), labelled as such: they were not repeated,
+and the spread is over the pairs found.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from statistics import median
+
+from reports.frame import strategies_of
+from reports.load import Run
+from reports.style import num
+
+
+@dataclass
+class Effect:
+    technique: str
+    source: str                       # "ablation" or "pairs"
+    n: int = 0                        # measurements without it (ablation) or pairs found
+    n_reference: int = 0
+    speedup: float | None = None      # throughput with / without (x)
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    memory_saved: float | None = None  # bytes: peak without - peak with
+    memory_saved_lo: float | None = None
+    memory_saved_hi: float | None = None
+    clear: bool | None = None         # None: too few measurements to tell
+    failures: dict[str, int] = field(default_factory=dict)  # status -> count, without it
+
+    @property
+    def verdict(self) -> str:
+        if self.speedup is None:
+            if self.failures:
+                fails = ", ".join(f"{s} ×{n}" for s, n in self.failures.items())
+                return f"needed: without it the configuration did not run ({fails})"
+            return "no measurement without it"
+        pct = (self.speedup - 1) * 100
+        what = f"{'+' if pct >= 0 else ''}{pct:.1f}% throughput"
+        if self.clear is None:
+            return what + " (one measurement each: spread unknown)"
+        return what + ("" if self.clear else " — within run-to-run spread (noise)")
+
+
+@dataclass
+class Effects:
+    source: str                       # "ablation", "pairs" or "none"
+    note: str
+    items: list[Effect]
+
+
+def technique_effects(run: Run) -> Effects:
+    t = run.trials
+    abl = t[t["phase"] == "ablation"] if len(t) else t
+    if len(abl):
+        return _from_ablation(run, abl)
+    items = _from_pairs(run)
+    if items:
+        return Effects("pairs", "No leave-one-out (ablation) trials in this study: each effect "
+                       "below compares search trials that differ only in that technique, "
+                       "measured once each — indicative, not repeated.", items)
+    return Effects("none", "No leave-one-out (ablation) trials, and no two measured trials "
+                   "that differ in exactly one technique: the effects cannot be shown.", [])
+
+
+def _from_ablation(run: Run, abl) -> Effects:
+    ok = abl[abl["status"] == "ok"]
+    ref = ok[ok["ablation_without"].isna()]
+    of = abl["ablation_of"].dropna()
+    note = (f"Leave-one-out trials of trial {of.iloc[0] if len(of) else run.best_id}: each "
+            "technique turned off in turn, everything else fixed, repeated. Bars: median; "
+            "whiskers: smallest and largest of every (best, without) pair.")
+    if not len(ref):
+        best = run.row(run.best_id)
+        if best is None or best["status"] != "ok":
+            return Effects("ablation", note + " The best configuration itself has no "
+                           "measurement to compare against.", [])
+        ref = best.to_frame().T
+        note += " The best configuration was not re-measured: its one search measurement " \
+                "is the reference."
+    items = []
+    for name, grp in abl[abl["ablation_without"].notna()].groupby("ablation_without", sort=True):
+        e = Effect(str(name), "ablation", n_reference=len(ref))
+        good = grp[grp["status"] == "ok"]
+        e.failures = grp[grp["status"] != "ok"]["status"].value_counts().to_dict()
+        e.n = len(good)
+        if len(good):
+            _fill(e, list(ref["samples_per_s"]), list(good["samples_per_s"]),
+                  list(ref["peak_memory_bytes"]), list(good["peak_memory_bytes"]))
+        items.append(e)
+    return Effects("ablation", note, items)
+
+
+def _fill(e: Effect, thr_with, thr_without, mem_with, mem_without) -> None:
+    thr_with = [x for x in map(num, thr_with) if x]
+    thr_without = [x for x in map(num, thr_without) if x]
+    if thr_with and thr_without:
+        ratios = [a / b for a in thr_with for b in thr_without]
+        e.speedup = median(thr_with) / median(thr_without)
+        e.speedup_lo, e.speedup_hi = min(ratios), max(ratios)
+        if len(thr_with) > 1 or len(thr_without) > 1:
+            e.clear = min(thr_with) > max(thr_without) or max(thr_with) < min(thr_without)
+    mem_with = [x for x in map(num, mem_with) if x is not None]
+    mem_without = [x for x in map(num, mem_without) if x is not None]
+    if mem_with and mem_without:
+        diffs = [b - a for a in mem_with for b in mem_without]
+        e.memory_saved = median(mem_without) - median(mem_with)
+        e.memory_saved_lo, e.memory_saved_hi = min(diffs), max(diffs)
+
+
+def _key(record: dict, drop: str | None = None) -> str:
+    """Everything that defines a configuration, with technique `drop` taken out."""
+    plan = record.get("plan") or {}
+    strategies = {k: v for k, v in strategies_of(plan).items() if k != drop}
+    rest = {k: plan.get(k) for k in ("workload", "workload_args", "layout", "micro_batch_size",
+                                     "global_batch_size", "device")}
+    return json.dumps([strategies, rest], sort_keys=True, default=str)
+
+
+def _from_pairs(run: Run) -> list[Effect]:
+    t = run.trials
+    if not len(t):
+        return []
+    ok = t[(t["status"] == "ok") & t["samples_per_s"].notna()]
+    by_key: dict[str, list[str]] = {}
+    for tid in ok.index:
+        by_key.setdefault(_key(run.records[tid]), []).append(tid)
+    pairs: dict[str, list[tuple[list[str], list[str]]]] = {}
+    for ids in by_key.values():
+        for name in strategies_of(run.records[ids[0]].get("plan")):
+            other = by_key.get(_key(run.records[ids[0]], drop=name))
+            if other:
+                pairs.setdefault(name, []).append((ids, other))
+    items = []
+    for name in sorted(pairs):
+        e = Effect(name, "pairs", n=len(pairs[name]), n_reference=len(pairs[name]))
+        speed, mem = [], []
+        for with_ids, without_ids in pairs[name]:
+            a, b = ok.loc[with_ids], ok.loc[without_ids]
+            speed.append(median(a["samples_per_s"]) / median(b["samples_per_s"]))
+            ma, mb = a["peak_memory_bytes"].dropna(), b["peak_memory_bytes"].dropna()
+            if len(ma) and len(mb):
+                mem.append(median(mb) - median(ma))
+        e.speedup, e.speedup_lo, e.speedup_hi = median(speed), min(speed), max(speed)
+        if len(speed) > 1:
+            e.clear = e.speedup_lo > 1 or e.speedup_hi < 1
+        if mem:
+            e.memory_saved, e.memory_saved_lo, e.memory_saved_hi = median(mem), min(mem), max(mem)
+        items.append(e)
+    return items

@@ -1,0 +1,87 @@
+"""The headline of a study: its best configuration against its own fp32 baseline.
+
+Honest by construction: the speedup is best samples/s over baseline samples/s of the
+same study; where either is missing or did not finish, `missing` says so in words
+and no number is made up.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from reports.load import Run
+from reports.style import num
+
+NOT_RUN = ("pruned",)
+
+
+@dataclass
+class Headline:
+    best: pd.Series | None
+    baseline: pd.Series | None
+    speedup: float | None = None
+    memory_ratio: float | None = None      # best peak / baseline peak
+    missing: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    command: str = ""
+    best_toml_command: str = ""
+    repeats: list[float] = field(default_factory=list)  # best re-measured (ablation)
+    caution: str = ""     # the re-measurements do not reproduce the best's search figure
+
+    @property
+    def verdict(self) -> str:
+        n = sum(self.counts.values())
+        ok = self.counts.get("ok", 0)
+        if n == 0:
+            return "This study has no trial records yet."
+        if ok == 0:
+            parts = ", ".join(f"{c} {s}" for s, c in sorted(self.counts.items()))
+            return f"No trial finished: all {n} trial(s) are failed or pruned ({parts})."
+        if n == 1:
+            return "A study of one trial: there is nothing to compare it with."
+        if self.speedup is not None:
+            return (f"The best configuration trains {self.speedup:.2f}× as fast as the fp32 "
+                    "baseline of this study.")
+        return "The best configuration is shown below. " + " ".join(self.missing)
+
+
+def headline(run: Run) -> Headline:
+    t = run.trials
+    counts = t["status"].value_counts().to_dict() if len(t) else {}
+    h = Headline(run.row(run.best_id), run.row(run.baseline_id), counts={
+        str(k): int(v) for k, v in counts.items()})
+    b, base = h.best, h.baseline
+    if b is not None:
+        h.command = b["command"]
+        if (run.path / "best.toml").is_file():
+            h.best_toml_command = f"harness bench {shlex.quote(str(run.path / 'best.toml'))}"
+        abl = t[(t["phase"] == "ablation") & t["ablation_without"].isna()
+                & (t["status"] == "ok")]
+        h.repeats = [x for x in map(num, abl["samples_per_s"]) if x is not None]
+        first = num(b["samples_per_s"])
+        if h.repeats and first and not min(h.repeats) / 1.1 <= first <= max(h.repeats) * 1.1:
+            h.caution = (
+                f"Caution: re-measured {len(h.repeats)}× in the leave-one-out trials, the best "
+                f"configuration ran at {min(h.repeats):.4g}–{max(h.repeats):.4g} samples/s, not "
+                f"the {first:.4g} of its search trial; the speedup below rests on that one "
+                "measurement.")
+    if base is None:
+        h.missing.append("There is no fp32 baseline trial in this study, so no speedup is "
+                         "given.")
+    elif base["status"] != "ok" or not num(base["samples_per_s"]):
+        h.missing.append(f"The fp32 baseline (trial {base['trial_id']}) did not finish "
+                         f"({base['status']}: {base['reason_short'] or 'no reason recorded'}), "
+                         "so no speedup is given.")
+    elif b is not None and b["trial_id"] == base["trial_id"]:
+        h.missing.append("The best configuration is the fp32 baseline itself: no technique "
+                         "beat it here.")
+    elif b is not None:
+        h.speedup = b["samples_per_s"] / base["samples_per_s"]
+        if num(base["peak_memory_bytes"]) and num(b["peak_memory_bytes"]) is not None:
+            h.memory_ratio = b["peak_memory_bytes"] / base["peak_memory_bytes"]
+    if b is None and counts.get("ok"):
+        h.missing.append("No trial fits the memory budget, so there is no best configuration.")
+    return h

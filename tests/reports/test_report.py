@@ -1,0 +1,132 @@
+"""The page: an honest headline, every section, plain statements where data is missing,
+and record text that can never become markup or script."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from reports.headline import headline
+from reports.html import script_json
+from reports.load import load_run
+from reports.report import build_report
+from reports.style import esc
+from tests.reports.runs import synthetic_records, write_run
+
+HOSTILE = "<script>window.__injected=true</script>"
+IMG = '<img src=x onerror="window.__injected=true">'
+
+
+def hostile_run(tmp_path):
+    """A study whose name, reasons, workload arguments, strategy and phase hold markup."""
+    recs = synthetic_records(30, study=HOSTILE)
+    recs[2].update(status="failed", reason=f"{IMG} then {HOSTILE}\n  File {HOSTILE}")
+    recs[2]["metrics"]["traceback_tail"] = HOSTILE
+    for r in recs:
+        r["plan"]["workload"]["note"] = HOSTILE
+    recs[3]["plan"]["strategies"][HOSTILE] = {"k": IMG}
+    recs[4]["tags"]["phase"] = HOSTILE
+    recs[4]["status"] = HOSTILE  # an unknown status is shown, not trusted
+    return write_run(tmp_path / "hostile", recs, name=HOSTILE, stopped_because=IMG)
+
+
+def _scripts(page: str) -> list[str]:
+    return re.findall(r"<script[^>]*>", page, flags=re.I)
+
+
+def test_record_text_is_escaped_everywhere(tmp_path):
+    run = load_run(hostile_run(tmp_path))
+    page = build_report(run)
+    assert HOSTILE not in page and IMG not in page
+    assert "<img" not in page.lower()
+    assert "&lt;script&gt;window.__injected=true&lt;/script&gt;" in page  # shown as text
+    # the only script elements are the page's own: config, plotly.js, one per figure, sorting
+    figures = page.count('class="plotly-graph-div"')
+    assert len(_scripts(page)) == 3 + figures
+    # inside figure JSON, '<' never appears raw: no "</script>" can close the element early
+    for body in re.findall(r"Plotly\.newPlot\((.*?)\)\s*};\s*</script>", page, flags=re.S):
+        assert "<" not in body
+
+
+def test_script_json_cannot_close_its_element():
+    text = script_json({"a": "</script><!-- <script>", "b": "\u2028"})
+    assert "<" not in text and ">" not in text and "\u2028" not in text
+    assert json.loads(text) == {"a": "</script><!-- <script>", "b": "\u2028"}
+
+
+def test_figure_text_is_entity_escaped():
+    assert esc(HOSTILE) == "&lt;script&gt;window.__injected=true&lt;/script&gt;"
+    assert esc("x" * 10, limit=5) == "xxxx…"
+
+
+def test_headline_is_best_over_baseline_of_the_same_study(tmp_path):
+    run = load_run(write_run(tmp_path / "s", synthetic_records(40)))
+    h = headline(run)
+    best, base = run.trials.loc[run.best_id], run.trials.loc[run.baseline_id]
+    assert h.speedup == pytest.approx(best["samples_per_s"] / base["samples_per_s"])
+    assert h.memory_ratio == pytest.approx(best["peak_memory_bytes"] / base["peak_memory_bytes"])
+    assert h.caution == ""  # the leave-one-out repeats reproduce the best's figure
+    page = build_report(run)
+    assert f"{h.speedup:.2f}×" in page and "Reproduce the best configuration" in page
+    assert "harness bench" in page and "best.toml" in page
+    for key in ("headline", "effects", "pareto", "mbs", "history", "importances", "steps", "loss",
+                "memory", "trials", "failures", "study", "env"):
+        assert f'<section id="{key}">' in page, key
+    assert page.count('class="plotly-graph-div"') == 8
+    assert "From optuna.journal" in page
+
+
+def test_failed_baseline_gives_no_speedup_and_says_so(tmp_path):
+    recs = synthetic_records(10, ablation=False)
+    recs[0].update(status="oom", reason="out of memory: CUDA out of memory")
+    run = load_run(write_run(tmp_path / "s", recs))
+    h = headline(run)
+    assert h.speedup is None
+    assert "did not finish (oom: out of memory" in " ".join(h.missing)
+    assert "no speedup is given" in build_report(run)
+
+
+def test_missing_baseline_gives_no_speedup_and_says_so(tmp_path):
+    recs = [r for r in synthetic_records(10, ablation=False) if r["trial_id"] != 0]
+    run = load_run(write_run(tmp_path / "s", recs, journal=False))
+    assert run.baseline_id is None and headline(run).speedup is None
+    assert "There is no fp32 baseline trial" in build_report(run)
+
+
+def test_only_failed_or_pruned_trials_report_plainly(tmp_path):
+    recs = synthetic_records(6, ablation=False)
+    for r, status in zip(recs, ["oom", "pruned", "failed", "pruned", "timeout", "oom"],
+                         strict=True):
+        r.update(status=status, reason=f"{status} on purpose")
+        r["metrics"]["samples_per_s"] = None
+    run = load_run(write_run(tmp_path / "s", recs))
+    page = build_report(run)
+    assert "No trial finished: all 6 trial(s) are failed or pruned" in page
+    assert "2 oom" in page and "2 pruned" in page
+    assert "Importances need at least two completed trials" in page
+    assert "Failures, grouped by reason" in page
+
+
+def test_a_single_trial_reports_plainly(tmp_path):
+    run = load_run(write_run(tmp_path / "s", synthetic_records(1), journal=False))
+    page = build_report(run)
+    assert "A study of one trial: there is nothing to compare it with." in page
+    assert "The best configuration is the fp32 baseline itself" in page
+    assert "there is no history" in page and "Every trial finished." in page
+
+
+def test_rdb_storage_is_not_contacted(tmp_path):
+    run_dir = write_run(tmp_path / "s", synthetic_records(30), journal=False,
+                        storage="postgresql://***@db.example/optuna")
+    page = build_report(load_run(run_dir))
+    assert "which the report does not contact" in page and "Rebuilt from the records" in page
+
+
+def test_a_damaged_journal_falls_back_to_the_records(tmp_path):
+    run_dir = write_run(tmp_path / "s", synthetic_records(30))
+    (run_dir / "optuna.journal").write_text("not a journal\n")
+    page = build_report(load_run(run_dir))
+    assert "Rebuilt from the records" in page
+    assert page.count('class="plotly-graph-div"') == 8  # importances still drawn

@@ -1,0 +1,67 @@
+"""Helpers for the tuner's tests: study files made from the quickstart study, and
+`harness tune` run in this process with the fake launcher (tests/tuner/fake_launch.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from harness.cli import main
+from tests.tuner import fake_launch
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "studies" / "quickstart.toml"
+FAKE = "tests.tuner.fake_launch:launch"
+
+
+def study_table(**changes: Any) -> dict[str, Any]:
+    """The quickstart study with `changes` merged in (tables merge one level deep)."""
+    table = tomllib.loads(QUICKSTART.read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(table.get(key), dict):
+            table[key] = {**table[key], **copy.deepcopy(value)}
+        else:
+            table[key] = copy.deepcopy(value)
+    return table
+
+
+def write_study(folder: Path, table: dict[str, Any] | None = None, **changes: Any) -> Path:
+    path = folder / "study.toml"
+    path.write_text(tomli_w.dumps(table if table is not None else study_table(**changes)))
+    return path
+
+
+def tune(*args: str) -> int:
+    """`harness tune ARGS --launcher fake --quiet` in this process."""
+    return main(["tune", *args, "--launcher", FAKE, "--quiet"])
+
+
+def tune_process(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    """`harness tune ARGS` with the fake launcher, as its own process."""
+    import os
+
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "harness", "tune", *args, "--launcher", FAKE],
+                            cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "trials.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+@pytest.fixture
+def launched():
+    """What the fake launcher launched during the test."""
+    fake_launch.CALLS.clear()
+    yield fake_launch.CALLS
+    fake_launch.CALLS.clear()

@@ -1,0 +1,83 @@
+"""A launcher for tuner tests: no processes, a known objective, the launcher's files.
+
+`launch` has harness.launch.launch's signature. Its throughput is `objective(plan)`,
+deterministic, so a test can measure the whole space and know the optimum. It
+writes plan.toml and result.json into the trial's folder as the real one does,
+and sleeps FAKE_TRIAL_S seconds (default 0) in small steps, writing step times to
+the progress file and honouring `should_stop` and the timeout. With FAKE_LOG set it
+appends each launch's trial id to that file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from harness.plan import Plan
+from harness.result import TrialResult, empty_metrics
+
+CALLS: list[dict] = []  # what was launched, in this process
+
+
+def objective(plan: Plan | dict) -> float:
+    """Samples/s of a configuration of the quickstart space: optimum micro 8, fused with
+    sdpa + fused optimizer, no amp, no checkpoint (unique)."""
+    d = plan.to_dict() if isinstance(plan, Plan) else plan
+    s = d.get("strategies", {})
+    rate = {4: 100.0, 8: 130.0, 16: 120.0}.get(d["micro_batch_size"], 90.0)
+    if "fused" in s:
+        rate *= 1.25 if s["fused"].get("attention") == "sdpa" else 1.02
+        rate *= 1.10 if s["fused"].get("optimizer") == "fused" else 1.04
+    if "amp" in s:
+        rate *= 1.15 if d["micro_batch_size"] == 16 else 0.85
+    if "checkpoint" in s:
+        rate *= 0.8
+    return rate
+
+
+def peak_bytes(plan: Plan | dict) -> int:
+    d = plan.to_dict() if isinstance(plan, Plan) else plan
+    scale = 0.5 if "checkpoint" in d.get("strategies", {}) else 1.0
+    return int((200 + 20 * d["micro_batch_size"] * scale) * 2**20)
+
+
+def launch(plan, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
+           progress_file=None, should_stop=None, **_):
+    from harness.trial import prepare
+
+    prep = prepare(plan)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.toml").write_text(prep.plan.to_toml())
+    CALLS.append({"trial_id": trial_id, "plan": prep.plan.to_dict()})
+    if os.environ.get("FAKE_LOG"):  # launches across processes, for the process tests
+        with open(os.environ["FAKE_LOG"], "a") as f:
+            f.write(f"{trial_id} {os.getpid()}\n")
+    total = float(os.environ.get("FAKE_TRIAL_S", "0"))
+    rate = objective(prep.plan)
+    step_s = prep.plan.batch_size / rate
+    t0, status, reason = time.monotonic(), "ok", None
+    steps = prep.plan.steps
+    for i in range(steps):
+        time.sleep(total / steps)
+        if progress_file:
+            with open(progress_file, "a") as f:
+                f.write(f"{i} {step_s!r}\n")
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            status, reason = "timeout", f"no result after {timeout_s:g} s; the trial was stopped"
+            break
+        if should_stop is not None and (why := should_stop()):
+            status, reason = "pruned", why
+            break
+    metrics = empty_metrics()
+    if status == "ok":
+        metrics.update(step_time_s={"median": step_s, "p10": step_s, "p90": step_s, "n": steps},
+                       samples_per_s=rate, peak_memory_bytes=peak_bytes(prep.plan))
+        metrics["memory"] = {"allocated": None, "reserved": None, "nvml_used": None,
+                             "rss": peak_bytes(prep.plan), "rss_base": 150 * 2**20}
+    result = TrialResult(study=study, trial_id=trial_id, status=status, reason=reason,
+                         plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
+                         command=command, started_at="", duration_s=time.monotonic() - t0)
+    result.write(out / "result.json")
+    return result

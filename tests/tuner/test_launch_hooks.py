@@ -1,0 +1,40 @@
+"""The launcher's hooks for the tuner, on a real trial process: step times while it
+runs (HARNESS_PROGRESS_FILE), and `should_stop` ending it as `pruned`."""
+
+from __future__ import annotations
+
+import time
+
+from harness.launch import launch
+from harness.step_log import read_steps
+from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan
+
+
+def test_steps_are_reported_and_should_stop_prunes(tmp_path, monkeypatch):
+    from tests.distributed.launch_helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    out, steps = tmp_path / "trial", tmp_path / "steps.log"
+    plan = faulty_plan(world=1, steps=2000, timeout_s=120)
+    seen: list[int] = []
+
+    def should_stop() -> str | None:
+        seen.append(len(read_steps(steps)))
+        return "enough: 3 steps seen" if seen[-1] >= 3 else None
+
+    t0 = time.monotonic()
+    result = launch(plan, out, "harness bench x", progress_file=steps, should_stop=should_stop)
+    assert result.status == "pruned" and result.reason == "enough: 3 steps seen"
+    assert time.monotonic() - t0 < 60
+    times = read_steps(steps)
+    assert 3 <= len(times) < 2000 and all(t > 0 for t in times)
+    assert (out / "result.json").exists()
+    assert_nothing_left(out)
+
+
+def test_without_hooks_nothing_changes(tmp_path, monkeypatch):
+    from tests.distributed.launch_helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    result = launch(faulty_plan(world=1, steps=2), tmp_path / "t", "harness bench x")
+    assert result.status == "ok" and not (tmp_path / "t" / "steps.log").exists()

@@ -1,0 +1,120 @@
+"""Study files: the shipped ones load; a bad one is one line, exit 2, nothing run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.default_studies import default_study
+from harness.errors import HarnessError
+from harness.study import Study
+from harness.study_checks import check_study
+from tests.tuner.conftest import FAKE, ROOT, study_table, tune, write_study
+
+STUDIES = ROOT / "studies"
+
+
+def test_quickstart_file_is_the_default_cpu_study():
+    assert Study.from_toml(STUDIES / "quickstart.toml") == default_study("cpu")
+
+
+@pytest.mark.parametrize("name", ["quickstart", "gpt2-small-1gpu", "gpt-1b-8gpu",
+                                  "gpt-1b-2node"])
+def test_shipped_studies_are_valid(name):
+    study = Study.from_toml(STUDIES / f"{name}.toml")
+    check_study(study, study.device if study.device != "auto" else "cpu")
+
+
+BAD = {
+    "unknown key": ({"budgett": {"time": "3m"}}, "unknown key 'budgett'"),
+    "unknown key in a table": ({"budget": {"tme": "3m"}}, "budget: unknown key 'tme'"),
+    "wrong type": ({"global_batch_size": "16"}, "global_batch_size: expected int"),
+    "wrong type in a table": ({"budget": {"ablation_repeats": 1.5}},
+                              "budget.ablation_repeats: expected int"),
+    "impossible layout": ({"layout": {"world_sizes": [3], "tensor": [2]}}, "no layout fits"),
+    "layout without its strategy": ({"layout": {"world_sizes": [2]}},
+                                    "needs a data-parallel strategy"),
+    "batch that does not divide": ({"global_batch_size": 6}, "no micro-batch"),
+    "negative budget": ({"budget": {"time": "-5m"}}, "budget.time"),
+    "zero trial timeout": ({"budget": {"trial_timeout": 0}}, "budget.trial_timeout"),
+    "negative memory budget": ({"budget": {"memory": -1}}, "budget.memory"),
+    "unknown strategy": ({"strategies": {"turbo": {}}}, "strategies.turbo: unknown strategy"),
+    "unknown setting": ({"strategies": {"amp": {"search": ["speed"]}}},
+                        "strategies.amp.search: 'speed'"),
+    "bad setting value": ({"strategies": {"amp": {"values": {"dtype": ["fp8"]}}}},
+                          "strategies.amp.values.dtype"),
+    "fp16 asked for on a CPU": ({"strategies": {"amp": {"values": {"dtype": ["fp16"]}}}},
+                                "cannot run here"),
+    "accumulation listed": ({"strategies": {"accumulation": {}}}, "follows from the micro"),
+    "unknown objective": ({"objective": "speed"}, "objective"),
+    "known_good outside the space": ({"known_good": {"micro_batch_size": 5}},
+                                     "known_good.micro_batch_size"),
+    "unknown workload argument": ({"workload": {"name": "gpt", "depth": 3}}, "workload"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_study_is_one_line_exit_2_and_nothing_runs(case, tmp_path, capsys, launched):
+    changes, words = BAD[case]
+    table = study_table()
+    for key, value in changes.items():  # replace (not merge) the strategies table
+        if key == "strategies":
+            table["strategies"] = value
+        elif isinstance(value, dict) and isinstance(table.get(key), dict):
+            table[key] = {**table[key], **value}
+        else:
+            table[key] = value
+    path = write_study(tmp_path, table)
+    out = tmp_path / "run"
+    code = tune(str(path), "--out", str(out))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert words in err, err
+    assert not out.exists() and launched == []
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--budget=-5m"], "--budget"),
+    (["--budget", "soon"], "--budget"),
+    (["--memory-budget", "lots"], "--memory-budget"),
+    (["--workers", "0"], "--workers"),
+    (["--n-trials", "0"], "--n-trials"),
+    (["--resume"], "holds no study"),
+    (["--launcher", "nowhere.mod:fn"], "--launcher"),
+])
+def test_bad_flags_are_one_line_exit_2(flags, words, tmp_path, capsys, launched):
+    out = tmp_path / "run"
+    args = ["tune", str(write_study(tmp_path)), "--out", str(out), *flags]
+    code = main(args if "--launcher" in flags else args + ["--launcher", FAKE])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and launched == []
+
+
+def test_an_existing_run_folder_needs_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0})
+    assert tune(str(path), "--out", str(out), "--n-trials", "2") == 0
+    capsys.readouterr()
+    assert tune(str(path), "--out", str(out)) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_durations_and_sizes():
+    from harness.units import parse_duration
+
+    assert parse_duration("90s") == 90 and parse_duration("30m") == 1800
+    assert parse_duration("6h") == 6 * 3600 and parse_duration("1d") == 86400
+    assert parse_duration("1h30m") == 5400 and parse_duration(45) == 45
+    for bad in ("-5m", "0s", "5 minutes", "", "m"):
+        with pytest.raises(HarnessError):
+            parse_duration(bad)
+
+
+def test_study_as_run_round_trips(tmp_path: Path):
+    study = Study.from_toml(STUDIES / "quickstart.toml")
+    again = Study.from_dict(__import__("tomllib").loads(study.to_toml()))
+    assert again == study

@@ -1,0 +1,170 @@
+"""`harness tune` as processes: killed and resumed, several workers on one storage,
+and (slow) a real quickstart study on this CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import optuna
+import pytest
+
+from tests.tuner.conftest import ROOT, records, tune_process, write_study
+
+
+def launches(log) -> list[str]:
+    return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def journal_trials(path, name="quickstart"):
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+
+def wait_for_records(run_dir, n, proc, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        jsonl = run_dir / "trials.jsonl"
+        if jsonl.exists() and len(jsonl.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} records after {timeout} s")
+
+
+def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
+    out, log = tmp_path / "run", tmp_path / "launches.log"
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 10})
+    env = {"FAKE_TRIAL_S": "0.6", "FAKE_LOG": str(log)}
+    first = tune_process(str(path), "--out", str(out), "--budget", "10m", env=env)
+    wait_for_records(out, 5, first)
+    time.sleep(0.3)  # into the next trial
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    before = (out / "trials.jsonl").read_text()
+    finished = [json.loads(line) for line in before.splitlines()]
+    launched_before = launches(log)
+    running = [t.number for t in journal_trials(out / "optuna.journal")
+               if t.state == optuna.trial.TrialState.RUNNING]
+    assert running, "the kill should land during a trial"
+
+    second = tune_process("--resume", "--out", str(out), "--budget", "10m", "--quiet", env=env)
+    assert second.wait(timeout=120) == 0, second.stdout.read()
+    after = (out / "trials.jsonl").read_text()
+    assert after.startswith(before)  # nothing finished is lost or rewritten
+    recs = records(out)
+    ids = Counter(str(r["trial_id"]) for r in recs)
+    assert max(ids.values()) == 1  # nor recorded twice
+    finished_ids = {str(r["trial_id"]) for r in finished}
+    relaunched = [t for t in launches(log)[len(launched_before):] if t in finished_ids]
+    assert relaunched == []  # nor run again
+    assert max(Counter(launches(log)).values()) == 1
+    orphans = [r for r in recs if r["tags"].get("orphan")]
+    assert [r["tags"]["optuna_number"] for r in orphans] == running
+    assert all(r["status"] == "failed" for r in orphans)
+    trials = journal_trials(out / "optuna.journal")
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in trials)
+    assert len(trials) == len(recs)
+    assert [r["tags"]["phase"] for r in recs].count("baseline") == 1
+    info = json.loads((out / "study.json").read_text())
+    assert info["finished_at"] and len(info["sessions"]) == 2
+    assert any(r["tags"]["phase"] == "ablation" for r in recs)
+
+
+def test_two_workers_on_one_storage_duplicate_no_trial(tmp_path):
+    out, log = tmp_path / "run", tmp_path / "launches.log"
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 12})
+    # trials long enough that the helper (a new process importing torch) gets some
+    env = {"FAKE_TRIAL_S": "1.0", "FAKE_LOG": str(log)}
+    proc = tune_process(str(path), "--out", str(out), "--budget", "2m", "--workers", "2",
+                        "--quiet", env=env)
+    assert proc.wait(timeout=150) == 0, proc.stdout.read()
+    recs = records(out)
+    trials = journal_trials(out / "optuna.journal")
+    assert len(trials) == len(recs)
+    assert max(Counter(str(r["trial_id"]) for r in recs).values()) == 1
+    assert sorted(r["tags"]["optuna_number"] for r in recs) == [t.number for t in trials]
+    assert max(Counter(launches(log)).values()) == 1
+    workers = {t.user_attrs["worker"] for t in trials if t.user_attrs.get("phase") != "ablation"}
+    assert len(workers) == 2  # both searched
+    pids = {line.split()[1] for line in log.read_text().splitlines()}
+    assert len(pids) == 2
+
+
+def test_two_tuners_sharing_a_storage_from_separate_folders(tmp_path):
+    """As on two machines: one storage (here a journal file), a run folder each."""
+    journal, log = tmp_path / "shared.journal", tmp_path / "launches.log"
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 8})
+    env = {"FAKE_TRIAL_S": "0.3", "FAKE_LOG": str(log)}
+    procs = [tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "2m",
+                          "--storage", f"journal:{journal}", "--quiet", env=env)
+             for i in range(2)]
+    for p in procs:
+        assert p.wait(timeout=150) == 0, p.stdout.read()
+    recs = records(tmp_path / "node0") + records(tmp_path / "node1")
+    trials = journal_trials(journal)
+    assert sorted(r["tags"]["optuna_number"] for r in recs) == [t.number for t in trials]
+    assert max(Counter(launches(log)).values()) == 1
+    assert [r["tags"]["phase"] for r in recs].count("baseline") == 1
+    ablated_in = {d for d in ("node0", "node1")
+                  if any(r["tags"]["phase"] == "ablation" for r in records(tmp_path / d))}
+    assert len(ablated_in) == 1  # the ablation claim: one of them ablates
+
+
+@pytest.mark.slow
+def test_quickstart_study_on_this_cpu(tmp_path):
+    """The real thing: trials in their own processes. Ends within its budget (+10%),
+    every trial is a record, and the best beats the fp32 baseline."""
+    out, budget = tmp_path / "run", 150
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness", "tune", "studies/quickstart.toml",
+                           "--out", str(out), "--budget", f"{budget}s"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=budget * 2)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert wall <= budget * 1.1, wall
+    recs = records(out)
+    trials = journal_trials(out / "optuna.journal")
+    assert len(recs) == len(trials) >= 4
+    info = json.loads((out / "study.json").read_text())
+    rate = {r["trial_id"]: r["metrics"]["samples_per_s"] for r in recs if r["status"] == "ok"}
+    assert rate[info["best_trial_id"]] > rate[info["baseline_trial_id"]]
+    assert (out / "best.toml").exists() and "x the fp32 baseline" in proc.stdout
+
+
+TWO_NODES = {
+    "name": "two-nodes", "device": "cpu", "global_batch_size": 8, "micro_batch_sizes": [4],
+    "warmup_steps": 1, "steps": 3,
+    "workload": {"name": "gpt", "layers": 2, "heads": 2, "hidden": 32, "seq_len": 16,
+                 "vocab": 64},
+    "layout": {"world_sizes": [2], "nnodes": 2},
+    "budget": {"time": "4m", "n_trials": 2, "ablation_repeats": 0},
+    "strategies": {"ddp": {"search": []}, "fused": {"search": []}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_trials_spanning_two_nodes(tmp_path):
+    """Node 0's tuner and node 1's follower on loopback: each trial one rank per node."""
+    path = write_study(tmp_path, TWO_NODES)
+    storage = f"journal:{tmp_path / 'shared.journal'}"
+    cmd = [sys.executable, "-m", "harness", "tune", str(path), "--storage", storage, "--quiet"]
+    leader = subprocess.Popen(cmd + ["--out", str(tmp_path / "node0"), "--rdzv-host",
+                                     "127.0.0.1"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    follower = subprocess.Popen(cmd + ["--out", str(tmp_path / "node1"), "--follow",
+                                       "--node-rank", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    assert leader.wait(timeout=300) == 0, leader.stdout.read()
+    assert follower.wait(timeout=60) == 0, follower.stdout.read()
+    recs = records(tmp_path / "node0")
+    assert [r["status"] for r in recs] == ["ok", "ok"]
+    for r in recs:
+        assert r["plan"]["layout"]["data"] == 2 and len(r["metrics"]["per_rank"]) == 2
+        assert (tmp_path / "node1" / "trials" / str(r["trial_id"]) / "logs" / "node1").is_dir()

@@ -1,0 +1,159 @@
+"""The tuner's parts, one at a time: Optuna outcomes, calibration, the clock, one
+trial's deadline, the run folder's log."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+import strategies  # noqa: F401  (registers)
+from harness.budget import Clock, fits, launch_timeout, memory_budget_bytes
+from harness.calibration import Calibration
+from harness.result import TrialResult, empty_metrics
+from harness.run_store import RunStore
+from harness.sampling import outcome, redact
+from harness.search_space import SearchSpace
+from harness.study import Study
+from harness.trial_job import StudyRun, run_trial_job
+from tests.tuner import fake_launch
+from tests.tuner.conftest import study_table
+
+GIB = 2**30
+
+
+def record(status, tags=None, peak=None, rate=None, predicted=None):
+    m = empty_metrics()
+    m.update(peak_memory_bytes=peak, samples_per_s=rate)
+    return {"status": status, "tags": tags or {}, "metrics": m,
+            "predicted": {"peak_memory_bytes": predicted} if predicted else None}
+
+
+@pytest.mark.parametrize("rec, state, values, constraints", [
+    (record("ok", peak=GIB, rate=50.0), TrialState.COMPLETE, [50.0], {"memory": -0.5, "runs": 0}),
+    (record("ok", peak=3 * GIB, rate=50.0), TrialState.COMPLETE, [50.0],
+     {"memory": 0.5, "runs": 0}),
+    (record("pruned", {"pruned": "memory"}, predicted=4 * GIB), TrialState.COMPLETE, [0.0],
+     {"memory": 1.0, "runs": 0}),
+    (record("oom"), TrialState.COMPLETE, [0.0], {"memory": 1.0, "runs": 0}),
+    (record("failed"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": 1}),
+    (record("diverged"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": 1}),
+    (record("timeout"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": 1}),
+    (record("pruned", {"pruned": "refused"}), TrialState.COMPLETE, [0.0],
+     {"memory": 0, "runs": 1}),
+    (record("pruned", {"pruned": "slow"}), TrialState.PRUNED, None, {"memory": 0, "runs": 0}),
+    (record("timeout", {"deadline": True}), TrialState.FAIL, None, {}),
+    (record("pruned", {"pruned": "time"}), TrialState.FAIL, None, {}),
+    (record("failed", {"orphan": True}), TrialState.FAIL, None, {}),
+])
+def test_what_optuna_is_told(rec, state, values, constraints):
+    got = outcome(rec, ["throughput"], 2 * GIB)
+    assert got.state == state and got.values == values
+    assert got.constraints == pytest.approx(constraints)
+
+
+def test_two_objectives_worst_values():
+    got = outcome(record("oom", peak=5 * GIB), ["throughput", "memory"], 2 * GIB)
+    assert got.values == [0.0, 5 * GIB] and not got.feasible
+    ok = outcome(record("ok", peak=GIB, rate=9.0), ["throughput", "memory"], 2 * GIB)
+    assert ok.values == [9.0, GIB] and ok.feasible
+
+
+def test_calibration_from_measured_trials():
+    def measured(peak, base, predicted_peak, step, predicted_step, duration):
+        m = empty_metrics()
+        m.update(peak_memory_bytes=peak, step_time_s={"median": step},
+                 memory={"allocated": None, "rss": peak, "rss_base": base})
+        return {"status": "ok", "metrics": m, "duration_s": duration,
+                "plan": {"warmup_steps": 2, "steps": 8},
+                "predicted": {"peak_memory_bytes": predicted_peak,
+                              "step_time_s": predicted_step}}
+
+    cal = Calibration.from_records([
+        measured(500, 300, 100, 0.2, 0.1, 7.0),
+        measured(700, 300, 200, 0.3, 0.1, 8.0),
+        measured(900, 300, 300, 0.4, 0.1, 9.0),
+        record("failed"),
+    ])
+    assert cal.runtime_bytes == 300 and cal.memory_ratio == 2.0
+    assert cal.step_ratio == pytest.approx(3.0)
+    assert cal.overhead_s == pytest.approx(5.0)
+    assert cal.peak_memory({"peak_memory_bytes": 1000}) == 2300
+    assert cal.trial_seconds({"step_time_s": 0.1}, 10, "cpu") == pytest.approx(5 + 10 * 0.3)
+    fresh = Calibration()
+    assert fresh.trial_seconds({"step_time_s": 1.0}, 4, "cpu") == 14.0  # default overhead
+
+
+def test_clock_and_budgets():
+    clock = Clock.start(100.0, 0.2, now=1000.0)
+    assert clock.search_end == 1080.0 and clock.deadline == 1100.0
+    assert clock.left(now=1090.0) == 10.0 and clock.search_left(now=1090.0) == -10.0
+    assert fits(8.0, 10.0) and not fits(9.0, 10.0)  # 25% margin
+    assert launch_timeout(900.0, 12.0) == 12.0 and launch_timeout(60.0, 500.0) == 60.0
+    assert memory_budget_bytes("70GiB", "cpu") == 70 * GIB
+    assert 0 < memory_budget_bytes(0.5, "cpu") < memory_budget_bytes(1.0, "cpu")
+
+
+def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_S", "20")
+    space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
+    plan = space.plan(space.params_for(space.baseline()))
+    store = RunStore(tmp_path / "run")
+    store.create("")
+    run = StudyRun("s", store, 100 * GIB, "cpu", fake_launch.launch)
+    quick = Calibration(overhead_s=0.1)
+    t0 = time.monotonic()
+    result = run_trial_job(run, 0, plan, {"phase": "search"}, quick, time.time() + 3.0)
+    assert time.monotonic() - t0 < 6
+    assert result.status == "timeout" and result.tags["deadline"]
+    assert "deadline" in result.reason
+    assert outcome(result.to_dict(), ["throughput"], GIB).state == TrialState.FAIL
+
+
+def test_a_plan_this_machine_refuses_is_not_launched(tmp_path):
+    from harness.plan import Layout
+
+    space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
+    plan = space.plan(space.params_for(space.baseline()))
+    plan = plan.replace(layout=Layout(data=2))  # data parallel without ddp or zero
+    store = RunStore(tmp_path / "run")
+    store.create("")
+    fake_launch.CALLS.clear()
+    run = StudyRun("s", store, 100 * GIB, "cpu", fake_launch.launch)
+    result = run_trial_job(run, 3, plan, {}, Calibration(), time.time() + 60)
+    assert fake_launch.CALLS == [] and result.status == "pruned"
+    assert result.tags["pruned"] == "refused" and "cannot run here" in result.reason
+    assert outcome(result.to_dict(), ["throughput"], GIB).constraints["runs"] == 1
+
+
+def test_trials_jsonl_lines_never_interleave(tmp_path):
+    """Four processes appending at once: every line whole."""
+    import json
+    import multiprocessing
+
+    store = RunStore(tmp_path)
+    store.create("")
+    procs = [multiprocessing.get_context("fork").Process(target=_append_many,
+                                                         args=(str(tmp_path), w))
+             for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    lines = store.trials_jsonl.read_text().splitlines()
+    assert len(lines) == 4 * 50
+    ids = {json.loads(line)["trial_id"] for line in lines}
+    assert len(ids) == 200
+
+
+def _append_many(root: str, worker: int) -> None:
+    store = RunStore(root)
+    for i in range(50):
+        store.append(TrialResult(study="s", trial_id=f"{worker}-{i}", status="ok", reason=None,
+                                 plan={"x": "y" * 5000}, predicted=None))
+
+
+def test_storage_password_is_redacted():
+    assert redact("postgresql://tuner:s3cret@db:5432/h") == "postgresql://tuner:***@db:5432/h"
+    assert redact("sqlite:///x.db") == "sqlite:///x.db"
