@@ -24,7 +24,10 @@ from pathlib import Path
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
+    """NAME=strategy;strategy adds strategies to the plan; NAME=@other.toml runs that plan."""
     name, _, spec = text.partition("=")
+    if spec.startswith("@"):
+        return name, [spec[1:]]
     flags = []
     for strategy in filter(None, spec.split(";")):
         flags += ["--strategy", strategy]
@@ -32,6 +35,8 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def bench(plan: str, flags: list[str], out: Path) -> dict:
+    if flags and flags[0].endswith(".toml"):  # a variant that is a plan of its own
+        plan, flags = flags[0], flags[1:]
     cmd = [sys.executable, "-m", "harness", "bench", plan, *flags, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
@@ -45,7 +50,7 @@ def mib(n) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("plans", nargs="+")
+    ap.add_argument("plans", nargs="+", help="plan files (each gets every variant)")
     ap.add_argument("--variant", action="append", required=True,
                     help="NAME=strategy[;strategy...], e.g. bf16=amp:dtype=bf16; "
                          "the first is the baseline")
@@ -66,6 +71,8 @@ def main() -> None:
         base = None
         for name, _ in variants:
             recs = runs[name]
+            ranks = recs[0]["plan"]["layout"]
+            world = ranks["data"] * ranks["pipeline"] * ranks["tensor"]
             med = [x["metrics"]["step_time_s"]["median"] for x in recs]
             batch = recs[0]["plan"].get("global_batch_size") or recs[0]["plan"]["micro_batch_size"]
             sps = batch / statistics.median(med)
@@ -75,7 +82,7 @@ def main() -> None:
             mem = m["memory"]
             measured = (mem["allocated"] if mem.get("allocated") is not None
                         else mem["rss"] - mem["rss_base"])
-            print(f"| {Path(plan).stem} | {name} | {sps:.2f} | {sps / base:.2f}x | "
+            print(f"| {Path(plan).stem} | {name} ({world} proc) | {sps:.2f} | {sps / base:.2f}x | "
                   f"±{50 * spread:.0f}% | {100 * m['mfu']:.1f}% | {mib(measured)} | "
                   f"{mib(recs[-1]['predicted']['peak_memory_bytes'])} | "
                   f"{m['loss']['last']:.3f} |")
