@@ -19,17 +19,23 @@ def _children(model: nn.Module):
             yield parent, name, child
 
 
-def swap_layernorm(model: nn.Module, mode: str) -> int:
-    """nn.LayerNorm -> compiled, or our Triton FusedLayerNorm."""
+def _swap_exact(model: nn.Module, cls: type, mode: str, to_triton) -> int:
+    """Every module of exactly `cls` -> compiled in place, or `to_triton(module)`."""
     n = 0
     for parent, name, child in _children(model):
-        if type(child) is nn.LayerNorm:
+        if type(child) is cls:
             if mode == "triton":
-                setattr(parent, name, FusedLayerNorm.from_layernorm(child, impl="triton"))
+                setattr(parent, name, to_triton(child))
             elif mode == "compile":
                 child.compile()
             n += 1
     return n
+
+
+def swap_layernorm(model: nn.Module, mode: str) -> int:
+    """nn.LayerNorm -> compiled, or our Triton FusedLayerNorm."""
+    return _swap_exact(model, nn.LayerNorm, mode,
+                       lambda m: FusedLayerNorm.from_layernorm(m, impl="triton"))
 
 
 def swap_bias_gelu(model: nn.Module, mode: str) -> int:
@@ -53,15 +59,8 @@ def swap_bias_gelu(model: nn.Module, mode: str) -> int:
 
 def swap_cross_entropy(model: nn.Module, mode: str) -> int:
     """nn.CrossEntropyLoss modules -> compiled, or our chunked in-place Triton kernel."""
-    n = 0
-    for parent, name, child in _children(model):
-        if type(child) is nn.CrossEntropyLoss:
-            if mode == "triton":
-                setattr(parent, name, ChunkedCrossEntropy.from_loss(child, impl="triton"))
-            elif mode == "compile":
-                child.compile()
-            n += 1
-    return n
+    return _swap_exact(model, nn.CrossEntropyLoss, mode,
+                       lambda m: ChunkedCrossEntropy.from_loss(m, impl="triton"))
 
 
 SWAPS = {"layernorm": swap_layernorm, "gelu": swap_bias_gelu, "cross_entropy": swap_cross_entropy}
