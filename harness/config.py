@@ -182,3 +182,25 @@ def to_table(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_table(v) for v in obj]
     return obj
+
+
+class TomlFile:
+    """For dataclasses users write as TOML with a [workload] table (plans, studies):
+    the workload's name and arguments share one table, the betas are a list."""
+
+    def to_dict(self) -> dict[str, Any]:
+        table = to_table(self)
+        table.pop("workload_args", None)
+        table["workload"] = {"name": self.workload, **to_table(self.workload_args)}
+        table["optimizer"]["betas"] = list(self.optimizer.betas)
+        return table
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+    def replace(self, **changes: Any):
+        import copy
+
+        return dataclasses.replace(copy.deepcopy(self), **changes)

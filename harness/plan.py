@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import bounded, did_you_mean, from_table, read_toml, to_table
+from harness.config import TomlFile, bounded, did_you_mean, from_table, read_toml, to_table
 from harness.errors import HarnessError
 
 
@@ -68,7 +68,7 @@ class OptimizerSettings:
 
 
 @dataclass
-class Plan:
+class Plan(TomlFile):
     name: str = "plan"
     workload: str = "gpt"
     workload_args: dict[str, Any] = field(default_factory=dict)
@@ -151,17 +151,6 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML form: workload arguments inside [workload]."""
-        table = to_table(self)
-        table.pop("workload_args", None)
-        table["workload"] = {"name": self.workload, **to_table(self.workload_args)}
+        table = super().to_dict()
         table["layout"] = to_table(self.layout)
-        table["optimizer"]["betas"] = list(self.optimizer.betas)
         return table
-
-    def to_toml(self) -> str:
-        import tomli_w
-
-        return tomli_w.dumps(self.to_dict())
-
-    def replace(self, **changes: Any) -> Plan:
-        return dataclasses.replace(copy.deepcopy(self), **changes)

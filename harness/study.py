@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import bounded, did_you_mean, from_table, read_toml, to_table
+from harness.config import TomlFile, bounded, did_you_mean, from_table, read_toml
 from harness.errors import HarnessError
 from harness.plan import Layout, OptimizerSettings
 from harness.units import parse_bytes, parse_duration
@@ -161,7 +161,7 @@ class StrategySpec:
 
 
 @dataclass
-class Study:
+class Study(TomlFile):
     name: str
     workload: str = "gpt"
     workload_args: dict[str, Any] = field(default_factory=dict)
@@ -243,17 +243,3 @@ class Study:
     def from_toml(cls, path: str | Path) -> Study:
         return cls.from_dict(read_toml(path), where=str(path))
 
-    def to_dict(self) -> dict[str, Any]:
-        table = to_table(self)
-        table.pop("workload_args", None)
-        table["workload"] = {"name": self.workload, **to_table(self.workload_args)}
-        table["optimizer"]["betas"] = list(self.optimizer.betas)
-        return table
-
-    def to_toml(self) -> str:
-        import tomli_w
-
-        return tomli_w.dumps(self.to_dict())
-
-    def replace(self, **changes: Any) -> Study:
-        return dataclasses.replace(copy.deepcopy(self), **changes)
