@@ -12,13 +12,10 @@ repeats of one configuration is tens of percent, so only a clear loss is cut.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.step_log import read_steps
-
-HEARTBEAT_S = 30.0
 
 
 class SlowTrialStop:
@@ -30,7 +27,6 @@ class SlowTrialStop:
         slower_than: float,
         min_steps: int,
         report: Callable[[float, int], None] | None = None,
-        heartbeat: Callable[[], None] | None = None,
         on_step: Callable[[int], None] | None = None,
     ):
         self.steps_file = steps_file
@@ -39,15 +35,10 @@ class SlowTrialStop:
         self.slower_than = slower_than
         self.min_steps = min_steps
         self.report = report
-        self.heartbeat = heartbeat
         self.on_step = on_step
         self.seen = 0
-        self._beat = time.monotonic()
 
     def __call__(self) -> str | None:
-        if self.heartbeat is not None and time.monotonic() - self._beat > HEARTBEAT_S:
-            self.heartbeat()
-            self._beat = time.monotonic()
         times = read_steps(self.steps_file)
         if len(times) == self.seen:
             return None

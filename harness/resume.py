@@ -1,68 +1,148 @@
-"""Resuming a study whose tuner stopped: what it left RUNNING in Optuna is settled.
+"""Trials whose worker died: what a stopped tuner left RUNNING in Optuna is settled.
 
-A trial whose owner (another worker, harness.workers.Worker) still runs is left
-alone. Otherwise, in the order the tuner writes them:
+`recover` runs when a tuner starts (--resume) and before each trial it asks for.
+A RUNNING trial whose owner (harness.workers.Worker) still runs, or runs on
+another host, is left alone. Otherwise, in the order the tuner writes them:
 
     the record is in trials.jsonl       Optuna is told what it says
     only the trial's result.json        the record is appended, then Optuna told
-    neither                             a `failed` record (tag "orphan"), and
-                                        Optuna's trial FAIL: it is not re-run
+    neither                             a `failed` record (tag "orphan"), Optuna's
+                                        trial FAIL, and the configuration queued
+                                        to run again (storage.retries times)
+
+On an RDB storage a worker on another host is known dead by its silence: Optuna
+fails a trial without a heartbeat for storage.grace, and `StaleTrials` (the
+storage's stale-trial callback, in whichever worker noticed) writes the failed
+record and queues the retry the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import TYPE_CHECKING
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from harness.result import TrialResult, read_result
 from harness.sampling import outcome, tell
+from harness.storage import fail_stale_trials
 from harness.trial_job import StudyRun, command_for
 from harness.workers import Worker
 
 if TYPE_CHECKING:
     from harness.tuner import Tuner
 
+UNTAGGED_GRACE_S = 300  # a RUNNING trial without a worker tag this old was abandoned
 
-def recover(tuner: Tuner) -> list[str]:
-    """Settle the trials a stopped tuner left RUNNING; returns what was done, in words."""
+
+def recover(tuner: Tuner, *, at_start: bool = True) -> list[str]:
+    """Settle the trials dead workers left RUNNING; returns what was done, in words.
+    Workers sharing the run folder take turns (a lock), and each trial is claimed in
+    the storage first, so a trial is settled, recorded and retried once."""
+    running = [t for t in tuner.optuna_study.get_trials(deepcopy=False,
+                                                        states=(TrialState.RUNNING,))
+               if _abandoned(t, at_start)]
+    if not running:
+        return []
     notes = []
-    records = {str(r.get("trial_id")): r for r in tuner.run.store.records()}
-    for t in tuner.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = Worker.parse(t.user_attrs.get("worker"))
-        if owner is not None and owner.alive():
-            continue  # another worker is running it
-        tid = t.user_attrs.get("trial_id", t.number)
-        record = records.get(str(tid))
-        path = tuner.run.store.trial_dir(tid) / "result.json"
-        if record is None and path.exists():
-            found = read_result(path)
-            found.tags = {**found.tags, "phase": t.user_attrs.get("phase", "search"),
-                          "optuna_number": t.number}
-            tuner.run.store.append(found)
-            record = found.to_dict()
-            notes.append(f"trial {tid}: finished before the tuner stopped; recorded")
-        if record is None:
-            result = _orphan(tuner.run, t, owner)
-            tuner.run.store.append(result)
-            record = result.to_dict()
-            notes.append(f"trial {tid}: its tuner stopped while it ran; marked failed")
-        trial = optuna.Trial(tuner.optuna_study, t._trial_id)
-        tell(tuner.optuna_study, trial, outcome(record, tuner.study.objectives,
-                                               tuner.run.budget_bytes))
-        tuner.remember(record)
+    with tuner.run.store.locked("settle"):
+        records = {str(r.get("trial_id")): r for r in tuner.run.store.records()}
+        for t in running:
+            note = _settle_one(tuner, t, records)
+            if note:
+                notes.append(note)
     return notes
 
 
-def _orphan(run: StudyRun, t: optuna.trial.FrozenTrial, owner: Worker | None) -> TrialResult:
+def _abandoned(t: optuna.trial.FrozenTrial, at_start: bool) -> bool:
+    owner = Worker.parse(t.user_attrs.get("worker"))
+    if owner is not None:
+        return not owner.alive()
+    # No owner yet: killed between ask and tagging, or a worker that has just asked.
+    age = time.time() - t.datetime_start.timestamp() if t.datetime_start else 0.0
+    return at_start or age > UNTAGGED_GRACE_S
+
+
+def _settle_one(tuner: Tuner, t: optuna.trial.FrozenTrial, records: dict) -> str | None:
+    study, store = tuner.optuna_study, tuner.run.store
+    tid = t.user_attrs.get("trial_id", t.number)
+    record, note = records.get(str(tid)), None
+    path = store.trial_dir(tid) / "result.json"
+    if record is None and path.exists():
+        found = read_result(path)
+        found.tags = {**found.tags, "phase": t.user_attrs.get("phase", "search"),
+                      "optuna_number": t.number}
+        store.append(found)
+        record, note = found.to_dict(), f"trial {tid}: finished before its tuner stopped; recorded"
+    if record is not None:
+        with contextlib.suppress(UpdateFinishedTrialError):  # another worker told it
+            tell(study, optuna.Trial(study, t._trial_id),
+                 outcome(record, tuner.study.objectives, tuner.run.budget_bytes))
+        tuner.remember(record)
+        return note
+    try:  # claim it: of several workers noticing, one sets FAIL
+        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return None
+    retried = _retry(study, t, tuner.study.storage.retries)
+    owner = Worker.parse(t.user_attrs.get("worker"))
+    who = f" ({owner.describe()})" if owner else ""
+    store.append(_orphan(tuner.run, t, f"the tuner running this trial{who} stopped before it "
+                                       f"ended; {_retry_words(retried)}"))
+    return f"trial {tid}: its tuner stopped while it ran; marked failed, {_retry_words(retried)}"
+
+
+def settle(tuner: Tuner) -> list[str]:
+    """Before each trial: fail (and retry) the trials of workers that died."""
+    fail_stale_trials(tuner.optuna_study)  # RDB heartbeats: calls StaleTrials
+    return recover(tuner, at_start=False)
+
+
+class StaleTrials:
+    """The storage's stale-trial callback: Optuna has failed `trial` (no heartbeat for
+    storage.grace); record it as failed and queue its configuration again."""
+
+    def __init__(self, tuner: Tuner):
+        self.tuner = tuner
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        retried = _retry(study, trial, self.tuner.study.storage.retries)
+        owner = Worker.parse(trial.user_attrs.get("worker"))
+        who = f" ({owner.describe()})" if owner else ""
+        grace = self.tuner.study.storage.grace
+        result = _orphan(self.tuner.run, trial, f"the worker running this trial{who} sent no "
+                                                f"heartbeat for {grace}; {_retry_words(retried)}")
+        result.tags["stale"] = True
+        self.tuner.run.store.append(result)
+        self.tuner.on_event("note", {"text": f"trial {result.trial_id}: its worker{who} went "
+                                             f"silent; marked failed, {_retry_words(retried)}"})
+
+
+def _retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, retries: int) -> bool:
+    """Queue the failed trial's configuration again, unless it was retried `retries`
+    times already (Optuna's RetryFailedTrialCallback keeps the history)."""
+    from optuna.storages import RetryFailedTrialCallback
+
+    if not trial.params or trial.user_attrs.get("phase") == "ablation":
+        return False
+    before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    RetryFailedTrialCallback(max_retry=retries)(study, trial)
+    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) > before
+
+
+def _retry_words(retried: bool) -> str:
+    return "queued to run again" if retried else "not run again (retries spent)"
+
+
+def _orphan(run: StudyRun, t: optuna.trial.FrozenTrial, reason: str) -> TrialResult:
     from harness.result import empty_metrics
 
     tid = t.user_attrs.get("trial_id", t.number)
-    who = f" ({owner.describe()})" if owner else ""
     return TrialResult(
-        study=run.name, trial_id=tid, status="failed",
-        reason=f"the tuner running this trial{who} stopped before it ended; not re-run",
+        study=run.name, trial_id=tid, status="failed", reason=reason,
         plan=t.user_attrs.get("plan") or {}, predicted=None, metrics=empty_metrics(),
         command=command_for(run.store, tid),
         started_at=t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else "",

@@ -51,9 +51,12 @@ class RunStore:
         return self.trials_dir / str(trial_id)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, name: str = "") -> Iterator[None]:
+        """An exclusive lock among processes on this folder; `name` picks one of several
+        (one process must not take the same lock twice: flock would wait on itself)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self._lock_file, "a") as f:
+        path = self._lock_file.with_name(f".{name}.lock") if name else self._lock_file
+        with open(path, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 yield

@@ -1,4 +1,4 @@
-"""What Optuna is told: storage, sampler, and each record's state, values and constraints.
+"""What Optuna is told: the sampler, and each record's state, values and constraints.
 
 Every finished trial gets two constraints (Optuna 5's `Trial.set_constraint`;
 > 0 is violated, and TPE and NSGA-II read them from every COMPLETE or PRUNED trial):
@@ -18,16 +18,13 @@ early for being slow is PRUNED with its step throughputs as intermediate values.
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from harness.errors import HarnessError
 from harness.study import Study
 
 # tags["pruned"]: why a `pruned` record was not measured to the end
@@ -97,7 +94,7 @@ def frozen(result: Outcome, params: dict, distributions: dict,
     )
 
 
-# --- samplers and storage ------------------------------------------------------
+# --- samplers ------------------------------------------------------
 def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSampler:
     kind = study.sampler
     if kind == "auto":
@@ -114,43 +111,3 @@ def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSa
             size = 20 if space_size is None else max(4, min(50, space_size // 4))
             return optuna.samplers.NSGAIISampler(seed=study.seed, population_size=size)
     return optuna.samplers.RandomSampler(seed=study.seed)  # random, and grid's leftovers
-
-
-def make_storage(url: str | None, run_dir: Path) -> optuna.storages.BaseStorage:
-    """The default: a journal file in the run folder (safe for several local
-    workers; SQLite would lock). An RDB URL (postgresql://...) for a cluster."""
-    from optuna.storages import JournalStorage, RDBStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    if url is None or url.startswith("journal:") or url.endswith(".journal"):
-        path = Path(url.removeprefix("journal:")) if url else run_dir / "optuna.journal"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith("redis://"):
-        from optuna.storages.journal import JournalRedisBackend
-
-        return JournalStorage(JournalRedisBackend(url))
-    if "://" not in url:
-        raise HarnessError(f"--storage {url!r}: give an RDB URL (postgresql://user@host/db, "
-                           "sqlite:///file.db), redis://..., or journal:PATH")
-    try:
-        return RDBStorage(url, heartbeat_interval=60, grace_period=180)
-    except Exception as e:  # a driver missing, a server not there: the user's to fix
-        raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0][:200]})") from None
-
-
-def describe_storage(url: str | None, run_dir: Path) -> str:
-    return redact(url) if url else f"journal:{run_dir / 'optuna.journal'}"
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced by ***."""
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
-
-
-def heartbeat(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Tell an RDB storage (with heartbeats on) that `trial` is still running."""
-    storage = study._storage
-    if isinstance(storage, optuna.storages.RDBStorage) and storage.is_heartbeat_enabled():
-        storage.record_heartbeat(trial._trial_id)

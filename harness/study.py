@@ -16,6 +16,8 @@ checked whole before anything runs; a mistake is a HarnessError naming the key:
     time = "3m"
     [strategies.fused]
     search = ["attention", "optimizer"]
+    [storage]                          # workers on an RDB storage (harness.storage)
+    heartbeat = "60s"
 
 Checks that need the registry and this machine (strategy names and settings,
 what the layouts need) are in harness.study_checks.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +35,7 @@ from typing import Any, Literal
 from harness.config import TomlFile, bounded, did_you_mean, from_table, read_toml
 from harness.errors import HarnessError
 from harness.plan import Layout, OptimizerSettings
+from harness.storage import StorageSpec
 from harness.units import parse_bytes, parse_duration
 
 OBJECTIVES = {"throughput": "maximize", "memory": "minimize"}
@@ -134,9 +138,9 @@ def memory_spec(value: str | float, what: str = "memory budget") -> tuple[str, f
             if n <= 0:
                 raise HarnessError(f"{what} {value!r}: must be above 0") from None
             return "bytes", float(n)
-    if number <= 0:
-        raise HarnessError(f"{what} {value!r}: must be above 0 (a size such as 70GiB, or a "
-                           "fraction of the device's memory such as 0.9)")
+    if not 0 < number < math.inf:
+        raise HarnessError(f"{what} {value!r}: must be finite and above 0 (a size such as "
+                           "70GiB, or a fraction of the device's memory such as 0.9)")
     return ("fraction", number) if number <= 1 else ("bytes", number)
 
 
@@ -168,7 +172,7 @@ class Study(TomlFile):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     objective: str | list[str] = "throughput"
     sampler: Literal["auto", "tpe", "nsga2", "random", "grid"] = "auto"
-    seed: int = bounded(0, 0, 2**63 - 1)
+    seed: int = bounded(0, 0, 2**32 - 1)  # Optuna's samplers seed numpy with it
     global_batch_size: int = bounded(8, 1, 2**30)
     micro_batch_sizes: list[int] | MicroRange = field(default_factory=lambda: [1, 2, 4, 8])
     warmup_steps: int = bounded(3, 0, 10**6)
@@ -176,6 +180,7 @@ class Study(TomlFile):
     layout: LayoutSpec = field(default_factory=LayoutSpec)
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     pruning: PruningSpec = field(default_factory=PruningSpec)
+    storage: StorageSpec = field(default_factory=StorageSpec)  # workers sharing an RDB
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     strategies: dict[str, StrategySpec] = field(default_factory=dict)
     known_good: dict[str, Any] | None = None  # micro_batch_size, layout, strategies

@@ -23,7 +23,8 @@ from harness.budget import Clock
 from harness.errors import HarnessError
 from harness.progress import Progress
 from harness.run_store import RunStore, write_atomic
-from harness.sampling import describe_storage, make_sampler, make_storage
+from harness.sampling import make_sampler
+from harness.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
 from harness.trial_job import StudyRun
 from harness.tune_cli import Setup
 from harness.tune_summary import ablation_table, now, status_counts, table, write_best
@@ -32,18 +33,22 @@ from harness.workers import Worker, spawn_helpers, wait_for
 
 
 def run_session(args: argparse.Namespace, setup: Setup) -> int:
+    import os
+
+    args.storage = args.storage or os.environ.get(STORAGE_ENV)
     if args.follow:
         return _run_follower(args, setup)
     study, store = setup.study, RunStore(setup.run_dir)
     main = not args.helper
     remote = args.storage and not args.storage.startswith("journal:")
-    storage = make_storage(args.storage, store.root) if remote else None  # fails before mkdir
+    spec = study.storage
+    storage = make_storage(args.storage, store.root, spec) if remote else None  # before mkdir
     if main:
         if not store.exists():
             store.create(study.to_toml())
         else:
             write_atomic(store.study_toml, study.to_toml())
-    storage = storage or make_storage(args.storage, store.root)
+    storage = storage or make_storage(args.storage, store.root, spec)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     size = setup.space.size()
     ostudy, created = _open(storage, study, make_sampler(study, size))
@@ -62,6 +67,10 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
         run.nodes = Announcer(ostudy, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
     tuner = Tuner(study, setup.space, ostudy, run, clock)
+    if hasattr(storage, "on_stale"):  # RDB: record and retry what dead workers left
+        from harness.resume import StaleTrials
+
+        storage.on_stale = StaleTrials(tuner)
     if main:
         _started(store, setup, clock, args.storage)
 
@@ -71,9 +80,15 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
     try:
         with Progress(study.name, clock, quiet=args.quiet, store=store) as progress:
             tuner.on_event = progress.event
-            helpers = _search(args, setup, tuner, store, clock, progress, outcome)
-            if main:
-                outcome["ablation"] = _ablation(args, ostudy, tuner, progress)
+            if hasattr(storage, "say") and not args.quiet:  # quiet: stderr still says
+                storage.say = progress.line
+            try:
+                helpers = _search(args, setup, tuner, store, clock, progress, outcome)
+                if main:
+                    outcome["ablation"] = _ablation(args, ostudy, tuner, progress)
+            except StorageUnreachable as e:
+                outcome["stopped"], outcome["ablation"] = str(e), "not run"
+                raise
     finally:  # also on Ctrl-C: helpers stopped, followers released, the study's files
         for p in helpers:
             if p.poll() is None:
@@ -93,8 +108,10 @@ def _search(args: argparse.Namespace, setup: Setup, tuner: Tuner, store: RunStor
         progress.line(note)
     helpers = []
     if len(setup.groups) > 1:
+        # The storage URL goes through the environment: a password in argv shows in `ps`.
+        env = {STORAGE_ENV: args.storage} if args.storage else {}
         helpers = spawn_helpers(_helper_argv(args, store, clock, setup), setup.groups,
-                                store.root / "workers")
+                                store.root / "workers", env)
         progress.line(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
     _use_devices(setup.groups[0])
     try:
@@ -124,7 +141,7 @@ def _run_follower(args: argparse.Namespace, setup: Setup) -> int:
     from harness.follower import follow
 
     study, store = setup.study, RunStore(setup.run_dir)
-    storage = make_storage(args.storage, store.root)
+    storage = make_storage(args.storage, store.root, study.storage)
     store.root.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     clock = Clock.start(study.budget.time_s, 0.0, setup.started)
@@ -189,7 +206,6 @@ def _helper_argv(args: argparse.Namespace, store: RunStore, clock: Clock,
     argv = [str(store.study_toml), "--out", str(store.root), "--helper",
             "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
             "--memory-budget", str(setup.budget_bytes)]
-    argv += ["--storage", args.storage] if args.storage else []
     return argv + (["--launcher", args.launcher] if args.launcher else [])
 
 
@@ -211,7 +227,10 @@ def _started(store: RunStore, setup: Setup, clock: Clock, storage: str | None) -
 def _finish(store: RunStore, tuner: Tuner, setup: Setup, clock: Clock, stopped: str) -> bool:
     """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
     records = store.records()
-    best = tuner.best_trial()
+    try:
+        best = tuner.best_trial()
+    except StorageUnreachable:
+        best = None  # the records are all there is; --resume finishes the study
     best_id = best.user_attrs.get("trial_id", best.number) if best else None
     baseline = next((r for r in records if (r.get("tags") or {}).get("phase") == "baseline"),
                     None)

@@ -11,7 +11,9 @@ Optuna is driven through ask/tell so that the harness decides what is launched,
 when a trial is stopped, and which state each trial gets (harness.sampling).
 A record is appended to trials.jsonl before Optuna is told, so a tuner killed
 between the two loses nothing: `recover` (on --resume) tells Optuna what the
-record says, and marks trials whose tuner died mid-trial as failed.
+record says, and marks trials whose tuner died mid-trial as failed. Before each
+trial, `settle` does the same for workers that died meanwhile (on an RDB
+storage, those that stopped sending heartbeats), and queues their trials again.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from harness.budget import Clock
 from harness.calibration import Calibration
 from harness.plan import Plan
 from harness.result import TrialResult
-from harness.sampling import PRUNED_SLOW, PRUNED_TIME, heartbeat, outcome, tell
+from harness.sampling import PRUNED_SLOW, PRUNED_TIME, outcome, tell
 from harness.search_space import SearchSpace, config_key
+from harness.storage import Heartbeat
 from harness.study import Study
 from harness.trial_job import StudyRun, command_for, run_trial_job
 from harness.workers import Worker
@@ -71,6 +74,8 @@ class Tuner:
             if streak >= DUPLICATE_LIMIT:
                 return (f"converged: the sampler proposed {streak} configurations in a row "
                         "that were already measured")
+            for note in self.settle():
+                self.on_event("note", {"text": note})
             trial = self.optuna_study.ask()
             result, duplicate = self._search_trial(trial)
             streak = streak + 1 if duplicate else 0
@@ -86,6 +91,9 @@ class Tuner:
         trial.set_user_attr("worker", self.me.tag)
         plan = self.space.suggest(trial)
         tags = {"phase": phase, "optuna_number": trial.number}
+        retry_of = self._retry_of(trial)
+        if retry_of is not None:
+            tags["retry_of"] = retry_of
         key = _resolved_key(plan)
         original = self.measured.get(key) if phase == "search" else None
         self.on_event("start", {"trial_id": trial.number, "plan": plan.to_dict(),
@@ -99,8 +107,9 @@ class Tuner:
             result.write(folder / "result.json")
         else:
             stop = self._slow_stop(trial, plan) if phase == "search" else None
-            result = run_trial_job(self.run, trial.number, plan, tags, self.calibration(),
-                                   self.clock.deadline, should_stop=stop)
+            with Heartbeat(self.optuna_study, trial._trial_id):  # RDB storages: I am alive
+                result = run_trial_job(self.run, trial.number, plan, tags, self.calibration(),
+                                       self.clock.deadline, should_stop=stop)
         self._finish(trial, result)
         return result, original is not None
 
@@ -113,9 +122,13 @@ class Tuner:
             folder / "steps.log", plan.batch_size, self.best_throughput(),
             self.study.pruning.slower_than if single else 0.0, self.study.pruning.min_steps,
             report=trial.report if single else None,
-            heartbeat=lambda: heartbeat(self.optuna_study, trial),
             on_step=lambda n: self.on_event("step", {"trial_id": trial.number, "steps": n}),
         )
+
+    def _retry_of(self, trial: optuna.Trial) -> Any:
+        """The trial number this one runs again (a dead worker's), if it is a retry."""
+        attrs = self.optuna_study._storage.get_trial_system_attrs(trial._trial_id)
+        return attrs.get("failed_trial")
 
     def _finish(self, trial: optuna.Trial, result: TrialResult) -> None:
         self.run.store.append(result)  # first the record, then Optuna (see recover)
@@ -168,7 +181,9 @@ class Tuner:
                 if t.user_attrs.get("phase", "search") in REFERENCE_PHASES]
 
     def n_reference_trials(self) -> int:
-        return sum(t.state != TrialState.WAITING for t in self.reference_trials())
+        """Trials towards budget.n_trials: a dead worker's trial counts, its retry not."""
+        return sum(t.state != TrialState.WAITING and "failed_trial" not in t.system_attrs
+                   for t in self.reference_trials())
 
     def best_trial(self) -> optuna.trial.FrozenTrial | None:
         """The feasible trial with the highest throughput (on a Pareto front too)."""
@@ -199,6 +214,12 @@ class Tuner:
         from harness.resume import recover
 
         return recover(self)
+
+    def settle(self) -> list[str]:
+        """Fail and retry the trials of workers that died meanwhile (harness.resume)."""
+        from harness.resume import settle
+
+        return settle(self)
 
 
 def _resolved_key(plan) -> str:

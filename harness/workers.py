@@ -24,6 +24,8 @@ import psutil
 
 from harness.errors import HarnessError
 
+WORKER_HOST_ENV = "HARNESS_WORKER_HOST"
+
 
 @dataclass(frozen=True)
 class Worker:
@@ -33,7 +35,7 @@ class Worker:
 
     @classmethod
     def this(cls) -> Worker:
-        return cls(socket.gethostname(), os.getpid(), psutil.Process().create_time())
+        return cls(host_name(), os.getpid(), psutil.Process().create_time())
 
     @property
     def tag(self) -> str:
@@ -50,15 +52,24 @@ class Worker:
     def alive(self) -> bool:
         """Whether this worker still runs; a worker on another host is taken to (an
         RDB storage's heartbeat fails its trials when it is gone)."""
-        if self.host != socket.gethostname():
+        if self.host != host_name():
             return True
         try:
-            return abs(psutil.Process(self.pid).create_time() - self.created) < 0.05
+            proc = psutil.Process(self.pid)
+            same = abs(proc.create_time() - self.created) < 0.05
+            return same and proc.status() != psutil.STATUS_ZOMBIE  # killed, not yet reaped
         except psutil.Error:
             return False
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"
+
+
+def host_name() -> str:
+    """This machine's name in the storage: $HARNESS_WORKER_HOST, else the host name. Set
+    it where machines share a host name (containers), so one never judges another's
+    process ids as its own."""
+    return os.environ.get(WORKER_HOST_ENV) or socket.gethostname()
 
 
 def device_groups(n_workers: int, world_size: int) -> list[str | None]:
@@ -77,12 +88,13 @@ def device_groups(n_workers: int, world_size: int) -> list[str | None]:
     return [",".join(ids[i * per:(i + 1) * per]) for i in range(n_workers)]
 
 
-def spawn_helpers(argv: list[str], groups: list[str | None], logs: Path) -> list[subprocess.Popen]:
+def spawn_helpers(argv: list[str], groups: list[str | None], logs: Path,
+                  extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """Start helper i (1..N-1) as `python -m harness tune ARGV`, logging to logs/."""
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for i, group in enumerate(groups[1:], start=1):
-        env = dict(os.environ)
+        env = {**os.environ, **(extra_env or {})}
         if group is not None:
             env["CUDA_VISIBLE_DEVICES"] = group
         log = open(logs / f"helper-{i}.log", "ab")  # noqa: SIM115 (closed when it ends)

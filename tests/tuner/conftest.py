@@ -59,6 +59,15 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
             if line.strip()]
 
 
+def same_configuration(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two records' plans are one configuration (names and filled-in defaults aside)."""
+    from harness.plan import Plan
+    from harness.search_space import config_key
+    from strategies import resolved
+
+    return config_key(resolved(Plan.from_dict(a))) == config_key(resolved(Plan.from_dict(b)))
+
+
 @pytest.fixture
 def launched():
     """What the fake launcher launched during the test."""

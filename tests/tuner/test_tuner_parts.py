@@ -13,8 +13,9 @@ from harness.budget import Clock, fits, launch_timeout, memory_budget_bytes
 from harness.calibration import Calibration
 from harness.result import TrialResult, empty_metrics
 from harness.run_store import RunStore
-from harness.sampling import outcome, redact
+from harness.sampling import outcome
 from harness.search_space import SearchSpace
+from harness.storage import redact
 from harness.study import Study
 from harness.trial_job import StudyRun, run_trial_job
 from tests.tuner import fake_launch

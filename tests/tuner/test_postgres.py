@@ -1,0 +1,170 @@
+"""Studies shared on a real PostgreSQL server (tests/pg_server.py): several workers,
+a worker killed mid-trial, the database restarted or gone, passwords kept out of
+every file. Trials use the fake launcher (tests/tuner/fake_launch.py), so what is
+tested is the tuner and the storage, in seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.pg_server import PASSWORD, postgres  # noqa: F401  (the fixture)
+from tests.tuner.conftest import records, same_configuration, tune_process, write_study
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+FAST_HEARTBEAT = {"heartbeat": "1s", "grace": "3s"}
+
+
+def storage_trials(url: str, name: str = "quickstart") -> list[optuna.trial.FrozenTrial]:
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    finally:
+        storage.engine.dispose()
+
+
+def launches(log) -> list[tuple[str, str]]:
+    return [tuple(line.split()[:2]) for line in log.read_text().splitlines()] \
+        if log.exists() else []
+
+
+def wait_until(condition, proc, timeout=90, what="the condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = condition()
+        if found:
+            return found
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def finish(proc, timeout=180) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def assert_every_trial_recorded_once(out, url) -> list[dict]:
+    recs = records(out)
+    trials = [t for t in storage_trials(url) if t.state != TrialState.WAITING]
+    assert max(Counter(str(r["trial_id"]) for r in recs).values()) == 1  # none twice
+    assert sorted(r["tags"]["optuna_number"] for r in recs) == sorted(t.number for t in trials)
+    assert all(t.state != TrialState.RUNNING for t in trials)
+    return recs
+
+
+def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):  # noqa: F811
+    """Three `harness tune` processes as on three machines (a run folder and a host name
+    each, one database); one is killed mid-trial: another notices its silence, records
+    the trial failed and runs it again."""
+    log = tmp_path / "launches.log"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 12},
+                       storage=FAST_HEARTBEAT)
+
+    def worker(i):
+        return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "3m",
+                            "--storage", postgres.url, "--quiet",
+                            env={"FAKE_TRIAL_S": "2.0", "FAKE_LOG": str(log),
+                                 "HARNESS_WORKER_HOST": f"node{i}"})
+
+    first = worker(0)
+    wait_until(lambda: launches(log), first, what="the first trial")  # the study exists
+    others = [worker(1), worker(2)]
+    victim = others[0]
+    wait_until(lambda: str(victim.pid) in {pid for _, pid in launches(log)}, victim,
+               what="node1 starting a trial")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    running = [t.number for t in storage_trials(postgres.url) if t.state == TrialState.RUNNING
+               and t.user_attrs.get("worker", "").startswith("node1|")]
+    assert len(running) == 1, "the kill should land during one of node1's trials"
+    for proc in (first, others[1]):
+        text = finish(proc)
+        assert proc.returncode == 0, text
+
+    recs = [r for i in range(3) for r in records(tmp_path / f"node{i}")]
+    trials = [t for t in storage_trials(postgres.url) if t.state != TrialState.WAITING]
+    assert max(Counter(r["tags"]["optuna_number"] for r in recs).values()) == 1  # none twice
+    assert sorted(r["tags"]["optuna_number"] for r in recs) == sorted(t.number for t in trials)
+    assert all(t.state != TrialState.RUNNING for t in trials)
+    dead = next(r for r in recs if r["tags"]["optuna_number"] == running[0])
+    assert dead["status"] == "failed" and dead["tags"]["stale"], dead
+    assert "no heartbeat for 3s" in dead["reason"] and "queued to run again" in dead["reason"]
+    retried = [r for r in recs if r["tags"].get("retry_of") == running[0]]
+    assert len(retried) == 1 and retried[0]["status"] == "ok", retried  # once, by another
+    assert same_configuration(retried[0]["plan"], dead["plan"])
+    ran = launches(log)
+    assert max(Counter(t for t, _ in ran).values()) == 1  # no trial launched twice
+    assert len({pid for _, pid in ran}) == 3  # all three workers ran trials
+
+
+@pytest.mark.parametrize("down_s", [3])
+def test_chaos_postgres_restarted_mid_study_loses_nothing(tmp_path, postgres, down_s):  # noqa: F811
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 8},
+                       storage=FAST_HEARTBEAT)
+    proc = tune_process(str(path), "--out", str(out), "--budget", "3m",
+                        "--storage", postgres.url, env={"FAKE_TRIAL_S": "0.5"})
+    wait_until(lambda: len(records(out)) >= 3 if (out / "trials.jsonl").exists() else 0,
+               proc, what="three records")
+    postgres.stop("fast")
+    time.sleep(down_s)
+    postgres.start()
+    text = finish(proc)
+    assert proc.returncode == 0, text
+    assert "unreachable" in text and "reachable again" in text, text
+    recs = assert_every_trial_recorded_once(out, postgres.url)
+    assert len(recs) >= 8
+    assert PASSWORD not in text
+
+
+def test_chaos_postgres_gone_too_long_stops_clearly_then_resumes(tmp_path, postgres):  # noqa: F811
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 6},
+                       storage={**FAST_HEARTBEAT, "patience": "4s"})
+    env = {"FAKE_TRIAL_S": "0.5"}
+    proc = tune_process(str(path), "--out", str(out), "--budget", "3m", "--storage",
+                        postgres.url, env=env)
+    wait_until(lambda: len(records(out)) >= 2 if (out / "trials.jsonl").exists() else 0,
+               proc, what="two records")
+    postgres.stop("fast")
+    text = finish(proc, timeout=120)
+    assert proc.returncode == 3, text
+    last = text.strip().splitlines()[-1]
+    assert "unreachable for" in last and "--resume" in last, text
+    assert PASSWORD not in text
+    before = (out / "trials.jsonl").read_text()
+
+    postgres.start()
+    again = tune_process("--resume", "--out", str(out), "--budget", "3m", "--storage",
+                         postgres.url, "--quiet", env=env)
+    text = finish(again)
+    assert again.returncode == 0, text
+    assert (out / "trials.jsonl").read_text().startswith(before)  # nothing lost or rewritten
+    assert_every_trial_recorded_once(out, postgres.url)
+
+
+def test_postgres_password_is_in_no_file_the_study_writes(tmp_path, postgres):  # noqa: F811
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 5})
+    proc = tune_process(str(path), "--out", str(out), "--budget", "2m", "--workers", "2",
+                        "--storage", postgres.url, env={"FAKE_TRIAL_S": "0.2"})
+    text = finish(proc)
+    assert proc.returncode == 0, text
+    report = subprocess.run([sys.executable, "-m", "harness", "report", str(out), "--csv",
+                             "--json"], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert PASSWORD not in text + report.stdout + report.stderr
+    written = [p for p in out.rglob("*") if p.is_file()]  # report.html, .csv, .json too
+    assert len(written) > 10
+    for p in written:
+        assert PASSWORD.encode() not in p.read_bytes(), f"the password is in {p}"
+    assert "tuner:***@" in (out / "study.json").read_text()
