@@ -25,7 +25,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.errors import HarnessError
 from harness.result import TrialResult
+
+
+class RunFolderUnwritable(HarnessError):
+    """The run folder stopped taking writes (disk full, permissions, removed)."""
+
+    exit_code = 3
+
+    def __init__(self, store: RunStore, error: OSError):
+        super().__init__(
+            f"cannot write {error.filename} ({error.strerror or error}): the study stops. "
+            f"Every finished trial is in {store.trials_jsonl} and the storage; free space "
+            f"or fix permissions, then `harness tune --resume --out {store.root}`")
 
 
 class RunStore:
@@ -46,6 +59,15 @@ class RunStore:
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.study_toml, study_toml)
         self.trials_jsonl.touch()
+
+    def holds(self, path: str | os.PathLike | None) -> bool:
+        """Whether `path` is inside this run folder."""
+        if path is None:
+            return False
+        try:
+            return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(self.root))
+        except (TypeError, ValueError):
+            return False
 
     def trial_dir(self, trial_id: int | str) -> Path:
         return self.trials_dir / str(trial_id)

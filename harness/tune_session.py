@@ -22,7 +22,7 @@ from harness import __version__
 from harness.budget import Clock
 from harness.errors import HarnessError
 from harness.progress import Progress
-from harness.run_store import RunStore, write_atomic
+from harness.run_store import RunFolderUnwritable, RunStore, write_atomic
 from harness.sampling import make_sampler
 from harness.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
 from harness.trial_job import StudyRun
@@ -89,6 +89,12 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
             except StorageUnreachable as e:
                 outcome["stopped"], outcome["ablation"] = str(e), "not run"
                 raise
+            except OSError as e:
+                if not store.holds(e.filename):
+                    raise
+                outcome["stopped"], outcome["ablation"] = "the run folder cannot be written", \
+                    "not run"
+                raise RunFolderUnwritable(store, e) from None
     finally:  # also on Ctrl-C: helpers stopped, followers released, the study's files
         for p in helpers:
             if p.poll() is None:
@@ -96,8 +102,11 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
         if run.nodes is not None:
             run.nodes.finished()
         if main:
-            found = _finish(store, tuner, setup, clock,
-                            f"{outcome['stopped']}; ablation: {outcome['ablation']}")
+            try:
+                found = _finish(store, tuner, setup, clock,
+                                f"{outcome['stopped']}; ablation: {outcome['ablation']}")
+            except OSError as e:  # the folder went unwritable: the records are what's left
+                print(f"could not write the study's summary: {e}", file=sys.stderr)
     return 0 if found else 1  # 1: nothing was tuned, every trial failed or did not fit
 
 

@@ -1,0 +1,91 @@
+"""Faults around the tuner (the default journal storage, the fake launcher): a worker
+killed mid-trial, a run folder that stops taking writes. Each ends with every
+finished trial in the storage and in trials.jsonl, no process left, and a clear
+message. PostgreSQL's faults are in test_postgres.py, kill -9 of the tuner itself
+and --resume in test_tune_processes.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import Counter
+
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from tests.tuner.conftest import records, same_configuration, tune_process, write_study
+from tests.tuner.test_tune_processes import journal_trials, launches, wait_for_records
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+
+
+def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
+    out, log = tmp_path / "run", tmp_path / "launches.log"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 10})
+    main = tune_process(str(path), "--out", str(out), "--budget", "3m", "--workers", "2",
+                        "--quiet", env={"FAKE_TRIAL_S": "1.5", "FAKE_LOG": str(log)})
+    end, helper = time.monotonic() + 90, None
+    while helper is None and time.monotonic() < end:
+        helpers = [p for p in psutil.Process(main.pid).children() if "--helper" in p.cmdline()]
+        pids = {line.split()[1] for line in log.read_text().splitlines()} if log.exists() \
+            else set()
+        helper = next((p for p in helpers if str(p.pid) in pids), None)
+        time.sleep(0.1)
+    assert helper is not None, "the helper never started a trial"
+    helper.kill()
+    running = [t.number for t in journal_trials(out / "optuna.journal")
+               if t.state == TrialState.RUNNING and f"|{helper.pid}|" in
+               t.user_attrs.get("worker", "")]
+    assert len(running) == 1, "the kill should land during the helper's trial"
+    text, _ = main.communicate(timeout=180)
+    assert main.returncode == 0, text
+
+    recs = records(out)
+    trials = journal_trials(out / "optuna.journal")
+    assert sorted(r["tags"]["optuna_number"] for r in recs) == \
+        sorted(t.number for t in trials if t.state != TrialState.WAITING)
+    assert all(t.state != TrialState.RUNNING for t in trials)
+    dead = next(r for r in recs if r["tags"]["optuna_number"] == running[0])
+    assert dead["status"] == "failed" and "queued to run again" in dead["reason"], dead
+    again = [r for r in recs if r["tags"].get("retry_of") == running[0]]
+    assert len(again) == 1 and again[0]["status"] == "ok"
+    assert same_configuration(again[0]["plan"], dead["plan"])
+    assert max(Counter(launches(log)).values()) == 1
+    assert not psutil.pid_exists(helper.pid)  # reaped; nothing left behind
+
+
+def test_chaos_run_folder_stops_taking_writes_mid_study(tmp_path):
+    """A file where the trial folders go: as a full disk or a lost mount would, the next
+    trial cannot write its folder. (Tests run as root, so permissions cannot stop a
+    write; a file in the way can.)"""
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 8})
+    env = {"FAKE_TRIAL_S": "0.4"}
+    proc = tune_process(str(path), "--out", str(out), "--budget", "3m", env=env)
+    wait_for_records(out, 2, proc)
+    shutil.move(out / "trials", tmp_path / "trials-aside")
+    (out / "trials").write_text("in the way\n")
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 3, text
+    last = text.strip().splitlines()[-1]
+    assert "cannot write" in last and "--resume" in last, text
+    assert "Traceback" not in text
+    finished = records(out)
+    told = {t.number: t.state for t in journal_trials(out / "optuna.journal")}
+    assert all(told[r["tags"]["optuna_number"]] == TrialState.COMPLETE for r in finished)
+
+    (out / "trials").unlink()
+    shutil.move(tmp_path / "trials-aside", out / "trials")
+    again = tune_process("--resume", "--out", str(out), "--budget", "3m", "--quiet", env=env)
+    text, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, text
+    recs = records(out)
+    assert recs[:len(finished)] == finished  # nothing lost or rewritten
+    trials = journal_trials(out / "optuna.journal")
+    assert all(t.state != TrialState.RUNNING for t in trials)
+    assert sorted(r["tags"]["optuna_number"] for r in recs) == \
+        sorted(t.number for t in trials if t.state != TrialState.WAITING)
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(out) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
