@@ -135,8 +135,14 @@ class Tuner:
         record = result.to_dict()
         trial.set_user_attr("status", result.status)
         trial.set_user_attr("plan", result.plan)
-        tell(self.optuna_study, trial, outcome(record, self.study.objectives,
-                                               self.run.budget_bytes))
+        try:
+            tell(self.optuna_study, trial, outcome(record, self.study.objectives,
+                                                   self.run.budget_bytes))
+        except optuna.exceptions.UpdateFinishedTrialError:  # failed by another worker
+            self.on_event("note", {"text": f"trial {trial.number}: another worker failed it "
+                                           "while it ran (no heartbeat reached the storage); "
+                                           "its record stands here, the storage keeps the "
+                                           "retry"})
         self.remember(record)
         self.on_event("end", record)
 
