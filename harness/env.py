@@ -43,7 +43,9 @@ _ENV_PREFIXES = (
     "HARNESS_",
 )
 _ENV_NAMES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
-_SECRET = re.compile(r"TOKEN|SECRET|PASS|KEY|CRED|AUTH|COOKIE|SESSION|PRIVATE", re.IGNORECASE)
+_SECRET = re.compile(r"TOKEN|SECRET|PASS|KEY|CRED|AUTH|COOKIE|SESSION|PRIVATE|STORAGE|URL|DSN",
+                     re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]*@")  # scheme://user:PASSWORD@host
 
 _PACKAGES = ("triton", "optuna", "numpy", "nvidia-ml-py", "pytorch-triton")
 
@@ -92,7 +94,7 @@ def _env_vars() -> dict[str, str]:
         if _SECRET.search(name):
             continue
         if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
-            keep[name] = value
+            keep[name] = _URL_PASSWORD.sub(r"\1***@", value)
     return dict(sorted(keep.items()))
 
 

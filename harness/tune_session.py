@@ -35,7 +35,8 @@ from harness.workers import Worker, spawn_helpers, wait_for
 def run_session(args: argparse.Namespace, setup: Setup) -> int:
     import os
 
-    args.storage = args.storage or os.environ.get(STORAGE_ENV)
+    # Taken out of the environment: the trials this process launches do not need it.
+    args.storage = args.storage or os.environ.pop(STORAGE_ENV, None)
     if args.follow:
         return _run_follower(args, setup)
     study, store = setup.study, RunStore(setup.run_dir)

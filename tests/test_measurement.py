@@ -401,6 +401,14 @@ def test_capture_env_is_json_and_has_versions(monkeypatch) -> None:
     assert "harness" in env and "git" in env and "driver" in env
 
 
+def test_capture_env_keeps_storage_passwords_out(monkeypatch) -> None:
+    monkeypatch.setenv("HARNESS_STORAGE", "postgresql://tuner:pw-in-env@db/h")
+    monkeypatch.setenv("HARNESS_OTHER", "redis://u:pw-in-value@cache:6379/0")
+    text = json.dumps(capture_env(CPU))
+    assert "pw-in-env" not in text and "HARNESS_STORAGE" not in text
+    assert "pw-in-value" not in text and "redis://u:***@cache" in text
+
+
 def test_capture_env_never_raises(monkeypatch) -> None:
     import harness.env as env_mod
 

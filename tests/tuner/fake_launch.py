@@ -79,5 +79,9 @@ def launch(plan, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
     result = TrialResult(study=study, trial_id=trial_id, status=status, reason=reason,
                          plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
                          command=command, started_at="", duration_s=time.monotonic() - t0)
+    if os.environ.get("FAKE_CAPTURE_ENV"):  # as a real trial records its environment
+        from harness.env import capture_env
+
+        result.env = capture_env(prep.device)
     result.write(out / "result.json")
     return result

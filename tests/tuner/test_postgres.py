@@ -156,7 +156,8 @@ def test_postgres_password_is_in_no_file_the_study_writes(tmp_path, postgres):  
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 5})
     proc = tune_process(str(path), "--out", str(out), "--budget", "2m", "--workers", "2",
-                        "--storage", postgres.url, env={"FAKE_TRIAL_S": "0.2"})
+                        "--storage", postgres.url,
+                        env={"FAKE_TRIAL_S": "0.2", "FAKE_CAPTURE_ENV": "1"})
     text = finish(proc)
     assert proc.returncode == 0, text
     report = subprocess.run([sys.executable, "-m", "harness", "report", str(out), "--csv",
