@@ -448,6 +448,18 @@ def measured_peak(device: torch.device, dtype: str, *, cache: bool = True) -> Pe
     return peak
 
 
+def forget_measured_peak(device: torch.device, dtype: str) -> None:
+    """Drop the cached figure: a trial ran faster than it, so it was measured low (on a
+    loaded machine); the next trial measures again."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = _cache_key(device, _device_name(device), matmul_dtype(device, dtype))
+    path = _cache_path()
+    entries = _read_cache(path)
+    if entries.pop(key, None) is not None:
+        _write_cache(path, entries)
+
+
 # --- the choice MFU uses ------------------------------------------------------------
 
 

@@ -39,6 +39,9 @@ def result_table(record: dict[str, Any]) -> str:
             ("TFLOP/s per device", f"{m['tflops_per_device']:.4f}"),
             ("MFU", f"{100 * m['mfu']:.1f}% of {m['peak_flops_source']}"),
         ]
+        warning = (m.get("peak_flops") or {}).get("warning")
+        if warning:
+            rows.append(("MFU warning", warning))
     rows.append(("peak memory", f"{format_bytes(m['peak_memory_bytes'])} measured, "
                                 f"{format_bytes(p.get('peak_memory_bytes'))} predicted"))
     mem = m.get("memory") or {}

@@ -29,7 +29,7 @@ from harness.errors import HarnessError
 from harness.estimator import estimate
 from harness.memory import MemoryTracker
 from harness.nvml import NvmlSampler
-from harness.peaks import autocast_dtype_name, peaks_for
+from harness.peaks import autocast_dtype_name, forget_measured_peak, peaks_for
 from harness.plan import Plan
 from harness.ranks import combine, rank_figures, step_loss
 from harness.result import TrialResult, empty_metrics
@@ -217,6 +217,12 @@ def measure(
         energy_j_per_sample=_energy_per_sample(ranks, len(step_times) * plan.batch_size),
         nvml=dataclasses.asdict(reading) if reading else None,
     )
+    if metrics["mfu_measured_peak"] > 1.0:  # impossible unless the peak was measured low
+        forget_measured_peak(prep.device, peak.dtype)
+        metrics["peak_flops"]["warning"] = (
+            "this trial ran above the measured peak, so that calibration was measured low "
+            "(a loaded machine?): MFU against it is not meaningful; the cached figure is "
+            "dropped and the next trial measures it again")
     return metrics, status, reason
 
 

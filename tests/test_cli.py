@@ -153,3 +153,30 @@ def test_every_shipped_plan_is_valid(plan, capsys):
         assert code == 2 and "CUDA" in err
     else:
         assert code == 0, err
+
+
+def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch):
+    """A cached peak below what a trial achieves (measured on a loaded machine) makes the
+    record say MFU against it means nothing, and is dropped so the next trial re-measures."""
+    import torch
+
+    from harness import peaks
+
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    cpu = torch.device("cpu")
+    low = {"flops": 1e6, "source": "a test's low figure", "measured_at": "then"}
+    keys = []
+    for threads in range(1, 9):  # the trial process picks its own thread count
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        keys.append(peaks._cache_key(cpu, peaks._device_name(cpu), "fp32"))
+    monkeypatch.undo()
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    peaks._write_cache(peaks._cache_path(), {k: low for k in keys})
+    out = tmp_path / "low"
+    proc = harness("bench", str(PLANS / "quickstart.toml"), "--steps", "2", "--warmup-steps", "1",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((out / "result.json").read_text())["metrics"]
+    assert m["mfu_measured_peak"] > 1 and "measured low" in m["peak_flops"]["warning"]
+    assert len(peaks._read_cache(peaks._cache_path())) == len(keys) - 1  # that one dropped
+    assert "measured low" in proc.stdout
