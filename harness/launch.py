@@ -23,6 +23,14 @@ the first failing rank's exception (not the errors other ranks saw because it
 went away) and the tail of its stderr, `timeout` when the deadline passed first,
 naming the ranks still running and where each was stopped. Either way
 out/result.json holds the record when launch returns (on node 0).
+
+A trial that floods its output costs the launcher neither memory nor the disk:
+the launcher reads only the logs' tails (harness.rank_logs), and while the trial
+runs it cuts any of its log files (the ones above, agent.log included) that grows
+past 64 MiB (harness.log_cap.LOG_CAP_BYTES; the environment variable
+HARNESS_LOG_CAP_BYTES overrides it), keeping the file's first lines, one marker
+line saying where it was cut, and its latest output; the record of a failure made
+here names the files cut (metrics["logs_cut"]).
 """
 
 from __future__ import annotations
@@ -35,7 +43,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,23 +50,15 @@ from harness import procs
 from harness.distributed import NODE_RANK_ENV, free_port
 from harness.env import capture_env
 from harness.errors import HarnessError
+from harness.log_cap import LogCap
 from harness.plan import Plan
-from harness.rank_logs import (
-    RankLog,
-    agent_root_cause,
-    describe_exit,
-    log_paths,
-    read_rank_logs,
-    root_cause,
-    tail,
-)
 from harness.result import TrialResult, empty_metrics, read_result
 from harness.step_log import STEP_LOG_ENV
 from harness.trial import Prepared, prepare
+from harness.verdict import Ended, decide
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
-STDERR_LINES = 8  # of the failing rank's stderr, in the reason
-POLL_S = 0.25  # how often a waiting launch asks `should_stop`
+POLL_S = 0.25  # how often a waiting launch asks `should_stop` (and looks at its logs)
 
 # torchrun's variables: a launcher inside a torchrun job must not pass its own on.
 _TORCHRUN_VARS = {
@@ -119,6 +118,7 @@ def launch(
     timeout = float(timeout_s or prep.plan.timeout_s)
     out = Path(out_dir).absolute()
     logs = out / "logs" if nnodes == 1 else out / "logs" / f"node{node_rank}"
+    caps = LogCap(logs)  # a bad HARNESS_LOG_CAP_BYTES refuses here, before anything starts
     result_file = out / "result.json"
     shutil.rmtree(logs, ignore_errors=True)  # a re-used folder: old logs would mislead
     logs.mkdir(parents=True)
@@ -148,7 +148,7 @@ def launch(
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    ended = _run(argv, env, stdout, stderr, timeout, launch_id, should_stop)
+    ended = _run(argv, env, stdout, stderr, timeout, launch_id, caps, should_stop)
     duration = time.monotonic() - t0
 
     if node_rank == 0 and result_file.exists():
@@ -162,7 +162,7 @@ def launch(
         return _made_here(prep, "pruned", ended.stop_reason, {"exit_code": ended.code},
                           command, study, trial_id, started_at, duration,
                           result_file if node_rank == 0 else None)
-    status, reason, extra = _decide(logs, ended, timeout, single, node_rank == 0)
+    status, reason, extra = decide(logs, ended, timeout, single, node_rank == 0)
     if status == "ok":  # a node other than 0 whose ranks finished
         reason = (f"node {node_rank} of {nnodes}: its ranks finished; the record is made "
                   "on node 0")
@@ -171,21 +171,14 @@ def launch(
                       duration, result_file if node_rank == 0 else None)
 
 
-@dataclass
-class _Ended:
-    code: int | None  # the launched process's exit status (negative: a signal)
-    timed_out: bool
-    running: list[int]  # ranks still running at the deadline
-    stopped_at: float  # time.time() when the launcher stopped waiting
-    stop_reason: str | None = None  # the caller's `should_stop` asked for it, and why
-
-
 def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeout: float,
-         launch_id: str, should_stop: Callable[[], str | None] | None = None) -> _Ended:
+         launch_id: str, caps: LogCap,
+         should_stop: Callable[[], str | None] | None = None) -> Ended:
     """Start `argv` in a new session, wait up to `timeout` (or until `should_stop` gives
-    a reason), then stop whatever is left."""
+    a reason), then stop whatever is left; meanwhile keep the logs under their cap."""
     timed_out, running, stop_reason = False, [], None
     deadline = time.monotonic() + timeout
+    # Appending (O_APPEND): the trial carries on at the end of a file that was cut.
     with open(stdout, "ab") as out_f, open(stderr, "ab") as err_f:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
                                 env=env, start_new_session=True)
@@ -193,7 +186,7 @@ def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeo
             while True:
                 left = deadline - time.monotonic()
                 try:
-                    proc.wait(timeout=max(0.0, min(left, POLL_S if should_stop else left)))
+                    proc.wait(timeout=max(0.0, min(left, POLL_S)))
                     break
                 except subprocess.TimeoutExpired:
                     if time.monotonic() >= deadline:
@@ -203,87 +196,12 @@ def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeo
                     stop_reason = should_stop() if should_stop else None
                     if stop_reason is not None:
                         break
+                    caps.check()
         finally:  # also when the caller is interrupted: no process outlives the launch
             stopped_at = time.time()
             procs.stop(proc, launch_id, GRACE_S)
-    return _Ended(proc.returncode, timed_out, running, stopped_at, stop_reason)
-
-
-def _decide(
-    logs: Path, ended: _Ended, timeout: float, single: bool, expected_record: bool
-) -> tuple[str, str, dict]:
-    """Status, reason and extra metrics of a trial that left no record here."""
-    code, timed_out, running = ended.code, ended.timed_out, ended.running
-    ranks = read_rank_logs(logs)
-    extra: dict = {"exit_code": code, "logs": log_paths(ranks)}
-    # When the launcher stopped the trial, the errors that stopping caused (a peer
-    # went away, raised after the deadline) say nothing about why it hung.
-    errors = [r for r in ranks if r.error and not (
-        timed_out and (r.is_symptom or (r.timestamp or 0) > int(ended.stopped_at)))]
-    oom = next((r for r in errors if r.is_oom), None)
-    if oom is None and not timed_out:
-        oom = next((r for r in ranks if r.is_oom), None)
-    if oom is not None:
-        what = oom.error or _oom_line(oom)
-        return "oom", _with_tail(f"out of memory on {oom.name}: {what}", oom, extra), extra
-    cause = root_cause(errors)
-    if cause is not None and not cause.is_symptom:
-        return "failed", _with_tail(f"{cause.name} failed: {cause.error}", cause, extra), extra
-    if timed_out:
-        extra["ranks_running"] = running
-        where = [f"{r.name} {r.where()}" for r in ranks if r.where() and r.rank in running]
-        reason = f"no result after {timeout:g} s; the trial was stopped"
-        if running:
-            reason += f"; ranks still running: {', '.join(map(str, running))}"
-        if where:
-            reason += f" ({'; '.join(where)})"
-        return "timeout", reason, extra
-    died = _died(logs, ranks, code, single)
-    if died is not None:
-        text, log = died
-        return "failed", _with_tail(text, log, extra), extra
-    if cause is not None:  # only errors of ranks whose peer went away
-        return "failed", _with_tail(f"{cause.name} failed: {cause.error}", cause, extra), extra
-    if code == 0:
-        if not expected_record:
-            return "ok", "", extra
-        return "failed", "the trial exited cleanly but wrote no record", extra
-    agent = RankLog(logs, None, tail(logs / "agent.log"), None, None, None)
-    return "failed", _with_tail(f"torchrun ended ({describe_exit(code)}) and no rank "
-                                "wrote a record", agent, extra), extra
-
-
-def _died(logs: Path, ranks: list[RankLog], code: int | None,
-          single: bool) -> tuple[str, RankLog | None] | None:
-    """The rank that ended without an error file (a signal, a crash in C, os._exit),
-    as torchrun's summary names it (its first observed failure)."""
-    if single:
-        if code in (0, None):
-            return None
-        text = f"the trial process ended ({describe_exit(code)}) and wrote no record"
-        return text, next(iter(ranks), None)
-    first = agent_root_cause(tail(logs / "agent.log", 64 * 1024))
-    if first is None:
-        return None
-    rank, rank_code = first
-    log = next((r for r in ranks if r.rank == rank), None)
-    if log is not None and log.error:
-        return None  # it raised: its error file says more than its exit code
-    return f"rank {rank} ended ({describe_exit(rank_code)}) without raising an error", log
-
-
-def _with_tail(text: str, rank: RankLog | None, extra: dict) -> str:
-    if rank is None or not rank.stderr.strip():
-        return text
-    extra["stderr_tail"] = rank.stderr[-4000:]
-    if rank.traceback:
-        extra["traceback_tail"] = rank.traceback[-4000:]  # as run_trial records it
-    return f"{text}\nlast lines of its stderr ({rank.folder}):\n{rank.last_lines(STDERR_LINES)}"
-
-
-def _oom_line(rank: RankLog) -> str:
-    lines = [line for line in rank.stderr.splitlines() if "memory" in line.lower()]
-    return lines[-1].strip()[:500] if lines else "see its stderr"
+            caps.check(force=True)  # nothing writes now: the tails kept are the last
+    return Ended(proc.returncode, timed_out, running, stopped_at, stop_reason, caps.summary())
 
 
 def _made_here(

@@ -4,7 +4,8 @@ Each rank keeps its stdout and stderr in its own folder (torchrun's --log-dir wi
 --redirects 3: `<log-dir>/<run id>_<random>/attempt_0/<local rank>/`; a
 single-process trial uses `<log-dir>/rank0/`). torchrun gives each rank an error
 file there (TORCHELASTIC_ERROR_FILE, error.json) that harness.worker's @record
-fills with the exception and its traceback. Only the tails of the logs are read.
+fills with the exception and its traceback. Only the tails of the logs are read
+(and error files up to ERROR_FILE_LIMIT), however much a trial writes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from harness.distributed import LOG_HEADER as HEADER
 
 TAIL_BYTES = 8192
+ERROR_FILE_LIMIT = 4 * 2**20  # larger error files are not read
 
 _RANK = re.compile(re.escape(HEADER) + r" rank (\d+) of (\d+)")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
@@ -41,7 +43,8 @@ def tail(path: Path, limit: int = TAIL_BYTES) -> str:
             data = f.read()
     except OSError:
         return ""
-    text = data.decode(errors="replace")
+    # A hole a writer left after a cut (harness.log_cap) reads as NULs.
+    text = data.replace(b"\0", b"").decode(errors="replace")
     if size > limit and "\n" in text:
         text = text.split("\n", 1)[1]
     return text
@@ -93,6 +96,9 @@ class RankLog:
 
 def _read_error(path: Path) -> tuple[str | None, str | None, int | None]:
     try:
+        size = path.stat().st_size
+        if size > ERROR_FILE_LIMIT:  # an exception carrying a flood: not read whole
+            return f"an error too large to read ({path.name}: {size} bytes)", None, None
         message = json.loads(path.read_text())["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None, None, None

@@ -43,7 +43,9 @@ def _trial_id(text: str | None) -> int | str | None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from harness.distributed import RankInfo
+    from harness.log_cap import append_output
 
+    append_output()  # the launcher cuts logs past their cap; carry on at the new end
     info = RankInfo.from_env()
     print(f"{HEADER} {info.describe()}, pid {os.getpid()}", file=sys.stderr, flush=True)
     # A rank stopped by the launcher (a hang, or another rank's failure) leaves the

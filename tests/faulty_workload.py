@@ -6,7 +6,11 @@
 - `hang_rank`: the loss sleeps for ever on that rank;
 - `oom_rank`: the loss raises torch.OutOfMemoryError, as CUDA does, on that rank;
 - `nan_at_step`: the loss is NaN on `nan_rank` (every rank when -1) from that step;
-- `exit_rank`: the process ends at once (os._exit(3)) on that rank, with no error.
+- `exit_rank`: the process ends at once (os._exit(3)) on that rank, with no error;
+- `flood_mb`, `flood_stderr_mb`: at the first training step, before any other
+  fault, `flood_rank` (every rank when -1) writes that many MB (10**6 bytes) of
+  lines to its stdout and its stderr, in 1 MiB blocks (spread over `flood_s`
+  seconds, or as fast as it can), then one line on each, "flood done: ...".
 
 Steps count training calls of the loss (one per optimizer step without
 accumulation); FLOP counting on the meta device does not count and never fails.
@@ -15,6 +19,7 @@ accumulation); FLOP counting on the meta device does not count and never fails.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -28,7 +33,7 @@ from harness.workloads.gpt import build_gpt
 class Faulty(Workload):
     name = "faulty-gpt"
 
-    def __init__(self, inner: Workload, faults: dict[str, int]) -> None:
+    def __init__(self, inner: Workload, faults: dict[str, float]) -> None:
         self.inner = inner
         self.faults = faults
         self.tokens_per_sample = inner.tokens_per_sample
@@ -49,6 +54,8 @@ class Faulty(Workload):
             return self.inner.loss(model, batch)
         step, self.calls = self.calls, self.calls + 1
         rank, f = int(os.environ.get("RANK", "0")), self.faults
+        if step == 0 and (f["flood_mb"] or f["flood_stderr_mb"]) and f["flood_rank"] in (-1, rank):
+            flood(rank, f["flood_mb"], f["flood_stderr_mb"], f["flood_s"])
         if rank == f["fail_rank"] and step >= f["fail_at_step"]:
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
         if rank == f["oom_rank"]:
@@ -66,6 +73,22 @@ class Faulty(Workload):
         return loss
 
 
+def flood(rank: int, stdout_mb: float, stderr_mb: float, seconds: float) -> None:
+    fill = (b"." * 99 + b"\n") * (2**20 // 100)
+    pause = seconds * 2**20 / max(1.0, (stdout_mb + stderr_mb) * 10**6)  # per block
+    for stream, mb in ((sys.stdout, stdout_mb), (sys.stderr, stderr_mb)):
+        size, block = int(mb * 10**6), 0
+        while size > 0:
+            data = (f"flood rank {rank} block {block}\n".encode() + fill)[:size]
+            stream.buffer.write(data[:-1] + b"\n")  # whole lines, the last one too
+            stream.flush()
+            size, block = size - len(data), block + 1
+            time.sleep(pause)
+    for stream in (sys.stdout, sys.stderr):
+        print(f"flood done: {stdout_mb:g} MB to stdout, {stderr_mb:g} MB to stderr on rank "
+              f"{rank}", file=stream, flush=True)
+
+
 def build(
     fail_rank: int = -1,
     fail_at_step: int = 0,
@@ -74,10 +97,15 @@ def build(
     nan_at_step: int = -1,
     nan_rank: int = -1,
     exit_rank: int = -1,
+    flood_mb: float = 0,
+    flood_stderr_mb: float = 0,
+    flood_rank: int = -1,
+    flood_s: float = 0,
     **gpt_args: Any,
 ) -> Workload:
     faults = dict(fail_rank=fail_rank, fail_at_step=fail_at_step, hang_rank=hang_rank,
                   oom_rank=oom_rank, nan_at_step=nan_at_step, nan_rank=nan_rank,
-                  exit_rank=exit_rank)
+                  exit_rank=exit_rank, flood_mb=flood_mb, flood_stderr_mb=flood_stderr_mb,
+                  flood_rank=flood_rank, flood_s=flood_s)
     return Faulty(build_gpt(**gpt_args), faults)
 

@@ -106,6 +106,14 @@ def test_tail_reads_only_the_end(tmp_path):
     assert len(text) <= 1000 and text.startswith("line ") and text.endswith("line 99999\n")
 
 
+def test_a_huge_error_file_is_not_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.rank_logs.ERROR_FILE_LIMIT", 1000)
+    rank_folder(tmp_path, 0, "RuntimeError: " + "x" * 2000)
+    log = read_rank_logs(tmp_path)[0]
+    assert log.error.startswith("an error too large to read (error.json: ")
+    assert log.traceback is None
+
+
 def test_node_layouts_are_checked_before_anything_starts(tmp_path, capsys):
     plan = Plan(layout=Layout(data=2), strategies={"ddp": {}})
     with pytest.raises(HarnessError, match="needs --rdzv-endpoint"):
