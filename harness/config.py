@@ -36,11 +36,32 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise HarnessError(f"{p}: no such file; give the path of a TOML file")
     try:
         with p.open("rb") as f:
-            return tomllib.load(f)
+            data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise HarnessError(f"{p}: not valid TOML ({e}); fix the syntax at that place") from None
     except (UnicodeDecodeError, OSError) as e:
         raise HarnessError(f"{p}: cannot be read as a TOML text file ({e})") from None
+    except RecursionError:
+        data = None
+    if data is None or _depth(data) > MAX_DEPTH:
+        raise HarnessError(f"{p}: lists or tables nested more than {MAX_DEPTH} deep; "
+                           "no key of a plan or study needs that")
+    return data
+
+
+MAX_DEPTH = 16  # of nested lists and tables; a study needs 5 (strategies.amp.values.dtype)
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and tables nest in `value` (without recursion)."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d + 1)
+            if d + 1 <= MAX_DEPTH:
+                todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def did_you_mean(word: str, known: typing.Iterable[str]) -> str:
@@ -100,7 +121,20 @@ def type_name(tp: Any) -> str:
         return "a table"
     if tp is type(None):
         return "nothing"
+    if dataclasses.is_dataclass(tp):
+        return "a table"
     return getattr(tp, "__name__", str(tp))
+
+
+def _same_kind(raw: Any, tp: Any) -> bool:
+    """Whether `raw` is of the kind `tp` wants (a table for a dataclass or dict, a list
+    for a list, a number for a number), so the error of coercing it says more."""
+    origin = get_origin(tp)
+    if isinstance(raw, Mapping):
+        return dataclasses.is_dataclass(tp) or origin is dict or tp is dict
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return tp in (int, float)
+    return isinstance(raw, (list, tuple)) and origin in (list, tuple)
 
 
 def coerce(raw: Any, tp: Any, key: str) -> Any:
@@ -113,11 +147,15 @@ def coerce(raw: Any, tp: Any, key: str) -> Any:
             return raw
         raise HarnessError(f"{key}: {raw!r} is not one of {type_name(tp)}")
     if origin in (typing.Union, types.UnionType):
+        errors = []
         for arg in get_args(tp):
             try:
                 return coerce(raw, arg, key)
-            except HarnessError:
-                continue
+            except HarnessError as e:
+                errors.append((arg, e))
+        for arg, e in errors:  # a table or list of the right kind: its own mistake
+            if _same_kind(raw, arg):
+                raise e from None
         raise HarnessError(f"{key}: expected {type_name(tp)}, got {_show(raw)}")
     if tp is type(None):
         if raw is None:
@@ -131,6 +169,8 @@ def coerce(raw: Any, tp: Any, key: str) -> Any:
             return raw
     elif tp is float:
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            if raw != raw:
+                raise HarnessError(f"{key}: nan is not a value it can take; give a number")
             return float(raw)
     elif tp is str:
         if isinstance(raw, str):

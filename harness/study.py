@@ -239,7 +239,7 @@ class Study(TomlFile):
             raise HarnessError(f"{where}: missing key 'name' (the study's name; its run folder)")
         study = from_table(cls, data, where)
         study.strategies = {
-            name: from_table(StrategySpec, table or {}, f"{where}.strategies.{name}")
+            name: from_table(StrategySpec, table, f"{where}.strategies.{name}")
             for name, table in raw_strategies.items()
         }
         return study

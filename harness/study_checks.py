@@ -8,6 +8,7 @@ out, unless the study asked for them by name, which is an error).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,18 +73,32 @@ def resolve_settings(study: Study, device_type: str) -> dict[str, SettingsSpace]
 
 
 def _narrowed(strategy, setting: str, values: Any, key: str) -> Space:
+    """The values of `setting` a study narrows it to: a list, or a numeric range."""
+    parent = key.rpartition(".")[0]  # the settings table: its errors add ".setting"
+
+    def parsed(v: Any) -> Any:
+        return getattr(strategy.parse({setting: v}, parent), setting)
+
     if isinstance(values, list) and values:
-        for v in values:
-            strategy.parse({setting: v}, key)
-        return Choice(tuple(values))
+        return Choice(tuple(dict.fromkeys(parsed(v) for v in values)))
     if isinstance(values, dict) and {"low", "high"} <= values.keys():
-        strategy.parse({setting: values["low"]}, key)
-        strategy.parse({setting: values["high"]}, key)
-        if values["high"] < values["low"]:
+        if extra := sorted(values.keys() - {"low", "high", "log"}):
+            raise HarnessError(f"{key}: unknown key '{extra[0]}' in a range; known keys: "
+                               "high, log, low")
+        low, high = parsed(values["low"]), parsed(values["high"])
+        log = values.get("log", False)
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+               for v in (low, high)):
+            raise HarnessError(f"{key}: a range needs finite numbers for low and high; for "
+                               "other settings give a list of values")
+        if not isinstance(log, bool):
+            raise HarnessError(f"{key}.log: expected true or false, got {log!r}")
+        if high < low:
             raise HarnessError(f"{key}: high must be at least low")
-        is_int = isinstance(values["low"], int) and isinstance(values["high"], int)
-        cls = IntRange if is_int else FloatRange
-        return cls(values["low"], values["high"], bool(values.get("log", False)))
+        if log and low <= 0:
+            raise HarnessError(f"{key}: a log range needs low above 0")
+        is_int = type(low) is int and type(high) is int
+        return (IntRange if is_int else FloatRange)(low, high, log)
     raise HarnessError(f"{key}: give a list of values, or {{ low = ..., high = ... }}")
 
 
@@ -115,8 +130,8 @@ def check_study(study: Study, device_type: str) -> None:
 
     try:
         load_workload(study.workload, study.workload_args)
-    except HarnessError as e:
-        raise HarnessError(f"workload: {e}") from None
+    except HarnessError as e:  # its messages say "[workload]" or "workload 'name'"
+        raise HarnessError(str(e) if "workload" in str(e) else f"workload: {e}") from None
     names = set(study.strategies)
     g = study.global_batch_size
     for lay in study.layout.layouts():
@@ -138,6 +153,8 @@ def check_study(study: Study, device_type: str) -> None:
 
 
 def _check_known_good(study: Study) -> None:
+    import strategies
+
     kg = study.known_good or {}
     allowed = {"micro_batch_size", "layout", "strategies"}
     for key in kg:
@@ -149,12 +166,22 @@ def _check_known_good(study: Study) -> None:
         kg["layout"] = to_table(lay)
         if lay not in study.layout.layouts():
             raise HarnessError("known_good.layout: not one of the layouts the study allows")
-    if "micro_batch_size" in kg and kg["micro_batch_size"] not in study.micro_sizes:
-        raise HarnessError(f"known_good.micro_batch_size: {kg['micro_batch_size']!r} is not "
-                           f"one of micro_batch_sizes {study.micro_sizes}")
-    for name, settings in (kg.get("strategies") or {}).items():
+    micro = kg.get("micro_batch_size")
+    if "micro_batch_size" in kg and (type(micro) is not int or micro not in study.micro_sizes):
+        raise HarnessError(f"known_good.micro_batch_size: {micro!r} is not one of "
+                           f"micro_batch_sizes {study.micro_sizes}")
+    chosen = kg.get("strategies", {})
+    if not isinstance(chosen, dict):
+        raise HarnessError("known_good.strategies: expected a table such as "
+                           "{ amp = { dtype = \"bf16\" } }")
+    for name, settings in chosen.items():
         if name not in study.strategies:
             raise HarnessError(f"known_good.strategies.{name}: not searched by this study; "
                                f"add [strategies.{name}]")
         if not isinstance(settings, dict):
             raise HarnessError(f"known_good.strategies.{name}: expected a table of settings")
+        try:
+            strategy = strategies.get(name)
+        except HarnessError as e:
+            raise HarnessError(f"known_good.strategies.{name}: {e}") from None
+        strategy.parse(settings, f"known_good.strategies.{name}")

@@ -1,10 +1,11 @@
 """`harness tune`: its flags, and everything checked before anything is created.
 
     harness tune [STUDY] --budget 1d|6h|30m|90s --memory-budget 70GiB|0.9
-                 --storage URL --out DIR --workers N --n-trials N --resume
+                 --storage URL --out DIR --workers N --n-trials N --resume --check
 
 A bad study file or flag is a HarnessError here: one line, exit 2, no run
-folder made, nothing launched. harness.tune_session then runs the study.
+folder made, nothing launched. harness.tune_session then runs the study
+(`--check` stops after the checks and prints what would run).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+
+MAX_WORKERS = 256  # tuner processes on one machine
 
 
 def add_tune_parser(sub: Any) -> None:
@@ -43,6 +46,11 @@ def add_tune_parser(sub: Any) -> None:
                    help="launch trials with this function instead of harness.launch.launch "
                         "(same signature), e.g. to submit them to a batch system")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--check", action="store_true",
+                   help="check the study file and the flags as a run would (device, search "
+                        "space, references, run folder, launcher), print what would run and "
+                        "exit 0; nothing is created or launched (exit 2 with the reason "
+                        "otherwise)")
     nodes = p.add_argument_group("trials spanning several nodes (layout.nnodes > 1)")
     nodes.add_argument("--follow", action="store_true",
                        help="on a node other than 0: join each trial the tuner on node 0 "
@@ -76,6 +84,11 @@ class Setup:
 def cmd_tune(args: argparse.Namespace) -> int:
     started = time.time()
     setup = check(args, started)
+    if args.check:
+        from harness.tune_check import summary
+
+        print(summary(args, setup))
+        return 0
     from harness.tune_session import run_session
 
     return run_session(args, setup)
@@ -89,10 +102,12 @@ def check(args: argparse.Namespace, started: float) -> Setup:
     from harness.search_space import NotInSpace, SearchSpace
     from harness.study import memory_spec
     from harness.study_checks import check_study
+    from harness.tune_check import check_run_folder
     from harness.units import parse_duration
 
-    if args.workers < 1:
-        raise HarnessError(f"--workers {args.workers}: must be 1 or more")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "
+                           "(each is a process)")
     if args.n_trials is not None and args.n_trials < 1:
         raise HarnessError(f"--n-trials {args.n_trials}: must be 1 or more")
     if args.budget is not None:
@@ -127,6 +142,7 @@ def check(args: argparse.Namespace, started: float) -> Setup:
 
     default = study.name + (f"-node{args.node_rank}" if args.follow else "")
     run_dir = Path(args.out) if args.out else Path("runs") / default
+    check_run_folder(run_dir, given=bool(args.out))  # first: a bad path breaks exists()
     store = RunStore(run_dir)
     if not args.follow:  # a follower keeps its node's logs only, and may start again
         if (args.resume or args.helper) and not store.exists():
@@ -141,8 +157,13 @@ def check(args: argparse.Namespace, started: float) -> Setup:
         from harness.workers import device_groups
 
         groups = device_groups(args.workers, max(study.layout.world_sizes))
-    return Setup(study, space, device_type, run_dir, memory_budget_bytes(budget.memory,
-                 device_type), references, launcher, groups, started)
+    budget_bytes = memory_budget_bytes(budget.memory, device_type)
+    if budget_bytes < 1:
+        key = "--memory-budget" if args.memory_budget is not None else "budget.memory"
+        raise HarnessError(f"{key} {budget.memory!r}: is less than one byte of this device's "
+                           "memory; give a size such as 8GiB, or a fraction such as 0.9")
+    return Setup(study, space, device_type, run_dir, budget_bytes, references, launcher,
+                 groups, started)
 
 
 def _check_nodes(args: argparse.Namespace, nnodes: int) -> None:
@@ -165,6 +186,7 @@ def _check_nodes(args: argparse.Namespace, nnodes: int) -> None:
 
 def _load_study(args: argparse.Namespace):
     from harness.study import Study
+    from harness.tune_check import check_run_folder
 
     if args.helper:
         return Study.from_toml(args.study)
@@ -173,6 +195,7 @@ def _load_study(args: argparse.Namespace):
         if run_dir is None:
             name = Study.from_toml(args.study).name if args.study else _default().name
             run_dir = Path("runs") / name
+        check_run_folder(run_dir, given=bool(args.out))  # before exists() can fail on it
         path = run_dir / "study.toml"
         if not path.exists():
             raise HarnessError(f"--resume: {run_dir} holds no study (no study.toml); "

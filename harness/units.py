@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from harness.errors import HarnessError
@@ -23,7 +24,10 @@ def parse_bytes(text: str, what: str = "size") -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise HarnessError(f"{what} {text!r}: write a size such as 70GiB, 512MiB or 8GB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(size):
+        raise HarnessError(f"{what} {_short(text)}: too large; write a size such as 70GiB or 8GB")
+    return int(size)
 
 
 def format_seconds(s: float | None) -> str:
@@ -48,6 +52,7 @@ def format_rate(x: float | None, unit: str) -> str:
 
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_S = 3650 * 86400  # ten years: timers and clocks stay finite
 
 
 def parse_duration(text: str | float | int, what: str = "duration") -> float:
@@ -66,4 +71,13 @@ def parse_duration(text: str | float | int, what: str = "duration") -> float:
         raise HarnessError(
             f"{what} {text!r}: must be above 0; write a duration such as 90s, 30m, 6h or 1d"
         )
+    if not seconds <= MAX_DURATION_S:  # also refuses nan and inf
+        raise HarnessError(f"{what} {_short(text)}: must be at most {MAX_DURATION_S // 86400}d; "
+                           "write a duration such as 90s, 30m, 6h or 1d")
     return seconds
+
+
+def _short(text: str | float) -> str:
+    """`text` as a message shows it: quoted, and cut short when it is long."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."

@@ -52,6 +52,38 @@ BAD = {
     "known_good outside the space": ({"known_good": {"micro_batch_size": 5}},
                                      "known_good.micro_batch_size"),
     "unknown workload argument": ({"workload": {"name": "gpt", "depth": 3}}, "workload"),
+    # found by tests/tuner/test_fuzz_studies.py, or on the way there
+    "known_good.strategies not a table": ({"known_good": {"strategies": 0}},
+                                          "known_good.strategies: expected a table"),
+    "known_good setting unknown": ({"known_good": {"strategies": {"amp": {"dtyp": "bf16"}}}},
+                                   "known_good.strategies.amp: unknown key 'dtyp'"),
+    "known_good of an unknown strategy": ({"strategies": {"turbo": {}},
+                                           "known_good": {"strategies": {"turbo": {}}}},
+                                          "known_good.strategies.turbo: unknown strategy"),
+    "known_good micro-batch a bool": ({"known_good": {"micro_batch_size": True}},
+                                      "known_good.micro_batch_size"),
+    "seed numpy cannot take": ({"seed": 2**32}, "seed: must be between 0 and 4294967295"),
+    "infinite memory budget": ({"budget": {"memory": float("inf")}}, "budget.memory inf"),
+    "nan memory budget": ({"budget": {"memory": float("nan")}}, "budget.memory: nan"),
+    "memory budget of no bytes": ({"budget": {"memory": 1e-300}}, "budget.memory 1e-300"),
+    "infinite study time": ({"budget": {"time": float("inf")}}, "budget.time inf: must be at"),
+    "a size too large": ({"budget": {"memory": "9" * 400 + "GiB"}}, "budget.memory '999"),
+    "a duration too long": ({"budget": {"trial_timeout": "4000d"}}, "budget.trial_timeout"),
+    "a doubled key in a narrowed value": (
+        {"strategies": {"amp": {"values": {"dtype": ["fp8"]}}}},
+        "strategies.amp.values.dtype: 'fp8' is not one of"),
+    "a range of words": ({"strategies": {"amp": {"values": {"dtype": {"low": "bf16",
+                                                                      "high": "fp16"}}}}},
+                         "strategies.amp.values.dtype: a range needs finite numbers"),
+    "a log range from 0": ({"strategies": {"lamb": {"values": {"max_grad_norm": {
+        "low": 0.0, "high": 1.0, "log": True}}}}}, "needs low above 0"),
+    "a range with an unknown key": ({"strategies": {"lamb": {"values": {"max_grad_norm": {
+        "low": 0.0, "high": 1.0, "step": 0.5}}}}}, "unknown key 'step' in a range"),
+    "a strategy that is false": ({"strategies": {"amp": False}},
+                                 "strategies.amp: expected a table, got bool"),
+    "micro range without max": ({"micro_batch_sizes": {"min": 2}},
+                                "micro_batch_sizes: missing key 'max'"),
+    "micro list of words": ({"micro_batch_sizes": [4, "8"]}, "micro_batch_sizes[1]: expected"),
 }
 
 
@@ -118,3 +150,64 @@ def test_study_as_run_round_trips(tmp_path: Path):
     study = Study.from_toml(STUDIES / "quickstart.toml")
     again = Study.from_dict(__import__("tomllib").loads(study.to_toml()))
     assert again == study
+
+
+def test_check_prints_what_would_run_and_creates_nothing(tmp_path, capsys, launched):
+    out = tmp_path / "run"
+    assert tune(str(write_study(tmp_path)), "--out", str(out), "--check") == 0
+    printed = capsys.readouterr().out
+    for words in ("study         quickstart", "throughput (maximize)", "device        cpu",
+                  "60 configurations", "3m wall clock", f"{out} (new; not created yet)",
+                  "first trials  baseline, known-good", FAKE):
+        assert words in printed, printed
+    assert not out.exists() and launched == []
+
+
+def test_check_of_a_space_with_ranges_says_unbounded(tmp_path, capsys):
+    path = write_study(tmp_path, strategies={"lamb": {"values": {"max_grad_norm": {
+        "low": 0.5, "high": 2.0}}}})
+    assert tune(str(path), "--out", str(tmp_path / "run"), "--check") == 0
+    assert "unbounded" in capsys.readouterr().out
+
+
+def test_check_refuses_a_bad_study_like_a_run(tmp_path, capsys):
+    path = write_study(tmp_path, global_batch_size=6)
+    assert tune(str(path), "--out", str(tmp_path / "run"), "--check") == 2
+    err = capsys.readouterr().err
+    assert "no micro-batch" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("out", ["file/sub", "file", "file/a/b/c", "link/sub"])
+def test_an_unwritable_run_folder_is_refused_up_front(out, tmp_path, capsys, launched):
+    (tmp_path / "file").write_text("a regular file, not a folder")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    study = write_study(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    for extra in ([], ["--check"]):
+        code = tune(str(study), "--out", str(tmp_path / out), *extra)
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"--out {tmp_path / out}" in err and "give --out a folder" in err, err
+    assert sorted(tmp_path.rglob("*")) == before and launched == []
+
+
+def test_an_unwritable_default_run_folder_is_refused(tmp_path, capsys, monkeypatch):
+    path = write_study(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a folder")
+    assert tune(str(path), "--check") == 2
+    err = capsys.readouterr().err
+    assert "run folder runs/quickstart" in err and "--out DIR" in err, err
+
+
+def test_a_read_only_place_for_the_run_folder_is_refused(tmp_path, capsys, monkeypatch):
+    """What os.access says of a read-only file system or folder (root writes anyway,
+    so the answer is faked)."""
+    import harness.tune_check
+
+    path = write_study(tmp_path)
+    monkeypatch.setattr(harness.tune_check.os, "access", lambda *a, **k: False)
+    assert tune(str(path), "--out", str(tmp_path / "new" / "run"), "--check") == 2
+    err = capsys.readouterr().err
+    assert f"cannot make the run folder in {tmp_path} (not writable)" in err, err
+    assert not (tmp_path / "new").exists()
