@@ -48,6 +48,17 @@ def check_run_folder(run_dir: Path, given: bool) -> None:
         raise HarnessError(f"{what}: cannot {verb} {path} (not writable); {fix}")
 
 
+def _storage(args: argparse.Namespace, setup: Any) -> str:
+    from harness.storage import describe_storage
+
+    text = describe_storage(args.storage, setup.run_dir)
+    if args.storage and "://" in args.storage and not args.storage.startswith("redis://"):
+        s = setup.study.storage
+        text += (f" (heartbeat {s.heartbeat}, grace {s.grace}, retries {s.retries}, "
+                 f"patience {s.patience}; not connected by --check)")
+    return text
+
+
 def summary(args: argparse.Namespace, setup: Any) -> str:
     """What `harness tune` would run with these flags (setup: a checked tune_cli.Setup)."""
     from harness.cli import one_line
@@ -93,6 +104,7 @@ def summary(args: argparse.Namespace, setup: Any) -> str:
         ("memory", memory),
         ("first trials", ", ".join(phase for phase, _ in setup.references)),
         ("run folder", f"{setup.run_dir} ({state})"),
+        ("storage", _storage(args, setup)),
         ("launcher", f"{getattr(launcher, '__module__', '?')}:"
                      f"{getattr(launcher, '__qualname__', '?')}"),
     ]

@@ -11,6 +11,7 @@ folder made, nothing launched. harness.tune_session then runs the study
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,11 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
                    help="peak memory per device: a size (70GiB) or a fraction of the "
                         "device's memory (0.9)")
-    p.add_argument("--storage", metavar="URL",
+    p.add_argument("--storage", metavar="URL",  # the variable is harness.storage.STORAGE_ENV
+                   default=os.environ.get("HARNESS_STORAGE"),
                    help="Optuna storage shared by workers: an RDB URL (postgresql://...), "
-                        "redis://..., or journal:PATH (default: runs/<study>/optuna.journal)")
+                        "redis://..., or journal:PATH (default: $HARNESS_STORAGE, else "
+                        "runs/<study>/optuna.journal); a password in it is never written")
     p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/<study name>)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="tuners on this machine sharing the study (CUDA devices are split "

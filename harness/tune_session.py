@@ -36,7 +36,8 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
     import os
 
     # Taken out of the environment: the trials this process launches do not need it.
-    args.storage = args.storage or os.environ.pop(STORAGE_ENV, None)
+    from_env = os.environ.pop(STORAGE_ENV, None)
+    args.storage = args.storage or from_env
     if args.follow:
         return _run_follower(args, setup)
     study, store = setup.study, RunStore(setup.run_dir)
