@@ -67,7 +67,7 @@ class Tuner:
             if self.clock.search_left() <= 0:
                 return "time: the search share of the budget is spent"
             n = self.study.budget.n_trials
-            if n and self.n_reference_trials() >= n:
+            if n and self.n_reference_trials() >= n and not self._retries_waiting():
                 return f"n_trials: {n} search trials done"
             if self.size is not None and len(self.measured) >= self.size:
                 return f"search space exhausted: all {self.size} configurations measured"
@@ -185,6 +185,11 @@ class Tuner:
     def reference_trials(self) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self.optuna_study.get_trials(deepcopy=False)
                 if t.user_attrs.get("phase", "search") in REFERENCE_PHASES]
+
+    def _retries_waiting(self) -> bool:
+        """A dead worker's trial queued again is owed a run before n_trials stops us."""
+        waiting = self.optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        return any("failed_trial" in t.system_attrs for t in waiting)
 
     def n_reference_trials(self) -> int:
         """Trials towards budget.n_trials: a dead worker's trial counts, its retry not."""
