@@ -93,6 +93,10 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
         raise HarnessError(f"--storage {redact(url)!r}: give an RDB URL (postgresql://user@host/"
                            "db, sqlite:///file.db), redis://..., or journal:PATH")
     spec = spec or StorageSpec()
+    # Optuna warns on every ask() that heartbeats are meant for Study.optimize; the
+    # tuner drives them itself (Heartbeat, fail_stale_trials below).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed",
+                            category=UserWarning)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
