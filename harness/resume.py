@@ -87,12 +87,7 @@ def _settle_one(tuner: Tuner, t: optuna.trial.FrozenTrial, records: dict) -> str
         study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
     except UpdateFinishedTrialError:
         return None
-    retried = _retry(study, t, tuner.study.storage.retries)
-    owner = Worker.parse(t.user_attrs.get("worker"))
-    who = f" ({owner.describe()})" if owner else ""
-    store.append(_orphan(tuner.run, t, f"the tuner running this trial{who} stopped before it "
-                                       f"ended; {_retry_words(retried)}"))
-    return f"trial {tid}: its tuner stopped while it ran; marked failed, {_retry_words(retried)}"
+    return _record_dead(tuner, t, "the tuner running this trial{who} stopped before it ended")
 
 
 def settle(tuner: Tuner) -> list[str]:
@@ -109,16 +104,23 @@ class StaleTrials:
         self.tuner = tuner
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        retried = _retry(study, trial, self.tuner.study.storage.retries)
-        owner = Worker.parse(trial.user_attrs.get("worker"))
-        who = f" ({owner.describe()})" if owner else ""
         grace = self.tuner.study.storage.grace
-        result = _orphan(self.tuner.run, trial, f"the worker running this trial{who} sent no "
-                                                f"heartbeat for {grace}; {_retry_words(retried)}")
-        result.tags["stale"] = True
-        self.tuner.run.store.append(result)
-        self.tuner.on_event("note", {"text": f"trial {result.trial_id}: its worker{who} went "
-                                             f"silent; marked failed, {_retry_words(retried)}"})
+        note = _record_dead(self.tuner, trial, "the worker running this trial{who} sent no "
+                                               f"heartbeat for {grace}", stale=True)
+        self.tuner.on_event("note", {"text": note})
+
+
+def _record_dead(tuner: Tuner, t: optuna.trial.FrozenTrial, cause: str, **tags: object) -> str:
+    """A failed trial (FAIL already) whose worker died: queue it again, record it, say so.
+    `cause` may name the worker with {who}."""
+    retried = _retry(tuner.optuna_study, t, tuner.study.storage.retries)
+    owner = Worker.parse(t.user_attrs.get("worker"))
+    cause = cause.format(who=f" ({owner.describe()})" if owner else "")
+    words = "queued to run again" if retried else "not run again (retries spent)"
+    result = _orphan(tuner.run, t, f"{cause}; {words}")
+    result.tags.update(tags)
+    tuner.run.store.append(result)
+    return f"trial {result.trial_id}: {cause}; marked failed, {words}"
 
 
 def _retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, retries: int) -> bool:
@@ -131,10 +133,6 @@ def _retry(study: optuna.Study, trial: optuna.trial.FrozenTrial, retries: int) -
     before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     RetryFailedTrialCallback(max_retry=retries)(study, trial)
     return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))) > before
-
-
-def _retry_words(retried: bool) -> str:
-    return "queued to run again" if retried else "not run again (retries spent)"
 
 
 def _orphan(run: StudyRun, t: optuna.trial.FrozenTrial, reason: str) -> TrialResult:

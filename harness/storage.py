@@ -162,13 +162,20 @@ class PatientRDBStorage(RDBStorage):
 
 
 def _is_connection_error(e: BaseException) -> bool:
+    """A lost or refused connection anywhere in the exception's chain (Optuna wraps
+    SQLAlchemy's errors in StorageInternalError); a session left broken by one
+    (PendingRollbackError) counts too."""
     import sqlalchemy.exc as sa
 
-    for err in (e, e.__cause__, e.__context__):
-        if isinstance(err, (sa.OperationalError, sa.InterfaceError)):
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, (sa.OperationalError, sa.InterfaceError, sa.PendingRollbackError)):
             return True
-        if isinstance(err, sa.DBAPIError) and err.connection_invalidated:
+        if isinstance(seen, sa.DBAPIError) and seen.connection_invalidated:
             return True
+        seen = seen.__cause__ or seen.__context__
     return False
 
 
@@ -196,6 +203,8 @@ def _patient(method: Callable) -> Callable:
                         "trials.jsonl: once the database is back, continue with "
                         "`harness tune --resume --out RUN_FOLDER --storage URL`")
                     raise StorageUnreachable(self.gave_up) from None
+                with contextlib.suppress(Exception):  # a fresh session for the next try
+                    self.scoped_session.remove()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
