@@ -29,7 +29,8 @@ from harness.errors import HarnessError
 from harness.estimator import estimate
 from harness.memory import MemoryTracker
 from harness.nvml import NvmlSampler
-from harness.peaks import autocast_dtype_name, forget_measured_peak, peaks_for
+from harness.peak_calibration import forget_measured_peak
+from harness.peaks import autocast_dtype_name, peaks_for
 from harness.plan import Plan
 from harness.ranks import combine, rank_figures, step_loss
 from harness.result import TrialResult, empty_metrics

@@ -160,7 +160,7 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     record say MFU against it means nothing, and is dropped so the next trial re-measures."""
     import torch
 
-    from harness import peaks
+    from harness import peak_calibration as cal
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     cpu = torch.device("cpu")
@@ -168,15 +168,15 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     keys = []
     for threads in range(1, 9):  # the trial process picks its own thread count
         monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
-        keys.append(peaks._cache_key(cpu, peaks._device_name(cpu), "fp32"))
+        keys.append(cal._cache_key(cpu, cal._device_name(cpu), "fp32"))
     monkeypatch.undo()
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
-    peaks._write_cache(peaks._cache_path(), {k: low for k in keys})
+    cal._write_cache(cal._cache_path(), {k: low for k in keys})
     out = tmp_path / "low"
     proc = harness("bench", str(PLANS / "quickstart.toml"), "--steps", "2", "--warmup-steps", "1",
                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     m = json.loads((out / "result.json").read_text())["metrics"]
     assert m["mfu_measured_peak"] > 1 and "measured low" in m["peak_flops"]["warning"]
-    assert len(peaks._read_cache(peaks._cache_path())) == len(keys) - 1  # that one dropped
+    assert len(cal._read_cache(cal._cache_path())) == len(keys) - 1  # that one dropped
     assert "measured low" in proc.stdout

@@ -11,17 +11,17 @@ import types
 import pytest
 import torch
 
-from harness import memory, nvml, peaks
+from harness import memory, nvml, peak_calibration, peaks
 from harness.env import capture_env
 from harness.errors import HarnessError
 from harness.memory import MemoryTracker, peak_memory_bytes
 from harness.nvml import NvmlReading, NvmlSampler
+from harness.peak_calibration import measured_peak
 from harness.peaks import (
     Peak,
     autocast_dtype_name,
     datasheet_peak,
     matmul_dtype,
-    measured_peak,
     peaks_for,
 )
 
@@ -132,15 +132,15 @@ def cache_dir(tmp_path, monkeypatch):
 @pytest.fixture
 def counted(monkeypatch):
     """Counts calls of the calibration benchmark (and keeps it short)."""
-    monkeypatch.setattr(peaks, "CPU_MIN_TIME_S", 0.05)
+    monkeypatch.setattr(peak_calibration, "CPU_MIN_TIME_S", 0.05)
     calls = []
-    real = peaks._benchmark_matmul
+    real = peak_calibration._benchmark_matmul
 
     def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(peaks, "_benchmark_matmul", counting)
+    monkeypatch.setattr(peak_calibration, "_benchmark_matmul", counting)
     return calls
 
 
@@ -164,7 +164,7 @@ def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
 
 
 def test_measured_peak_uses_a_planted_cache_entry(cache_dir, counted) -> None:
-    key = peaks._cache_key(CPU, peaks._device_name(CPU), "bf16")
+    key = peak_calibration._cache_key(CPU, peak_calibration._device_name(CPU), "bf16")
     (cache_dir / "peaks.json").write_text(
         json.dumps({"version": 1, "entries": {key: {"flops": 1.5e12, "source": "measured: x"}}})
     )
@@ -202,12 +202,16 @@ def test_peaks_for_prefers_the_datasheet_unless_measured_beats_it(cache_dir, mon
     # exercise the choice without a GPU: pretend the device is an A100
     fake = torch.device("cuda", 0)
     monkeypatch.setattr(peaks, "matmul_dtype", lambda device, dtype: dtype)
-    monkeypatch.setattr(peaks, "measured_peak", lambda *a, **k: Peak(250e12, "measured: fake"))
+    monkeypatch.setattr(
+        peak_calibration, "measured_peak", lambda *a, **k: Peak(250e12, "measured: fake")
+    )
     choice = peaks_for(fake, "NVIDIA A100-SXM4-80GB", "bf16")
     assert choice.used is choice.datasheet and choice.used.flops == 312e12
     assert choice.as_record()["used"] == "datasheet"
 
-    monkeypatch.setattr(peaks, "measured_peak", lambda *a, **k: Peak(400e12, "measured: fake"))
+    monkeypatch.setattr(
+        peak_calibration, "measured_peak", lambda *a, **k: Peak(400e12, "measured: fake")
+    )
     choice = peaks_for(fake, "NVIDIA A100-SXM4-80GB", "bf16")
     assert choice.used is choice.measured and "above the datasheet" in choice.reason
 
