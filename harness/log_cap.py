@@ -24,9 +24,11 @@ that does not append carries on at its old offset and leaves a hole: the file's
 apparent size keeps growing, the disk it takes does not, and that is what the cap
 counts (st_blocks); rank_logs.tail skips the hole's NUL bytes.
 
-Limits: a cut races the writer for a moment: what it writes between the reading
-of the tail and the truncation is lost, and what it writes between the truncation
-and the marker lands just before the marker. And a file may pass the cap by what
+Limits: a cut races the writer for a moment. The tail is read to the end of the
+file, then read again until nothing more came, and the file is truncated right
+after: only what the writer adds in the instant between that last read and the
+truncation is lost; what it writes between the truncation and the marker lands
+just before the marker. And a file may pass the cap by what
 the trial writes in CHECK_S before the next look (a flood of 300 MB in a second
 is cut only after it).
 """
@@ -113,10 +115,17 @@ class LogCap:
             st = os.fstat(f.fileno())
             start = max(head, st.st_size - keep_room)
             f.seek(start)
-            kept = f.read(keep_room).replace(b"\0", b"")  # a hole: see the doc
-            if start > head and b"\n" in kept:
+            kept = f.read()
+            for _ in range(64):  # what the writer added meanwhile: drained, not lost
+                more = f.read()  # (bounded: a writer that never pauses loses an instant)
+                if not more:
+                    break
+                kept = (kept + more)[-2 * keep_room:]
+            os.ftruncate(f.fileno(), head)  # right after the last (empty) read
+            cut_off = len(kept) > keep_room
+            kept = kept[-keep_room:].replace(b"\0", b"")  # a hole: see the doc
+            if (start > head or cut_off) and b"\n" in kept:
                 kept = kept.split(b"\n", 1)[1]
-            os.ftruncate(f.fileno(), head)
         n = self.cuts[path] = self.cuts.get(path, 0) + 1
         dropped = self.dropped[path] = (
             self.dropped.get(path, 0) + max(0, disk_bytes(st) - head - len(kept))
