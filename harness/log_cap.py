@@ -25,12 +25,12 @@ apparent size keeps growing, the disk it takes does not, and that is what the ca
 counts (st_blocks); rank_logs.tail skips the hole's NUL bytes.
 
 Limits: a cut races the writer for a moment. The tail is read to the end of the
-file, then read again until nothing more came, and the file is truncated right
-after: only what the writer adds in the instant between that last read and the
-truncation is lost; what it writes between the truncation and the marker lands
-just before the marker. And a file may pass the cap by what
-the trial writes in CHECK_S before the next look (a flood of 300 MB in a second
-is cut only after it).
+file (and again until nothing more came), then the truncation and the write of
+the marker and the kept tail follow back to back: only what the writer adds in
+the instant between the last read and the truncation is lost, and what it adds
+between the truncation and the write lands just before the marker. And a file may
+pass the cap by what the trial writes in CHECK_S before the next look (a flood of
+300 MB in a second is cut only after it).
 """
 
 from __future__ import annotations
@@ -108,33 +108,34 @@ class LogCap:
     def cut(self, path: Path) -> None:
         """Keep the head, a marker line and the latest output of `path` (see the doc)."""
         head_room, keep_room = min(HEAD_BYTES, self.cap // 8), min(KEEP_BYTES, self.cap // 4)
-        with open(path, "r+b") as f:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)  # appends: the marker lands at the end
+        try:
             if path not in self._heads:  # whole lines only; the marker goes after them
-                self._heads[path] = f.read(head_room).rfind(b"\n") + 1
+                self._heads[path] = os.pread(fd, head_room, 0).rfind(b"\n") + 1
             head = self._heads[path]
-            st = os.fstat(f.fileno())
+            st = os.fstat(fd)
             start = max(head, st.st_size - keep_room)
-            f.seek(start)
-            kept = f.read()
-            for _ in range(64):  # what the writer added meanwhile: drained, not lost
-                more = f.read()  # (bounded: a writer that never pauses loses an instant)
+            kept, at = b"", start
+            for _ in range(64):  # to the end, and what the writer adds meanwhile (bounded)
+                more = os.pread(fd, 1 << 20, at)
                 if not more:
                     break
-                kept = (kept + more)[-2 * keep_room:]
-            os.ftruncate(f.fileno(), head)  # right after the last (empty) read
+                kept, at = (kept + more)[-2 * keep_room:], at + len(more)
             cut_off = len(kept) > keep_room
             kept = kept[-keep_room:].replace(b"\0", b"")  # a hole: see the doc
             if (start > head or cut_off) and b"\n" in kept:
                 kept = kept.split(b"\n", 1)[1]
-        n = self.cuts[path] = self.cuts.get(path, 0) + 1
-        dropped = self.dropped[path] = (
-            self.dropped.get(path, 0) + max(0, disk_bytes(st) - head - len(kept))
-        )
-        marker = (f"[harness: log cut at {st.st_size} bytes (cut {n}; cap {self.cap} bytes, "
-                  f"{CAP_ENV}); about {dropped} bytes of output dropped so far; the latest "
-                  "output follows]\n")
-        with open(path, "ab") as f:
-            f.write(marker.encode() + kept)
+            n = self.cuts[path] = self.cuts.get(path, 0) + 1
+            dropped = self.dropped[path] = (
+                self.dropped.get(path, 0) + max(0, disk_bytes(st) - head - len(kept)))
+            marker = (f"[harness: log cut at {at} bytes (cut {n}; cap {self.cap} bytes, "
+                      f"{CAP_ENV}); about {dropped} bytes of output dropped so far; the latest "
+                      "output follows]\n").encode()
+            # Back to back, so a line the writer adds in between is all but impossible.
+            os.ftruncate(fd, head)
+            os.write(fd, marker + kept)
+        finally:
+            os.close(fd)
 
     def summary(self) -> dict[str, str]:
         """Each cut file (relative to the root): how often it was cut and what it lost."""
