@@ -69,6 +69,23 @@ def did_you_mean(word: str, known: typing.Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def split_workload(data: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A [workload] table in `data` becomes data["workload"] = its name; returns its other
+    keys (the workload's arguments), or None when there was no table."""
+    wl = data.pop("workload", None)
+    if not isinstance(wl, dict):
+        if wl is not None:
+            data["workload"] = wl
+        return None
+    args = dict(wl)
+    name = args.pop("name", None)
+    if not isinstance(name, str):
+        raise HarnessError(f"{where}.workload: needs name = \"gpt\" (or \"vit\", \"resnet\", "
+                           "\"mlp\", or \"package.module:function\")")
+    data["workload"] = name
+    return args
+
+
 def from_table(cls: type[T], table: Mapping[str, Any], where: str) -> T:
     """Build dataclass `cls` from `table`, checking keys and types.
 

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import TomlFile, bounded, did_you_mean, from_table, read_toml, to_table
+from harness.config import (
+    TomlFile,
+    bounded,
+    did_you_mean,
+    from_table,
+    read_toml,
+    split_workload,
+    to_table,
+)
 from harness.errors import HarnessError
 
 
@@ -121,21 +129,11 @@ class Plan(TomlFile):
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "plan") -> Plan:
         data = copy.deepcopy(dict(data))
-        wl = data.pop("workload", None)
-        if isinstance(wl, dict):
-            args = dict(wl)
-            name = args.pop("name", None)
-            if not isinstance(name, str):
-                raise HarnessError(
-                    f"{where}.workload: needs name = \"gpt\" (or \"vit\", \"resnet\", \"mlp\", "
-                    f"or \"package.module:function\")"
-                )
-            data["workload"] = name
+        args = split_workload(data, where)
+        if args is not None:
             if "workload_args" in data:
                 raise HarnessError(f"{where}: give workload arguments in [workload], not both")
             data["workload_args"] = args
-        elif wl is not None:
-            data["workload"] = wl
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import TomlFile, bounded, did_you_mean, from_table, read_toml
+from harness.config import (
+    TomlFile,
+    bounded,
+    did_you_mean,
+    from_table,
+    read_toml,
+    split_workload,
+)
 from harness.errors import HarnessError
 from harness.plan import Layout, OptimizerSettings
 from harness.storage import StorageSpec
@@ -218,15 +225,9 @@ class Study(TomlFile):
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "study") -> Study:
         data = copy.deepcopy(dict(data))
-        wl = data.pop("workload", None)
-        if isinstance(wl, dict):
-            args = dict(wl)
-            name = args.pop("name", None)
-            if not isinstance(name, str):
-                raise HarnessError(f"{where}.workload: needs name = \"gpt\" (or another workload)")
-            data["workload"], data["workload_args"] = name, args
-        elif wl is not None:
-            data["workload"] = wl
+        args = split_workload(data, where)
+        if args is not None:
+            data["workload_args"] = args
         raw_strategies = data.pop("strategies", {})
         if not isinstance(raw_strategies, dict):
             raise HarnessError(f"{where}.strategies: expected tables such as [strategies.amp]")
