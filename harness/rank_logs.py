@@ -80,8 +80,25 @@ class RankLog:
         return bool(self.error and _SYMPTOM.search(self.error))
 
     def last_lines(self, n: int = 8) -> str:
+        """The last n lines of its stderr, ending at its error where it printed one:
+        what follows the traceback (an abort on the way out, a faulthandler dump) is
+        summed up in one line so it cannot push the traceback out of the quote."""
         lines = [line for line in self.stderr.splitlines() if line.strip()]
-        return "\n".join(lines[-n:])
+        end = self._error_line(lines)
+        if end is None or end == len(lines) - 1:
+            return "\n".join(lines[-n:])
+        after = lines[end + 1:]
+        return "\n".join(lines[max(0, end + 1 - n):end + 1] + [
+            f"[then {len(after)} more line{'s' if len(after) > 1 else ''}, "
+            f"the first: {after[0].strip()[:200]}]"])
+
+    def _error_line(self, lines: list[str]) -> int | None:
+        """Index of the last line that carries the rank's error, if any does."""
+        message = (self.error or "").strip().splitlines()
+        if not message or len(message[0]) < 8:
+            return None  # too short to find honestly
+        needle = message[0][:200]
+        return next((i for i in range(len(lines) - 1, -1, -1) if needle in lines[i]), None)
 
     def where(self) -> str | None:
         """Where the main thread was when the rank was stopped (its faulthandler dump)."""

@@ -66,6 +66,26 @@ def test_root_cause_is_not_an_error_caused_by_another_rank_going_away(tmp_path):
     assert root_cause(logs).rank == 1
 
 
+def test_the_quoted_stderr_ends_at_the_error_not_at_an_abort_after_it(tmp_path):
+    error = "RuntimeError: injected failure on rank 1 at step 1"
+    stderr = ("[rank1]: Traceback (most recent call last):\n"
+              '[rank1]:   File "w.py", line 60, in loss\n'
+              f"[rank1]: {error}\n"
+              "terminate called without an active exception\n"
+              "Fatal Python error: Aborted\n\n"
+              "Thread 0x7f (most recent call first):\n  <no Python frame>\n"
+              "Extension modules: numpy, torch._C (total: 2)\n")
+    rank_folder(tmp_path, 1, error, stderr=stderr)
+    quoted = read_rank_logs(tmp_path)[0].last_lines(3).splitlines()
+    assert quoted[:3] == stderr.splitlines()[:3]
+    assert quoted[3] == ("[then 5 more lines, the first: "
+                         "terminate called without an active exception]")
+    assert len(quoted) == 4
+    # With nothing after the error, or no error found, the plain last lines.
+    rank_folder(tmp_path, 2, "ValueError: not printed", stderr="a\nb\nc\n")
+    assert read_rank_logs(tmp_path)[1].last_lines(2) == "b\nc"
+
+
 def test_where_a_stopped_rank_was(tmp_path):
     dump = (
         'Thread 0x01 (most recent call first):\n'
