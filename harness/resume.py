@@ -2,7 +2,9 @@
 
 `recover` runs when a tuner starts (--resume) and before each trial it asks for.
 A RUNNING trial whose owner (harness.workers.Worker) still runs, or runs on
-another host, is left alone. Otherwise, in the order the tuner writes them:
+another host, is left alone, and so is one not tagged with its owner yet for its
+first minute (another worker may have just asked for it). Otherwise, in the order
+the tuner writes them:
 
     the record is in trials.jsonl       Optuna is told what it says
     only the trial's result.json        the record is appended, then Optuna told
@@ -35,16 +37,19 @@ from harness.workers import Worker
 if TYPE_CHECKING:
     from harness.tuner import Tuner
 
-UNTAGGED_GRACE_S = 300  # a RUNNING trial without a worker tag this old was abandoned
+# A RUNNING trial without a worker tag this old was abandoned: its tuner died between
+# Optuna's ask and the tag (milliseconds). Younger, it may be another worker's that
+# has just asked: tuners sharing a storage start at the same moment.
+UNTAGGED_GRACE_S = 60
 
 
-def recover(tuner: Tuner, *, at_start: bool = True) -> list[str]:
+def recover(tuner: Tuner) -> list[str]:
     """Settle the trials dead workers left RUNNING; returns what was done, in words.
     Workers sharing the run folder take turns (a lock), and each trial is claimed in
     the storage first, so a trial is settled, recorded and retried once."""
     running = [t for t in tuner.optuna_study.get_trials(deepcopy=False,
                                                         states=(TrialState.RUNNING,))
-               if _abandoned(t, at_start)]
+               if _abandoned(t)]
     if not running:
         return []
     notes = []
@@ -57,13 +62,13 @@ def recover(tuner: Tuner, *, at_start: bool = True) -> list[str]:
     return notes
 
 
-def _abandoned(t: optuna.trial.FrozenTrial, at_start: bool) -> bool:
+def _abandoned(t: optuna.trial.FrozenTrial) -> bool:
     owner = Worker.parse(t.user_attrs.get("worker"))
     if owner is not None:
         return not owner.alive()
     # No owner yet: killed between ask and tagging, or a worker that has just asked.
     age = time.time() - t.datetime_start.timestamp() if t.datetime_start else 0.0
-    return at_start or age > UNTAGGED_GRACE_S
+    return age > UNTAGGED_GRACE_S
 
 
 def _settle_one(tuner: Tuner, t: optuna.trial.FrozenTrial, records: dict) -> str | None:
@@ -93,7 +98,7 @@ def _settle_one(tuner: Tuner, t: optuna.trial.FrozenTrial, records: dict) -> str
 def settle(tuner: Tuner) -> list[str]:
     """Before each trial: fail (and retry) the trials of workers that died."""
     fail_stale_trials(tuner.optuna_study)  # RDB heartbeats: calls StaleTrials
-    return recover(tuner, at_start=False)
+    return recover(tuner)
 
 
 class StaleTrials:

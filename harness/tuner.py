@@ -85,10 +85,10 @@ class Tuner:
                 return f"time: {result.reason}"
 
     def _search_trial(self, trial: optuna.Trial) -> tuple[TrialResult, bool]:
+        trial.set_user_attr("worker", self.me.tag)  # first: it claims the trial (resume.py)
         phase = trial.user_attrs.get("phase", "search")
         trial.set_user_attr("phase", phase)
         trial.set_user_attr("trial_id", trial.number)
-        trial.set_user_attr("worker", self.me.tag)
         plan = self.space.suggest(trial)
         tags = {"phase": phase, "optuna_number": trial.number}
         retry_of = self._retry_of(trial)

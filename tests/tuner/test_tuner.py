@@ -195,3 +195,39 @@ def test_resume_runs_again_only_the_ablation_trials_that_never_finished(tmp_path
     assert [c["trial_id"] for c in launched] == [f"{cut['trial_id']}-retry1"]
     ids = [str(r["trial_id"]) for r in records(out)]
     assert len(ids) == len(set(ids))
+
+
+def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_path, launched):
+    """Tuners sharing a storage start together: one's trial is RUNNING, not yet tagged
+    with its worker, when the other settles what dead workers left (seen in CI)."""
+    import datetime as dt
+
+    from harness import resume
+    from harness.workers import Worker
+
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 2})
+    assert tune(str(path), "--out", str(out)) == 0
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
+    study = optuna.load_study(study_name="quickstart", storage=storage)
+    just_asked = study.ask()  # another worker's, this instant: no tag yet
+    assert tune("--resume", "--out", str(out), "--n-trials", "3") == 0
+    (t,) = [t for t in optuna_trials(out) if t.number == just_asked.number]
+    assert t.state == TrialState.RUNNING
+    assert all(r["tags"].get("optuna_number") != t.number for r in records(out))
+
+    def frozen(worker=None, age_s=0.0):
+        start = dt.datetime.now() - dt.timedelta(seconds=age_s)
+        attrs = {"worker": worker} if worker else {}
+        return optuna.trial.FrozenTrial(
+            number=0, state=TrialState.RUNNING, value=None, datetime_start=start,
+            datetime_complete=None, params={}, distributions={}, user_attrs=attrs,
+            system_attrs={}, intermediate_values={}, trial_id=0)
+
+    me = Worker.this()
+    dead = Worker(me.host, me.pid, me.created - 100)  # its pid, since taken by another
+    assert not resume._abandoned(frozen())
+    assert resume._abandoned(frozen(age_s=resume.UNTAGGED_GRACE_S + 5))
+    assert not resume._abandoned(frozen(me.tag, age_s=3600))
+    assert resume._abandoned(frozen(dead.tag))
