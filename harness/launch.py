@@ -133,7 +133,7 @@ def launch(
     worker += ["--study", study] if study is not None else []
     worker += ["--trial-id", str(trial_id)] if trial_id is not None else []
     single = prep.plan.world_size == 1 and nnodes == 1
-    env = _env(launch_id, node_rank)
+    env = _env(launch_id, node_rank, logs)
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
         env[STEP_LOG_ENV] = str(Path(progress_file).absolute())
@@ -192,6 +192,7 @@ def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeo
                     if time.monotonic() >= deadline:
                         timed_out = True
                         running = procs.running_ranks(launch_id)
+                        procs.dump_stacks(launch_id, env[procs.STACKS_DIR_ENV])  # where each was
                         break
                     stop_reason = should_stop() if should_stop else None
                     if stop_reason is not None:
@@ -248,10 +249,11 @@ def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, study: 
     return argv
 
 
-def _env(launch_id: str, node_rank: int) -> dict[str, str]:
+def _env(launch_id: str, node_rank: int, logs: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
     env[procs.LAUNCH_ID_ENV] = launch_id
     env[procs.LAUNCHER_ENV] = procs.launcher_tag()
+    env[procs.STACKS_DIR_ENV] = str(logs)
     env[NODE_RANK_ENV] = str(node_rank)
     env["PYTHONUNBUFFERED"] = "1"
     # The trial imports what the caller could: its working folder and the folders

@@ -5,8 +5,8 @@ process group does not reach them, and a rank whose agent died is re-parented
 away from it. So every process of a trial carries a tag in its environment
 (HARNESS_LAUNCH_ID, inherited by torchrun's agent and its workers), and stopping
 a trial stops the launched process's tree, its process group and every process
-with the tag: SIGTERM first (each rank then prints its stack, see harness.worker),
-SIGKILL after a grace period.
+with the tag: SIGTERM first, SIGKILL after a grace period. Before a trial that ran
+out of time is stopped, each rank is asked for its stack (`dump_stacks`).
 
 Should the launcher itself die (killed, or its machine's job ended), each rank
 notices within a second (`watch_launcher`) and stops itself the same way.
@@ -15,6 +15,7 @@ notices within a second (`watch_launcher`) and stops itself the same way.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import subprocess
@@ -26,6 +27,32 @@ import psutil
 
 LAUNCH_ID_ENV = "HARNESS_LAUNCH_ID"
 LAUNCHER_ENV = "HARNESS_LAUNCHER"  # "pid:create_time" of the launching process
+STACKS_DIR_ENV = "HARNESS_STACKS_DIR"  # where each rank writes its stack on SIGUSR1
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def stack_file(folder: str | os.PathLike, rank: int) -> str:
+    return os.path.join(folder, f"stack-rank{rank}.txt")
+
+
+def listen_for_stack_requests() -> None:
+    """In a rank: on STACK_SIGNAL, write every thread's stack to this rank's stack file
+    (faulthandler, in C: it answers while the main thread is stuck in a collective).
+
+    Not on SIGTERM: a rank stopped gets several at once (the launcher's, torchrun's),
+    and faulthandler's dump guards against re-entry by returning at once, so the
+    second signal's chained default action often killed the rank before the first
+    had written a line.
+    """
+    folder = os.environ.get(STACKS_DIR_ENV)
+    if not folder:
+        return
+    global _stack_out  # faulthandler keeps the descriptor, not the file object
+    _stack_out = open(stack_file(folder, int(os.environ.get("RANK", "0"))), "w")  # noqa: SIM115
+    faulthandler.register(STACK_SIGNAL, file=_stack_out, all_threads=True, chain=False)
+
+
+_stack_out = None
 
 
 def launcher_tag() -> str:
@@ -88,16 +115,36 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def running_ranks(launch_id: str) -> list[int]:
-    """The ranks (RANK in their environment) of this trial's workers still running."""
-    ranks = set()
+def workers(launch_id: str) -> dict[int, psutil.Process]:
+    """This trial's workers still running, by rank (RANK in their environment)."""
+    found = {}
     for p in tagged(launch_id):
         try:
             if "harness.worker" in " ".join(p.cmdline()):
-                ranks.add(int(p.environ().get("RANK", "0")))
+                found[int(p.environ().get("RANK", "0"))] = p
         except (psutil.Error, ValueError):
             continue
-    return sorted(ranks)
+    return found
+
+
+def running_ranks(launch_id: str) -> list[int]:
+    """The ranks of this trial's workers still running."""
+    return sorted(workers(launch_id))
+
+
+def dump_stacks(launch_id: str, folder: str | os.PathLike, wait_s: float = 2.0) -> None:
+    """Ask every running rank for its stack (one signal each: see
+    listen_for_stack_requests) and wait, at most `wait_s`, until each has written it."""
+    asked = workers(launch_id)
+    _signal(list(asked.values()), STACK_SIGNAL)
+    files = [stack_file(folder, rank) for rank in asked]
+    deadline, sizes = time.monotonic() + wait_s, None
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = [os.path.getsize(f) if os.path.exists(f) else 0 for f in files]
+        if all(now) and now == sizes:  # every file written, and no longer growing
+            return
+        sizes = now
 
 
 def _signal(procs: list[psutil.Process], sig: signal.Signals) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.distributed import LOG_HEADER as HEADER
+from harness.procs import stack_file
 
 TAIL_BYTES = 8192
 ERROR_FILE_LIMIT = 4 * 2**20  # larger error files are not read
@@ -66,6 +67,7 @@ class RankLog:
     error: str | None  # the exception line from the error file
     traceback: str | None
     timestamp: int | None
+    stacks: str = ""  # the stack it wrote when the launcher asked (harness.procs)
 
     @property
     def name(self) -> str:
@@ -101,14 +103,24 @@ class RankLog:
         return next((i for i in range(len(lines) - 1, -1, -1) if needle in lines[i]), None)
 
     def where(self) -> str | None:
-        """Where the main thread was when the rank was stopped (its faulthandler dump)."""
-        blocks = self.stderr.split("(most recent call first):")
-        for block in reversed(blocks[1:]):
-            frames = _FRAME.findall(block.split("\n\n", 1)[0])
-            if frames and any("worker.py" in f or "runpy" in f for f, _, _ in frames):
-                file, line, fn = frames[0]
-                return f"in {fn} at {Path(file).name}:{line}"
+        """Where the main thread was when the rank was stopped: from the stack it wrote
+        when asked, else from the one it printed on SIGTERM (faulthandler's dumps)."""
+        for text in (self.stacks, self.stderr):
+            found = _where(text)
+            if found:
+                return found
         return None
+
+
+def _where(dump: str) -> str | None:
+    """The innermost frame of the last faulthandler dump that reached the worker."""
+    blocks = dump.split("(most recent call first):")
+    for block in reversed(blocks[1:]):
+        frames = _FRAME.findall(block.split("\n\n", 1)[0])
+        if frames and any("worker.py" in f or "runpy" in f for f, _, _ in frames):
+            file, line, fn = frames[0]
+            return f"in {fn} at {Path(file).name}:{line}"
+    return None
 
 
 def _read_error(path: Path) -> tuple[str | None, str | None, int | None]:
@@ -137,10 +149,10 @@ def read_rank_logs(log_dir: Path) -> list[RankLog]:
     for stderr in sorted(Path(log_dir).rglob("stderr.log")):
         folder = stderr.parent
         m = _RANK.search(head(stderr))
+        rank = int(m.group(1)) if m else None
         error, tb, stamp = _read_error(folder / "error.json")
-        found.append(
-            RankLog(folder, int(m.group(1)) if m else None, tail(stderr), error, tb, stamp)
-        )
+        stacks = tail(Path(stack_file(log_dir, rank))) if rank is not None else ""
+        found.append(RankLog(folder, rank, tail(stderr), error, tb, stamp, stacks))
     return sorted(found, key=lambda r: (r.rank is None, r.rank or 0))
 
 

@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     append_output()  # the launcher cuts logs past their cap; carry on at the new end
     info = RankInfo.from_env()
     print(f"{HEADER} {info.describe()}, pid {os.getpid()}", file=sys.stderr, flush=True)
-    # A rank stopped by the launcher (a hang, or another rank's failure) leaves the
-    # stack of every thread in its stderr before it goes.
+    # A rank stopped (a hang, or another rank's failure) leaves the stack of every
+    # thread in its stderr before it goes; when it may not (several SIGTERMs at once),
+    # the launcher asked first for the stack file (harness.procs.dump_stacks).
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    from harness.procs import watch_launcher
+    from harness.procs import listen_for_stack_requests, watch_launcher
 
+    listen_for_stack_requests()
     watch_launcher()  # and if the launcher dies, stop too
 
     import strategies  # noqa: F401  (registers the built-in strategies)

@@ -98,6 +98,11 @@ def test_where_a_stopped_rank_was(tmp_path):
     )
     rank_folder(tmp_path, 1, stderr=dump)
     assert read_rank_logs(tmp_path)[0].where() == "in loss at faulty_workload.py:59"
+    # The stack it wrote when asked comes first; a dump in its stderr is the fallback
+    # (one cut short by a second SIGTERM says nothing).
+    rank_folder(tmp_path, 2, stderr="Current thread 0x02 (most recent call first):\n")
+    (tmp_path / "stack-rank2.txt").write_text(dump.replace("line 59", "line 61"))
+    assert read_rank_logs(tmp_path)[1].where() == "in loss at faulty_workload.py:61"
 
 
 def test_torchruns_first_observed_failure_is_read():

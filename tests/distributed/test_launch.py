@@ -134,8 +134,11 @@ def test_a_hang_times_out_and_nothing_is_left(tmp_path):
     assert took < timeout + 2 * GRACE_S + 10  # the parent's own checks come before the clock
     assert result.reason.startswith(f"no result after {timeout:g} s; the trial was stopped")
     assert "ranks still running: 0, 1" in result.reason
-    # Where each was: rank 1 in the hanging loss (from its stack, printed on SIGTERM).
+    # Where each was: rank 1 in the hanging loss, from the stack each rank wrote when
+    # the launcher asked, before stopping them.
     assert "rank 1 in loss at faulty_workload.py" in result.reason
+    stack = (out / "logs" / "stack-rank1.txt").read_text()
+    assert "in loss" in stack and "Current thread" in stack
     assert result.metrics["ranks_running"] == [0, 1]
     assert json.loads((out / "result.json").read_text())["status"] == "timeout"
     assert_nothing_left(out)
