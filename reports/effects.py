@@ -78,7 +78,8 @@ def _from_ablation(run: Run, abl) -> Effects:
     ok = abl[abl["status"] == "ok"]
     ref = ok[ok["ablation_without"].isna()]
     of = abl["ablation_of"].dropna()
-    note = (f"Leave-one-out trials of trial {of.iloc[0] if len(of) else run.best_id}: each "
+    best_id = of.iloc[0] if len(of) else run.best_id
+    note = (f"Leave-one-out trials of trial {best_id}: each "
             "technique turned off in turn, everything else fixed, repeated. Bars: median; "
             "whiskers: smallest and largest of every (best, without) pair.")
     if not len(ref):
@@ -89,8 +90,17 @@ def _from_ablation(run: Run, abl) -> Effects:
         ref = best.to_frame().T
         note += " The best configuration was not re-measured: its one search measurement " \
                 "is the reference."
+    without = abl[abl["ablation_without"].notna()]
+    if not len(without):
+        plan = (run.records.get(str(best_id)) or {}).get("plan") or {}
+        if not strategies_of(plan):  # the fp32 baseline won (on a CPU it can)
+            return Effects("ablation", f"The best configuration (trial {best_id}) uses no "
+                           "technique, so there was nothing to turn off: the plain baseline "
+                           "was the fastest configuration measured.", [])
+        return Effects("ablation", f"No leave-one-out trial of trial {best_id} (each technique "
+                       "turned off in turn) was recorded: the study stopped before them.", [])
     items = []
-    for name, grp in abl[abl["ablation_without"].notna()].groupby("ablation_without", sort=True):
+    for name, grp in without.groupby("ablation_without", sort=True):
         e = Effect(str(name), "ablation", n_reference=len(ref))
         good = grp[grp["status"] == "ok"]
         e.failures = grp[grp["status"] != "ok"]["status"].value_counts().to_dict()

@@ -49,7 +49,12 @@ def test_real_small_study_renders_offline(browser, real, tmp_path):
     run = load_run(real)
     assert len(run.trials) >= 8 and (run.trials["phase"] == "ablation").any()
     seen = _open(browser, build_report(run), tmp_path / "report.html")
-    assert seen.plots == 8
+    # Real measurements: on this CPU the fp32 baseline is sometimes the fastest, and
+    # then there is no technique to turn off and the effects figure says so instead.
+    if run.records[run.best_id]["plan"]["strategies"]:
+        assert seen.plots == 8
+    else:
+        assert seen.plots == 7 and "uses no technique, so there was nothing" in seen.text
     assert "Headline" in seen.text and "What each technique bought" in seen.text
     shot = browser.visit(tmp_path / "report.html", screenshot=True).screenshot
     assert shot and shot.startswith(b"\x89PNG") and len(shot) > 50_000

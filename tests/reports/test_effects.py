@@ -87,3 +87,20 @@ def test_no_effects_says_why(tmp_path):
     run = load_run(write_run(tmp_path / "s", synthetic_records(1), journal=False))
     eff = technique_effects(run)
     assert eff.source == "none" and not eff.items and "cannot be shown" in eff.note
+
+
+@pytest.mark.parametrize("best_has_techniques", [False, True])
+def test_ablation_with_nothing_turned_off_says_why(tmp_path, best_has_techniques):
+    """Only the best re-measured: either it uses no technique (the fp32 baseline won, as
+    it can on a CPU), or the study stopped before the leave-one-out trials ran."""
+    recs = synthetic_records(2, ablation=False)
+    best = recs[1]
+    best["plan"]["strategies"] = {"amp": {"dtype": "bf16"}} if best_has_techniques else {}
+    best["metrics"]["samples_per_s"] = 1e9  # the best, whatever the generator drew
+    abl = [_ablation(best, 10 + i, None, 100.0 + i, 4 * GiB) for i in range(2)]
+    eff = technique_effects(load_run(write_run(tmp_path / "s", recs + abl, journal=False)))
+    assert eff.source == "ablation" and not eff.items
+    if best_has_techniques:
+        assert eff.note.startswith("No leave-one-out trial of trial 1")
+    else:
+        assert eff.note.startswith("The best configuration (trial 1) uses no technique")
