@@ -7,6 +7,6 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 
 __all__ = ["HarnessError", "__version__"]

@@ -44,7 +44,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from harness.errors import HarnessError
+    from harness.core.errors import HarnessError
     from reports.compare import build_compare
     from reports.load import load_run
 

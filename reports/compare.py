@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.units import format_bytes
+from harness.core.units import format_bytes
 from reports.effects import Effects, technique_effects
 from reports.environment import environment
 from reports.figures_perf import measured, pareto_front

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from harness.units import format_bytes
+from harness.core.units import format_bytes
 from reports.load import Run
 from reports.style import (
     BASELINE,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 from reports.frame import NUMERIC, flatten, short_labels
 
 SCHEMA = 1

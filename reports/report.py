@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from statistics import median
 
-from harness.units import format_bytes, format_seconds
+from harness.core.units import format_bytes, format_seconds
 from reports import figures_memory as fm
 from reports import figures_perf as perf
 from reports import figures_study as fs

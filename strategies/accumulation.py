@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 from strategies.base import Phase, Strategy
 from strategies.registry import register
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from harness.config import from_table, to_table
+from harness.core.config import from_table, to_table
 
 if TYPE_CHECKING:
-    from harness.device import RuntimeEnv
-    from harness.plan import Plan
+    from harness.core.device import RuntimeEnv
+    from harness.core.plan import Plan
     from strategies.setup import Setup
 
 

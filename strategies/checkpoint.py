@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 from strategies.base import Choice, Phase, Strategy
 from strategies.registry import register
 

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.device import RuntimeEnv, resolve_device
-from harness.errors import HarnessError
-from harness.plan import Plan
+from harness.core.device import RuntimeEnv, resolve_device
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
 from strategies.base import Phase, Strategy
 from strategies.mesh import build_mesh, layout_reasons
 from strategies.registry import get
@@ -56,7 +56,7 @@ def validate(plan: Plan, env: RuntimeEnv) -> None:
 
 def resolved(plan: Plan) -> Plan:
     """`plan` with every strategy's settings written out in full (defaults filled)."""
-    from harness.config import to_table
+    from harness.core.config import to_table
 
     return plan.replace(
         strategies={s.name: to_table(settings) for s, settings in active(plan)}

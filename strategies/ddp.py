@@ -14,7 +14,7 @@ from typing import Literal
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 from strategies.base import Choice, Phase, Strategy
 from strategies.mesh import group
 from strategies.registry import register

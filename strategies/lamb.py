@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from harness.errors import HarnessError
-from harness.plan import OptimizerSettings
+from harness.core.errors import HarnessError
+from harness.core.plan import OptimizerSettings
 from strategies.base import Choice, Phase, Space, Strategy
 from strategies.registry import register
 from strategies.setup import Setup

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.config import from_table
-from harness.errors import HarnessError
+from harness.core.config import from_table
+from harness.core.errors import HarnessError
 from harness.workloads.gpt import GPT, GPTConfig
 from strategies.base import Choice, Phase, Strategy
 from strategies.mesh import group

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.config import did_you_mean
-from harness.errors import HarnessError
+from harness.core.config import did_you_mean
+from harness.core.errors import HarnessError
 from strategies.base import Strategy
 
 _REGISTRY: dict[str, Strategy] = {}

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from harness.plan import OptimizerSettings, Plan
+from harness.core.plan import OptimizerSettings, Plan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # (params, hyper-parameters, implementation) -> optimizer. `impl` is "default",

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from harness.config import from_table
-from harness.errors import HarnessError
+from harness.core.config import from_table
+from harness.core.errors import HarnessError
 from harness.workloads.gpt import GPTConfig
 from strategies.base import Choice, Phase, Strategy
 from strategies.mesh import submesh

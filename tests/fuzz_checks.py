@@ -9,7 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from harness.cli import main, one_line
+from harness.cli.main import main, one_line
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:

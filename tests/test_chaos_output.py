@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.log_cap import CAP_ENV, KEEP_BYTES, LogCap, append_output, cap_bytes, disk_bytes
-from harness.rank_logs import tail
+from harness.core.errors import HarnessError
+from harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, append_output, cap_bytes, disk_bytes
+from harness.launch.rank_logs import tail
 from tests.distributed.launch_helpers import ROOT, assert_nothing_left, needs_ddp
 
 CAP = 8 * 2**20
@@ -35,9 +35,9 @@ HEADER = "harness worker: rank"
 DRIVER = r"""
 import contextlib, json, resource, sys, threading
 from pathlib import Path
-from harness.launch import launch
-from harness.log_cap import disk_bytes
-from harness.trial import prepare
+from harness.launch.local import launch
+from harness.launch.log_cap import disk_bytes
+from harness.measure.trial_loop import prepare
 from tests.distributed.launch_helpers import faulty_plan
 
 out, plan = Path(sys.argv[1]), faulty_plan(**json.loads(sys.argv[2]))
@@ -166,7 +166,7 @@ def write_lines(f, n: int, what: str) -> None:
 
 def collapse_works_here(folder) -> bool:
     """Whether the file system under `folder` takes ranges out of files (ext4, XFS)."""
-    from harness.log_cap import COLLAPSE_RANGE, _fallocate
+    from harness.launch.log_cap import COLLAPSE_RANGE, _fallocate
 
     probe = folder / "probe"
     probe.write_bytes(b"x" * (3 * os.statvfs(folder).f_bsize))
@@ -183,7 +183,7 @@ def test_chaos_cut_keeps_head_marker_and_latest_output(tmp_path, monkeypatch, mo
     leaves a hole, which takes no disk and which `tail` skips. Both ways of cutting:
     in the kernel where the file system can, by rewriting the file elsewhere."""
     if how == "rewrite":
-        monkeypatch.setattr("harness.log_cap._fallocate", lambda *args: False)
+        monkeypatch.setattr("harness.launch.log_cap._fallocate", lambda *args: False)
     elif not collapse_works_here(tmp_path):
         pytest.skip(f"the file system under {tmp_path} cannot collapse ranges")
     path = tmp_path / "stderr.log"
@@ -214,7 +214,7 @@ def test_chaos_cut_keeps_head_marker_and_latest_output(tmp_path, monkeypatch, mo
 def test_chaos_cuts_while_a_writer_appends_lose_and_move_nothing(tmp_path):
     """Lines appended while the file is cut, some in two writes as print makes them
     (its text, then the newline): after the last marker, every line is there, in
-    order, whole. (The rewriting cut cannot promise this: see harness.log_cap.)"""
+    order, whole. (The rewriting cut cannot promise this: see harness.launch.log_cap.)"""
     import threading
 
     if not collapse_works_here(tmp_path):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.result import empty_metrics
+from harness.cli.main import main
+from harness.records.result import empty_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "studies" / "plans"
@@ -160,7 +160,7 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     record say MFU against it means nothing, and is dropped so the next trial re-measures."""
     import torch
 
-    from harness import peak_calibration as cal
+    from harness.measure import peak_calibration as cal
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     cpu = torch.device("cpu")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.plan import OptimizerSettings
+from harness.core.errors import HarnessError
+from harness.core.plan import OptimizerSettings
 from strategies.base import Choice, Phase
 from strategies.lamb import Lamb, LambStrategy
 from strategies.registry import get

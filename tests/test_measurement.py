@@ -11,13 +11,13 @@ import types
 import pytest
 import torch
 
-from harness import memory, nvml, peak_calibration, peaks
-from harness.env import capture_env
-from harness.errors import HarnessError
-from harness.memory import MemoryTracker, peak_memory_bytes
-from harness.nvml import NvmlReading, NvmlSampler
-from harness.peak_calibration import measured_peak
-from harness.peaks import (
+from harness.core.errors import HarnessError
+from harness.measure import memory, nvml, peak_calibration, peaks
+from harness.measure.env import capture_env
+from harness.measure.memory import MemoryTracker, peak_memory_bytes
+from harness.measure.nvml import NvmlReading, NvmlSampler
+from harness.measure.peak_calibration import measured_peak
+from harness.measure.peaks import (
     Peak,
     autocast_dtype_name,
     datasheet_peak,
@@ -414,7 +414,7 @@ def test_capture_env_keeps_storage_passwords_out(monkeypatch) -> None:
 
 
 def test_capture_env_never_raises(monkeypatch) -> None:
-    import harness.env as env_mod
+    import harness.measure.env as env_mod
 
     def boom(*a, **k):
         raise RuntimeError("broken")

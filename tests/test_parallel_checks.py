@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.device import RuntimeEnv
-from harness.plan import Layout, Plan
+from harness.core.device import RuntimeEnv
+from harness.core.plan import Layout, Plan
 from strategies import reasons_against
 from strategies.tensor import interleave_qkv
 

@@ -15,8 +15,8 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 import strategies
-from harness.batches import split_batch
-from harness.plan import Plan
+from harness.core.plan import Plan
+from harness.measure.batches import split_batch
 from strategies import compose
 from strategies.lamb import Lamb
 from tests.tiny import tiny_gpt, train

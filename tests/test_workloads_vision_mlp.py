@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 from harness.workloads.base import TransformerShape, Workload
 from harness.workloads.mlp import build_mlp
 from harness.workloads.vision import build_resnet, build_vit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.batches import split_batch
-from harness.plan import Plan
+from harness.core.plan import Plan
+from harness.measure.batches import split_batch
 from harness.workloads import load_workload
 from strategies import compose
 

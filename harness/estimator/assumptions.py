@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from harness.core.plan import Layout
+from harness.core.units import format_bytes
 from harness.estimator.facts import ModelFacts
 from harness.estimator.pipeline import in_flight
 from harness.estimator.rank import RankMemory
 from harness.estimator.settings import Settings
-from harness.plan import Layout
-from harness.units import format_bytes
 
 
 def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> list[str]:

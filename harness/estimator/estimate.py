@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from harness.device import RuntimeEnv
+from harness.core.device import RuntimeEnv
+from harness.core.plan import Plan
 from harness.estimator.activations import (
     ActivationParts,
     traced_activations,
@@ -21,7 +22,6 @@ from harness.estimator.result import Estimate
 from harness.estimator.settings import Settings
 from harness.estimator.step_time import step_time
 from harness.estimator.trace import trace_activations
-from harness.plan import Plan
 from harness.workloads.base import Workload
 
 
@@ -34,7 +34,7 @@ def estimate(
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
     The memory is the largest rank's. `peak_flops` is the device's peak FLOP
-    rate (harness.peaks); without it the step time is None. Strategy settings
+    rate (harness.measure.peaks); without it the step time is None. Strategy settings
     the plan leaves out take the strategies' defaults; a bad setting is a
     HarnessError.
     """

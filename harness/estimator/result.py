@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.units import format_bytes
+from harness.core.units import format_bytes
 
 # The components of `Estimate.memory`, in the order they are shown.
 COMPONENTS = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.plan import Plan
+from harness.core.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ stretched by the pipeline's bubble."""
 
 from __future__ import annotations
 
-from harness.device import RuntimeEnv
-from harness.plan import Plan
+from harness.core.device import RuntimeEnv
+from harness.core.plan import Plan
 
 # Assumed fraction of the peak FLOP rate a training step reaches. On CUDA the
 # peak is the datasheet (or calibration-matmul) figure; on CPU it is a measured

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import Any
 
-from harness.config import did_you_mean
-from harness.errors import HarnessError
+from harness.core.config import did_you_mean
+from harness.core.errors import HarnessError
 from harness.workloads.base import TransformerShape, Workload
 
 BUILTIN = {

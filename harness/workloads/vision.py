@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.config import bounded, from_table
-from harness.errors import HarnessError
+from harness.core.config import bounded, from_table
+from harness.core.errors import HarnessError
 from harness.workloads.base import TransformerShape, Workload
 
 # The per-class patterns are the same for every batch: drawn from this seed at

@@ -111,7 +111,7 @@ def main() -> None:
     raw, cal = memory_errors(tune_recs)
     n_grid = sum(1 for r in records(grid_dir) if r["status"] == "ok")
     tune_ok = sum(1 for r in tune_recs if r["status"] == "ok")
-    from harness.env import capture_env
+    from harness.measure.env import capture_env
 
     env = capture_env(__import__("torch").device("cpu"))
     device = env.get("device_name") or platform.processor()
@@ -158,7 +158,7 @@ def main() -> None:
 
 
 def _describe(rec: dict) -> str:
-    from harness.progress import describe_plan
+    from harness.tune.progress import describe_plan
 
     return describe_plan(rec["plan"])
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 import strategies
-from harness.plan import Layout, Plan
+from harness.core.plan import Layout, Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(layers=2, heads=2, hidden=32, seq_len=16, vocab=64)

@@ -4,7 +4,7 @@
 
 Every case composes its strategies on the tiny GPT of tests/tiny.py, trains a few
 steps on this rank's share of the same global batches as the single-process
-run (harness.batches.step_pool), and records per rank: the losses, and the
+run (harness.measure.batches.step_pool), and records per rank: the losses, and the
 bytes of optimizer state, gradients and parameters this rank holds (local
 shards of DTensors). Each rank writes OUT/rank{r}.json: {case: record}.
 """
@@ -103,9 +103,9 @@ def run(case: Case, layout: dict, rank: int) -> dict:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from harness.batches import step_pool
-    from harness.device import RuntimeEnv
-    from harness.plan import Layout, Plan
+    from harness.core.device import RuntimeEnv
+    from harness.core.plan import Layout, Plan
+    from harness.measure.batches import step_pool
     from strategies import compose
     from tests.tiny import TINY_GPT, tiny_gpt
 

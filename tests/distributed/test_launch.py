@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from harness.launch import GRACE_S, launch
-from harness.result import read_result
+from harness.launch.local import GRACE_S, launch
+from harness.records.result import read_result
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,

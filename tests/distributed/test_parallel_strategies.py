@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from harness.plan import Layout
+from harness.core.plan import Layout
 from tests.distributed.run_case import FAMILIES, STEPS
 from tests.tiny import tiny_gpt, train
 

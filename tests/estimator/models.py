@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.device import RuntimeEnv
-from harness.plan import Plan
+from harness.core.device import RuntimeEnv
+from harness.core.plan import Plan
 from harness.workloads.attention import ATTENTION
 from harness.workloads.base import TransformerShape, Workload
 

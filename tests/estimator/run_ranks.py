@@ -39,7 +39,7 @@ CASES = {
 
 
 def plan_of(case: str):
-    from harness.plan import Layout, Plan
+    from harness.core.plan import Layout, Plan
 
     layout, strategies, micro, global_batch = CASES[case]
     return Plan(workload="gpt", workload_args=GPT, layout=Layout(**layout),
@@ -87,7 +87,7 @@ def live_bytes_mode(exclude: set[int]):
 def run(case: str, rank: int) -> dict:
     import torch
 
-    from harness.batches import step_pool
+    from harness.measure.batches import step_pool
     from harness.workloads import load_workload
     from strategies import compose
     from tests.distributed.run_case import local_bytes, optimizer_state_bytes

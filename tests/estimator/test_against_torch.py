@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from harness.core.plan import Plan
 from harness.estimator import estimate
-from harness.plan import Plan
 from tests.estimator.measure import saved_bytes
 from tests.estimator.models import CPU, CUDA, MLP, TinyClassifier, TinyGPTWorkload, gpt_plan
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from harness.device import RuntimeEnv
+from harness.core.device import RuntimeEnv
 from harness.estimator import estimate
 from harness.workloads import load_workload
 from tests.estimator.run_ranks import CASES, GPT, plan_of

@@ -8,6 +8,7 @@ import pytest
 import torch.nn.functional as F
 from torch import nn
 
+from harness.core.plan import Layout, Plan
 from harness.estimator import (
     PAPER,
     Parallelism,
@@ -18,7 +19,6 @@ from harness.estimator import (
     korthikanti_bytes,
     zero1_partition,
 )
-from harness.plan import Layout, Plan
 from harness.workloads import load_workload
 from harness.workloads.base import Workload
 from tests.estimator.models import CPU, CUDA, MLP, SHAPE

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
+from harness.core.plan import Layout
 from harness.estimator import COMPONENTS, estimate
-from harness.plan import Layout
 from tests.estimator.measure import LiveBytes
 from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
 

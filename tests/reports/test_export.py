@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from reports.export import trial_table, write_csv, write_json
 from reports.load import load_run
 from tests.reports.runs import ROOT, synthetic_records, write_run

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from harness.errors import HarnessError
+from harness.core.errors import HarnessError
 from reports.load import load_run
 from tests.reports.runs import GiB, synthetic_records, write_run
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from harness.cli import main
+from harness.cli.main import main
 from tests.tuner import fake_launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +61,8 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 
 def same_configuration(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Two records' plans are one configuration (names and filled-in defaults aside)."""
-    from harness.plan import Plan
-    from harness.search_space import config_key
+    from harness.core.plan import Plan
+    from harness.study.search_space import config_key
     from strategies import resolved
 
     return config_key(resolved(Plan.from_dict(a))) == config_key(resolved(Plan.from_dict(b)))

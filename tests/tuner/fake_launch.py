@@ -1,6 +1,6 @@
 """A launcher for tuner tests: no processes, a known objective, the launcher's files.
 
-`launch` has harness.launch.launch's signature. Its throughput is `objective(plan)`,
+`launch` has harness.launch.local.launch's signature. Its throughput is `objective(plan)`,
 deterministic, so a test can measure the whole space and know the optimum. It
 writes plan.toml and result.json into the trial's folder as the real one does,
 and sleeps FAKE_TRIAL_S seconds (default 0) in small steps, writing step times to
@@ -14,8 +14,8 @@ import os
 import time
 from pathlib import Path
 
-from harness.plan import Plan
-from harness.result import TrialResult, empty_metrics
+from harness.core.plan import Plan
+from harness.records.result import TrialResult, empty_metrics
 
 CALLS: list[dict] = []  # what was launched, in this process
 
@@ -44,7 +44,7 @@ def peak_bytes(plan: Plan | dict) -> int:
 
 def launch(plan, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
            progress_file=None, should_stop=None, **_):
-    from harness.trial import prepare
+    from harness.measure.trial_loop import prepare
 
     prep = prepare(plan)
     out = Path(out_dir)
@@ -80,7 +80,7 @@ def launch(plan, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
                          plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
                          command=command, started_at="", duration_s=time.monotonic() - t0)
     if os.environ.get("FAKE_CAPTURE_ENV"):  # as a real trial records its environment
-        from harness.env import capture_env
+        from harness.measure.env import capture_env
 
         result.env = capture_env(prep.device)
     result.write(out / "result.json")

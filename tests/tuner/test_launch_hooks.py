@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from harness.launch import launch
-from harness.step_log import read_steps
+from harness.launch.local import launch
+from harness.measure.step_log import read_steps
 from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan
 
 

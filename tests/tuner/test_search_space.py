@@ -7,9 +7,9 @@ import optuna
 import pytest
 
 import strategies  # noqa: F401  (registers)
-from harness.errors import HarnessError
-from harness.search_space import SearchSpace, config_key
-from harness.study import Study
+from harness.core.errors import HarnessError
+from harness.study.search_space import SearchSpace, config_key
+from harness.study.study_file import Study
 from tests.tuner.conftest import study_table
 
 WIDE = {
@@ -125,7 +125,7 @@ def test_grid_needs_choices_only(tmp_path, capsys):
 
 
 def test_layouts_need_their_strategies():
-    from harness.study_checks import check_study
+    from harness.study.checks import check_study
 
     table = study_table(layout={"world_sizes": [2], "tensor": [2]})
     with pytest.raises(HarnessError, match=r"strategies\.tensor"):

@@ -11,9 +11,9 @@ import optuna
 from optuna.trial import TrialState
 
 import strategies  # noqa: F401  (registers)
-from harness.plan import Plan
-from harness.search_space import SearchSpace, config_key
-from harness.study import Study
+from harness.core.plan import Plan
+from harness.study.search_space import SearchSpace, config_key
+from harness.study.study_file import Study
 from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, study_table, tune, write_study
@@ -50,7 +50,7 @@ def test_over_the_memory_budget_is_never_launched(tmp_path, launched):
 
 
 def test_a_budget_between_configurations_launches_only_those_under_it(tmp_path, launched):
-    from harness.trial import prepare
+    from harness.measure.trial_loop import prepare
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
     peaks = sorted(prepare(space.plan(p)).predicted["peak_memory_bytes"]
@@ -202,8 +202,8 @@ def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_pat
     with its worker, when the other settles what dead workers left (seen in CI)."""
     import datetime as dt
 
-    from harness import resume
-    from harness.workers import Worker
+    from harness.tune import resume
+    from harness.tune.workers import Worker
 
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 2})

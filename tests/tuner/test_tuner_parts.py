@@ -9,15 +9,15 @@ import pytest
 from optuna.trial import TrialState
 
 import strategies  # noqa: F401  (registers)
-from harness.budget import Clock, fits, launch_timeout, memory_budget_bytes
-from harness.calibration import Calibration
-from harness.result import TrialResult, empty_metrics
-from harness.run_store import RunStore
-from harness.sampling import outcome
-from harness.search_space import SearchSpace
-from harness.storage import redact
-from harness.study import Study
-from harness.trial_job import StudyRun, run_trial_job
+from harness.records.result import TrialResult, empty_metrics
+from harness.records.run_store import RunStore
+from harness.study.search_space import SearchSpace
+from harness.study.study_file import Study
+from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
+from harness.tune.calibration import Calibration
+from harness.tune.sampling import outcome
+from harness.tune.storage import redact
+from harness.tune.trial_job import StudyRun, run_trial_job
 from tests.tuner import fake_launch
 from tests.tuner.conftest import study_table
 
@@ -113,7 +113,7 @@ def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
 
 
 def test_a_plan_this_machine_refuses_is_not_launched(tmp_path):
-    from harness.plan import Layout
+    from harness.core.plan import Layout
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
     plan = space.plan(space.params_for(space.baseline()))

@@ -1,0 +1,59 @@
+"""The short tables `harness bench` and `harness estimate` print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.core.units import format_bytes, format_rate, format_seconds
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def estimate_table(predicted: dict[str, Any]) -> str:
+    memory = predicted.get("memory", {})
+    rows = [(f"memory: {k}", format_bytes(v)) for k, v in memory.items() if v]
+    rows.append(("peak memory", format_bytes(predicted["peak_memory_bytes"])))
+    rows.append(("step time", format_seconds(predicted.get("step_time_s"))))
+    out = _table(rows)
+    for a in predicted.get("assumptions", []):
+        out += f"\n  - {a}"
+    return out
+
+
+def result_table(record: dict[str, Any]) -> str:
+    m, p = record["metrics"], record.get("predicted") or {}
+    st = m["step_time_s"]
+    reason, _, details = (record["reason"] or "").partition("\n")
+    rows = [("status", record["status"] + (f" ({reason})" if reason else ""))]
+    if st.get("median") is not None:
+        rows += [
+            ("step time", f"{format_seconds(st['median'])} median "
+                          f"[p10 {format_seconds(st['p10'])}, p90 {format_seconds(st['p90'])}], "
+                          f"n={st['n']}   predicted {format_seconds(p.get('step_time_s'))}"),
+            ("throughput", f"{format_rate(m['samples_per_s'], 'samples/s')}"
+                           + (f", {format_rate(m['tokens_per_s'], 'tokens/s')}"
+                              if m.get("tokens_per_s") else "")),
+            ("TFLOP/s per device", f"{m['tflops_per_device']:.4f}"),
+            ("MFU", f"{100 * m['mfu']:.1f}% of {m['peak_flops_source']}"),
+        ]
+        warning = (m.get("peak_flops") or {}).get("warning")
+        if warning:
+            rows.append(("MFU warning", warning))
+    rows.append(("peak memory", f"{format_bytes(m['peak_memory_bytes'])} measured, "
+                                f"{format_bytes(p.get('peak_memory_bytes'))} predicted"))
+    mem = m.get("memory") or {}
+    if mem.get("rss") is not None and mem.get("rss_base") is not None:
+        rows.append(("  CPU RSS", f"{format_bytes(mem['rss'])} peak, "
+                                  f"{format_bytes(mem['rss'] - mem['rss_base'])} above start"))
+    if m.get("energy_j_per_sample") is not None:
+        rows.append(("energy", f"{m['energy_j_per_sample']:.3f} J/sample"))
+    loss = m["loss"]
+    if loss.get("first") is not None:
+        rows.append(("loss", f"{loss['first']:.4f} -> {loss['last']:.4f}"))
+    table = _table(rows)
+    if details:  # e.g. the last lines of a failing rank's stderr
+        table += "\n" + "\n".join(f"    {line}" for line in details.splitlines())
+    return table

@@ -1,0 +1,196 @@
+"""`harness`: the command line. A user's mistake prints one line and exits with 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tomllib
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from harness.core.errors import HarnessError
+
+
+def _value(text: str) -> Any:
+    """A flag value as TOML reads it (4 -> int, true -> bool); else the plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise HarnessError(f"{flag} {item!r}: write KEY=VALUE, e.g. {flag} layers=4")
+        out[key.strip()] = _value(val.strip())
+    return out
+
+
+def _strategy_flag(text: str) -> tuple[str, dict[str, Any]]:
+    """`amp` or `amp:dtype=bf16,init_scale=1024`."""
+    name, _, rest = text.partition(":")
+    settings = _pairs([p for p in rest.split(",") if p], "--strategy") if rest else {}
+    return name.strip(), settings
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", nargs="?", help="plan file (TOML); flags below override it")
+    g = p.add_argument_group("plan flags")
+    g.add_argument("--workload", help="gpt, vit, resnet, mlp, or package.module:function")
+    g.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a workload argument (repeatable), e.g. --arg layers=4")
+    g.add_argument("--strategy", action="append", default=[], metavar="NAME[:K=V,...]",
+                   help="enable a strategy with settings (repeatable), "
+                        "e.g. --strategy amp:dtype=bf16")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--steps", type=int)
+    g.add_argument("--warmup-steps", type=int)
+    g.add_argument("--seed", type=int)
+
+
+def plan_from_args(args: argparse.Namespace):
+    from harness.core.config import read_toml
+    from harness.core.plan import Plan
+
+    data: dict[str, Any] = read_toml(args.plan) if args.plan else {}
+    where = args.plan or "command line"
+    if args.workload:
+        data["workload"] = {"name": args.workload}
+    if args.arg:
+        wl = data.get("workload") or {"name": "gpt"}
+        if isinstance(wl, str):
+            wl = {"name": wl}
+        data["workload"] = {**wl, **_pairs(args.arg, "--arg")}
+    for text in args.strategy:
+        name, settings = _strategy_flag(text)
+        data.setdefault("strategies", {})[name] = settings
+    flags = ("device", "micro_batch_size", "global_batch_size", "steps", "warmup_steps", "seed")
+    for flag in flags:
+        if getattr(args, flag) is not None:
+            data[flag] = getattr(args, flag)
+    if getattr(args, "timeout", None) is not None:
+        data["timeout_s"] = args.timeout
+    return Plan.from_dict(data, where=where)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import strategies  # noqa: F401  (registers the built-in strategies)
+    from harness.cli.bench_table import estimate_table, result_table
+    from harness.launch.local import check_nodes, launch
+    from harness.measure.trial_loop import prepare
+
+    plan = plan_from_args(args)
+    prepare(plan)  # refuses a bad plan before anything is created or run
+    check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint)
+    out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    command = f"harness bench {shlex.quote(str(out / 'plan.toml'))} --out {shlex.quote(str(out))}"
+    if args.nnodes > 1:
+        command += (f" --nnodes {args.nnodes} --node-rank {args.node_rank}"
+                    f" --rdzv-endpoint {shlex.quote(args.rdzv_endpoint)}")
+    print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on {args.nnodes} "
+          f"node(s), micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}, "
+          f"strategies: {', '.join(plan.strategies) or 'none'}", flush=True)
+    result = launch(plan, out, command, nnodes=args.nnodes, node_rank=args.node_rank,
+                    rdzv_endpoint=args.rdzv_endpoint)
+    if args.node_rank != 0:
+        print(f"{result.status}: {result.reason}")
+        return 0
+    record = result.to_dict()
+    print(result_table(record))
+    if args.verbose and record.get("predicted"):
+        print("predicted:\n" + estimate_table(record["predicted"]))
+    print(f"wrote {out / 'result.json'} (logs in {out / 'logs'})\nre-run: {command}")
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    import strategies  # noqa: F401
+    from harness.cli.bench_table import estimate_table
+    from harness.measure.trial_loop import prepare
+
+    prep = prepare(plan_from_args(args))
+    if args.json:
+        print(json.dumps(prep.predicted, indent=2))
+    else:
+        plan = prep.plan
+        print(f"estimate {plan.name}: {plan.workload} on {prep.runtime.device_name}, "
+              f"micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}")
+        print(estimate_table(prep.predicted))
+    return 0
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    from harness.cli.registry_view import strategies_json, strategies_text
+
+    print(json.dumps(strategies_json(), indent=2) if args.json else strategies_text())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="harness",
+        description="Benchmark and auto-tune training acceleration techniques.",
+    )
+    parser.add_argument("--version", action="version", version=f"harness {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    bench = sub.add_parser("bench", help="run one plan and measure it honestly")
+    add_plan_flags(bench)
+    bench.add_argument("--out", help="folder for result.json and plan.toml")
+    bench.add_argument("-v", "--verbose", action="store_true",
+                       help="print the estimate's breakdown")
+    bench.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="stop the trial after this long (default: the plan's timeout_s)")
+    nodes = bench.add_argument_group("several nodes (run the same command on each)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="how many nodes the trial spans")
+    nodes.add_argument("--node-rank", type=int, default=0,
+                       help="this node's index; node 0 writes the record")
+    nodes.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                       help="torchrun's rendezvous: node 0's address and a free port")
+    bench.set_defaults(func=cmd_bench)
+
+    est = sub.add_parser("estimate", help="predicted memory and step time; nothing is run")
+    add_plan_flags(est)
+    est.add_argument("--json", action="store_true")
+    est.set_defaults(func=cmd_estimate)
+
+    strat = sub.add_parser("strategies", help="the registry: techniques, settings, requirements")
+    strat.add_argument("--json", action="store_true", help="machine-readable output")
+    strat.set_defaults(func=cmd_strategies)
+
+    from harness.cli.tune import add_tune_parser  # `tune`: its flags and body live there
+    add_tune_parser(sub)
+
+    from reports.cli import add_commands  # `report` and `compare`: HTML pages from records
+    add_commands(sub)
+    return parser
+
+
+
+def one_line(text: str) -> str:
+    """Control characters (from a user's file) shown escaped, so an error stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits 2 on a bad flag
+    try:
+        return args.func(args)
+    except HarnessError as e:
+        print(f"harness {args.command}: error: {one_line(str(e))}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

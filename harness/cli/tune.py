@@ -1,0 +1,241 @@
+"""`harness tune`: its flags, and everything checked before anything is created.
+
+    harness tune [STUDY] --budget 1d|6h|30m|90s --memory-budget 70GiB|0.9
+                 --storage URL --out DIR --workers N --n-trials N --resume --check
+
+A bad study file or flag is a HarnessError here: one line, exit 2, no run
+folder made, nothing launched. harness.tune.session then runs the study
+(`--check` stops after the checks and prints what would run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.errors import HarnessError
+
+MAX_WORKERS = 256  # tuner processes on one machine
+
+
+def add_tune_parser(sub: Any) -> None:
+    p = sub.add_parser("tune", help="search layouts, micro-batch sizes and techniques "
+                                    "(Optuna) under a time and a memory budget")
+    p.add_argument("study", nargs="?",
+                   help="study file (TOML); default: the default study for this device")
+    p.add_argument("--budget", metavar="TIME",
+                   help="wall clock for the whole study: 90s, 30m, 6h, 1d (default: the "
+                        "study's budget.time)")
+    p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
+                   help="peak memory per device: a size (70GiB) or a fraction of the "
+                        "device's memory (0.9)")
+    p.add_argument("--storage", metavar="URL",  # the variable is harness.tune.storage.STORAGE_ENV
+                   default=os.environ.get("HARNESS_STORAGE"),
+                   help="Optuna storage shared by workers: an RDB URL (postgresql://...), "
+                        "redis://..., or journal:PATH (default: $HARNESS_STORAGE, else "
+                        "runs/<study>/optuna.journal); a password in it is never written")
+    p.add_argument("--out", metavar="DIR", help="the run folder (default: runs/<study name>)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="tuners on this machine sharing the study (CUDA devices are split "
+                        "between them; on a CPU they share the cores)")
+    p.add_argument("--n-trials", type=int, metavar="N", help="search trials at most")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the study in --out (or runs/<study name>)")
+    p.add_argument("--launcher", metavar="MODULE:FUNCTION",
+                   help="launch trials with this function instead of harness.launch.local.launch "
+                        "(same signature), e.g. to submit them to a batch system")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--check", action="store_true",
+                   help="check the study file and the flags as a run would (device, search "
+                        "space, references, run folder, launcher), print what would run and "
+                        "exit 0; nothing is created or launched (exit 2 with the reason "
+                        "otherwise)")
+    nodes = p.add_argument_group("trials spanning several nodes (layout.nnodes > 1)")
+    nodes.add_argument("--follow", action="store_true",
+                       help="on a node other than 0: join each trial the tuner on node 0 "
+                            "launches (needs --storage and --node-rank)")
+    nodes.add_argument("--node-rank", type=int, default=0, help="this node's index")
+    nodes.add_argument("--rdzv-host", metavar="HOST",
+                       help="on node 0: the address the other nodes reach it at "
+                            "(default: its host name)")
+    # Set by `--workers N` for the helper processes it starts.
+    p.add_argument("--helper", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--deadline-at", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--search-until", type=float, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_tune)
+
+
+@dataclass
+class Setup:
+    """A study checked against this machine, ready to run."""
+
+    study: Any  # harness.study.study_file.Study
+    space: Any  # harness.study.search_space.SearchSpace
+    device_type: str
+    run_dir: Path
+    budget_bytes: int
+    references: list[tuple[str, dict[str, Any]]]  # (phase, params) enqueued first
+    launcher: Any
+    groups: list[str | None]
+    started: float
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    started = time.time()
+    setup = check(args, started)
+    if args.check:
+        from harness.cli.tune_check import summary
+
+        print(summary(args, setup))
+        return 0
+    from harness.tune.session import run_session
+
+    return run_session(args, setup)
+
+
+def check(args: argparse.Namespace, started: float) -> Setup:
+    import strategies  # noqa: F401  (registers the built-in strategies)
+    from harness.cli.tune_check import check_run_folder
+    from harness.core.device import resolve_device
+    from harness.core.units import parse_duration
+    from harness.records.run_store import RunStore
+    from harness.study.checks import check_study
+    from harness.study.search_space import NotInSpace, SearchSpace
+    from harness.study.study_file import memory_spec
+    from harness.tune.budget import memory_budget_bytes
+
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "
+                           "(each is a process)")
+    if args.n_trials is not None and args.n_trials < 1:
+        raise HarnessError(f"--n-trials {args.n_trials}: must be 1 or more")
+    if args.budget is not None:
+        parse_duration(args.budget, "--budget")
+    if args.memory_budget is not None:
+        memory_spec(args.memory_budget, "--memory-budget")
+
+    study = _load_study(args)
+    budget = study.budget
+    if args.budget is not None:
+        budget.time = args.budget
+    if args.memory_budget is not None:
+        budget.memory = args.memory_budget
+    if args.n_trials is not None:
+        budget.n_trials = args.n_trials
+    device_type = resolve_device(study.device).type
+    check_study(study, device_type)
+    space = SearchSpace.of(study, device_type)
+    if study.sampler == "grid" and space.size() is None:
+        raise HarnessError("sampler = 'grid' needs a space of choices only; give ranges as "
+                           "lists in [strategies.<name>.values]")
+    _check_nodes(args, study.layout.nnodes)
+    references = []
+    for phase, wanted in (("baseline", space.baseline()), ("known-good", space.known_good())):
+        try:
+            references.append((phase, space.params_for(wanted)))
+        except NotInSpace as e:
+            raise HarnessError(f"{'known_good' if phase == 'known-good' else phase}: {e}; "
+                               "it must be a configuration the study searches") from None
+    if references[1][1] == references[0][1]:
+        references.pop()
+
+    default = study.name + (f"-node{args.node_rank}" if args.follow else "")
+    run_dir = Path(args.out) if args.out else Path("runs") / default
+    check_run_folder(run_dir, given=bool(args.out))  # first: a bad path breaks exists()
+    store = RunStore(run_dir)
+    if not args.follow:  # a follower keeps its node's logs only, and may start again
+        if (args.resume or args.helper) and not store.exists():
+            raise HarnessError(f"--resume: {run_dir} holds no study (no study.toml); "
+                               "start it without --resume")
+        if not (args.resume or args.helper) and store.exists():
+            raise HarnessError(f"{run_dir} already holds study '{study.name}'; pass --resume "
+                               "to continue it, or --out DIR to start a new one")
+    launcher = _launcher(args.launcher)
+    groups: list[str | None] = [None]
+    if args.workers > 1:
+        from harness.tune.workers import device_groups
+
+        groups = device_groups(args.workers, max(study.layout.world_sizes))
+    budget_bytes = memory_budget_bytes(budget.memory, device_type)
+    if budget_bytes < 1:
+        key = "--memory-budget" if args.memory_budget is not None else "budget.memory"
+        raise HarnessError(f"{key} {budget.memory!r}: is less than one byte of this device's "
+                           "memory; give a size such as 8GiB, or a fraction such as 0.9")
+    return Setup(study, space, device_type, run_dir, budget_bytes, references, launcher,
+                 groups, started)
+
+
+def _check_nodes(args: argparse.Namespace, nnodes: int) -> None:
+    if nnodes == 1:
+        if args.follow or args.node_rank:
+            raise HarnessError("--follow and --node-rank are for studies with layout.nnodes > 1")
+        return
+    if args.workers > 1:
+        raise HarnessError(f"layout.nnodes = {nnodes}: every trial spans the nodes; run one "
+                           "tuner (--workers 1) on node 0 and a follower on each other node")
+    if args.follow:
+        if not 1 <= args.node_rank < nnodes:
+            raise HarnessError(f"--node-rank {args.node_rank}: a follower's rank is 1 to "
+                               f"{nnodes - 1}")
+        if not args.storage:
+            raise HarnessError("--follow needs --storage: the storage node 0's tuner uses")
+    elif args.node_rank != 0:
+        raise HarnessError(f"--node-rank {args.node_rank}: on nodes other than 0 add --follow")
+
+
+def _load_study(args: argparse.Namespace):
+    from harness.cli.tune_check import check_run_folder
+    from harness.study.study_file import Study
+
+    if args.helper:
+        return Study.from_toml(args.study)
+    if args.resume:
+        run_dir = Path(args.out) if args.out else None
+        if run_dir is None:
+            name = Study.from_toml(args.study).name if args.study else _default().name
+            run_dir = Path("runs") / name
+        check_run_folder(run_dir, given=bool(args.out))  # before exists() can fail on it
+        path = run_dir / "study.toml"
+        if not path.exists():
+            raise HarnessError(f"--resume: {run_dir} holds no study (no study.toml); "
+                               "start it without --resume")
+        return Study.from_toml(path)
+    return Study.from_toml(args.study) if args.study else _default()
+
+
+def _default():
+    import torch
+
+    from harness.study.defaults import default_study
+
+    if torch.cuda.is_available():
+        return default_study("cuda", torch.cuda.device_count())
+    return default_study("cpu")
+
+
+def _launcher(spec: str | None):
+    """harness.launch.local.launch, or a user's `package.module:function` of the same signature."""
+    import importlib
+    import os
+    import sys
+
+    from harness.launch.local import launch
+
+    if spec is None:
+        return launch
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise HarnessError(f"--launcher {spec!r}: write package.module:function")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module_name), attr, None)
+    except ImportError as e:
+        raise HarnessError(f"--launcher {spec!r}: cannot import {module_name} ({e})") from None
+    if not callable(fn):
+        raise HarnessError(f"--launcher {spec!r}: {module_name} has no function {attr}")
+    return fn

@@ -1,0 +1,73 @@
+"""Which device a plan runs on, what it can do, and how to wait for it."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from dataclasses import dataclass
+
+import torch
+
+from harness.core.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """What strategy checks need to know about this machine."""
+
+    device_type: str  # "cpu" or "cuda"
+    device_name: str
+    device_count: int  # devices of device_type on this node
+    bf16: bool
+    triton: bool
+
+    @classmethod
+    def detect(cls, requested: str = "auto") -> RuntimeEnv:
+        device = resolve_device(requested)
+        if device.type == "cuda":
+            return cls(
+                device_type="cuda",
+                device_name=torch.cuda.get_device_name(0),
+                device_count=torch.cuda.device_count(),
+                bf16=torch.cuda.is_bf16_supported(),
+                triton=importlib.util.find_spec("triton") is not None,
+            )
+        return cls(
+            device_type="cpu",
+            device_name=cpu_name(),
+            device_count=1,
+            bf16=True,  # CPU autocast supports bf16 everywhere (slowly without AMX/AVX512-BF16)
+            triton=importlib.util.find_spec("triton") is not None,
+        )
+
+
+def resolve_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise HarnessError(
+                "device = 'cuda' but no CUDA device is visible here; "
+                "set device = 'cpu' or 'auto'"
+            )
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if requested == "cpu":
+        return torch.device("cpu")
+    raise HarnessError(f"device = {requested!r}: use 'auto', 'cpu' or 'cuda'")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until every queued operation on `device` has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,274 @@
+"""Launching one trial: its own processes, a hard timeout, and its record collected.
+
+    result = launch(plan, "runs/x", "harness bench runs/x/plan.toml --out runs/x")
+
+The trial never runs in the caller, so nothing it does (a crash, an out-of-memory,
+a hang) can take the caller down. The process tree on one node:
+
+    caller (harness bench, the tuner)          waits with a deadline
+    └── python -m torch.distributed.run ...    a new session; out/logs/agent.log
+        ├── python -m harness.measure.rank_main ...       rank 0: out/logs/<id>_*/attempt_0/0/
+        └── python -m harness.measure.rank_main ...       rank 1: out/logs/<id>_*/attempt_0/1/
+
+Each rank's folder holds its stdout.log, stderr.log and error.json (torchrun's
+--log-dir with --redirects 3; error.json is TORCHELASTIC_ERROR_FILE). A plan with
+one rank skips torchrun: `python -m harness.measure.rank_main` in a new session, its logs in
+out/logs/rank0/. On several nodes, each node's launcher keeps its logs in
+out/logs/node<N>/.
+
+The record: the worker's own when one was written (ok, oom and diverged come from
+the ranks, which agree on them); otherwise the launcher makes one from what the
+ranks left: `oom` when a rank's error or stderr says out of memory, `failed` with
+the first failing rank's exception (not the errors other ranks saw because it
+went away) and the tail of its stderr, `timeout` when the deadline passed first,
+naming the ranks still running and where each was stopped. Either way
+out/result.json holds the record when launch returns (on node 0).
+
+A trial that floods its output costs the launcher neither memory nor the disk:
+the launcher reads only the logs' tails (harness.launch.rank_logs), and while the trial
+runs it cuts any of its log files (the ones above, agent.log included) that grows
+past 64 MiB (harness.launch.log_cap.LOG_CAP_BYTES; the environment variable
+HARNESS_LOG_CAP_BYTES overrides it), keeping the file's first lines, one marker
+line saying where it was cut, and its latest output; the record of a failure made
+here names the files cut (metrics["logs_cut"]).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.launch import procs
+from harness.launch.log_cap import LogCap
+from harness.launch.verdict import Ended, decide
+from harness.measure.distributed import NODE_RANK_ENV, free_port
+from harness.measure.env import capture_env
+from harness.measure.step_log import STEP_LOG_ENV
+from harness.measure.trial_loop import Prepared, prepare
+from harness.records.result import TrialResult, empty_metrics, read_result
+
+GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
+POLL_S = 0.25  # how often a waiting launch asks `should_stop` (and looks at its logs)
+
+# torchrun's variables: a launcher inside a torchrun job must not pass its own on.
+_TORCHRUN_VARS = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE",
+}
+
+
+def check_nodes(plan: Plan, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
+    """Refuse a node layout that cannot run `plan` (HarnessError), before anything starts."""
+    if nnodes < 1:
+        raise HarnessError(f"--nnodes {nnodes}: must be 1 or more")
+    if not 0 <= node_rank < nnodes:
+        raise HarnessError(f"--node-rank {node_rank}: must be in 0..{nnodes - 1}")
+    if plan.world_size % nnodes:
+        raise HarnessError(
+            f"the plan's {plan.world_size} rank(s) do not split evenly over {nnodes} nodes; "
+            "set --nnodes to a divisor of the world size"
+        )
+    if nnodes > 1 and not rdzv_endpoint:
+        raise HarnessError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the same on every node "
+            "(node 0's address and a free port)"
+        )
+    if rdzv_endpoint and not re.fullmatch(r"[^\s:]+:\d+", rdzv_endpoint):
+        raise HarnessError(f"--rdzv-endpoint {rdzv_endpoint!r}: write HOST:PORT")
+
+
+def launch(
+    plan: Plan,
+    out_dir: str | Path,
+    command: str,
+    *,
+    study: str | None = None,
+    trial_id: int | str | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    timeout_s: float | None = None,
+    progress_file: str | Path | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+) -> TrialResult:
+    """Run `plan` in its own processes and return its record (see the module's doc).
+
+    A plan this machine refuses raises HarnessError before anything starts. On
+    nodes other than 0 the record is made on node 0; this node's result says
+    whether its ranks finished.
+
+    For the tuner: with `progress_file`, rank 0 appends each measured step's time
+    to it (harness.measure.step_log); `should_stop` is called while the trial runs and,
+    when it returns a reason, the trial is stopped and recorded as `pruned` with it.
+    """
+    prep = prepare(plan)
+    check_nodes(prep.plan, nnodes, node_rank, rdzv_endpoint)
+    timeout = float(timeout_s or prep.plan.timeout_s)
+    out = Path(out_dir).absolute()
+    logs = out / "logs" if nnodes == 1 else out / "logs" / f"node{node_rank}"
+    caps = LogCap(logs)  # a bad HARNESS_LOG_CAP_BYTES refuses here, before anything starts
+    result_file = out / "result.json"
+    shutil.rmtree(logs, ignore_errors=True)  # a re-used folder: old logs would mislead
+    logs.mkdir(parents=True)
+    if node_rank == 0:
+        result_file.unlink(missing_ok=True)
+    plan_file = out / "plan.toml"
+    _write(plan_file, prep.plan.to_toml())
+
+    launch_id = uuid.uuid4().hex
+    worker = ["-m", "harness.measure.rank_main", str(plan_file), "--result", str(result_file),
+              "--command", command]
+    worker += ["--study", study] if study is not None else []
+    worker += ["--trial-id", str(trial_id)] if trial_id is not None else []
+    single = prep.plan.world_size == 1 and nnodes == 1
+    env = _env(launch_id, node_rank, logs)
+    if progress_file is not None:
+        Path(progress_file).unlink(missing_ok=True)
+        env[STEP_LOG_ENV] = str(Path(progress_file).absolute())
+    if single:
+        argv = [sys.executable, *worker]
+        (logs / "rank0").mkdir()
+        env["TORCHELASTIC_ERROR_FILE"] = str(logs / "rank0" / "error.json")
+        stdout, stderr = logs / "rank0" / "stdout.log", logs / "rank0" / "stderr.log"
+    else:
+        argv = _torchrun(prep.plan, nnodes, rdzv_endpoint, logs, study, trial_id) + worker
+        stdout = stderr = logs / "agent.log"
+
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    ended = _run(argv, env, stdout, stderr, timeout, launch_id, caps, should_stop)
+    duration = time.monotonic() - t0
+
+    if node_rank == 0 and result_file.exists():
+        try:
+            return read_result(result_file)
+        except (OSError, ValueError, TypeError) as e:
+            note = f"the record at {result_file} could not be read ({e})"
+        return _made_here(prep, "failed", note, {}, command, study, trial_id, started_at,
+                          duration, result_file)
+    if ended.stop_reason is not None:
+        return _made_here(prep, "pruned", ended.stop_reason, {"exit_code": ended.code},
+                          command, study, trial_id, started_at, duration,
+                          result_file if node_rank == 0 else None)
+    status, reason, extra = decide(logs, ended, timeout, single, node_rank == 0)
+    if status == "ok":  # a node other than 0 whose ranks finished
+        reason = (f"node {node_rank} of {nnodes}: its ranks finished; the record is made "
+                  "on node 0")
+        extra["node_rank"] = node_rank
+    return _made_here(prep, status, reason, extra, command, study, trial_id, started_at,
+                      duration, result_file if node_rank == 0 else None)
+
+
+def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeout: float,
+         launch_id: str, caps: LogCap,
+         should_stop: Callable[[], str | None] | None = None) -> Ended:
+    """Start `argv` in a new session, wait up to `timeout` (or until `should_stop` gives
+    a reason), then stop whatever is left; meanwhile keep the logs under their cap."""
+    timed_out, running, stop_reason = False, [], None
+    deadline = time.monotonic() + timeout
+    # Appending (O_APPEND): the trial carries on at the end of a file that was cut.
+    with open(stdout, "ab") as out_f, open(stderr, "ab") as err_f:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                                env=env, start_new_session=True)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    proc.wait(timeout=max(0.0, min(left, POLL_S)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        running = procs.running_ranks(launch_id)
+                        procs.dump_stacks(launch_id, env[procs.STACKS_DIR_ENV])  # where each was
+                        break
+                    stop_reason = should_stop() if should_stop else None
+                    if stop_reason is not None:
+                        break
+                    caps.check()
+        finally:  # also when the caller is interrupted: no process outlives the launch
+            stopped_at = time.time()
+            procs.stop(proc, launch_id, GRACE_S)
+            caps.check(force=True)  # nothing writes now: the tails kept are the last
+    return Ended(proc.returncode, timed_out, running, stopped_at, stop_reason, caps.summary())
+
+
+def _made_here(
+    prep: Prepared, status: str, reason: str, extra: dict, command: str, study: str | None,
+    trial_id: int | str | None, started_at: str, duration: float, write_to: Path | None,
+) -> TrialResult:
+    result = TrialResult(
+        study=study,
+        trial_id=trial_id,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        plan=prep.plan.to_dict(),
+        predicted=prep.predicted,
+        metrics={**empty_metrics(), **extra},
+        env=capture_env(prep.device),
+        command=command,
+        started_at=started_at,
+        duration_s=duration,
+    )
+    if write_to is not None:
+        result.write(write_to)
+    return result
+
+
+def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, study: str | None,
+              trial_id: int | str | None) -> list[str]:
+    endpoint = endpoint or f"127.0.0.1:{free_port()}"
+    host = endpoint.rsplit(":", 1)[0]
+    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{study or plan.name}-{trial_id or 0}")
+    argv = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(plan.world_size // nnodes),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", run_id,
+        "--max-restarts", "0",
+        "--monitor-interval", "0.1",
+        "--log-dir", str(logs),
+        "--redirects", "3",
+    ]
+    if host in ("127.0.0.1", "localhost", "::1"):
+        argv += ["--local-addr", "127.0.0.1"]  # the ranks meet on loopback too
+    return argv
+
+
+def _env(launch_id: str, node_rank: int, logs: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
+    env[procs.LAUNCH_ID_ENV] = launch_id
+    env[procs.LAUNCHER_ENV] = procs.launcher_tag()
+    env[procs.STACKS_DIR_ENV] = str(logs)
+    env[NODE_RANK_ENV] = str(node_rank)
+    env["PYTHONUNBUFFERED"] = "1"
+    # The trial imports what the caller could: its working folder and the folders
+    # added to its path (a user's workload module), before the child's own.
+    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    path = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)
+                            and not os.path.abspath(p).startswith(prefixes)]
+    if env.get("PYTHONPATH"):
+        path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+    return env
+
+
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: several nodes' launchers may share the folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

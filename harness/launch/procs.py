@@ -1,0 +1,186 @@
+"""Finding and stopping every process of one launched trial.
+
+torchrun starts each rank in a session of its own, so killing the launcher's
+process group does not reach them, and a rank whose agent died is re-parented
+away from it. So every process of a trial carries a tag in its environment
+(HARNESS_LAUNCH_ID, inherited by torchrun's agent and its workers), and stopping
+a trial stops the launched process's tree, its process group and every process
+with the tag: SIGTERM first, SIGKILL after a grace period. Before a trial that ran
+out of time is stopped, each rank is asked for its stack (`dump_stacks`).
+
+Should the launcher itself die (killed, or its machine's job ended), each rank
+notices within a second (`watch_launcher`) and stops itself the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+LAUNCH_ID_ENV = "HARNESS_LAUNCH_ID"
+LAUNCHER_ENV = "HARNESS_LAUNCHER"  # "pid:create_time" of the launching process
+STACKS_DIR_ENV = "HARNESS_STACKS_DIR"  # where each rank writes its stack on SIGUSR1
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def stack_file(folder: str | os.PathLike, rank: int) -> str:
+    return os.path.join(folder, f"stack-rank{rank}.txt")
+
+
+def listen_for_stack_requests() -> None:
+    """In a rank: on STACK_SIGNAL, write every thread's stack to this rank's stack file
+    (faulthandler, in C: it answers while the main thread is stuck in a collective).
+
+    Not on SIGTERM: a rank stopped gets several at once (the launcher's, torchrun's),
+    and faulthandler's dump guards against re-entry by returning at once, so the
+    second signal's chained default action often killed the rank before the first
+    had written a line.
+    """
+    folder = os.environ.get(STACKS_DIR_ENV)
+    if not folder:
+        return
+    global _stack_out  # faulthandler keeps the descriptor, not the file object
+    _stack_out = open(stack_file(folder, int(os.environ.get("RANK", "0"))), "w")  # noqa: SIM115
+    faulthandler.register(STACK_SIGNAL, file=_stack_out, all_threads=True, chain=False)
+
+
+_stack_out = None
+
+
+def launcher_tag() -> str:
+    me = psutil.Process()
+    return f"{me.pid}:{me.create_time()}"
+
+
+def watch_launcher(interval_s: float = 1.0) -> None:
+    """In a trial's process: stop this process (SIGTERM) once its launcher is gone."""
+    tag = os.environ.get(LAUNCHER_ENV)
+    if not tag:
+        return
+    pid, created = tag.split(":", 1)
+
+    def gone() -> bool:
+        try:
+            return f"{psutil.Process(int(pid)).create_time()}" != created
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(interval_s)
+        print(f"the launcher (pid {pid}) is gone; stopping", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def tagged(launch_id: str) -> list[psutil.Process]:
+    """Live processes of this user whose environment carries `launch_id`."""
+    found = []
+    me, uid = os.getpid(), os.getuid()
+    for p in psutil.process_iter():
+        try:
+            if p.pid == me or p.uids().real != uid:
+                continue
+            if p.environ().get(LAUNCH_ID_ENV) == launch_id and _alive(p):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """The process `pid` and its descendants, while they are alive."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def workers(launch_id: str) -> dict[int, psutil.Process]:
+    """This trial's workers still running, by rank (RANK in their environment)."""
+    found = {}
+    for p in tagged(launch_id):
+        try:
+            if "harness.measure.rank_main" in " ".join(p.cmdline()):
+                found[int(p.environ().get("RANK", "0"))] = p
+        except (psutil.Error, ValueError):
+            continue
+    return found
+
+
+def running_ranks(launch_id: str) -> list[int]:
+    """The ranks of this trial's workers still running."""
+    return sorted(workers(launch_id))
+
+
+def dump_stacks(launch_id: str, folder: str | os.PathLike, wait_s: float = 2.0) -> None:
+    """Ask every running rank for its stack (one signal each: see
+    listen_for_stack_requests) and wait, at most `wait_s`, until each has written it."""
+    asked = workers(launch_id)
+    _signal(list(asked.values()), STACK_SIGNAL)
+    files = [stack_file(folder, rank) for rank in asked]
+    deadline, sizes = time.monotonic() + wait_s, None
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = [os.path.getsize(f) if os.path.exists(f) else 0 for f in files]
+        if all(now) and now == sizes:  # every file written, and no longer growing
+            return
+        sizes = now
+
+
+def _signal(procs: list[psutil.Process], sig: signal.Signals) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+
+
+def _wait(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _alive(p)]
+    return alive
+
+
+def stop(proc: subprocess.Popen, launch_id: str, grace_s: float) -> None:
+    """Stop the launched process and everything it started; reap `proc`."""
+    # While `proc` is not reaped its pid (and group id) cannot belong to anyone else.
+    mine = tree(proc.pid) if proc.poll() is None else []
+    procs = {p.pid: p for p in mine + tagged(launch_id)}
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: its group is its pid
+    _signal(list(procs.values()), signal.SIGTERM)
+    alive = _wait(list(procs.values()), grace_s)
+    # Anything started while we waited, or that ignored SIGTERM.
+    for p in tagged(launch_id):
+        procs.setdefault(p.pid, p)
+        if p not in alive:
+            alive.append(p)
+    _signal(alive, signal.SIGKILL)
+    if proc.poll() is None:  # not reaped yet, so its group id is still its own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    _wait(alive, grace_s)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)

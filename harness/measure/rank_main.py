@@ -1,0 +1,83 @@
+"""Inside every rank of a trial: join the process group, run the trial, write the record.
+
+    python -m harness.measure.rank_main PLAN --result PATH --command CMD [--study S --trial-id I]
+
+harness.launch.local starts this (through torchrun when the plan has several ranks).
+The first line each rank writes to its stderr names the rank; the launcher reads
+it to tell the ranks' logs apart. One process writes the record (rank 0 on one
+node; see RankInfo.writes_result), atomically; the others write nothing.
+
+Exit status: 0 when the trial ran to a record (ok, oom, diverged: the record says
+which), 1 when it raised (torchrun's error file, TORCHELASTIC_ERROR_FILE, holds the
+exception and its traceback), 2 for a plan this machine refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from harness.measure.distributed import LOG_HEADER as HEADER
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m harness.measure.rank_main")
+    p.add_argument("plan", help="the plan file (TOML)")
+    p.add_argument("--result", required=True, help="where the record is written (JSON)")
+    p.add_argument("--command", default="", help="the command that re-runs this trial")
+    p.add_argument("--study")
+    p.add_argument("--trial-id")
+    return p.parse_args(argv)
+
+
+def _trial_id(text: str | None) -> int | str | None:
+    return int(text) if text is not None and text.isdigit() else text
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    from harness.launch.log_cap import append_output
+    from harness.measure.distributed import RankInfo
+
+    append_output()  # the launcher cuts logs past their cap; carry on at the new end
+    info = RankInfo.from_env()
+    print(f"{HEADER} {info.describe()}, pid {os.getpid()}", file=sys.stderr, flush=True)
+    # A rank stopped (a hang, or another rank's failure) leaves the stack of every
+    # thread in its stderr before it goes; when it may not (several SIGTERMs at once),
+    # the launcher asked first for the stack file (harness.launch.procs.dump_stacks).
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    from harness.launch.procs import listen_for_stack_requests, watch_launcher
+
+    listen_for_stack_requests()
+    watch_launcher()  # and if the launcher dies, stop too
+
+    import strategies  # noqa: F401  (registers the built-in strategies)
+    from harness.core.device import resolve_device
+    from harness.core.plan import Plan
+    from harness.measure import distributed
+    from harness.measure.trial_loop import run_trial
+
+    plan = Plan.from_toml(args.plan)
+    distributed.init(plan, resolve_device(plan.device, info.local_rank), info)
+    result = run_trial(plan, args.command, args.study, _trial_id(args.trial_id), info)
+    if info.writes_result:
+        result.write(args.result)
+    distributed.destroy()
+    print(f"{HEADER} rank {info.rank} finished: {result.status}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    from harness.core.errors import HarnessError
+
+    try:
+        sys.exit(main())
+    except HarnessError as e:
+        print(f"{HEADER} error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

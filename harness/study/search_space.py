@@ -1,0 +1,251 @@
+"""The conditional search space of a study: an Optuna trial's parameters -> a Plan.
+
+One walk (`_walk`) decides the structure, and every use goes through it, so they
+cannot disagree: sampling a trial, rebuilding a plan from stored parameters,
+turning a wanted configuration into parameters (the baseline, the known-good one,
+ablations), and listing every configuration of a finite space.
+
+    layout                 d{data}p{pipeline}t{tensor}, only layouts that divide a
+                           world size (one layout: no parameter)
+    data_parallel          ddp or zero, when data > 1 and the study lists both
+    micro_batch_size       only sizes where micro x data divides the global batch
+                           (named micro_batch_size@data{d} when data sizes differ,
+                           since an Optuna parameter keeps one set of choices)
+    <strategy>             on or off, for each searched strategy
+    <strategy>.<setting>   only when that strategy is on
+
+Pipeline and tensor parallel are on exactly when their layout axis is above 1;
+accumulation is added whenever a step takes several micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from harness.core.plan import Layout, Plan
+from harness.study.checks import SettingsSpace, resolve_settings
+from harness.study.study_file import Study
+from strategies.base import Choice, FloatRange, IntRange, Space
+
+DATA_PARALLEL = ("ddp", "zero")
+AXIS_STRATEGIES = {"pipeline": "pipeline", "tensor": "tensor"}  # layout axis -> strategy
+STRUCTURAL = {*DATA_PARALLEL, *AXIS_STRATEGIES.values()}
+
+Ask = Callable[[str, Space], Any]
+
+
+def layout_key(layout: Layout) -> str:
+    return f"d{layout.data}p{layout.pipeline}t{layout.tensor}"
+
+
+class NotInSpace(Exception):
+    """A wanted configuration is not one the space can produce."""
+
+
+@dataclass
+class Wanted:
+    """A configuration named by hand (baseline, known-good, an ablation)."""
+
+    layout: Layout | None = None
+    data_parallel: str | None = None
+    micro_batch_size: int | None = None
+    strategies: dict[str, dict[str, Any]] | None = None  # on, with their settings
+
+
+class SearchSpace:
+    def __init__(self, study: Study, device_type: str, settings: dict[str, SettingsSpace]):
+        self.study = study
+        self.device_type = device_type
+        self.settings = settings  # per listed strategy: searched spaces and fixed values
+        names = list(study.strategies)
+        self.data_parallel = [s for s in DATA_PARALLEL if s in names]
+        self.always = [s for s in names if s not in STRUCTURAL and study.strategies[s].always]
+        self.optional = [s for s in names if s not in STRUCTURAL and s not in self.always]
+        self.layouts = [lay for lay in study.layout.layouts() if self.micros_for(lay)]
+        self._by_key = {layout_key(lay): lay for lay in self.layouts}
+        self._one_data = len({lay.data for lay in self.layouts}) == 1
+
+    @classmethod
+    def of(cls, study: Study, device_type: str) -> SearchSpace:
+        return cls(study, device_type, resolve_settings(study, device_type))
+
+    def micros_for(self, layout: Layout) -> list[int]:
+        g = self.study.global_batch_size
+        return [m for m in self.study.micro_sizes if g % (m * layout.data) == 0]
+
+    # --- the one walk ---------------------------------------------------------
+    def _walk(self, ask: Ask) -> Plan:
+        layout = self.layouts[0]
+        if len(self.layouts) > 1:
+            layout = self._by_key[ask("layout", Choice(tuple(self._by_key)))]
+        strategies: dict[str, dict[str, Any]] = {}
+        if layout.data > 1:
+            dp = self.data_parallel[0]
+            if len(self.data_parallel) > 1:
+                dp = ask("data_parallel", Choice(tuple(self.data_parallel)))
+            strategies[dp] = self._settings(dp, ask)
+        for axis, name in AXIS_STRATEGIES.items():
+            if getattr(layout, axis) > 1:
+                strategies[name] = self._settings(name, ask)
+        micros = self.micros_for(layout)
+        micro = micros[0]
+        if len(micros) > 1:
+            name = "micro_batch_size" if self._one_data else f"micro_batch_size@data{layout.data}"
+            micro = ask(name, Choice(tuple(micros)))
+        for name in self.always:
+            strategies[name] = self._settings(name, ask)
+        for name in self.optional:
+            if ask(name, Choice((False, True))):
+                strategies[name] = self._settings(name, ask)
+        steps = self.study.global_batch_size // (micro * layout.data)
+        if steps > 1 and "pipeline" not in strategies:
+            strategies["accumulation"] = {}
+        return self._plan(layout, micro, strategies)
+
+    def _settings(self, name: str, ask: Ask) -> dict[str, Any]:
+        space = self.settings[name]
+        out = dict(space.fixed)
+        for setting, dist in space.searched.items():
+            if isinstance(dist, Choice) and len(dist.values) == 1:
+                out[setting] = dist.values[0]
+            else:
+                out[setting] = ask(f"{name}.{setting}", dist)
+        return out
+
+    def _plan(self, layout: Layout, micro: int, strategies: dict[str, dict[str, Any]]) -> Plan:
+        s = self.study
+        return Plan(
+            name=s.name, workload=s.workload, workload_args=dict(s.workload_args),
+            device=s.device, layout=Layout(layout.data, layout.pipeline, layout.tensor),
+            micro_batch_size=micro, global_batch_size=s.global_batch_size,
+            strategies=strategies, optimizer=s.optimizer, warmup_steps=s.warmup_steps,
+            steps=s.steps, seed=s.seed, timeout_s=s.budget.trial_timeout_s,
+        )
+
+    # --- its uses -------------------------------------------------------------
+    def suggest(self, trial: optuna.Trial) -> Plan:
+        """The plan of `trial`, its parameters sampled (or fixed, for an enqueued trial)."""
+        def ask(name: str, dist: Space) -> Any:
+            if isinstance(dist, Choice):
+                return trial.suggest_categorical(name, list(dist.values))
+            if isinstance(dist, IntRange):
+                return trial.suggest_int(name, dist.low, dist.high, log=dist.log)
+            return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
+        return self._walk(ask)
+
+    def plan(self, params: dict[str, Any]) -> Plan:
+        """The plan of stored parameters (those the walk does not reach are ignored)."""
+        def ask(name: str, dist: Space) -> Any:
+            if name not in params:
+                raise NotInSpace(f"parameter '{name}' is missing")
+            return params[name]
+        return self._walk(ask)
+
+    def distributions(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Optuna distributions of the parameters `params` uses (for study.add_trial)."""
+        out: dict[str, Any] = {}
+
+        def ask(name: str, dist: Space) -> Any:
+            out[name] = to_optuna(dist)
+            return params[name]
+        self._walk(ask)
+        return out
+
+    def params_for(self, wanted: Wanted) -> dict[str, Any]:
+        """Parameters that give `wanted`; a setting it leaves out takes its default
+        (or the first value searched). Raises NotInSpace when it cannot be had."""
+        params: dict[str, Any] = {}
+        on = wanted.strategies or {}
+
+        def ask(name: str, dist: Space) -> Any:
+            want = self._wanted_value(name, dist, wanted, on)
+            if isinstance(dist, Choice) and want not in dist.values:
+                raise NotInSpace(f"{name} = {want!r} is not among {list(dist.values)}")
+            if isinstance(dist, (IntRange, FloatRange)) and not dist.low <= want <= dist.high:
+                raise NotInSpace(f"{name} = {want!r} is outside [{dist.low}, {dist.high}]")
+            params[name] = want
+            return want
+        self._walk(ask)
+        return params
+
+    def _wanted_value(self, name: str, dist: Space, wanted: Wanted, on: dict) -> Any:
+        if name == "layout":
+            return layout_key(wanted.layout) if wanted.layout else dist.values[0]
+        if name == "data_parallel":
+            return wanted.data_parallel or dist.values[0]
+        if name.startswith("micro_batch_size"):
+            return wanted.micro_batch_size if wanted.micro_batch_size else dist.values[-1]
+        strategy, _, setting = name.partition(".")
+        if not setting:
+            return strategy in on
+        given = on.get(strategy, {})
+        if setting in given:
+            return given[setting]
+        default = self.settings[strategy].defaults.get(setting)
+        if isinstance(dist, Choice):
+            return default if default in dist.values else dist.values[0]
+        return default if default is not None and dist.low <= default <= dist.high else dist.low
+
+    def enumerate(self) -> list[dict[str, Any]]:
+        """Every configuration's parameters (a space of choices only), depth first."""
+        found: list[dict[str, Any]] = []
+        stack: list[list[int]] = [[]]
+        while stack:
+            path = stack.pop()
+            params: dict[str, Any] = {}
+            depth = 0
+
+            def ask(name: str, dist: Space, path: list[int] = path,
+                    params: dict[str, Any] = params) -> Any:
+                nonlocal depth
+                if not isinstance(dist, Choice):
+                    raise NotInSpace(f"'{name}' is a range; only choices can be listed")
+                if depth == len(path):  # a new branch point: visit the others later
+                    stack.extend(path + [j] for j in range(len(dist.values) - 1, 0, -1))
+                    path.append(0)
+                value = dist.values[path[depth]]
+                depth += 1
+                params[name] = value
+                return value
+            self._walk(ask)
+            found.append(params)
+        return found
+
+    def size(self) -> int | None:
+        """How many configurations there are; None for a space with ranges."""
+        try:
+            return len(self.enumerate())
+        except NotInSpace:
+            return None
+
+    # --- the references every study starts with (harness.study.references) ---------------
+    def baseline(self) -> Wanted:
+        from harness.study.references import baseline
+
+        return baseline(self)
+
+    def known_good(self) -> Wanted:
+        from harness.study.references import known_good
+
+        return known_good(self)
+
+
+def to_optuna(dist: Space) -> optuna.distributions.BaseDistribution:
+    if isinstance(dist, Choice):
+        return optuna.distributions.CategoricalDistribution(list(dist.values))
+    if isinstance(dist, IntRange):
+        return optuna.distributions.IntDistribution(dist.low, dist.high, log=dist.log)
+    return optuna.distributions.FloatDistribution(dist.low, dist.high, log=dist.log)
+
+
+def config_key(plan: Plan | dict[str, Any]) -> str:
+    """What makes two plans the same configuration (their name aside)."""
+    import json
+
+    table = dict(plan.to_dict() if isinstance(plan, Plan) else plan)
+    table.pop("name", None)
+    return json.dumps(table, sort_keys=True, default=str)

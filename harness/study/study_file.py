@@ -1,0 +1,251 @@
+"""Study files: what `harness tune` searches, under which budgets.
+
+A study names a workload, the device, the world sizes and layouts allowed, the
+micro-batch candidates and the global batch, the strategies to search (and which
+of their settings), the objective and the budgets. It is read from TOML and
+checked whole before anything runs; a mistake is a HarnessError naming the key:
+
+    name = "quickstart"
+    device = "cpu"
+    global_batch_size = 16
+    micro_batch_sizes = [4, 8, 16]     # or { min = 2, max = 16 }: powers of two
+    [workload]
+    name = "gpt"
+    layers = 2
+    [budget]
+    time = "3m"
+    [strategies.fused]
+    search = ["attention", "optimizer"]
+    [storage]                          # workers on an RDB storage (harness.tune.storage)
+    heartbeat = "60s"
+
+Checks that need the registry and this machine (strategy names and settings,
+what the layouts need) are in harness.study.checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.core.config import (
+    TomlFile,
+    bounded,
+    did_you_mean,
+    from_table,
+    read_toml,
+    split_workload,
+)
+from harness.core.errors import HarnessError
+from harness.core.plan import Layout, OptimizerSettings
+from harness.core.units import parse_bytes, parse_duration
+from harness.tune.storage import StorageSpec
+
+OBJECTIVES = {"throughput": "maximize", "memory": "minimize"}
+MAX_MICRO = 2**24  # as a plan's micro_batch_size
+
+
+@dataclass
+class MicroRange:
+    """Micro-batch candidates min, 2·min, 4·min, ... up to max."""
+
+    min: int
+    max: int
+
+    def validate(self, where: str) -> None:
+        if not 1 <= self.min <= MAX_MICRO:
+            raise HarnessError(f"{where}.min: must be between 1 and {MAX_MICRO}")
+        if not self.min <= self.max <= MAX_MICRO:
+            raise HarnessError(f"{where}.max: must be between min and {MAX_MICRO}")
+        if self.max < self.min:
+            raise HarnessError(f"{where}.max: must be at least min ({self.min})")
+
+    def values(self) -> list[int]:
+        out, m = [], self.min
+        while m <= self.max:
+            out.append(m)
+            m *= 2
+        return out
+
+
+@dataclass
+class LayoutSpec:
+    """The parallel layouts allowed: data = world size / (pipeline x tensor)."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [1])
+    pipeline: list[int] = field(default_factory=lambda: [1])
+    tensor: list[int] = field(default_factory=lambda: [1])
+    nnodes: int = bounded(1, 1, 2**16)  # nodes every trial spans (torchrun on each)
+
+    def validate(self, where: str) -> None:
+        for key, top in (("world_sizes", 2**20), ("pipeline", 4096), ("tensor", 4096)):
+            values = getattr(self, key)
+            if not values:
+                raise HarnessError(f"{where}.{key}: give at least one value")
+            if any(not 1 <= v <= top for v in values):
+                raise HarnessError(f"{where}.{key}: every value must be between 1 and {top}")
+        if bad := [w for w in self.world_sizes if w % self.nnodes]:
+            raise HarnessError(
+                f"{where}.world_sizes: {bad[0]} ranks do not split evenly over nnodes = "
+                f"{self.nnodes}; use multiples of {self.nnodes}"
+            )
+        if not self.layouts():
+            raise HarnessError(
+                f"{where}: no layout fits: no pipeline x tensor of {self.pipeline} x "
+                f"{self.tensor} divides a world size of {self.world_sizes}; "
+                "allow sizes whose product divides a world size"
+            )
+
+    def layouts(self) -> list[Layout]:
+        out = []
+        for w in sorted(set(self.world_sizes)):
+            for p in sorted(set(self.pipeline)):
+                for t in sorted(set(self.tensor)):
+                    if w % (p * t) == 0:
+                        out.append(Layout(data=w // (p * t), pipeline=p, tensor=t))
+        return out
+
+
+@dataclass
+class BudgetSpec:
+    time: str | float = "1h"  # the study's wall clock: 90s, 30m, 6h, 1d (or seconds)
+    memory: str | float = 0.9  # per device: a size ("70GiB") or a fraction of the device's
+    trial_timeout: str | float = "15m"  # each trial's own limit
+    n_trials: int = bounded(0, 0, 10**7)  # search trials at most (0: as many as time allows)
+    ablation_share: float = bounded(0.15, 0.0, 0.95)  # of the time, for leave-one-out trials
+    ablation_repeats: int = bounded(3, 0, 1000)  # runs of each ablation configuration
+
+    def validate(self, where: str) -> None:
+        parse_duration(self.time, f"{where}.time")
+        parse_duration(self.trial_timeout, f"{where}.trial_timeout")
+        memory_spec(self.memory, f"{where}.memory")
+
+    @property
+    def time_s(self) -> float:
+        return parse_duration(self.time, "budget.time")
+
+    @property
+    def trial_timeout_s(self) -> float:
+        return parse_duration(self.trial_timeout, "budget.trial_timeout")
+
+
+def memory_spec(value: str | float, what: str = "memory budget") -> tuple[str, float]:
+    """("fraction", f) for 0 < f <= 1, or ("bytes", n) for a size."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        try:
+            number = float(str(value).strip())
+        except ValueError:
+            n = parse_bytes(str(value), what)
+            if n <= 0:
+                raise HarnessError(f"{what} {value!r}: must be above 0") from None
+            return "bytes", float(n)
+    if not 0 < number < math.inf:
+        raise HarnessError(f"{what} {value!r}: must be finite and above 0 (a size such as "
+                           "70GiB, or a fraction of the device's memory such as 0.9)")
+    return ("fraction", number) if number <= 1 else ("bytes", number)
+
+
+@dataclass
+class PruningSpec:
+    slower_than: float = bounded(2.0, 0.0, 1e6)  # stop a trial this many times slower
+    min_steps: int = bounded(3, 1, 10**6)  # measured steps seen before it may be stopped
+
+    def validate(self, where: str) -> None:
+        if self.slower_than != 0 and self.slower_than < 1:
+            raise HarnessError(f"{where}.slower_than: must be 0 (never) or at least 1")
+
+
+@dataclass
+class StrategySpec:
+    """How one strategy is searched."""
+
+    search: list[str] | None = None  # settings searched (default: all of its space)
+    values: dict[str, Any] = field(default_factory=dict)  # narrowed values per setting
+    fixed: dict[str, Any] = field(default_factory=dict)  # settings held at one value
+    always: bool = False  # on in every trial instead of searched on and off
+
+
+@dataclass
+class Study(TomlFile):
+    name: str
+    workload: str = "gpt"
+    workload_args: dict[str, Any] = field(default_factory=dict)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    objective: str | list[str] = "throughput"
+    sampler: Literal["auto", "tpe", "nsga2", "random", "grid"] = "auto"
+    seed: int = bounded(0, 0, 2**32 - 1)  # Optuna's samplers seed numpy with it
+    global_batch_size: int = bounded(8, 1, 2**30)
+    micro_batch_sizes: list[int] | MicroRange = field(default_factory=lambda: [1, 2, 4, 8])
+    warmup_steps: int = bounded(3, 0, 10**6)
+    steps: int = bounded(10, 1, 10**6)
+    layout: LayoutSpec = field(default_factory=LayoutSpec)
+    budget: BudgetSpec = field(default_factory=BudgetSpec)
+    pruning: PruningSpec = field(default_factory=PruningSpec)
+    storage: StorageSpec = field(default_factory=StorageSpec)  # workers sharing an RDB
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    strategies: dict[str, StrategySpec] = field(default_factory=dict)
+    known_good: dict[str, Any] | None = None  # micro_batch_size, layout, strategies
+
+    def validate(self, where: str) -> None:
+        if not self.name or any(c in self.name for c in "/\\ ") or self.name.startswith("."):
+            raise HarnessError(f"{where}.name: {self.name!r} must be a folder name "
+                               "(no spaces or slashes)")
+        for obj in self.objectives:
+            if obj not in OBJECTIVES:
+                raise HarnessError(f"{where}.objective: {obj!r} is not one of "
+                                   f"{', '.join(map(repr, OBJECTIVES))}")
+        if len(set(self.objectives)) != len(self.objectives) or not self.objectives:
+            raise HarnessError(f"{where}.objective: give one objective, or two different ones")
+        if any(not 1 <= m <= MAX_MICRO for m in self.micro_sizes):
+            raise HarnessError(f"{where}.micro_batch_sizes: every value must be between 1 "
+                               f"and {MAX_MICRO}")
+        if not self.micro_sizes:
+            raise HarnessError(f"{where}.micro_batch_sizes: give at least one value")
+
+    @property
+    def objectives(self) -> list[str]:
+        return [self.objective] if isinstance(self.objective, str) else list(self.objective)
+
+    @property
+    def directions(self) -> list[str]:
+        return [OBJECTIVES[o] for o in self.objectives]
+
+    @property
+    def micro_sizes(self) -> list[int]:
+        m = self.micro_batch_sizes
+        return sorted(set(m.values() if isinstance(m, MicroRange) else m))
+
+    # --- reading and writing ------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "study") -> Study:
+        data = copy.deepcopy(dict(data))
+        args = split_workload(data, where)
+        if args is not None:
+            data["workload_args"] = args
+        raw_strategies = data.pop("strategies", {})
+        if not isinstance(raw_strategies, dict):
+            raise HarnessError(f"{where}.strategies: expected tables such as [strategies.amp]")
+        known = {f.name for f in dataclasses.fields(cls)} - {"workload_args"}
+        for key in data.keys() - {"workload_args"}:
+            if key not in known:
+                raise HarnessError(f"{where}: unknown key '{key}'{did_you_mean(key, known)}; "
+                                   f"known keys: {', '.join(sorted(known))}")
+        if "name" not in data:
+            raise HarnessError(f"{where}: missing key 'name' (the study's name; its run folder)")
+        study = from_table(cls, data, where)
+        study.strategies = {
+            name: from_table(StrategySpec, table, f"{where}.strategies.{name}")
+            for name, table in raw_strategies.items()
+        }
+        return study
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Study:
+        return cls.from_dict(read_toml(path), where=str(path))
+

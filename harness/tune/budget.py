@@ -1,0 +1,77 @@
+"""The study's clock and its memory budget.
+
+The wall-clock budget ends the study: the search phase ends when the share kept
+for ablation begins, the ablation phase at the deadline. A trial is started only
+when the calibrated estimator expects it to end in time (with a margin of 25%
+for the spread of trial times), and a running trial is
+stopped at the deadline (its launch timeout is the smaller of its own timeout
+and the time left), so the study ends within the budget plus the few seconds it
+takes to stop a trial and write the last records.
+
+Times are wall-clock seconds since the epoch, so several workers (processes
+started by `--workers N`) can share one deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from harness.study.study_file import memory_spec
+
+
+@dataclass
+class Clock:
+    started: float  # time.time() when the study (this session) began
+    search_end: float  # no search trial starts that is expected to end after this
+    deadline: float  # nothing runs after this
+
+    @classmethod
+    def start(cls, budget_s: float, ablation_share: float, now: float | None = None) -> Clock:
+        now = time.time() if now is None else now
+        return cls(now, now + budget_s * (1 - ablation_share), now + budget_s)
+
+    @property
+    def budget_s(self) -> float:
+        return self.deadline - self.started
+
+    def left(self, now: float | None = None) -> float:
+        return self.deadline - (time.time() if now is None else now)
+
+    def search_left(self, now: float | None = None) -> float:
+        return self.search_end - (time.time() if now is None else now)
+
+    def elapsed(self, now: float | None = None) -> float:
+        return (time.time() if now is None else now) - self.started
+
+
+MARGIN = 1.25  # a trial starts only if 1.25x its expected duration fits in the time left
+
+
+def fits(expected_s: float, left_s: float) -> bool:
+    """Whether a trial expected to take `expected_s` may start with `left_s` left."""
+    return expected_s * MARGIN <= left_s
+
+
+def launch_timeout(trial_timeout_s: float, left_s: float) -> float:
+    """A trial's hard limit: its own timeout, or the deadline when that comes first."""
+    return max(0.1, min(trial_timeout_s, left_s))
+
+
+def device_memory_bytes(device_type: str) -> int:
+    """Memory of one device: the first CUDA device's, or this machine's RAM on a CPU."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def memory_budget_bytes(value: str | float, device_type: str) -> int:
+    """`value` as bytes per device: a size, or a fraction of the device's memory."""
+    kind, number = memory_spec(value)
+    if kind == "fraction":
+        return int(number * device_memory_bytes(device_type))
+    return int(number)

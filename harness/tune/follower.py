@@ -1,0 +1,80 @@
+"""Trials that span several nodes: the tuner on node 0 leads, a follower on each other node joins.
+
+A study with layout.nnodes = N > 1 launches every trial with torchrun on N nodes.
+The tuner (node 0) picks a rendezvous endpoint for each trial (its own address
+and a free port) and announces the trial in the Optuna storage, as the study's
+user attribute "rendezvous", before launching its own node's ranks:
+
+    {"trial_id", "endpoint", "plan", "command", "timeout_s", "done": false}
+
+A follower, `harness tune STUDY --storage URL --follow --node-rank K` on node K,
+polls that attribute and launches the same plan with --node-rank K on the same
+endpoint; torchrun's c10d rendezvous waits until all N nodes have joined. The
+record is made on node 0; the follower keeps its node's logs in its own run
+folder (trials/<id>/logs/node<K>/). When the tuner ends it announces
+{"finished": true} and the followers end too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from harness.core.plan import Plan
+from harness.records.run_store import RunStore
+
+KEY = "rendezvous"
+POLL_S = 0.5
+
+
+class Announcer:
+    """The leader's side: say which trial the followers must join, and when it is over."""
+
+    def __init__(self, ostudy: optuna.Study, host: str, nnodes: int):
+        self.ostudy, self.host, self.nnodes = ostudy, host, nnodes
+
+    def launch_kwargs(self, trial_id: Any, plan: Plan, command: str,
+                      timeout_s: float) -> dict[str, Any]:
+        from harness.measure.distributed import free_port
+
+        endpoint = f"{self.host}:{free_port('0.0.0.0')}"
+        self.ostudy.set_user_attr(KEY, {
+            "trial_id": str(trial_id), "endpoint": endpoint, "plan": plan.to_dict(),
+            "command": command, "timeout_s": timeout_s, "done": False,
+        })
+        return {"nnodes": self.nnodes, "node_rank": 0, "rdzv_endpoint": endpoint}
+
+    def done(self, trial_id: Any) -> None:
+        current = self.ostudy.user_attrs.get(KEY) or {}
+        if current.get("trial_id") == str(trial_id):
+            self.ostudy.set_user_attr(KEY, {**current, "done": True})
+
+    def finished(self) -> None:
+        self.ostudy.set_user_attr(KEY, {"finished": True})
+
+
+def follow(ostudy: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
+           deadline: float, launcher: Callable[..., Any],
+           say: Callable[[str], None] = print) -> str:
+    """Join each trial the leader announces, until it finishes or the deadline."""
+    seen: set[str] = set()
+    while time.time() < deadline:
+        info = ostudy.user_attrs.get(KEY) or {}
+        if info.get("finished"):
+            return "the tuner on node 0 finished"
+        trial_id = info.get("trial_id")
+        if trial_id and not info.get("done") and trial_id not in seen:
+            seen.add(trial_id)
+            say(f"trial {trial_id}: joining at {info['endpoint']}")
+            result = launcher(
+                Plan.from_dict(info["plan"]), store.trial_dir(trial_id), info["command"],
+                study=ostudy.study_name, trial_id=trial_id, nnodes=nnodes, node_rank=node_rank,
+                rdzv_endpoint=info["endpoint"],
+                timeout_s=max(1.0, min(info["timeout_s"], deadline - time.time())),
+            )
+            say(f"trial {trial_id}: {result.status} on node {node_rank}")
+        time.sleep(POLL_S)
+    return "deadline"

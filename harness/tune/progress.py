@@ -1,0 +1,140 @@
+"""What `harness tune` shows while it runs: trials done, the best so far, time left.
+
+On a terminal a live panel (rich) redraws twice a second; otherwise (a log file,
+CI) each finished trial is one plain line, so logs read top to bottom.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from harness.core.units import format_rate, format_seconds
+from harness.tune.budget import Clock
+
+
+def describe_plan(plan: dict[str, Any]) -> str:
+    """`d2p1t1 mb 8 | fused(attention=sdpa, optimizer=fused) amp(dtype=bf16)`."""
+    lay = plan.get("layout") or {}
+    parts = []
+    for name, settings in (plan.get("strategies") or {}).items():
+        if name == "accumulation":
+            continue
+        shown = ", ".join(f"{k}={v}" for k, v in (settings or {}).items()
+                          if k in _SHOWN.get(name, ()))
+        parts.append(f"{name}({shown})" if shown else name)
+    layout = f"d{lay.get('data', 1)}p{lay.get('pipeline', 1)}t{lay.get('tensor', 1)}"
+    return f"{layout} mb {plan.get('micro_batch_size')} | {' '.join(parts) or 'fp32 baseline'}"
+
+
+# the settings worth a glance in one line (the record has them all)
+_SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
+          "checkpoint": ("every",), "zero": ("stage", "offload"), "pipeline": ("schedule",),
+          "ddp": ("compression",), "lamb": ()}
+
+
+class Progress:
+    def __init__(self, name: str, clock: Clock, live: bool | None = None, quiet: bool = False,
+                 store: Any = None):
+        from rich.console import Console
+
+        self.name, self.clock, self.quiet = name, clock, quiet
+        self.store = store  # a RunStore: the panel counts every worker's trials from it
+        self._read_at = 0.0
+        self.console = Console(stderr=False)
+        self.live_mode = self.console.is_terminal if live is None else live
+        self.counts: Counter[str] = Counter()
+        self.best: tuple[float, Any, str] | None = None  # samples/s, trial id, description
+        self.current: dict[str, Any] | None = None
+        self.phase = "search"
+        self._live = None
+
+    def __enter__(self) -> Progress:
+        if self.live_mode and not self.quiet:
+            from rich.live import Live
+
+            self._live = Live(console=self.console, get_renderable=self._panel,
+                              refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "start":
+            self.phase = data.get("phase", self.phase)
+            self.current = {**data, "since": time.monotonic(), "steps": 0}
+        elif kind == "step" and self.current is not None:
+            self.current["steps"] = data["steps"]
+        elif kind == "end":
+            self._ended(data)
+        elif kind == "note":
+            self.line(data["text"])
+
+    def _ended(self, record: dict[str, Any]) -> None:
+        self.current = None
+        self.counts[record["status"]] += 1
+        tags = record.get("tags") or {}
+        rate = (record.get("metrics") or {}).get("samples_per_s")
+        if (record["status"] == "ok" and rate and tags.get("phase") != "ablation"
+                and (self.best is None or rate > self.best[0])):
+            self.best = (rate, record["trial_id"], describe_plan(record["plan"]))
+        if not self.live_mode:
+            shown = format_rate(rate, "samples/s") if rate else (record.get("reason") or "")
+            shown = shown.splitlines()[0][:100] if shown else ""
+            extra = f" (same as {tags['duplicate_of']})" if "duplicate_of" in tags else ""
+            self.line(f"trial {record['trial_id']} [{tags.get('phase', '')}] "
+                      f"{record['status']}{extra}: {shown} | {describe_plan(record['plan'])}")
+
+    def line(self, text: str) -> None:
+        if self.quiet:
+            return
+        stamp = format_seconds(self.clock.elapsed())
+        left = format_seconds(max(self.clock.left(), 0))
+        if self._live is not None:
+            self._live.console.print(f"[{stamp}, {left} left] {text}", markup=False)
+        else:
+            print(f"[{stamp}, {left} left] {text}", flush=True)
+
+    def _from_store(self) -> None:
+        """Counts and best over trials.jsonl: every worker's trials, not only ours."""
+        if self.store is None or time.monotonic() - self._read_at < 2.0:
+            return
+        self._read_at = time.monotonic()
+        counts: Counter[str] = Counter()
+        best = None
+        for r in self.store.records():
+            counts[r["status"]] += 1
+            rate = (r.get("metrics") or {}).get("samples_per_s")
+            if (r["status"] == "ok" and rate and (r.get("tags") or {}).get("phase") != "ablation"
+                    and (best is None or rate > best[0])):
+                best = (rate, r["trial_id"], describe_plan(r["plan"]))
+        self.counts, self.best = counts, best or self.best
+
+    def _panel(self):
+        from rich.table import Table
+
+        self._from_store()
+
+        t = Table.grid(padding=(0, 2))
+        t.add_column(style="bold")
+        t.add_column()
+        done = sum(self.counts.values())
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items())) or "none yet"
+        t.add_row("study", f"{self.name} ({self.phase})")
+        t.add_row("time", f"{format_seconds(self.clock.elapsed())} elapsed, "
+                          f"{format_seconds(max(self.clock.left(), 0))} left")
+        t.add_row("trials", f"{done} done: {counts}")
+        if self.best:
+            t.add_row("best", f"{format_rate(self.best[0], 'samples/s')} (trial {self.best[1]}) "
+                              f"{self.best[2]}")
+        if self.current:
+            c = self.current
+            running = format_seconds(time.monotonic() - c["since"])
+            t.add_row("running", f"trial {c['trial_id']} for {running}, {c['steps']} steps "
+                                 f"measured | {describe_plan(c['plan'])}")
+        return t

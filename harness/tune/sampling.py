@@ -1,0 +1,113 @@
+"""What Optuna is told: the sampler, and each record's state, values and constraints.
+
+Every finished trial gets two constraints (Optuna 5's `Trial.set_constraint`;
+> 0 is violated, and TPE and NSGA-II read them from every COMPLETE or PRUNED trial):
+
+    memory   (peak - budget) / budget: the measured peak, or the calibrated
+             prediction of a trial that was not launched; 1.0 for an OOM
+    runs     1.0 when the configuration cannot run (refused here, crashed,
+             diverged, its own timeout), else 0
+
+An infeasible configuration is COMPLETE with the worst values and a violated
+constraint, not FAIL: samplers skip FAIL trials and would propose it again, while
+a violated constraint teaches them where not to go. FAIL is kept for what says
+nothing about the configuration: stopped by the study's deadline, not started
+for lack of time, or left running by a tuner that was killed. A trial stopped
+early for being slow is PRUNED with its step throughputs as intermediate values.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from harness.study.study_file import Study
+
+# tags["pruned"]: why a `pruned` record was not measured to the end
+PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME = "memory", "refused", "slow", "time"
+
+
+@dataclass
+class Outcome:
+    state: TrialState
+    values: list[float] | None
+    constraints: dict[str, float]
+
+    @property
+    def feasible(self) -> bool:
+        return self.state == TrialState.COMPLETE and all(
+            v <= 0 for v in self.constraints.values())
+
+
+def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) -> Outcome:
+    """The Optuna state, values and constraints of a stored record."""
+    status, tags = record["status"], record.get("tags") or {}
+    m = record.get("metrics") or {}
+    peak = m.get("peak_memory_bytes")
+    predicted = record.get("predicted") or {}
+    predicted_peak = predicted.get("calibrated_peak_memory_bytes",
+                                   predicted.get("peak_memory_bytes"))
+    over = lambda n: (float(n) - budget_bytes) / budget_bytes  # noqa: E731
+
+    def worst(memory: float | None) -> list[float]:
+        table = {"throughput": 0.0, "memory": float(max(memory or 0, budget_bytes))}
+        return [table[o] for o in objectives]
+
+    if status == "ok":
+        table = {"throughput": float(m.get("samples_per_s") or 0.0),
+                 "memory": float(peak or 0)}
+        return Outcome(TrialState.COMPLETE, [table[o] for o in objectives],
+                       {"memory": over(peak) if peak else 0.0, "runs": 0.0})
+    why = tags.get("pruned")
+    if status == "pruned" and why == PRUNED_SLOW:
+        return Outcome(TrialState.PRUNED, None, {"memory": 0.0, "runs": 0.0})
+    if status == "pruned" and why == PRUNED_MEMORY:
+        v = max(over(predicted_peak), 1e-6) if predicted_peak else 1.0
+        return Outcome(TrialState.COMPLETE, worst(predicted_peak), {"memory": v, "runs": 0.0})
+    if status == "oom":
+        return Outcome(TrialState.COMPLETE, worst(peak or predicted_peak),
+                       {"memory": max(1.0, over(peak) if peak else 0.0), "runs": 0.0})
+    if (status == "pruned" and why == PRUNED_TIME) or tags.get("deadline") or tags.get("orphan"):
+        return Outcome(TrialState.FAIL, None, {})
+    # refused here, failed, diverged, its own timeout: this configuration does not run
+    return Outcome(TrialState.COMPLETE, worst(peak or predicted_peak),
+                   {"memory": 0.0, "runs": 1.0})
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, result: Outcome) -> None:
+    for key, value in result.constraints.items():
+        trial.set_constraint(key, value)
+    study.tell(trial, result.values, state=result.state)
+
+
+def frozen(result: Outcome, params: dict, distributions: dict,
+           user_attrs: dict) -> optuna.trial.FrozenTrial:
+    """A finished trial to add as it is (ablation trials are run outside ask/tell)."""
+    return optuna.trial.create_trial(
+        state=result.state, values=result.values, params=params,
+        distributions=distributions, user_attrs=user_attrs,
+        system_attrs={f"constraints:{k}": v for k, v in result.constraints.items()},
+    )
+
+
+# --- samplers ------------------------------------------------------
+def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSampler:
+    kind = study.sampler
+    if kind == "auto":
+        kind = "tpe" if len(study.objectives) == 1 else "nsga2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if kind == "tpe":
+            # Fewer random start-up trials on a small space; multivariate TPE with
+            # groups models the conditional parameters (a setting only when on).
+            startup = 10 if space_size is None else max(3, min(10, space_size // 6))
+            return optuna.samplers.TPESampler(seed=study.seed, multivariate=True, group=True,
+                                              constant_liar=True, n_startup_trials=startup)
+        if kind == "nsga2":
+            size = 20 if space_size is None else max(4, min(50, space_size // 4))
+            return optuna.samplers.NSGAIISampler(seed=study.seed, population_size=size)
+    return optuna.samplers.RandomSampler(seed=study.seed)  # random, and grid's leftovers

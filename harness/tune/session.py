@@ -1,0 +1,277 @@
+"""One `harness tune` process: open the study, search, ablate, write the results.
+
+The first process to create the Optuna study enqueues the references (the fp32
+baseline, then the known-good configuration; every configuration for a grid), so
+each study has them once. `--workers N` starts N-1 helpers after that, on the
+same storage and deadline. After the search, one worker (the one holding the
+study's ablation claim; --resume takes it over) runs the ablation and writes
+best.toml; every main process writes study.json and prints the ranked table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import Any
+
+import optuna
+
+from harness import __version__
+from harness.cli.tune import Setup
+from harness.core.errors import HarnessError
+from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
+from harness.tune.budget import Clock
+from harness.tune.progress import Progress
+from harness.tune.sampling import make_sampler
+from harness.tune.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
+from harness.tune.summary import ablation_table, now, status_counts, table, write_best
+from harness.tune.trial_job import StudyRun
+from harness.tune.tuner import Tuner
+from harness.tune.workers import Worker, spawn_helpers, wait_for
+
+
+def run_session(args: argparse.Namespace, setup: Setup) -> int:
+    import os
+
+    # Taken out of the environment: the trials this process launches do not need it.
+    from_env = os.environ.pop(STORAGE_ENV, None)
+    args.storage = args.storage or from_env
+    if args.follow:
+        return _run_follower(args, setup)
+    study, store = setup.study, RunStore(setup.run_dir)
+    main = not args.helper
+    remote = args.storage and not args.storage.startswith("journal:")
+    spec = study.storage
+    storage = make_storage(args.storage, store.root, spec) if remote else None  # before mkdir
+    if main:
+        if not store.exists():
+            store.create(study.to_toml())
+        else:
+            write_atomic(store.study_toml, study.to_toml())
+    storage = storage or make_storage(args.storage, store.root, spec)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    size = setup.space.size()
+    ostudy, created = _open(storage, study, make_sampler(study, size))
+    if created:
+        _enqueue_references(ostudy, setup, size)
+    if args.helper:
+        clock = Clock(time.time(), args.search_until, args.deadline_at)
+    else:
+        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, setup.started)
+    run = StudyRun(study.name, store, setup.budget_bytes, setup.device_type, setup.launcher)
+    if study.layout.nnodes > 1:
+        import socket
+
+        from harness.tune.follower import Announcer
+
+        run.nodes = Announcer(ostudy, args.rdzv_host or socket.gethostname(),
+                              study.layout.nnodes)
+    tuner = Tuner(study, setup.space, ostudy, run, clock)
+    if hasattr(storage, "on_stale"):  # RDB: record and retry what dead workers left
+        from harness.tune.resume import StaleTrials
+
+        storage.on_stale = StaleTrials(tuner)
+    if main:
+        _started(store, setup, clock, args.storage)
+
+    helpers: list = []
+    outcome = {"stopped": "interrupted", "ablation": "interrupted"}
+    found = True
+    try:
+        with Progress(study.name, clock, quiet=args.quiet, store=store) as progress:
+            tuner.on_event = progress.event
+            if hasattr(storage, "say") and not args.quiet:  # quiet: stderr still says
+                storage.say = progress.line
+            try:
+                helpers = _search(args, setup, tuner, store, clock, progress, outcome)
+                if main:
+                    outcome["ablation"] = _ablation(args, ostudy, tuner, progress)
+            except StorageUnreachable as e:
+                outcome["stopped"], outcome["ablation"] = str(e), "not run"
+                raise
+            except OSError as e:
+                if not store.holds(e.filename):
+                    raise
+                outcome["stopped"], outcome["ablation"] = "the run folder cannot be written", \
+                    "not run"
+                raise RunFolderUnwritable(store, e) from None
+    finally:  # also on Ctrl-C: helpers stopped, followers released, the study's files
+        for p in helpers:
+            if p.poll() is None:
+                p.terminate()
+        if run.nodes is not None:
+            run.nodes.finished()
+        if main:
+            try:
+                found = _finish(store, tuner, setup, clock,
+                                f"{outcome['stopped']}; ablation: {outcome['ablation']}")
+            except OSError as e:  # the folder went unwritable: the records are what's left
+                print(f"could not write the study's summary: {e}", file=sys.stderr)
+    return 0 if found else 1  # 1: nothing was tuned, every trial failed or did not fit
+
+
+def _search(args: argparse.Namespace, setup: Setup, tuner: Tuner, store: RunStore,
+            clock: Clock, progress: Progress, outcome: dict[str, str]) -> list:
+    """Settle what a stopped tuner left, start the helpers, search; returns the helpers."""
+    for note in tuner.recover():
+        progress.line(note)
+    helpers = []
+    if len(setup.groups) > 1:
+        # The storage URL goes through the environment: a password in argv shows in `ps`.
+        env = {STORAGE_ENV: args.storage} if args.storage else {}
+        helpers = spawn_helpers(_helper_argv(args, store, clock, setup), setup.groups,
+                                store.root / "workers", env)
+        progress.line(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
+    _use_devices(setup.groups[0])
+    try:
+        outcome["stopped"] = tuner.search()
+        progress.line(f"search ended: {outcome['stopped']}")
+        if helpers:
+            wait_for(helpers, clock.left() + 30)
+    except BaseException:
+        for p in helpers:
+            p.terminate()
+        raise
+    return helpers
+
+
+def _ablation(args: argparse.Namespace, ostudy: optuna.Study, tuner: Tuner,
+              progress: Progress) -> str:
+    if not tuner.study.budget.ablation_repeats:
+        return "off (budget.ablation_repeats = 0)"
+    if not _claim_ablation(ostudy, tuner.me, take_over=args.resume):
+        return "another worker runs it"
+    progress.line("ablation of the best configuration")
+    return tuner.ablate()
+
+
+def _run_follower(args: argparse.Namespace, setup: Setup) -> int:
+    """On node K > 0: join the trials node 0's tuner launches (harness.tune.follower)."""
+    from harness.tune.follower import follow
+
+    study, store = setup.study, RunStore(setup.run_dir)
+    storage = make_storage(args.storage, store.root, study.storage)
+    store.root.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    clock = Clock.start(study.budget.time_s, 0.0, setup.started)
+    ostudy = None
+    while ostudy is None and clock.left() > 0:  # node 0's tuner may not have made it yet
+        try:
+            ostudy = optuna.load_study(study_name=study.name, storage=storage)
+        except KeyError:
+            time.sleep(1.0)
+    if ostudy is None:
+        raise HarnessError(f"no study '{study.name}' appeared in the storage within the budget")
+    with Progress(f"{study.name} (node {args.node_rank})", clock, quiet=args.quiet) as progress:
+        why = follow(ostudy, store, args.node_rank, study.layout.nnodes, clock.deadline,
+                     setup.launcher, say=progress.line)
+        progress.line(f"follower ended: {why}")
+    return 0
+
+
+def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
+    try:
+        return optuna.create_study(study_name=study.name, storage=storage, sampler=sampler,
+                                   directions=study.directions), True
+    except optuna.exceptions.DuplicatedStudyError:
+        loaded = optuna.load_study(study_name=study.name, storage=storage, sampler=sampler)
+        have = [d.name.lower() for d in loaded.directions]
+        if have != study.directions:
+            raise HarnessError(f"the storage holds study '{study.name}' with directions {have}, "
+                               f"not {study.directions}; give the study another name") from None
+        return loaded, False
+
+
+def _enqueue_references(ostudy: optuna.Study, setup: Setup, size: int | None) -> None:
+    for phase, params in setup.references:
+        ostudy.enqueue_trial(params, user_attrs={"phase": phase})
+    if setup.study.sampler == "grid":
+        grid = setup.space.enumerate()
+        random.Random(setup.study.seed).shuffle(grid)
+        for params in grid:
+            if all(params != p for _, p in setup.references):
+                ostudy.enqueue_trial(params, user_attrs={"phase": "search"})
+
+
+def _claim_ablation(ostudy: optuna.Study, me: Worker, take_over: bool) -> bool:
+    """Last writer wins, after a pause long enough for every claim to land."""
+    owner = Worker.parse(ostudy.user_attrs.get("ablation_owner"))
+    if owner is not None and owner != me and owner.alive() and not take_over:
+        return False
+    ostudy.set_user_attr("ablation_owner", me.tag)
+    time.sleep(1.0)
+    return ostudy.user_attrs.get("ablation_owner") == me.tag
+
+
+def _use_devices(group: str | None) -> None:
+    import os
+
+    if group is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = group  # this worker's trials' share
+
+
+def _helper_argv(args: argparse.Namespace, store: RunStore, clock: Clock,
+                 setup: Setup) -> list[str]:
+    argv = [str(store.study_toml), "--out", str(store.root), "--helper",
+            "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
+            "--memory-budget", str(setup.budget_bytes)]
+    return argv + (["--launcher", args.launcher] if args.launcher else [])
+
+
+def _started(store: RunStore, setup: Setup, clock: Clock, storage: str | None) -> None:
+    s = setup.study
+    previous = store.read_info()
+    sessions = previous.get("sessions", []) + [{"started_at": now(), "budget_s": clock.budget_s}]
+    store.update_info(
+        name=s.name, objective=s.objective, directions=s.directions,
+        budget_s=clock.budget_s, memory_budget_bytes=setup.budget_bytes,
+        device=setup.device_type, started_at=previous.get("started_at") or now(),
+        finished_at=None, storage=describe_storage(storage, store.root),
+        harness_version=__version__, best_trial_id=previous.get("best_trial_id"),
+        baseline_trial_id=previous.get("baseline_trial_id"), n_trials=len(store.records()),
+        stopped_because=None, sessions=sessions,
+    )
+
+
+def _finish(store: RunStore, tuner: Tuner, setup: Setup, clock: Clock, stopped: str) -> bool:
+    """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
+    records = store.records()
+    try:
+        best = tuner.best_trial()
+    except StorageUnreachable:
+        best = None  # the records are all there is; --resume finishes the study
+    best_id = best.user_attrs.get("trial_id", best.number) if best else None
+    baseline = next((r for r in records if (r.get("tags") or {}).get("phase") == "baseline"),
+                    None)
+    rate = None
+    if best is not None:
+        if "throughput" in setup.study.objectives:
+            rate = best.values[setup.study.objectives.index("throughput")]
+        write_best(store, setup.study.name, best_id, best.user_attrs["plan"], rate)
+    store.update_info(
+        finished_at=now(), best_trial_id=best_id,
+        baseline_trial_id=baseline["trial_id"] if baseline else None,
+        n_trials=len(records), stopped_because=stopped,
+        wall_clock_s=round(clock.elapsed(), 1),
+        calibration=tuner.calibration().as_dict(),
+    )
+    multi = len(setup.study.objectives) > 1
+    print(f"\nstudy {setup.study.name}: {len(records)} trials ({status_counts(records)}) in "
+          f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
+    print(table(records, multi))
+    base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
+    if rate and base_rate:
+        print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "
+              f"(trial {baseline['trial_id']})")
+    if best_id is not None:
+        text = ablation_table(records, best_id)
+        if text:
+            print(text)
+        print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")
+    else:
+        print("no configuration ran within the budgets; nothing to write to best.toml "
+              "(each record's reason says why)", file=sys.stderr)
+    print(f"records: {store.trials_jsonl}")
+    return best_id is not None

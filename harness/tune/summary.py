@@ -1,0 +1,94 @@
+"""The end of a study: the ranked table, the ablation's spread, best.toml, study.json."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from harness.core.plan import Plan
+from harness.core.units import format_bytes, format_rate, format_seconds
+from harness.records.run_store import RunStore, write_atomic
+from harness.tune.ablation import summarize
+from harness.tune.progress import describe_plan
+
+REFERENCE_PHASES = ("baseline", "known-good", "search")
+
+
+def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Measured configurations (duplicates once), fastest first."""
+    seen, rows = set(), []
+    for r in records:
+        tags = r.get("tags") or {}
+        if tags.get("phase") not in REFERENCE_PHASES or "duplicate_of" in tags:
+            continue
+        if r["status"] == "ok" and r["trial_id"] not in seen:
+            seen.add(r["trial_id"])
+            rows.append(r)
+    return sorted(rows, key=lambda r: -(r["metrics"].get("samples_per_s") or 0))
+
+
+def pareto(rows: list[dict[str, Any]]) -> set[Any]:
+    """Trial ids on the throughput / peak memory front."""
+    def point(r):
+        return r["metrics"].get("samples_per_s") or 0, r["metrics"].get("peak_memory_bytes") or 0
+    front = set()
+    for r in rows:
+        t, m = point(r)
+        if not any((t2 >= t and m2 <= m) and (t2 > t or m2 < m) for t2, m2 in map(point, rows)):
+            front.add(r["trial_id"])
+    return front
+
+
+def table(records: list[dict[str, Any]], multi: bool, top: int = 10) -> str:
+    rows = ranked(records)
+    front = pareto(rows) if multi else set()
+    lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'step':>10} "
+             f"{'peak mem':>11} {'predicted':>11}  configuration"]
+    for i, r in enumerate(rows[:top], start=1):
+        m, p = r["metrics"], r.get("predicted") or {}
+        mark = "*" if r["trial_id"] in front else " "
+        lines.append(
+            f"{i:>3}{mark} {r['trial_id']!s:>8}  {r['tags'].get('phase', ''):<10} "
+            f"{format_rate(m.get('samples_per_s'), ''):>12} "
+            f"{format_seconds((m.get('step_time_s') or {}).get('median')):>10} "
+            f"{format_bytes(m.get('peak_memory_bytes')):>11} "
+            f"{format_bytes(p.get('calibrated_peak_memory_bytes')):>11}  "
+            f"{describe_plan(r['plan'])}")
+    if multi:
+        lines.append("  * on the Pareto front of throughput and peak memory")
+    return "\n".join(lines)
+
+
+def status_counts(records: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
+    rows = summarize(records, of)
+    if not rows:
+        return ""
+    lines = [f"ablation of trial {of} (samples/s over repeats: median [min, max], n):"]
+    for row in rows:
+        name = "the best itself" if row["without"] is None else f"without {row['without']}"
+        if row["median"] is None:
+            lines.append(f"  {name:<24} {', '.join(row['statuses'])}")
+        else:
+            lines.append(f"  {name:<24} {row['median']:.4g} [{row['min']:.4g}, "
+                         f"{row['max']:.4g}], n={row['n']}")
+    return "\n".join(lines)
+
+
+def write_best(store: RunStore, study_name: str, trial_id: Any, plan: dict[str, Any],
+               rate: float | None) -> None:
+    best = Plan.from_dict(plan).replace(name=f"{study_name}-best")
+    head = (f"# The best configuration of study {study_name}: trial {trial_id}"
+            + (f", {format_rate(rate, 'samples/s')}" if rate else "") + ".\n"
+            f"# Re-run it: harness bench {store.best_toml}\n")
+    write_atomic(store.best_toml, head + best.to_toml())
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,134 @@
+"""One trial of a study, from plan to record: check, predict, launch or not.
+
+    1. the plan is checked against this machine (strategies.reasons_against);
+       a refused plan is a `pruned` record with the reasons, never launched;
+    2. the estimator predicts it, corrected by the study's calibration; over the
+       memory budget: a `pruned` record with the prediction, never launched;
+    3. expected to end after the deadline: a `pruned` record, not started;
+    4. otherwise launched in its own processes (harness.launch.local), with a hard
+       timeout of min(its own, time left), and `should_stop` for early stopping.
+
+Each trial's folder (runs/<study>/trials/<id>/) holds plan.toml, command.txt,
+logs/ and result.json; a trial that was not launched has no logs/.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.core.units import format_bytes, format_seconds
+from harness.launch.local import launch
+from harness.records.result import TrialResult, empty_metrics
+from harness.records.run_store import RunStore
+from harness.tune.budget import fits, launch_timeout
+from harness.tune.calibration import Calibration
+from harness.tune.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
+
+Launcher = Callable[..., TrialResult]  # harness.launch.local.launch's signature
+
+
+@dataclass
+class StudyRun:
+    """What every trial of one study shares."""
+
+    name: str
+    store: RunStore
+    budget_bytes: int
+    device_type: str
+    launcher: Launcher = launch
+    launch_kwargs: dict[str, Any] = field(default_factory=dict)
+    nodes: Any = None  # harness.tune.follower.Announcer, for trials spanning several nodes
+
+
+def command_for(store: RunStore, trial_id: int | str) -> str:
+    return f"harness bench {shlex.quote(str(store.trial_dir(trial_id) / 'plan.toml'))}"
+
+
+def run_trial_job(
+    run: StudyRun,
+    trial_id: int | str,
+    plan: Plan,
+    tags: dict[str, Any],
+    calibration: Calibration,
+    deadline: float,
+    should_stop: Callable[[], str | None] | None = None,
+    steps_file_name: str = "steps.log",
+) -> TrialResult:
+    """Run (or decide not to run) one trial; returns its record, also in result.json."""
+    from harness.measure.trial_loop import prepare
+
+    plan = plan.replace(name=f"{run.name}-{trial_id}")
+    command = command_for(run.store, trial_id)
+    folder = run.store.write_trial_files(trial_id, plan.to_toml(), command)
+    tags = dict(tags)
+    try:
+        prep = prepare(plan)
+    except HarnessError as e:
+        tags["pruned"] = PRUNED_REFUSED
+        return _not_run(run, trial_id, plan, None, command, tags,
+                        f"not launched: this configuration cannot run here: {e}")
+    predicted = dict(prep.predicted or {})
+    peak = calibration.peak_memory(predicted)
+    n_steps = prep.plan.warmup_steps + prep.plan.steps
+    expected = calibration.trial_seconds(predicted, n_steps, run.device_type)
+    predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,
+                     calibration=calibration.as_dict())
+    if peak is not None and peak > run.budget_bytes:
+        tags["pruned"] = PRUNED_MEMORY
+        return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
+            f"not launched: predicted peak memory {format_bytes(peak)} per device "
+            f"(estimator {format_bytes(predicted.get('peak_memory_bytes'))}, calibrated on "
+            f"{calibration.n_memory} measured trial(s)) is over the memory budget "
+            f"{format_bytes(run.budget_bytes)}"))
+    left = deadline - time.time()
+    if not fits(expected, left):
+        tags["pruned"] = PRUNED_TIME
+        return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
+            f"not started: expected to take {format_seconds(expected)}, and "
+            f"{format_seconds(max(left, 0))} of the budget is left"))
+
+    timeout = launch_timeout(prep.plan.timeout_s, left)
+    kwargs = dict(run.launch_kwargs)
+    if run.nodes is not None:  # the other nodes' followers join this trial
+        kwargs.update(run.nodes.launch_kwargs(trial_id, prep.plan, command, timeout))
+    try:
+        result = run.launcher(
+            prep.plan, folder, command, study=run.name, trial_id=trial_id, timeout_s=timeout,
+            progress_file=folder / steps_file_name, should_stop=should_stop, **kwargs,
+        )
+    finally:
+        if run.nodes is not None:
+            run.nodes.done(trial_id)
+    result.predicted = {**(result.predicted or {}), **predicted}
+    if result.status == "timeout" and time.time() >= deadline - 1.0:
+        tags["deadline"] = True
+        result.reason = f"stopped at the study's deadline; {result.reason or ''}".rstrip("; ")
+    if result.status == "pruned":
+        tags["pruned"] = PRUNED_SLOW
+    result.tags = {**result.tags, **tags}
+    result.write(folder / "result.json")
+    return result
+
+
+def _not_run(run: StudyRun, trial_id: int | str, plan: Plan, predicted: dict | None,
+             command: str, tags: dict[str, Any], reason: str) -> TrialResult:
+    import torch
+
+    from harness.measure.env import capture_env
+
+    result = TrialResult(
+        study=run.name, trial_id=trial_id, status="pruned", reason=reason,
+        plan=plan.to_dict(), predicted=predicted, metrics=empty_metrics(),
+        env=capture_env(torch.device(run.device_type)), command=command,
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"), duration_s=0.0,
+        tags=tags,
+    )
+    result.write(run.store.trial_dir(trial_id) / "result.json")
+    return result
