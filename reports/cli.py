@@ -1,4 +1,4 @@
-"""The `report` and `compare` subcommands (harness/cli.py adds them with `add_commands`)."""
+"""The `report` and `compare` subcommands (harness/cli/main.py adds them with `add_commands`)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,14 @@ each phase it declares. `strategies.compose` calls the phases in order.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from harness.core.config import from_table, to_table
+from harness.core.space import Choice, FloatRange, IntRange, Space
+
+# The space types live in harness.core.space (the tuner reads them without torch).
+__all__ = ["Choice", "FloatRange", "IntRange", "Phase", "Space", "Strategy"]
 
 if TYPE_CHECKING:
     from harness.core.device import RuntimeEnv
@@ -41,37 +44,6 @@ class Phase(IntEnum):
     STEP = 9
 
 
-@dataclass(frozen=True)
-class Choice:
-    """A categorical setting: one of `values`."""
-
-    values: tuple[Any, ...]
-
-    def describe(self) -> str:
-        return " | ".join(repr(v) for v in self.values)
-
-
-@dataclass(frozen=True)
-class IntRange:
-    low: int
-    high: int
-    log: bool = False
-
-    def describe(self) -> str:
-        return f"int [{self.low}, {self.high}]" + (" log" if self.log else "")
-
-
-@dataclass(frozen=True)
-class FloatRange:
-    low: float
-    high: float
-    log: bool = False
-
-    def describe(self) -> str:
-        return f"float [{self.low:g}, {self.high:g}]" + (" log" if self.log else "")
-
-
-Space = Choice | IntRange | FloatRange
 
 
 class Strategy(ABC):

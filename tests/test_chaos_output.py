@@ -19,8 +19,9 @@ import sys
 import pytest
 
 from harness.core.errors import HarnessError
-from harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, append_output, cap_bytes, disk_bytes
+from harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, cap_bytes, disk_bytes
 from harness.launch.rank_logs import tail
+from harness.measure.rank_process import append_output
 from tests.distributed.launch_helpers import ROOT, assert_nothing_left, needs_ddp
 
 CAP = 8 * 2**20
@@ -37,11 +38,11 @@ import contextlib, json, resource, sys, threading
 from pathlib import Path
 from harness.launch.local import launch
 from harness.launch.log_cap import disk_bytes
-from harness.measure.trial_loop import prepare
+from harness.measure.prepare import prepare
 from tests.distributed.launch_helpers import faulty_plan
 
 out, plan = Path(sys.argv[1]), faulty_plan(**json.loads(sys.argv[2]))
-prepare(plan)
+prepared = prepare(plan).checked()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 peak_disk, done = {}, threading.Event()
 
@@ -53,7 +54,7 @@ def sample():
                     peak_disk[p.name] = max(peak_disk.get(p.name, 0), disk_bytes(p.stat()))
 
 threading.Thread(target=sample, daemon=True).start()
-result = launch(plan, out, "chaos")
+result = launch(prepared, out, "chaos")
 done.set()
 print(json.dumps({"status": result.status, "reason": result.reason,
                   "metrics": result.metrics, "rss_before": before,

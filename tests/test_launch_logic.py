@@ -19,7 +19,7 @@ from harness.launch.rank_logs import (
     root_cause,
     tail,
 )
-from harness.measure.distributed import RankInfo
+from harness.measure.rank_process import RankInfo
 from harness.measure.ranks import combine, step_loss
 
 
@@ -92,8 +92,8 @@ def test_where_a_stopped_rank_was(tmp_path):
         '  File "/x/threading.py", line 320 in wait\n\n'
         'Current thread 0x02 (most recent call first):\n'
         '  File "/w/tests/faulty_workload.py", line 59 in loss\n'
-        '  File "/w/harness/trial.py", line 159 in measure\n'
-        '  File "/w/harness/worker.py", line 61 in main\n'
+        '  File "/w/harness/measure/trial_loop.py", line 159 in measure\n'
+        '  File "/w/harness/measure/rank_main.py", line 61 in main\n'
         '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
     )
     rank_folder(tmp_path, 1, stderr=dump)

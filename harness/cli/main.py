@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError
+from harness.core.errors import HarnessError, one_line
 
 
 def _value(text: str) -> Any:
@@ -85,10 +85,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.cli.bench_table import estimate_table, result_table
     from harness.launch.local import check_nodes, launch
-    from harness.measure.trial_loop import prepare
+    from harness.measure.prepare import prepare
 
     plan = plan_from_args(args)
-    prepare(plan)  # refuses a bad plan before anything is created or run
+    prepared = prepare(plan).checked()  # refuses a bad plan before anything is made or run
     check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint)
     out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on {args.nnodes} "
           f"node(s), micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}, "
           f"strategies: {', '.join(plan.strategies) or 'none'}", flush=True)
-    result = launch(plan, out, command, nnodes=args.nnodes, node_rank=args.node_rank,
+    result = launch(prepared, out, command, nnodes=args.nnodes, node_rank=args.node_rank,
                     rdzv_endpoint=args.rdzv_endpoint)
     if args.node_rank != 0:
         print(f"{result.status}: {result.reason}")
@@ -115,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     import strategies  # noqa: F401
     from harness.cli.bench_table import estimate_table
-    from harness.measure.trial_loop import prepare
+    from harness.measure.prepare import prepare
 
     prep = prepare(plan_from_args(args))
     if args.json:
@@ -176,11 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     return parser
 
-
-
-def one_line(text: str) -> str:
-    """Control characters (from a user's file) shown escaped, so an error stays one line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.core.errors import HarnessError
+from harness.core.units import parse_duration
+from harness.tune.ready import ReadyStudy
 
 MAX_WORKERS = 256  # tuner processes on one machine
 
@@ -69,41 +70,28 @@ def add_tune_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_tune)
 
 
-@dataclass
-class Setup:
-    """A study checked against this machine, ready to run."""
-
-    study: Any  # harness.study.study_file.Study
-    space: Any  # harness.study.search_space.SearchSpace
-    device_type: str
-    run_dir: Path
-    budget_bytes: int
-    references: list[tuple[str, dict[str, Any]]]  # (phase, params) enqueued first
-    launcher: Any
-    groups: list[str | None]
-    started: float
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     started = time.time()
-    setup = check(args, started)
+    ready = check(args, started)
     if args.check:
-        from harness.cli.tune_check import summary
+        from harness.cli.tune_check import what_would_run
 
-        print(summary(args, setup))
+        print(what_would_run(args, ready))
         return 0
     from harness.tune.session import run_session
 
-    return run_session(args, setup)
+    return run_session(args, ready)
 
 
-def check(args: argparse.Namespace, started: float) -> Setup:
-    import strategies  # noqa: F401  (registers the built-in strategies)
+def check(args: argparse.Namespace, started: float) -> ReadyStudy:
+    """The study and the flags checked as a run would; nothing created or launched.
+
+    What needs torch (the strategy registry, the device) is asked of the tuner's
+    torch-side helper (harness.launch.probe): this process never imports torch."""
     from harness.cli.tune_check import check_run_folder
-    from harness.core.device import resolve_device
-    from harness.core.units import parse_duration
+    from harness.launch.probe import shared
     from harness.records.run_store import RunStore
-    from harness.study.checks import check_study
+    from harness.study.references import baseline, known_good
     from harness.study.search_space import NotInSpace, SearchSpace
     from harness.study.study_file import memory_spec
     from harness.tune.budget import memory_budget_bytes
@@ -118,7 +106,11 @@ def check(args: argparse.Namespace, started: float) -> Setup:
     if args.memory_budget is not None:
         memory_spec(args.memory_budget, "--memory-budget")
 
-    study = _load_study(args)
+    probe = shared()
+    study = _load_study(args, probe)
+    # Checked as the file says (the flags below change only the budget, which the
+    # registry and the device have no say in).
+    facts = probe.study_facts(study)
     budget = study.budget
     if args.budget is not None:
         budget.time = args.budget
@@ -126,15 +118,13 @@ def check(args: argparse.Namespace, started: float) -> Setup:
         budget.memory = args.memory_budget
     if args.n_trials is not None:
         budget.n_trials = args.n_trials
-    device_type = resolve_device(study.device).type
-    check_study(study, device_type)
-    space = SearchSpace.of(study, device_type)
+    space = SearchSpace(study, facts.device_type, facts.settings)
     if study.sampler == "grid" and space.size() is None:
         raise HarnessError("sampler = 'grid' needs a space of choices only; give ranges as "
                            "lists in [strategies.<name>.values]")
     _check_nodes(args, study.layout.nnodes)
     references = []
-    for phase, wanted in (("baseline", space.baseline()), ("known-good", space.known_good())):
+    for phase, wanted in (("baseline", baseline(space)), ("known-good", known_good(space))):
         try:
             references.append((phase, space.params_for(wanted)))
         except NotInSpace as e:
@@ -159,14 +149,15 @@ def check(args: argparse.Namespace, started: float) -> Setup:
     if args.workers > 1:
         from harness.tune.workers import device_groups
 
-        groups = device_groups(args.workers, max(study.layout.world_sizes))
-    budget_bytes = memory_budget_bytes(budget.memory, device_type)
+        cuda = facts.device_count if facts.device_type == "cuda" else 0
+        groups = device_groups(args.workers, max(study.layout.world_sizes), cuda)
+    budget_bytes = memory_budget_bytes(budget.memory, facts.device_memory_bytes)
     if budget_bytes < 1:
         key = "--memory-budget" if args.memory_budget is not None else "budget.memory"
         raise HarnessError(f"{key} {budget.memory!r}: is less than one byte of this device's "
                            "memory; give a size such as 8GiB, or a fraction such as 0.9")
-    return Setup(study, space, device_type, run_dir, budget_bytes, references, launcher,
-                 groups, started)
+    return ReadyStudy(study, space, facts, probe, run_dir, budget_bytes, references, launcher,
+                      groups, started)
 
 
 def _check_nodes(args: argparse.Namespace, nnodes: int) -> None:
@@ -187,7 +178,7 @@ def _check_nodes(args: argparse.Namespace, nnodes: int) -> None:
         raise HarnessError(f"--node-rank {args.node_rank}: on nodes other than 0 add --follow")
 
 
-def _load_study(args: argparse.Namespace):
+def _load_study(args: argparse.Namespace, probe: Any):
     from harness.cli.tune_check import check_run_folder
     from harness.study.study_file import Study
 
@@ -196,7 +187,7 @@ def _load_study(args: argparse.Namespace):
     if args.resume:
         run_dir = Path(args.out) if args.out else None
         if run_dir is None:
-            name = Study.from_toml(args.study).name if args.study else _default().name
+            name = Study.from_toml(args.study).name if args.study else _default(probe).name
             run_dir = Path("runs") / name
         check_run_folder(run_dir, given=bool(args.out))  # before exists() can fail on it
         path = run_dir / "study.toml"
@@ -204,17 +195,14 @@ def _load_study(args: argparse.Namespace):
             raise HarnessError(f"--resume: {run_dir} holds no study (no study.toml); "
                                "start it without --resume")
         return Study.from_toml(path)
-    return Study.from_toml(args.study) if args.study else _default()
+    return Study.from_toml(args.study) if args.study else _default(probe)
 
 
-def _default():
-    import torch
-
+def _default(probe: Any):
     from harness.study.defaults import default_study
 
-    if torch.cuda.is_available():
-        return default_study("cuda", torch.cuda.device_count())
-    return default_study("cpu")
+    cuda = probe.devices()["cuda"]
+    return default_study("cuda", cuda) if cuda else default_study("cpu")
 
 
 def _launcher(spec: str | None):

@@ -2,7 +2,7 @@
 
 `check_run_folder` refuses a run folder that could not be made or written before
 anything is created (it creates nothing itself: it looks at the nearest part of
-the path that exists). `summary` is what `--check` prints instead of running.
+the path that exists). `what_would_run` is what `--check` prints instead of running.
 """
 
 from __future__ import annotations
@@ -48,34 +48,34 @@ def check_run_folder(run_dir: Path, given: bool) -> None:
         raise HarnessError(f"{what}: cannot {verb} {path} (not writable); {fix}")
 
 
-def _storage(args: argparse.Namespace, setup: Any) -> str:
+def _storage(args: argparse.Namespace, ready: Any) -> str:
     from harness.tune.storage import describe_storage
 
-    text = describe_storage(args.storage, setup.run_dir)
+    text = describe_storage(args.storage, ready.run_dir)
     if args.storage and "://" in args.storage and not args.storage.startswith("redis://"):
-        s = setup.study.storage
+        s = ready.study.storage
         text += (f" (heartbeat {s.heartbeat}, grace {s.grace}, retries {s.retries}, "
                  f"patience {s.patience}; not connected by --check)")
     return text
 
 
-def summary(args: argparse.Namespace, setup: Any) -> str:
-    """What `harness tune` would run with these flags (setup: a checked tune_cli.Setup)."""
-    from harness.cli.main import one_line
-    from harness.core.device import RuntimeEnv
+def what_would_run(args: argparse.Namespace, ready: Any) -> str:
+    """What `harness tune` would run with these flags (ready: a checked ReadyStudy,
+    harness.tune.ready)."""
+    from harness.core.errors import one_line
     from harness.core.units import format_bytes
     from harness.study.study_file import memory_spec
 
-    study, space = setup.study, setup.space
+    study, space = ready.study, ready.space
     budget = study.budget
     size = space.size()
-    source = (setup.run_dir / "study.toml" if args.resume and not args.study
+    source = (ready.run_dir / "study.toml" if args.resume and not args.study
               else args.study or "the default study for this device")
     objectives = ", ".join(f"{o} ({d})" for o, d in zip(study.objectives, study.directions,
                                                        strict=True))
-    device = f"{setup.device_type} ({RuntimeEnv.detect(setup.device_type).device_name})"
-    if len(setup.groups) > 1:
-        device += f", {len(setup.groups)} workers"
+    device = f"{ready.device_type} ({ready.facts.device_name})"
+    if len(ready.groups) > 1:
+        device += f", {len(ready.groups)} workers"
     if study.layout.nnodes > 1:
         device += f", trials span {study.layout.nnodes} nodes"
     layouts = ", ".join(f"{lay.data}x{lay.pipeline}x{lay.tensor}" for lay in space.layouts)
@@ -83,13 +83,13 @@ def summary(args: argparse.Namespace, setup: Any) -> str:
               else "search trials as time allows")
     space_text = (f"{size} configurations" if size is not None
                   else "unbounded (some settings are ranges)")
-    launcher = setup.launcher
+    launcher = ready.launcher
     state = ("holds the study; --resume continues it" if args.resume or args.helper
              else "a follower's logs" if args.follow
-             else "exists; the study's files go in it" if setup.run_dir.exists()
+             else "exists; the study's files go in it" if ready.run_dir.exists()
              else "new; not created yet")
     kind, number = memory_spec(budget.memory)
-    memory = f"{format_bytes(setup.budget_bytes)} per device" + (
+    memory = f"{format_bytes(ready.budget_bytes)} per device" + (
         f" ({number:g} of its memory)" if kind == "fraction" else "")
     rows = [
         ("study", f"{study.name}, from {source}"),
@@ -102,9 +102,9 @@ def summary(args: argparse.Namespace, setup: Any) -> str:
         ("budget", f"{_duration(budget.time)} wall clock, {trials}, "
                    f"{_duration(budget.trial_timeout)} per trial"),
         ("memory", memory),
-        ("first trials", ", ".join(phase for phase, _ in setup.references)),
-        ("run folder", f"{setup.run_dir} ({state})"),
-        ("storage", _storage(args, setup)),
+        ("first trials", ", ".join(phase for phase, _ in ready.references)),
+        ("run folder", f"{ready.run_dir} ({state})"),
+        ("storage", _storage(args, ready)),
         ("launcher", f"{getattr(launcher, '__module__', '?')}:"
                      f"{getattr(launcher, '__qualname__', '?')}"),
     ]

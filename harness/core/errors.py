@@ -9,3 +9,8 @@ class HarnessError(Exception):
     """
 
     exit_code = 2
+
+
+def one_line(text: str) -> str:
+    """Control characters (from a user's file) shown escaped, so an error stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

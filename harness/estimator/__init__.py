@@ -43,6 +43,10 @@ one micro-batch), `pipeline` (bubble, micro-batches in flight, a stage's
 activations), `phases` (the moments of a step), `rank` (one rank's memory),
 `step_time`, `result` (Estimate), `assumptions` (the longer sentences) and
 `estimate`, which puts them together.
+
+It imports harness.core, harness.workloads and strategies (torch: it runs in the
+tuner's torch-side helper, harness.measure.probe_server, and in `harness bench` /
+`harness estimate`), never the tuner, the launcher or the trial loop.
 """
 
 from harness.estimator.activations import ActivationParts

@@ -30,13 +30,15 @@ def estimate(
     workload: Workload,
     env: RuntimeEnv,
     peak_flops: float | None = None,
+    flops_per_sample: float | None = None,
 ) -> Estimate:
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
-    The memory is the largest rank's. `peak_flops` is the device's peak FLOP
-    rate (harness.measure.peaks); without it the step time is None. Strategy settings
-    the plan leaves out take the strategies' defaults; a bad setting is a
-    HarnessError.
+    The memory is the largest rank's. `peak_flops` is the device's peak FLOP rate
+    (the one MFU uses, harness.measure.peak_choice); without it the step time is None.
+    `flops_per_sample`, when the caller counted it already, is not counted again.
+    Strategy settings the plan leaves out take the strategies' defaults; a bad
+    setting is a HarnessError.
     """
     cfg = Settings.of(plan)
     par = cfg.parallel
@@ -62,7 +64,8 @@ def estimate(
         )
     assumptions.append(peak_assumption(held, bool(worst.memory["gradient_buckets"])))
 
-    flops_per_sample = float(workload.flops_per_sample())
+    if flops_per_sample is None:
+        flops_per_sample = float(workload.flops_per_sample())
     flops_per_step = (flops_per_sample + parts.recompute_flops_per_sample) * plan.batch_size
     seconds, mfu, how = step_time(flops_per_step, plan, env, peak_flops, bubble)
     assumptions.append(how)

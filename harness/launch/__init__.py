@@ -1,1 +1,9 @@
-"""harness.launch."""
+"""Launching one trial in its own processes and collecting its record: the local
+launcher (`local`: one process, or torchrun for several ranks, with a hard
+timeout), finding and stopping a trial's processes (`procs`), bounded log files
+(`log_cap`), what the ranks left behind (`rank_logs`) and the record of a trial that
+left none (`verdict`), and the tuner's client of its torch-side helper (`probe`).
+It runs in the tuner's process, so it imports no torch at module level; it may
+import harness.measure (the torch-free parts at module level), harness.core,
+harness.study and harness.records, never harness.tune or harness.cli.
+"""

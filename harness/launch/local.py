@@ -1,6 +1,10 @@
 """Launching one trial: its own processes, a hard timeout, and its record collected.
 
-    result = launch(plan, "runs/x", "harness bench runs/x/plan.toml --out runs/x")
+    result = launch(prepared, "runs/x", "harness bench runs/x/plan.toml --out runs/x")
+
+`prepared` is the plan checked once (harness.core.prepared: by `harness bench`, or
+the tuner's torch-side helper); it is written beside plan.toml as prepared.json,
+which every rank reads. This module imports no torch: the tuner calls it.
 
 The trial never runs in the caller, so nothing it does (a crash, an out-of-memory,
 a hang) can take the caller down. The process tree on one node:
@@ -48,13 +52,12 @@ from pathlib import Path
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
+from harness.core.prepared import PreparedPlan
 from harness.launch import procs
 from harness.launch.log_cap import LogCap
 from harness.launch.verdict import Ended, decide
-from harness.measure.distributed import NODE_RANK_ENV, free_port
-from harness.measure.env import capture_env
+from harness.measure.rank_process import NODE_RANK_ENV, free_port
 from harness.measure.step_log import STEP_LOG_ENV
-from harness.measure.trial_loop import Prepared, prepare
 from harness.records.result import TrialResult, empty_metrics, read_result
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
@@ -90,7 +93,7 @@ def check_nodes(plan: Plan, nnodes: int, node_rank: int, rdzv_endpoint: str | No
 
 
 def launch(
-    plan: Plan,
+    prepared: PreparedPlan,
     out_dir: str | Path,
     command: str,
     *,
@@ -103,9 +106,10 @@ def launch(
     progress_file: str | Path | None = None,
     should_stop: Callable[[], str | None] | None = None,
 ) -> TrialResult:
-    """Run `plan` in its own processes and return its record (see the module's doc).
+    """Run the prepared plan in its own processes and return its record (see the
+    module's doc).
 
-    A plan this machine refuses raises HarnessError before anything starts. On
+    A node layout that cannot run the plan raises HarnessError before anything starts. On
     nodes other than 0 the record is made on node 0; this node's result says
     whether its ranks finished.
 
@@ -113,9 +117,9 @@ def launch(
     to it (harness.measure.step_log); `should_stop` is called while the trial runs and,
     when it returns a reason, the trial is stopped and recorded as `pruned` with it.
     """
-    prep = prepare(plan)
-    check_nodes(prep.plan, nnodes, node_rank, rdzv_endpoint)
-    timeout = float(timeout_s or prep.plan.timeout_s)
+    plan = prepared.plan
+    check_nodes(plan, nnodes, node_rank, rdzv_endpoint)
+    timeout = float(timeout_s or plan.timeout_s)
     out = Path(out_dir).absolute()
     logs = out / "logs" if nnodes == 1 else out / "logs" / f"node{node_rank}"
     caps = LogCap(logs)  # a bad HARNESS_LOG_CAP_BYTES refuses here, before anything starts
@@ -124,15 +128,16 @@ def launch(
     logs.mkdir(parents=True)
     if node_rank == 0:
         result_file.unlink(missing_ok=True)
-    plan_file = out / "plan.toml"
-    _write(plan_file, prep.plan.to_toml())
+    _write(out / "plan.toml", plan.to_toml())
+    prepared_file = out / "prepared.json"
+    prepared.write(prepared_file)
 
     launch_id = uuid.uuid4().hex
-    worker = ["-m", "harness.measure.rank_main", str(plan_file), "--result", str(result_file),
+    worker = ["-m", "harness.measure.rank_main", str(prepared_file), "--result", str(result_file),
               "--command", command]
     worker += ["--study", study] if study is not None else []
     worker += ["--trial-id", str(trial_id)] if trial_id is not None else []
-    single = prep.plan.world_size == 1 and nnodes == 1
+    single = plan.world_size == 1 and nnodes == 1
     env = _env(launch_id, node_rank, logs)
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
@@ -143,7 +148,7 @@ def launch(
         env["TORCHELASTIC_ERROR_FILE"] = str(logs / "rank0" / "error.json")
         stdout, stderr = logs / "rank0" / "stdout.log", logs / "rank0" / "stderr.log"
     else:
-        argv = _torchrun(prep.plan, nnodes, rdzv_endpoint, logs, study, trial_id) + worker
+        argv = _torchrun(plan, nnodes, rdzv_endpoint, logs, study, trial_id) + worker
         stdout = stderr = logs / "agent.log"
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -156,10 +161,10 @@ def launch(
             return read_result(result_file)
         except (OSError, ValueError, TypeError) as e:
             note = f"the record at {result_file} could not be read ({e})"
-        return _made_here(prep, "failed", note, {}, command, study, trial_id, started_at,
+        return _made_here(prepared, "failed", note, {}, command, study, trial_id, started_at,
                           duration, result_file)
     if ended.stop_reason is not None:
-        return _made_here(prep, "pruned", ended.stop_reason, {"exit_code": ended.code},
+        return _made_here(prepared, "pruned", ended.stop_reason, {"exit_code": ended.code},
                           command, study, trial_id, started_at, duration,
                           result_file if node_rank == 0 else None)
     status, reason, extra = decide(logs, ended, timeout, single, node_rank == 0)
@@ -167,7 +172,7 @@ def launch(
         reason = (f"node {node_rank} of {nnodes}: its ranks finished; the record is made "
                   "on node 0")
         extra["node_rank"] = node_rank
-    return _made_here(prep, status, reason, extra, command, study, trial_id, started_at,
+    return _made_here(prepared, status, reason, extra, command, study, trial_id, started_at,
                       duration, result_file if node_rank == 0 else None)
 
 
@@ -206,7 +211,7 @@ def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeo
 
 
 def _made_here(
-    prep: Prepared, status: str, reason: str, extra: dict, command: str, study: str | None,
+    prepared: PreparedPlan, status: str, reason: str, extra: dict, command: str, study: str | None,
     trial_id: int | str | None, started_at: str, duration: float, write_to: Path | None,
 ) -> TrialResult:
     result = TrialResult(
@@ -214,10 +219,10 @@ def _made_here(
         trial_id=trial_id,
         status=status,  # type: ignore[arg-type]
         reason=reason,
-        plan=prep.plan.to_dict(),
-        predicted=prep.predicted,
+        plan=prepared.plan.to_dict(),
+        predicted=prepared.predicted,
         metrics={**empty_metrics(), **extra},
-        env=capture_env(prep.device),
+        env=prepared.env,
         command=command,
         started_at=started_at,
         duration_s=duration,
@@ -256,15 +261,20 @@ def _env(launch_id: str, node_rank: int, logs: Path) -> dict[str, str]:
     env[procs.STACKS_DIR_ENV] = str(logs)
     env[NODE_RANK_ENV] = str(node_rank)
     env["PYTHONUNBUFFERED"] = "1"
-    # The trial imports what the caller could: its working folder and the folders
-    # added to its path (a user's workload module), before the child's own.
+    env["PYTHONPATH"] = os.pathsep.join(import_path(env.get("PYTHONPATH")))
+    return env
+
+
+def import_path(pythonpath: str | None = None) -> list[str]:
+    """What a child process must import from to see what this one could: the working
+    folder and the folders added to this process's path (a user's workload module),
+    before the child's own."""
     prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     path = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)
                             and not os.path.abspath(p).startswith(prefixes)]
-    if env.get("PYTHONPATH"):
-        path.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
-    return env
+    if pythonpath:
+        path.append(pythonpath)
+    return list(dict.fromkeys(path))
 
 
 def _write(path: Path, text: str) -> None:

@@ -40,14 +40,11 @@ next look (a flood of 300 MB in a second is cut only after it).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
-import fcntl
 import functools
 import os
-import stat
 import time
 from pathlib import Path
 
@@ -73,15 +70,6 @@ def disk_bytes(st: os.stat_result) -> int:
     """What a file takes on disk: its size, less its holes."""
     blocks = getattr(st, "st_blocks", None)
     return st.st_size if blocks is None else min(st.st_size, blocks * 512)
-
-
-def append_output(fds: tuple[int, ...] = (1, 2)) -> None:
-    """In a trial's process: make its stdout and stderr, where they are files, append
-    (O_APPEND), so that after a cut they carry on at the file's new end."""
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
 
 
 class LogCap:

@@ -15,73 +15,25 @@ notices within a second (`watch_launcher`) and stops itself the same way.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 
 import psutil
 
-LAUNCH_ID_ENV = "HARNESS_LAUNCH_ID"
-LAUNCHER_ENV = "HARNESS_LAUNCHER"  # "pid:create_time" of the launching process
-STACKS_DIR_ENV = "HARNESS_STACKS_DIR"  # where each rank writes its stack on SIGUSR1
-STACK_SIGNAL = signal.SIGUSR1
-
-
-def stack_file(folder: str | os.PathLike, rank: int) -> str:
-    return os.path.join(folder, f"stack-rank{rank}.txt")
-
-
-def listen_for_stack_requests() -> None:
-    """In a rank: on STACK_SIGNAL, write every thread's stack to this rank's stack file
-    (faulthandler, in C: it answers while the main thread is stuck in a collective).
-
-    Not on SIGTERM: a rank stopped gets several at once (the launcher's, torchrun's),
-    and faulthandler's dump guards against re-entry by returning at once, so the
-    second signal's chained default action often killed the rank before the first
-    had written a line.
-    """
-    folder = os.environ.get(STACKS_DIR_ENV)
-    if not folder:
-        return
-    global _stack_out  # faulthandler keeps the descriptor, not the file object
-    _stack_out = open(stack_file(folder, int(os.environ.get("RANK", "0"))), "w")  # noqa: SIM115
-    faulthandler.register(STACK_SIGNAL, file=_stack_out, all_threads=True, chain=False)
-
-
-_stack_out = None
+from harness.measure.rank_process import (  # noqa: F401  (the launcher sets them)
+    LAUNCH_ID_ENV,
+    LAUNCHER_ENV,
+    STACK_SIGNAL,
+    STACKS_DIR_ENV,
+    stack_file,
+)
 
 
 def launcher_tag() -> str:
     me = psutil.Process()
     return f"{me.pid}:{me.create_time()}"
-
-
-def watch_launcher(interval_s: float = 1.0) -> None:
-    """In a trial's process: stop this process (SIGTERM) once its launcher is gone."""
-    tag = os.environ.get(LAUNCHER_ENV)
-    if not tag:
-        return
-    pid, created = tag.split(":", 1)
-
-    def gone() -> bool:
-        try:
-            return f"{psutil.Process(int(pid)).create_time()}" != created
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.Error:
-            return False
-
-    def watch() -> None:
-        while not gone():
-            time.sleep(interval_s)
-        print(f"the launcher (pid {pid}) is gone; stopping", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.launch.procs import stack_file
-from harness.measure.distributed import LOG_HEADER as HEADER
+from harness.measure.rank_process import LOG_HEADER as HEADER
+from harness.measure.rank_process import stack_file
 
 TAIL_BYTES = 8192
 ERROR_FILE_LIMIT = 4 * 2**20  # larger error files are not read
@@ -117,7 +117,7 @@ def _where(dump: str) -> str | None:
     blocks = dump.split("(most recent call first):")
     for block in reversed(blocks[1:]):
         frames = _FRAME.findall(block.split("\n\n", 1)[0])
-        if frames and any("worker.py" in f or "runpy" in f for f, _, _ in frames):
+        if frames and any("rank_main.py" in f or "runpy" in f for f, _, _ in frames):
             file, line, fn = frames[0]
             return f"in {fn} at {Path(file).name}:{line}"
     return None

@@ -1,1 +1,10 @@
-"""harness.measure."""
+"""Inside a trial's own processes, where torch runs: the rank entry point
+(`rank_main`, `rank_process`), checking a plan once and rebuilding it in each rank
+(`prepare`), the trial loop (`trial_loop`, `batches`, `distributed`), timing,
+memory, NVML, peak FLOP/s (`peaks` the datasheet, `peak_calibration` the measured
+figure, `peak_choice` the one MFU uses), combining the ranks' figures (`ranks`),
+the step log the tuner reads (`step_log`), the environment record (`env`), and the
+tuner's torch-side helper (`probe_server`). It may import harness.core,
+harness.study, harness.estimator, harness.workloads, harness.records and strategies;
+never harness.launch, harness.tune or harness.cli, which sit above it.
+"""

@@ -9,72 +9,13 @@ process trial never creates a process group.
 from __future__ import annotations
 
 import datetime
-import os
-import socket
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from harness.core.errors import HarnessError
-
-# Set by harness.launch.local on every process of a trial: the --node-rank this node was
-# launched with. c10d rendezvous numbers nodes by its own order (GROUP_RANK), so the
-# launched node rank is what says which node's launcher collects the record.
-NODE_RANK_ENV = "HARNESS_NODE_RANK"
-# The start of the first line every rank writes to its stderr (harness.measure.rank_main),
-# followed by RankInfo.describe(): how the launcher tells the ranks' logs apart.
-LOG_HEADER = "harness worker:"
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """This process's place in the trial, as torchrun's environment says."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    group_rank: int = 0  # the node's index as the rendezvous numbered it
-    launch_node_rank: int = 0  # the --node-rank this node was launched with
-    host: str = field(default_factory=socket.gethostname)
-
-    @classmethod
-    def from_env(cls) -> RankInfo:
-        return cls(
-            rank=_env_int("RANK", 0),
-            world_size=_env_int("WORLD_SIZE", 1),
-            local_rank=_env_int("LOCAL_RANK", 0),
-            local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
-            group_rank=_env_int("GROUP_RANK", 0),
-            launch_node_rank=_env_int(NODE_RANK_ENV, 0),
-        )
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def writes_result(self) -> bool:
-        """The one process that writes the record: local rank 0 of launched node 0.
-
-        On one node that is rank 0. On several nodes it is the first process on the
-        node whose launcher was given --node-rank 0, so the record lands where that
-        launcher looks for it, shared file system or not.
-        """
-        return self.launch_node_rank == 0 and self.local_rank == 0
-
-    def describe(self) -> str:
-        return (
-            f"rank {self.rank} of {self.world_size}, local rank {self.local_rank}, "
-            f"node {self.group_rank} (launched as {self.launch_node_rank}), host {self.host}"
-        )
+from harness.measure.rank_process import RankInfo
 
 
 def backend_for(device: torch.device) -> str:
@@ -141,10 +82,3 @@ def all_sum(t: torch.Tensor) -> torch.Tensor:
     if active():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS may hand it out again later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -2,8 +2,9 @@
 
 The best rate of a square calibration matmul on the device, cached per (device
 name, dtype, torch version, and threads on CPU) in $HARNESS_CACHE_DIR/peaks.json
-so it is measured once. `harness.measure.peaks` holds the datasheet and chooses between
-the two figures; this module imports `Peak` and `matmul_dtype` from there.
+so it is measured once. `harness.measure.peaks` holds the datasheet (this module
+imports `Peak` and `matmul_dtype` from there); `harness.measure.peak_choice` chooses
+between the two figures.
 """
 
 from __future__ import annotations

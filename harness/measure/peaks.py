@@ -1,4 +1,4 @@
-"""Peak FLOP/s of a device, the denominator of MFU, and which figure MFU uses.
+"""Peak FLOP/s of a device, the denominator of MFU: the datasheet, and the matmul dtype.
 
 Two figures, both recorded with every result:
 
@@ -8,23 +8,18 @@ Two figures, both recorded with every result:
 - the **measured** peak: the best rate of a square calibration matmul on this
   device, cached so it is measured once (`harness.measure.peak_calibration`).
 
-MFU uses the datasheet figure where the device is known (it is the convention
-papers report against) and the measured one otherwise (CPUs vary too much for a
-table, and so do GPUs missing from it). A measured rate above the datasheet by
-more than 10 % means the table row does not describe this device (a variant
-with other clocks); then the measured figure is used and the reason recorded.
-
-This module owns the datasheet, the `Peak` record, the dtype the matmuls really
-run in (`matmul_dtype`, `autocast_dtype_name`) and the choice (`peaks_for`).
-`harness.measure.peak_calibration` imports from here; `peaks_for` imports it lazily, so
-there is no import cycle.
+This module owns the datasheet, the `Peak` record and the dtype the matmuls really
+run in (`matmul_dtype`, `autocast_dtype_name`); it imports nothing else of the
+harness's measuring. `harness.measure.peak_calibration` imports from here, and
+`harness.measure.peak_choice` imports both and chooses the figure MFU uses
+(`peaks_for`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -212,54 +207,6 @@ def autocast_dtype_name(plan_strategies: dict[str, Any]) -> str:
     if raw not in names:
         raise HarnessError(f"strategies.amp.dtype = {raw!r}: use 'bf16' or 'fp16'")
     return names[raw]
-
-
-# --- the choice MFU uses ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeakChoice:
-    """Both peaks of a device, and the one MFU divides by."""
-
-    dtype: str  # the dtype the matmuls run in ("tf32" for fp32 with TF32 on)
-    datasheet: Peak | None
-    measured: Peak
-    used: Peak
-    reason: str  # why `used` was chosen, in words
-
-    def as_record(self) -> dict[str, Any]:
-        """A JSON-ready record: both peaks, which one MFU uses, and why."""
-        return {
-            "dtype": self.dtype,
-            "datasheet": asdict(self.datasheet) if self.datasheet else None,
-            "measured": asdict(self.measured),
-            "used": "datasheet" if self.used is self.datasheet else "measured",
-            "flops": self.used.flops,
-            "source": self.used.source,
-            "reason": self.reason,
-        }
-
-
-def peaks_for(
-    device: torch.device, device_name: str, dtype: str, *, cache: bool = True
-) -> PeakChoice:
-    """Datasheet and measured peaks for `dtype` (the plan's compute dtype) on `device`."""
-    from harness.measure.peak_calibration import measured_peak  # lazily: it imports this module
-
-    eff = matmul_dtype(device, dtype)
-    sheet = datasheet_peak(device_name, eff) if device.type == "cuda" else None
-    measured = measured_peak(device, dtype, cache=cache)
-    if sheet is None:
-        reason = f"no datasheet figure for {device_name} {eff}: MFU uses the measured peak"
-        return PeakChoice(eff, None, measured, measured, reason)
-    if measured.flops > 1.1 * sheet.flops:
-        reason = (
-            f"measured {measured.flops / 1e12:.1f} TFLOP/s is above the datasheet's "
-            f"{sheet.flops / 1e12:.1f}: the table row does not fit this device, "
-            "MFU uses the measured peak"
-        )
-        return PeakChoice(eff, sheet, measured, measured, reason)
-    return PeakChoice(eff, sheet, measured, sheet, "MFU uses the datasheet peak")
 
 
 def _check_dtype(dtype: str) -> None:

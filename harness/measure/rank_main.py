@@ -1,6 +1,6 @@
 """Inside every rank of a trial: join the process group, run the trial, write the record.
 
-    python -m harness.measure.rank_main PLAN --result PATH --command CMD [--study S --trial-id I]
+    python -m harness.measure.rank_main PREPARED_JSON --result PATH --command CMD [--study S ...]
 
 harness.launch.local starts this (through torchrun when the plan has several ranks).
 The first line each rank writes to its stderr names the rank; the launcher reads
@@ -22,12 +22,12 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from harness.measure.distributed import LOG_HEADER as HEADER
+from harness.measure.rank_process import LOG_HEADER as HEADER
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m harness.measure.rank_main")
-    p.add_argument("plan", help="the plan file (TOML)")
+    p.add_argument("prepared", help="the prepared plan (prepared.json, harness.core.prepared)")
     p.add_argument("--result", required=True, help="where the record is written (JSON)")
     p.add_argument("--command", default="", help="the command that re-runs this trial")
     p.add_argument("--study")
@@ -42,8 +42,7 @@ def _trial_id(text: str | None) -> int | str | None:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    from harness.launch.log_cap import append_output
-    from harness.measure.distributed import RankInfo
+    from harness.measure.rank_process import RankInfo, append_output
 
     append_output()  # the launcher cuts logs past their cap; carry on at the new end
     info = RankInfo.from_env()
@@ -52,20 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     # thread in its stderr before it goes; when it may not (several SIGTERMs at once),
     # the launcher asked first for the stack file (harness.launch.procs.dump_stacks).
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    from harness.launch.procs import listen_for_stack_requests, watch_launcher
+    from harness.measure.rank_process import listen_for_stack_requests, watch_launcher
 
     listen_for_stack_requests()
     watch_launcher()  # and if the launcher dies, stop too
 
     import strategies  # noqa: F401  (registers the built-in strategies)
-    from harness.core.device import resolve_device
-    from harness.core.plan import Plan
+    from harness.core.prepared import PreparedPlan
     from harness.measure import distributed
+    from harness.measure.prepare import from_prepared
     from harness.measure.trial_loop import run_trial
 
-    plan = Plan.from_toml(args.plan)
-    distributed.init(plan, resolve_device(plan.device, info.local_rank), info)
-    result = run_trial(plan, args.command, args.study, _trial_id(args.trial_id), info)
+    prep = from_prepared(PreparedPlan.read(args.prepared), info.local_rank)
+    distributed.init(prep.plan, prep.device, info)
+    result = run_trial(prep, args.command, args.study, _trial_id(args.trial_id), info)
     if info.writes_result:
         result.write(args.result)
     distributed.destroy()

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from harness.measure import distributed
-from harness.measure.distributed import RankInfo
 from harness.measure.memory import peak_memory_bytes
-from harness.measure.timing import summarize
+from harness.measure.rank_process import RankInfo
+from harness.measure.timing import step_time_stats
 
 
 @dataclass
@@ -76,7 +76,7 @@ def rank_figures(
         "node": info.group_rank,
         "launched_node": info.launch_node_rank,
         "host": info.host,
-        "step_time_median_s": summarize(times_s)["median"] if times_s else None,
+        "step_time_median_s": step_time_stats(times_s)["median"] if times_s else None,
         "step_times_s": list(times_s),
         "peak_memory_bytes": peak_memory_bytes(memory),
         "memory": dict(memory),

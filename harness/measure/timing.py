@@ -42,7 +42,7 @@ class StepTimer:
             self.times_s.append(time.perf_counter() - t0)
 
 
-def summarize(times_s: list[float]) -> dict[str, float | int]:
+def step_time_stats(times_s: list[float]) -> dict[str, float | int]:
     """Median with p10/p90 and n (the record's keys), plus mean/stdev/min/max."""
     if not times_s:
         raise ValueError("no measured steps")

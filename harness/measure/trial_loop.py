@@ -14,57 +14,26 @@ import dataclasses
 import math
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import torch
 
-from harness.core.device import RuntimeEnv, resolve_device, synchronize
+from harness.core.device import synchronize
 from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.estimator import estimate
 from harness.measure import distributed
 from harness.measure.batches import step_pool
-from harness.measure.distributed import RankInfo
 from harness.measure.env import capture_env
 from harness.measure.memory import MemoryTracker
 from harness.measure.nvml import NvmlSampler
 from harness.measure.peak_calibration import forget_measured_peak
-from harness.measure.peaks import autocast_dtype_name, peaks_for
+from harness.measure.prepare import Prepared
+from harness.measure.rank_process import RankInfo
 from harness.measure.ranks import combine, rank_figures, step_loss
 from harness.measure.step_log import step_writer
-from harness.measure.timing import StepTimer, summarize
+from harness.measure.timing import StepTimer, step_time_stats
 from harness.records.result import TrialResult, empty_metrics
-from harness.workloads import Workload, load_workload
-from strategies import compose, resolved, validate
-
-
-@dataclass
-class Prepared:
-    """A plan checked against this machine, with its workload and prediction."""
-
-    plan: Plan
-    workload: Workload
-    device: torch.device
-    runtime: RuntimeEnv
-    predicted: dict[str, Any] | None
-    peak: Any  # harness.measure.peaks.PeakChoice
-    notes: list[str] = field(default_factory=list)
-
-
-def prepare(plan: Plan, local_rank: int = 0) -> Prepared:
-    """Everything that can refuse a plan, before anything runs (HarnessError).
-
-    `local_rank` picks this rank's device on a node with several."""
-    device = resolve_device(plan.device, local_rank)
-    runtime = RuntimeEnv.detect(device.type)
-    workload = load_workload(plan.workload, plan.workload_args)
-    validate(plan, runtime)
-    plan = resolved(plan)
-    peak = peaks_for(device, runtime.device_name, autocast_dtype_name(plan.strategies))
-    predicted = estimate(plan, workload, runtime, peak.used.flops).to_record()
-    return Prepared(plan, workload, device, runtime, predicted, peak)
+from strategies import compose
 
 
 def is_oom(e: BaseException) -> bool:
@@ -75,13 +44,13 @@ def is_oom(e: BaseException) -> bool:
 
 
 def run_trial(
-    plan: Plan,
+    prep: Prepared,
     command: str,
     study: str | None = None,
     trial_id: int | str | None = None,
     rank: RankInfo | None = None,
 ) -> TrialResult:
-    """Run `plan` here and return its record. A user's mistake raises HarnessError
+    """Run the prepared plan here and return its record. A user's mistake raises HarnessError
     before anything runs; a failure while running becomes the record's status.
 
     `rank` is this process's place in a distributed trial (default: the only one).
@@ -92,7 +61,6 @@ def run_trial(
     info = rank or RankInfo()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    prep = prepare(plan, info.local_rank)
     result = TrialResult(
         study=study,
         trial_id=trial_id,
@@ -196,9 +164,9 @@ def measure(
     if not step_times:
         return metrics, status, reason or "no measured step completed"
 
-    times = summarize(step_times)
+    times = step_time_stats(step_times)
     median = times["median"]
-    flops_per_step = workload.flops_per_sample() * plan.batch_size
+    flops_per_step = prep.flops_per_sample * plan.batch_size
     tflops = flops_per_step / median / plan.world_size / 1e12
     peak = prep.peak
     samples_per_s = plan.batch_size / median
@@ -207,7 +175,7 @@ def measure(
         step_times_s=step_times,
         samples_per_s=samples_per_s,
         tokens_per_s=(
-            samples_per_s * workload.tokens_per_sample if workload.tokens_per_sample else None
+            samples_per_s * prep.tokens_per_sample if prep.tokens_per_sample else None
         ),
         flops_per_step=flops_per_step,
         tflops_per_device=tflops,

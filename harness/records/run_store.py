@@ -111,9 +111,6 @@ class RunStore:
                     continue  # a line cut short by a killed writer
         return out
 
-    def recorded_ids(self) -> set[str]:
-        return {str(r.get("trial_id")) for r in self.records()}
-
     # --- study.json and best.toml ----------------------------------------------------
     def read_info(self) -> dict[str, Any]:
         try:

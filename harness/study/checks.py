@@ -9,25 +9,16 @@ out, unless the study asked for them by name, which is an error).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.config import from_table, to_table
 from harness.core.device import RuntimeEnv
 from harness.core.errors import HarnessError
 from harness.core.plan import Layout, Plan
+from harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
 from harness.study.study_file import Study
-from strategies.base import Choice, FloatRange, IntRange, Space
 
 STRUCTURAL = {"ddp", "zero", "pipeline", "tensor"}
-
-
-@dataclass
-class SettingsSpace:
-    searched: dict[str, Space] = field(default_factory=dict)
-    fixed: dict[str, Any] = field(default_factory=dict)
-    defaults: dict[str, Any] = field(default_factory=dict)
-    left_out: list[str] = field(default_factory=list)  # values this device cannot run
 
 
 def resolve_settings(study: Study, device_type: str) -> dict[str, SettingsSpace]:

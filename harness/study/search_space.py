@@ -27,9 +27,8 @@ from typing import Any
 import optuna
 
 from harness.core.plan import Layout, Plan
-from harness.study.checks import SettingsSpace, resolve_settings
+from harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
 from harness.study.study_file import Study
-from strategies.base import Choice, FloatRange, IntRange, Space
 
 DATA_PARALLEL = ("ddp", "zero")
 AXIS_STRATEGIES = {"pipeline": "pipeline", "tensor": "tensor"}  # layout axis -> strategy
@@ -71,6 +70,9 @@ class SearchSpace:
 
     @classmethod
     def of(cls, study: Study, device_type: str) -> SearchSpace:
+        """Resolved in this process, which imports torch: the tuner asks its probe."""
+        from harness.study.checks import resolve_settings
+
         return cls(study, device_type, resolve_settings(study, device_type))
 
     def micros_for(self, layout: Layout) -> list[int]:
@@ -221,17 +223,6 @@ class SearchSpace:
             return len(self.enumerate())
         except NotInSpace:
             return None
-
-    # --- the references every study starts with (harness.study.references) ---------------
-    def baseline(self) -> Wanted:
-        from harness.study.references import baseline
-
-        return baseline(self)
-
-    def known_good(self) -> Wanted:
-        from harness.study.references import known_good
-
-        return known_good(self)
 
 
 def to_optuna(dist: Space) -> optuna.distributions.BaseDistribution:

@@ -43,7 +43,7 @@ from harness.core.config import (
 from harness.core.errors import HarnessError
 from harness.core.plan import Layout, OptimizerSettings
 from harness.core.units import parse_bytes, parse_duration
-from harness.tune.storage import StorageSpec
+from harness.study.storage_spec import StorageSpec
 
 OBJECTIVES = {"throughput": "maximize", "memory": "minimize"}
 MAX_MICRO = 2**24  # as a plan's micro_batch_size

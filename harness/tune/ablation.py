@@ -20,13 +20,12 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.records.result import read_result
 from harness.study.search_space import SearchSpace
-from harness.tune.sampling import frozen, outcome
 from harness.tune.trial_job import run_trial_job
 
 if TYPE_CHECKING:
-    from harness.tune.tuner import Tuner
+    from harness.records.result import TrialResult
+    from harness.tune.context import StudyContext
 
 
 @dataclass
@@ -62,76 +61,64 @@ def ablation_jobs(space: SearchSpace, best_params: dict[str, Any], best_id: int 
     return jobs
 
 
-def run_ablation(tuner: Tuner) -> str:
+def run_ablation(ctx: StudyContext) -> str:
     """Run the ablation of the best trial so far; returns how it ended, in words.
 
-    Each trial is added to Optuna as it finished (study.add_trial: nobody else can
-    pick it up), then recorded. On --resume a trial already recorded is not run
-    again; one that never finished (not started for lack of time, or stopped at
-    the deadline) runs again under a new id, `<id>-retry<k>`.
+    Each trial is written as a search trial is: RUNNING in the storage (created
+    there with its configuration and this worker as owner, never handed out by
+    ask()), run, recorded, then Optuna told (StudyContext.record_then_tell), so
+    recovery (harness.tune.resume) settles an ablation trial as any other. On
+    --resume a trial already recorded is not run again; one that never finished
+    (not started for lack of time, stopped at the deadline, or its worker gone)
+    runs again under a new id, `<id>-retry<k>`.
     """
-    best = tuner.best_trial()
-    repeats = tuner.study.budget.ablation_repeats
+    best = ctx.best_trial()
+    repeats = ctx.study.budget.ablation_repeats
     if best is None or not repeats:
         return "no feasible trial to ablate" if best is None else "ablation off"
     best_id = best.user_attrs.get("trial_id", best.number)
-    store = tuner.run.store
-    recorded = {str(r["trial_id"]): r for r in store.records()}
-    for job in ablation_jobs(tuner.space, best.params, best_id, repeats):
+    recorded = {str(r["trial_id"]): r for r in ctx.run.store.records()}
+    for job in ablation_jobs(ctx.space, best.params, best_id, repeats):
         tries = [i for i in recorded if i == job.trial_id or i.startswith(f"{job.trial_id}-retry")]
         if any(_finished(recorded[i]) for i in tries):
             continue
-        if not tries and _recover(tuner, job.trial_id):
-            continue
         if tries:
             job.trial_id = f"{job.trial_id}-retry{len(tries)}"
-        if tuner.clock.left() <= 0:
+        if ctx.clock.left() <= 0:
             return "time: the deadline came before every ablation trial ran"
-        plan = tuner.space.plan(job.params)
-        tuner.on_event("start", {"trial_id": job.trial_id, "plan": plan.to_dict(),
-                                 "phase": "ablation", "duplicate": False})
-        result = run_trial_job(tuner.run, job.trial_id, plan, job.tags, tuner.calibration(),
-                               tuner.clock.deadline)
-        used = tuner.space.distributions(job.params)
-        attrs = {"phase": "ablation", "trial_id": job.trial_id, "status": result.status,
-                 "plan": result.plan, "worker": tuner.me.tag}
-        got = outcome(result.to_dict(), tuner.study.objectives, tuner.run.budget_bytes)
-        tuner.optuna_study.add_trial(frozen(got, {k: job.params[k] for k in used}, used, attrs))
-        result.tags["optuna_number"] = _number_of(tuner, job.trial_id)
-        result.write(store.trial_dir(job.trial_id) / "result.json")
-        store.append(result)
-        tuner.on_event("end", result.to_dict())
+        result = _run_job(ctx, job)
         if not _finished(result.to_dict()):
             return f"time: {result.reason}"
     return "done"
 
 
+def _run_job(ctx: StudyContext, job: AblationJob) -> TrialResult:
+    plan = ctx.space.plan(job.params)
+    used = ctx.space.distributions(job.params)
+    number = ctx.start_trial({k: job.params[k] for k in used}, used, {
+        "phase": "ablation", "trial_id": job.trial_id, "plan": plan.to_dict()})
+    with ctx.holding(number, job.trial_id, "ablation", plan.to_dict()):
+        ctx.on_event("start", {"trial_id": job.trial_id, "plan": plan.to_dict(),
+                               "phase": "ablation", "duplicate": False})
+        result = run_trial_job(ctx.run, job.trial_id, plan,
+                               {**job.tags, "optuna_number": number}, ctx.calibration(),
+                               ctx.clock.deadline)
+        ctx.record_then_tell(result, number)
+    ctx.on_event("end", result.to_dict())
+    return result
+
+
 def _finished(record: dict[str, Any]) -> bool:
+    """Whether an ablation record measured its configuration to the end (or found it
+    cannot run): not stopped by time, not left behind by a worker that stopped."""
     tags = record.get("tags") or {}
-    return tags.get("pruned") != "time" and not tags.get("deadline")
+    return tags.get("pruned") != "time" and not tags.get("deadline") and not tags.get("orphan")
 
 
-def _number_of(tuner: Tuner, trial_id: str) -> int | None:
-    for t in reversed(tuner.optuna_study.get_trials(deepcopy=False)):
-        if t.user_attrs.get("trial_id") == trial_id:
-            return t.number
-    return None
-
-
-def _recover(tuner: Tuner, trial_id: str) -> bool:
-    """A finished ablation trial that reached Optuna but not trials.jsonl: record it."""
-    number = _number_of(tuner, trial_id)
-    path = tuner.run.store.trial_dir(trial_id) / "result.json"
-    if number is None or not path.exists():
-        return False
-    result = read_result(path)
-    result.tags["optuna_number"] = number
-    tuner.run.store.append(result)
-    return True
-
-
-def summarize(records: list[dict[str, Any]], of: int | str) -> list[dict[str, Any]]:
-    """Per configuration of the ablation of `of`: throughput median, min, max, n."""
+def ablation_rows(records: list[dict[str, Any]], of: int | str) -> list[dict[str, Any]]:
+    """One row per configuration of the ablation of trial `of` (the best itself first,
+    then each technique left out): its statuses, and the throughput median, min, max
+    and n over its repeats."""
     rows: dict[str | None, list[float]] = {}
     statuses: dict[str | None, list[str]] = {}
     for r in records:

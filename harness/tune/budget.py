@@ -58,20 +58,10 @@ def launch_timeout(trial_timeout_s: float, left_s: float) -> float:
     return max(0.1, min(trial_timeout_s, left_s))
 
 
-def device_memory_bytes(device_type: str) -> int:
-    """Memory of one device: the first CUDA device's, or this machine's RAM on a CPU."""
-    if device_type == "cuda":
-        import torch
-
-        return int(torch.cuda.get_device_properties(0).total_memory)
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def memory_budget_bytes(value: str | float, device_type: str) -> int:
-    """`value` as bytes per device: a size, or a fraction of the device's memory."""
+def memory_budget_bytes(value: str | float, device_memory_bytes: int) -> int:
+    """`value` as bytes per device: a size, or a fraction of the device's memory
+    (`device_memory_bytes`, from the study's facts: harness.study.facts)."""
     kind, number = memory_spec(value)
     if kind == "fraction":
-        return int(number * device_memory_bytes(device_type))
+        return int(number * device_memory_bytes)
     return int(number)

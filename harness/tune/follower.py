@@ -5,7 +5,10 @@ The tuner (node 0) picks a rendezvous endpoint for each trial (its own address
 and a free port) and announces the trial in the Optuna storage, as the study's
 user attribute "rendezvous", before launching its own node's ranks:
 
-    {"trial_id", "endpoint", "plan", "command", "timeout_s", "done": false}
+    {"trial_id", "endpoint", "prepared", "command", "timeout_s", "done": false}
+
+(`prepared`: the plan as the leader checked it, harness.core.prepared; the
+followers run it as it is.)
 
 A follower, `harness tune STUDY --storage URL --follow --node-rank K` on node K,
 polls that attribute and launches the same plan with --node-rank K on the same
@@ -23,7 +26,7 @@ from typing import Any
 
 import optuna
 
-from harness.core.plan import Plan
+from harness.core.prepared import PreparedPlan
 from harness.records.run_store import RunStore
 
 KEY = "rendezvous"
@@ -36,13 +39,14 @@ class Announcer:
     def __init__(self, ostudy: optuna.Study, host: str, nnodes: int):
         self.ostudy, self.host, self.nnodes = ostudy, host, nnodes
 
-    def launch_kwargs(self, trial_id: Any, plan: Plan, command: str,
+    def launch_kwargs(self, trial_id: Any, prepared: PreparedPlan, command: str,
                       timeout_s: float) -> dict[str, Any]:
-        from harness.measure.distributed import free_port
+        from harness.measure.rank_process import free_port
 
         endpoint = f"{self.host}:{free_port('0.0.0.0')}"
         self.ostudy.set_user_attr(KEY, {
-            "trial_id": str(trial_id), "endpoint": endpoint, "plan": plan.to_dict(),
+            "trial_id": str(trial_id), "endpoint": endpoint,
+            "prepared": prepared.to_dict(),
             "command": command, "timeout_s": timeout_s, "done": False,
         })
         return {"nnodes": self.nnodes, "node_rank": 0, "rdzv_endpoint": endpoint}
@@ -70,7 +74,8 @@ def follow(ostudy: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
             seen.add(trial_id)
             say(f"trial {trial_id}: joining at {info['endpoint']}")
             result = launcher(
-                Plan.from_dict(info["plan"]), store.trial_dir(trial_id), info["command"],
+                PreparedPlan.from_dict(info["prepared"]), store.trial_dir(trial_id),
+                info["command"],
                 study=ostudy.study_name, trial_id=trial_id, nnodes=nnodes, node_rank=node_rank,
                 rdzv_endpoint=info["endpoint"],
                 timeout_s=max(1.0, min(info["timeout_s"], deadline - time.time())),

@@ -12,7 +12,8 @@ An infeasible configuration is COMPLETE with the worst values and a violated
 constraint, not FAIL: samplers skip FAIL trials and would propose it again, while
 a violated constraint teaches them where not to go. FAIL is kept for what says
 nothing about the configuration: stopped by the study's deadline, not started
-for lack of time, or left running by a tuner that was killed. A trial stopped
+for lack of time, or left running by a tuner that was killed or that stopped when
+the storage went away (tag "orphan", with "stale" or "unreachable"). A trial stopped
 early for being slow is PRUNED with its step throughputs as intermediate values.
 """
 
@@ -79,19 +80,10 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: Outcome) -> None:
+    """Set the trial's constraints, then its state and values (by its number)."""
     for key, value in result.constraints.items():
         trial.set_constraint(key, value)
-    study.tell(trial, result.values, state=result.state)
-
-
-def frozen(result: Outcome, params: dict, distributions: dict,
-           user_attrs: dict) -> optuna.trial.FrozenTrial:
-    """A finished trial to add as it is (ablation trials are run outside ask/tell)."""
-    return optuna.trial.create_trial(
-        state=result.state, values=result.values, params=params,
-        distributions=distributions, user_attrs=user_attrs,
-        system_attrs={f"constraints:{k}": v for k, v in result.constraints.items()},
-    )
+    study.tell(trial.number, result.values, state=result.state)
 
 
 # --- samplers ------------------------------------------------------

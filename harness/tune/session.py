@@ -19,11 +19,14 @@ from typing import Any
 import optuna
 
 from harness import __version__
-from harness.cli.tune import Setup
 from harness.core.errors import HarnessError
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
+from harness.tune.ablation import run_ablation
 from harness.tune.budget import Clock
+from harness.tune.context import StudyContext
 from harness.tune.progress import Progress
+from harness.tune.ready import ReadyStudy
+from harness.tune.resume import StaleTrials, recover, settle
 from harness.tune.sampling import make_sampler
 from harness.tune.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
 from harness.tune.summary import ablation_table, now, status_counts, table, write_best
@@ -32,15 +35,15 @@ from harness.tune.tuner import Tuner
 from harness.tune.workers import Worker, spawn_helpers, wait_for
 
 
-def run_session(args: argparse.Namespace, setup: Setup) -> int:
+def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
     import os
 
     # Taken out of the environment: the trials this process launches do not need it.
     from_env = os.environ.pop(STORAGE_ENV, None)
     args.storage = args.storage or from_env
     if args.follow:
-        return _run_follower(args, setup)
-    study, store = setup.study, RunStore(setup.run_dir)
+        return _run_follower(args, ready)
+    study, store = ready.study, RunStore(ready.run_dir)
     main = not args.helper
     remote = args.storage and not args.storage.startswith("journal:")
     spec = study.storage
@@ -52,15 +55,16 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
             write_atomic(store.study_toml, study.to_toml())
     storage = storage or make_storage(args.storage, store.root, spec)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    size = setup.space.size()
+    size = ready.space.size()
     ostudy, created = _open(storage, study, make_sampler(study, size))
     if created:
-        _enqueue_references(ostudy, setup, size)
+        _enqueue_references(ostudy, ready, size)
     if args.helper:
         clock = Clock(time.time(), args.search_until, args.deadline_at)
     else:
-        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, setup.started)
-    run = StudyRun(study.name, store, setup.budget_bytes, setup.device_type, setup.launcher)
+        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, ready.started)
+    run = StudyRun(study.name, store, ready.budget_bytes, ready.facts, ready.probe,
+                   ready.launcher)
     if study.layout.nnodes > 1:
         import socket
 
@@ -68,24 +72,22 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
 
         run.nodes = Announcer(ostudy, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
-    tuner = Tuner(study, setup.space, ostudy, run, clock)
+    tuner = Tuner(StudyContext(study, ready.space, ostudy, storage, run, clock), settle)
     if hasattr(storage, "on_stale"):  # RDB: record and retry what dead workers left
-        from harness.tune.resume import StaleTrials
-
-        storage.on_stale = StaleTrials(tuner)
+        storage.on_stale = StaleTrials(tuner.ctx)
     if main:
-        _started(store, setup, clock, args.storage)
+        _started(store, ready, clock, args.storage)
 
     helpers: list = []
     outcome = {"stopped": "interrupted", "ablation": "interrupted"}
     found = True
     try:
         with Progress(study.name, clock, quiet=args.quiet, store=store) as progress:
-            tuner.on_event = progress.event
+            tuner.ctx.on_event = progress.event
             if hasattr(storage, "say") and not args.quiet:  # quiet: stderr still says
                 storage.say = progress.line
             try:
-                helpers = _search(args, setup, tuner, store, clock, progress, outcome)
+                helpers = _search(args, ready, tuner, store, clock, progress, outcome)
                 if main:
                     outcome["ablation"] = _ablation(args, ostudy, tuner, progress)
             except StorageUnreachable as e:
@@ -105,26 +107,26 @@ def run_session(args: argparse.Namespace, setup: Setup) -> int:
             run.nodes.finished()
         if main:
             try:
-                found = _finish(store, tuner, setup, clock,
+                found = _finish(store, tuner, ready, clock,
                                 f"{outcome['stopped']}; ablation: {outcome['ablation']}")
             except OSError as e:  # the folder went unwritable: the records are what's left
                 print(f"could not write the study's summary: {e}", file=sys.stderr)
     return 0 if found else 1  # 1: nothing was tuned, every trial failed or did not fit
 
 
-def _search(args: argparse.Namespace, setup: Setup, tuner: Tuner, store: RunStore,
+def _search(args: argparse.Namespace, ready: ReadyStudy, tuner: Tuner, store: RunStore,
             clock: Clock, progress: Progress, outcome: dict[str, str]) -> list:
     """Settle what a stopped tuner left, start the helpers, search; returns the helpers."""
-    for note in tuner.recover():
+    for note in recover(tuner.ctx):
         progress.line(note)
     helpers = []
-    if len(setup.groups) > 1:
+    if len(ready.groups) > 1:
         # The storage URL goes through the environment: a password in argv shows in `ps`.
         env = {STORAGE_ENV: args.storage} if args.storage else {}
-        helpers = spawn_helpers(_helper_argv(args, store, clock, setup), setup.groups,
+        helpers = spawn_helpers(_helper_argv(args, store, clock, ready), ready.groups,
                                 store.root / "workers", env)
         progress.line(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
-    _use_devices(setup.groups[0])
+    _use_devices(ready.groups[0])
     try:
         outcome["stopped"] = tuner.search()
         progress.line(f"search ended: {outcome['stopped']}")
@@ -139,23 +141,23 @@ def _search(args: argparse.Namespace, setup: Setup, tuner: Tuner, store: RunStor
 
 def _ablation(args: argparse.Namespace, ostudy: optuna.Study, tuner: Tuner,
               progress: Progress) -> str:
-    if not tuner.study.budget.ablation_repeats:
+    if not tuner.ctx.study.budget.ablation_repeats:
         return "off (budget.ablation_repeats = 0)"
-    if not _claim_ablation(ostudy, tuner.me, take_over=args.resume):
+    if not _claim_ablation(ostudy, tuner.ctx.me, take_over=args.resume):
         return "another worker runs it"
     progress.line("ablation of the best configuration")
-    return tuner.ablate()
+    return run_ablation(tuner.ctx)
 
 
-def _run_follower(args: argparse.Namespace, setup: Setup) -> int:
+def _run_follower(args: argparse.Namespace, ready: ReadyStudy) -> int:
     """On node K > 0: join the trials node 0's tuner launches (harness.tune.follower)."""
     from harness.tune.follower import follow
 
-    study, store = setup.study, RunStore(setup.run_dir)
+    study, store = ready.study, RunStore(ready.run_dir)
     storage = make_storage(args.storage, store.root, study.storage)
     store.root.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    clock = Clock.start(study.budget.time_s, 0.0, setup.started)
+    clock = Clock.start(study.budget.time_s, 0.0, ready.started)
     ostudy = None
     while ostudy is None and clock.left() > 0:  # node 0's tuner may not have made it yet
         try:
@@ -166,7 +168,7 @@ def _run_follower(args: argparse.Namespace, setup: Setup) -> int:
         raise HarnessError(f"no study '{study.name}' appeared in the storage within the budget")
     with Progress(f"{study.name} (node {args.node_rank})", clock, quiet=args.quiet) as progress:
         why = follow(ostudy, store, args.node_rank, study.layout.nnodes, clock.deadline,
-                     setup.launcher, say=progress.line)
+                     ready.launcher, say=progress.line)
         progress.line(f"follower ended: {why}")
     return 0
 
@@ -184,14 +186,14 @@ def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
         return loaded, False
 
 
-def _enqueue_references(ostudy: optuna.Study, setup: Setup, size: int | None) -> None:
-    for phase, params in setup.references:
+def _enqueue_references(ostudy: optuna.Study, ready: ReadyStudy, size: int | None) -> None:
+    for phase, params in ready.references:
         ostudy.enqueue_trial(params, user_attrs={"phase": phase})
-    if setup.study.sampler == "grid":
-        grid = setup.space.enumerate()
-        random.Random(setup.study.seed).shuffle(grid)
+    if ready.study.sampler == "grid":
+        grid = ready.space.enumerate()
+        random.Random(ready.study.seed).shuffle(grid)
         for params in grid:
-            if all(params != p for _, p in setup.references):
+            if all(params != p for _, p in ready.references):
                 ostudy.enqueue_trial(params, user_attrs={"phase": "search"})
 
 
@@ -213,21 +215,21 @@ def _use_devices(group: str | None) -> None:
 
 
 def _helper_argv(args: argparse.Namespace, store: RunStore, clock: Clock,
-                 setup: Setup) -> list[str]:
+                 ready: ReadyStudy) -> list[str]:
     argv = [str(store.study_toml), "--out", str(store.root), "--helper",
             "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
-            "--memory-budget", str(setup.budget_bytes)]
+            "--memory-budget", str(ready.budget_bytes)]
     return argv + (["--launcher", args.launcher] if args.launcher else [])
 
 
-def _started(store: RunStore, setup: Setup, clock: Clock, storage: str | None) -> None:
-    s = setup.study
+def _started(store: RunStore, ready: ReadyStudy, clock: Clock, storage: str | None) -> None:
+    s = ready.study
     previous = store.read_info()
     sessions = previous.get("sessions", []) + [{"started_at": now(), "budget_s": clock.budget_s}]
     store.update_info(
         name=s.name, objective=s.objective, directions=s.directions,
-        budget_s=clock.budget_s, memory_budget_bytes=setup.budget_bytes,
-        device=setup.device_type, started_at=previous.get("started_at") or now(),
+        budget_s=clock.budget_s, memory_budget_bytes=ready.budget_bytes,
+        device=ready.device_type, started_at=previous.get("started_at") or now(),
         finished_at=None, storage=describe_storage(storage, store.root),
         harness_version=__version__, best_trial_id=previous.get("best_trial_id"),
         baseline_trial_id=previous.get("baseline_trial_id"), n_trials=len(store.records()),
@@ -235,11 +237,11 @@ def _started(store: RunStore, setup: Setup, clock: Clock, storage: str | None) -
     )
 
 
-def _finish(store: RunStore, tuner: Tuner, setup: Setup, clock: Clock, stopped: str) -> bool:
+def _finish(store: RunStore, tuner: Tuner, ready: ReadyStudy, clock: Clock, stopped: str) -> bool:
     """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
     records = store.records()
     try:
-        best = tuner.best_trial()
+        best = tuner.ctx.best_trial()
     except StorageUnreachable:
         best = None  # the records are all there is; --resume finishes the study
     best_id = best.user_attrs.get("trial_id", best.number) if best else None
@@ -247,18 +249,18 @@ def _finish(store: RunStore, tuner: Tuner, setup: Setup, clock: Clock, stopped: 
                     None)
     rate = None
     if best is not None:
-        if "throughput" in setup.study.objectives:
-            rate = best.values[setup.study.objectives.index("throughput")]
-        write_best(store, setup.study.name, best_id, best.user_attrs["plan"], rate)
+        if "throughput" in ready.study.objectives:
+            rate = best.values[ready.study.objectives.index("throughput")]
+        write_best(store, ready.study.name, best_id, best.user_attrs["plan"], rate)
     store.update_info(
         finished_at=now(), best_trial_id=best_id,
         baseline_trial_id=baseline["trial_id"] if baseline else None,
         n_trials=len(records), stopped_because=stopped,
         wall_clock_s=round(clock.elapsed(), 1),
-        calibration=tuner.calibration().as_dict(),
+        calibration=tuner.ctx.calibration().as_dict(),
     )
-    multi = len(setup.study.objectives) > 1
-    print(f"\nstudy {setup.study.name}: {len(records)} trials ({status_counts(records)}) in "
+    multi = len(ready.study.objectives) > 1
+    print(f"\nstudy {ready.study.name}: {len(records)} trials ({status_counts(records)}) in "
           f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
     print(table(records, multi))
     base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")

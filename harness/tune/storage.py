@@ -5,8 +5,8 @@
     redis://HOST/...      Optuna's Redis journal
     postgresql://...      an RDB (any SQLAlchemy URL): what a cluster should use
 
-An RDB storage gets three things beyond Optuna's defaults, set in the study's
-[storage] table (harness.tune.storage.StorageSpec):
+An RDB storage is wrapped in PatientStorage, which gets three things beyond
+Optuna's defaults, set in the study's [storage] table (harness.study.storage_spec):
 
     heartbeats   a running trial's worker records one every `heartbeat`; a trial
                  silent for `grace` is failed by whichever worker notices first,
@@ -18,53 +18,35 @@ An RDB storage gets three things beyond Optuna's defaults, set in the study's
     redaction    the URL's password is shown as *** in every message, record and
                  file (put it in PGPASSWORD or ~/.pgpass to keep it off the
                  command line altogether)
+
+PatientStorage also tells the tuner (harness.tune.context) which trial it holds
+from the moment the trial is RUNNING, so that a worker that gives up on the
+database leaves a record for it: a trial Optuna's ask() creates is born tagged
+with its worker (`stamp`), and a queued trial ask() claims is reported
+(`on_claim`) before ask() returns.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
-import functools
 import re
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import optuna
 from optuna.storages import BaseStorage, RDBStorage
+from optuna.storages._heartbeat import BaseHeartbeat  # the interface; Optuna exports no other
+from optuna.trial import FrozenTrial, TrialState
 
-from harness.core.config import bounded
 from harness.core.errors import HarnessError
-from harness.core.units import parse_duration
-
-
-@dataclass
-class StorageSpec:
-    """The study's [storage] table: how workers sharing an RDB storage watch each other."""
-
-    heartbeat: str | float = "60s"  # a running trial's worker says it is alive this often
-    grace: str | float = "3m"  # silence after which another worker fails the trial
-    retries: int = bounded(1, 0, 100)  # runs again of a trial whose worker died
-    patience: str | float = "10m"  # how long a worker waits for an unreachable storage
-
-    def validate(self, where: str) -> None:
-        beat = parse_duration(self.heartbeat, f"{where}.heartbeat")
-        grace = parse_duration(self.grace, f"{where}.grace")
-        parse_duration(self.patience, f"{where}.patience")
-        if beat < 1:
-            raise HarnessError(f"{where}.heartbeat: at least 1s (Optuna counts whole seconds)")
-        if grace <= beat:
-            raise HarnessError(f"{where}.grace: must be longer than heartbeat ({self.heartbeat}), "
-                               "or live trials would be failed")
-
-    def seconds(self, key: str) -> int:
-        return max(1, round(parse_duration(getattr(self, key), f"storage.{key}")))
-
+from harness.study.storage_spec import StorageSpec
 
 STORAGE_ENV = "HARNESS_STORAGE"  # --storage, for processes started without it in argv
 
@@ -94,16 +76,16 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
                            "db, sqlite:///file.db), redis://..., or journal:PATH")
     spec = spec or StorageSpec()
     # Optuna warns on every ask() that heartbeats are meant for Study.optimize; the
-    # tuner drives them itself (Heartbeat, fail_stale_trials below).
+    # tuner drives them itself (Heartbeat below, and harness.tune.resume.settle).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed",
                             category=UserWarning)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return PatientRDBStorage(
-                url, spec.seconds("patience"), say or _say,
-                engine_kwargs={"pool_pre_ping": True},
-                heartbeat_interval=spec.seconds("heartbeat"), grace_period=spec.seconds("grace"))
+            rdb = RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+                             heartbeat_interval=spec.seconds("heartbeat"),
+                             grace_period=spec.seconds("grace"))
+        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say)
     except Exception as e:  # a driver missing, a server not there: the user's to fix
         raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
                            f"{scrub(_first_line(e), url)})") from None
@@ -146,19 +128,117 @@ def scrub(text: str, url: str | None) -> str:
 
 
 # --- an RDB storage that waits out a database restart --------------------------------
-class PatientRDBStorage(RDBStorage):
-    """RDBStorage whose calls are retried while the database cannot be reached."""
+def _forward(name: str) -> Callable:
+    def call(self: PatientStorage, *args: Any, **kwargs: Any) -> Any:
+        return self.patiently(getattr(self.backend, name), *args, **kwargs)
 
-    def __init__(self, url: str, patience_s: float, say: Callable[[str], None], **kw: Any):
-        super().__init__(url, **kw)
-        self.shown = redact(url)
-        self.patience_s = patience_s
-        self.say = say
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _forwarding(cls: type) -> type:
+    """Every method of the storage interfaces that `cls` does not write out forwards to
+    its backend, patiently (BaseStorage's concrete ones too: RDBStorage has faster ones)."""
+    names = (BaseStorage.__abstractmethods__ | BaseHeartbeat.__abstractmethods__
+             | {n for n, v in vars(BaseStorage).items() if not n.startswith("_") and callable(v)})
+    for name in sorted(names - set(vars(cls))):
+        setattr(cls, name, _forward(name))
+    return abc.update_abstractmethods(cls)
+
+
+@_forwarding
+class PatientStorage(BaseStorage, BaseHeartbeat):
+    """An RDBStorage behind Optuna's storage interfaces: every call is forwarded to it,
+    and one that cannot reach the database is retried for `patience_s`, then raises
+    StorageUnreachable (and every later call at once). The methods not written out
+    below are forwarded as they are (_forwarding)."""
+
+    def __init__(self, backend: RDBStorage, shown: str, patience_s: float,
+                 say: Callable[[str], None]):
+        self.backend, self.shown, self.patience_s, self.say = backend, shown, patience_s, say
         self.gave_up: str | None = None
-        self.on_stale: Callable[[optuna.Study, Any], None] | None = None
+        # Set by the tuner (harness.tune.context, harness.tune.resume):
+        self.stamp: dict[str, Any] = {}  # user attrs that a trial ask() creates is born with
+        self.on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
+        self.on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
+        self.on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None
 
-    def get_heartbeat_stale_trial_callback(self):
-        return self.on_stale  # set by the tuner once it knows where to record
+    def patiently(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.gave_up:
+            raise StorageUnreachable(self.gave_up)
+        first, delay = None, 0.5
+        while True:
+            try:
+                result = method(*args, **kwargs)
+            except Exception as e:
+                if not _is_connection_error(e):
+                    raise
+                now = time.monotonic()
+                if first is None:
+                    first = now
+                    self.say(f"storage {self.shown} unreachable ({_first_line(e)}); retrying "
+                             f"for up to {self.patience_s:.0f} s")
+                if now - first >= self.patience_s:
+                    self._give_up(f"storage {self.shown} unreachable for {now - first:.0f} s "
+                                  f"({_first_line(e)}); this worker stops. Every finished trial "
+                                  "is in trials.jsonl: once the database is back, continue with "
+                                  "`harness tune --resume --out RUN_FOLDER --storage URL`")
+                with contextlib.suppress(Exception):  # a fresh session for the next try
+                    self.backend.remove_session()
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if first is not None:
+                self.say(f"storage {self.shown} reachable again after "
+                         f"{time.monotonic() - first:.0f} s")
+            return result
+
+    def _give_up(self, message: str) -> None:
+        self.gave_up = message
+        if self.on_give_up is not None:  # the held trial's record, before the worker stops
+            try:
+                self.on_give_up()
+            except OSError as e:  # the run folder too: the message below still stands
+                self.say(f"could not record the trial this worker held: {e}")
+        raise StorageUnreachable(message) from None
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        if template_trial is None and self.stamp:
+            # ask()'s new trial carries its owner from the first moment it is RUNNING:
+            # whenever its worker stops, resume.py can tell whose it was.
+            template_trial = optuna.trial.create_trial(state=TrialState.RUNNING,
+                                                       user_attrs=self.stamp)
+        trial_id = self.patiently(self.backend.create_new_trial, study_id, template_trial)
+        if self.stamp and (template_trial is None or template_trial.state == TrialState.RUNNING):
+            self._first_beat(trial_id)
+        return trial_id
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Any = None) -> bool:
+        if state != TrialState.RUNNING or self.on_claim is None:
+            return self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
+        # ask() claims a queued trial: read which one first, so that the tuner knows the
+        # trial it holds even if the database goes away before ask() returns.
+        queued = self.get_trial(trial_id)
+        claimed = self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
+        if claimed:
+            self._first_beat(trial_id)
+            self.on_claim(queued)
+        return claimed
+
+    def _first_beat(self, trial_id: int) -> None:
+        """A trial this worker starts beats at once: if the worker dies before its
+        Heartbeat thread runs, the trial still goes stale and is failed and retried (a
+        trial that never beat never goes stale)."""
+        if self.backend.get_heartbeat_interval():
+            with contextlib.suppress(Exception):
+                self.backend.record_heartbeat(trial_id)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        self.backend.record_heartbeat(trial_id)  # one try: a beat never stalls its trial
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable | None:
+        return self.on_stale
 
 
 def _is_connection_error(e: BaseException) -> bool:
@@ -179,71 +259,28 @@ def _is_connection_error(e: BaseException) -> bool:
     return False
 
 
-def _patient(method: Callable) -> Callable:
-    @functools.wraps(method)
-    def call(self: PatientRDBStorage, *args: Any, **kwargs: Any) -> Any:
-        if self.gave_up:
-            raise StorageUnreachable(self.gave_up)
-        first, delay = None, 0.5
-        while True:
-            try:
-                result = method(self, *args, **kwargs)
-            except Exception as e:
-                if not _is_connection_error(e):
-                    raise
-                now = time.monotonic()
-                if first is None:
-                    first = now
-                    self.say(f"storage {self.shown} unreachable ({_first_line(e)}); retrying "
-                             f"for up to {self.patience_s:.0f} s")
-                if now - first >= self.patience_s:
-                    self.gave_up = (
-                        f"storage {self.shown} unreachable for {now - first:.0f} s "
-                        f"({_first_line(e)}); this worker stops. Every finished trial is in "
-                        "trials.jsonl: once the database is back, continue with "
-                        "`harness tune --resume --out RUN_FOLDER --storage URL`")
-                    raise StorageUnreachable(self.gave_up) from None
-                with contextlib.suppress(Exception):  # a fresh session for the next try
-                    self.scoped_session.remove()
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if first is not None:
-                self.say(f"storage {self.shown} reachable again after "
-                         f"{time.monotonic() - first:.0f} s")
-            return result
-    return call
-
-
-# Every public call, and the private ones Optuna's cache (_CachedStorage) makes.
-_PATIENT = [n for n in dir(BaseStorage) if not n.startswith("_")
-            and callable(getattr(BaseStorage, n))] + [
-    "record_heartbeat", "_get_stale_trial_ids", "_get_trials", "_create_new_trial",
-    "_get_best_trial_id", "_set_trial_param"]
-for _name in _PATIENT:
-    setattr(PatientRDBStorage, _name, _patient(getattr(RDBStorage, _name)))
-
-
-def backend(study: optuna.Study) -> BaseStorage:
-    """The study's storage under Optuna's cache (it wraps every RDBStorage)."""
-    return getattr(study._storage, "_backend", study._storage)
+def fail_stale_trials(study: optuna.Study, storage: BaseStorage) -> None:
+    """Fail the trials whose worker stopped beating (RDB storages); the storage's on_stale
+    hook records and retries each (harness.tune.resume.StaleTrials)."""
+    if isinstance(storage, PatientStorage):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
 
 
 # --- heartbeats ----------------------------------------------------------------------
 class Heartbeat:
-    """While a trial runs, record its heartbeat every interval (RDB storages only). A
-    beat that fails (the database restarting) is skipped, never waited for: a trial
-    must not stall on its heartbeat."""
+    """While a trial runs, record its heartbeat every interval. A beat that fails (the
+    database restarting) is skipped, never waited for: a trial must not stall on its
+    heartbeat, and the grace period covers a short outage."""
 
-    def __init__(self, study: optuna.Study, trial_id: int):
-        storage = backend(study)
-        self.storage = storage if isinstance(storage, PatientRDBStorage) else None
-        self.trial_id = trial_id
+    def __init__(self, storage: PatientStorage, trial_id: int):
+        self.storage, self.trial_id = storage, trial_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Heartbeat:
-        if self.storage is not None and self.storage.get_heartbeat_interval():
+        if self.storage.get_heartbeat_interval():
             self._thread = threading.Thread(target=self._beat, daemon=True,
                                             name=f"heartbeat-{self.trial_id}")
             self._thread.start()
@@ -257,18 +294,7 @@ class Heartbeat:
     def _beat(self) -> None:
         interval = self.storage.get_heartbeat_interval()
         while True:
-            # Not the patient method; a failed beat is retried next interval, and the
-            # grace period covers a short outage.
             with contextlib.suppress(Exception):
-                RDBStorage.record_heartbeat(self.storage, self.trial_id)
+                self.storage.record_heartbeat(self.trial_id)
             if self._stop.wait(interval):
                 return
-
-
-def fail_stale_trials(study: optuna.Study) -> None:
-    """Fail the trials whose worker stopped beating; the storage's on_stale hook records
-    and retries each (harness.tune.resume.StaleTrials)."""
-    if isinstance(backend(study), PatientRDBStorage):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)

@@ -8,7 +8,7 @@ from typing import Any
 from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.records.run_store import RunStore, write_atomic
-from harness.tune.ablation import summarize
+from harness.tune.ablation import ablation_rows
 from harness.tune.progress import describe_plan
 
 REFERENCE_PHASES = ("baseline", "known-good", "search")
@@ -67,7 +67,7 @@ def status_counts(records: list[dict[str, Any]]) -> str:
 
 
 def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
-    rows = summarize(records, of)
+    rows = ablation_rows(records, of)
     if not rows:
         return ""
     lines = [f"ablation of trial {of} (samples/s over repeats: median [min, max], n):"]

@@ -1,8 +1,10 @@
 """One trial of a study, from plan to record: check, predict, launch or not.
 
-    1. the plan is checked against this machine (strategies.reasons_against);
-       a refused plan is a `pruned` record with the reasons, never launched;
-    2. the estimator predicts it, corrected by the study's calibration; over the
+    1. the plan is checked against this machine (strategies.reasons_against, in
+       the tuner's torch-side helper: harness.launch.probe); a refused plan is a
+       `pruned` record with the reasons, never launched;
+    2. the estimator predicts it (the same helper, once: the prepared plan is
+       what the ranks read), corrected by the study's calibration; over the
        memory budget: a `pruned` record with the prediction, never launched;
     3. expected to end after the deadline: a `pruned` record, not started;
     4. otherwise launched in its own processes (harness.launch.local), with a hard
@@ -25,8 +27,10 @@ from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_seconds
 from harness.launch.local import launch
+from harness.launch.probe import Probe
 from harness.records.result import TrialResult, empty_metrics
 from harness.records.run_store import RunStore
+from harness.study.facts import StudyFacts
 from harness.tune.budget import fits, launch_timeout
 from harness.tune.calibration import Calibration
 from harness.tune.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
@@ -41,7 +45,8 @@ class StudyRun:
     name: str
     store: RunStore
     budget_bytes: int
-    device_type: str
+    facts: StudyFacts  # the device; its env goes into records made without a trial
+    probe: Probe  # prepares each plan (torch runs there, never in the tuner)
     launcher: Launcher = launch
     launch_kwargs: dict[str, Any] = field(default_factory=dict)
     nodes: Any = None  # harness.tune.follower.Announcer, for trials spanning several nodes
@@ -62,14 +67,12 @@ def run_trial_job(
     steps_file_name: str = "steps.log",
 ) -> TrialResult:
     """Run (or decide not to run) one trial; returns its record, also in result.json."""
-    from harness.measure.trial_loop import prepare
-
     plan = plan.replace(name=f"{run.name}-{trial_id}")
     command = command_for(run.store, trial_id)
     folder = run.store.write_trial_files(trial_id, plan.to_toml(), command)
     tags = dict(tags)
     try:
-        prep = prepare(plan)
+        prep = run.probe.prepare(plan)
     except HarnessError as e:
         tags["pruned"] = PRUNED_REFUSED
         return _not_run(run, trial_id, plan, None, command, tags,
@@ -77,7 +80,7 @@ def run_trial_job(
     predicted = dict(prep.predicted or {})
     peak = calibration.peak_memory(predicted)
     n_steps = prep.plan.warmup_steps + prep.plan.steps
-    expected = calibration.trial_seconds(predicted, n_steps, run.device_type)
+    expected = calibration.trial_seconds(predicted, n_steps, run.facts.device_type)
     predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,
                      calibration=calibration.as_dict())
     if peak is not None and peak > run.budget_bytes:
@@ -97,10 +100,10 @@ def run_trial_job(
     timeout = launch_timeout(prep.plan.timeout_s, left)
     kwargs = dict(run.launch_kwargs)
     if run.nodes is not None:  # the other nodes' followers join this trial
-        kwargs.update(run.nodes.launch_kwargs(trial_id, prep.plan, command, timeout))
+        kwargs.update(run.nodes.launch_kwargs(trial_id, prep, command, timeout))
     try:
         result = run.launcher(
-            prep.plan, folder, command, study=run.name, trial_id=trial_id, timeout_s=timeout,
+            prep, folder, command, study=run.name, trial_id=trial_id, timeout_s=timeout,
             progress_file=folder / steps_file_name, should_stop=should_stop, **kwargs,
         )
     finally:
@@ -119,14 +122,10 @@ def run_trial_job(
 
 def _not_run(run: StudyRun, trial_id: int | str, plan: Plan, predicted: dict | None,
              command: str, tags: dict[str, Any], reason: str) -> TrialResult:
-    import torch
-
-    from harness.measure.env import capture_env
-
     result = TrialResult(
         study=run.name, trial_id=trial_id, status="pruned", reason=reason,
         plan=plan.to_dict(), predicted=predicted, metrics=empty_metrics(),
-        env=capture_env(torch.device(run.device_type)), command=command,
+        env=run.facts.env, command=command,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"), duration_s=0.0,
         tags=tags,
     )

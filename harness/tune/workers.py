@@ -72,14 +72,13 @@ def host_name() -> str:
     return os.environ.get(WORKER_HOST_ENV) or socket.gethostname()
 
 
-def device_groups(n_workers: int, world_size: int) -> list[str | None]:
-    """CUDA_VISIBLE_DEVICES for each worker: the visible devices split evenly."""
-    import torch
-
-    if not torch.cuda.is_available():
+def device_groups(n_workers: int, world_size: int, cuda_devices: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each worker: the visible devices (`cuda_devices` of
+    them; 0 on a CPU) split evenly."""
+    if not cuda_devices:
         return [None] * n_workers
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    ids = visible.split(",") if visible else [str(i) for i in range(cuda_devices)]
     per = len(ids) // n_workers
     if per < world_size:
         raise HarnessError(

@@ -1,4 +1,10 @@
-"""Workloads by name: the built-in ones, or a user's `package.module:function`."""
+"""Workloads by name: the built-in ones, or a user's `package.module:function`.
+
+A workload builds the model, its batches and its loss (`base.Workload`); the built-in
+ones are a GPT (`gpt`, with `attention`), a ResNet and a ViT (`vision`) and an MLP
+(`mlp`). It imports harness.core only; the trial loop, the estimator, the study
+checks and strategies import it.
+"""
 
 from __future__ import annotations
 

@@ -67,14 +67,3 @@ class Workload(ABC):
         with FlopCounterMode(display=False) as counter:
             self.loss(model, batch).backward()
         return counter.get_total_flops() / n
-
-    def describe(self) -> dict[str, Any]:
-        """Facts recorded with every result (sizes, not the weights)."""
-        with torch.device("meta"):
-            model = self.build_model()
-        return {
-            "name": self.name,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "flops_per_sample": self.flops_per_sample(),
-            "tokens_per_sample": self.tokens_per_sample,
-        }

@@ -64,6 +64,24 @@ def synthetic_images(
     return images.to(device), labels.to(device)
 
 
+class ImageClassification(Workload):
+    """What ResNet and ViT share: synthetic image batches (`synthetic_images`) with the
+    sizes of `self.config` (channels, image_size, num_classes), and cross-entropy."""
+
+    config: Any
+
+    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        c = self.config
+        return synthetic_images(
+            batch_size, index, channels=c.channels, image_size=c.image_size,
+            num_classes=c.num_classes, device=device,
+        )
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        images, labels = batch
+        return F.cross_entropy(model(images), labels)
+
+
 def _positive(cfg: Any, where: str, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) < 1:
@@ -143,7 +161,7 @@ class ResNet(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-class ResNetWorkload(Workload):
+class ResNetWorkload(ImageClassification):
     name = "resnet"
 
     def __init__(self, config: ResNetConfig | None = None) -> None:
@@ -152,17 +170,6 @@ class ResNetWorkload(Workload):
 
     def build_model(self) -> nn.Module:
         return ResNet(self.config)
-
-    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
-        c = self.config
-        return synthetic_images(
-            batch_size, index, channels=c.channels, image_size=c.image_size,
-            num_classes=c.num_classes, device=device,
-        )
-
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        images, labels = batch
-        return F.cross_entropy(model(images), labels)
 
 
 def build_resnet(**args: Any) -> Workload:
@@ -269,7 +276,7 @@ class ViT(nn.Module):
         return self.head(self.norm(x[:, 0]))
 
 
-class ViTWorkload(Workload):
+class ViTWorkload(ImageClassification):
     name = "vit"
 
     def __init__(self, config: ViTConfig | None = None) -> None:
@@ -282,17 +289,6 @@ class ViTWorkload(Workload):
 
     def build_model(self) -> nn.Module:
         return ViT(self.config)
-
-    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
-        c = self.config
-        return synthetic_images(
-            batch_size, index, channels=c.channels, image_size=c.image_size,
-            num_classes=c.num_classes, device=device,
-        )
-
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        images, labels = batch
-        return F.cross_entropy(model(images), labels)
 
 
 def build_vit(**args: Any) -> Workload:

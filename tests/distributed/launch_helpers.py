@@ -52,6 +52,8 @@ def survivors(out_dir: Path) -> list[psutil.Process]:
     alive = []
     for p in found.values():
         try:
+            if "harness.measure.probe_server" in " ".join(p.cmdline()):
+                continue  # this process's torch-side helper (harness.launch.probe), no trial's
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 alive.append(p)
         except psutil.Error:
@@ -71,3 +73,11 @@ def assert_nothing_left(out_dir: Path) -> None:
 def in_repo_root(monkeypatch):
     """The trial imports tests.faulty_workload from the working folder."""
     monkeypatch.chdir(ROOT)
+
+
+def launch_plan(plan: Plan, out: Path | str, command: str, **kwargs):
+    """harness.launch.local.launch on `plan` checked here (as `harness bench` does)."""
+    from harness.launch.local import launch
+    from harness.measure.prepare import prepare
+
+    return launch(prepare(plan).checked(), out, command, **kwargs)

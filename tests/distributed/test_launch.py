@@ -13,12 +13,13 @@ import time
 
 import pytest
 
-from harness.launch.local import GRACE_S, launch
+from harness.launch.local import GRACE_S
 from harness.records.result import read_result
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,
     in_repo_root,  # noqa: F401  (a fixture)
+    launch_plan,
 )
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
@@ -36,7 +37,7 @@ def rank_logs(out):
 @pytest.mark.timeout(120)
 def test_single_process_trial_runs_in_a_child(tmp_path):
     out = tmp_path / "one"
-    result = launch(faulty_plan(world=1), out, "test")
+    result = launch_plan(faulty_plan(world=1), out, "test")
     assert result.status == "ok", result.reason
     assert result.metrics["step_time_s"]["n"] == 3
     assert [r["rank"] for r in result.metrics["per_rank"]] == [0]
@@ -51,7 +52,7 @@ def test_single_process_trial_runs_in_a_child(tmp_path):
 @pytest.mark.timeout(120)
 def test_single_process_that_dies_is_a_failed_record(tmp_path):
     out = tmp_path / "dies"
-    result = launch(faulty_plan(world=1, exit_rank=0), out, "test")
+    result = launch_plan(faulty_plan(world=1, exit_rank=0), out, "test")
     assert result.status == "failed"
     assert "exit code 3" in result.reason and "wrote no record" in result.reason
     assert result.predicted is not None and result.env["torch"]
@@ -63,7 +64,7 @@ def test_single_process_that_dies_is_a_failed_record(tmp_path):
 def test_two_ranks_ddp(tmp_path):
     out = tmp_path / "ddp"
     plan = faulty_plan()
-    result = launch(plan, out, "test")
+    result = launch_plan(plan, out, "test")
     assert result.status == "ok", result.reason
     m = result.metrics
     per_rank = m["per_rank"]
@@ -85,7 +86,7 @@ def test_two_ranks_ddp(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_rank_that_raises_fails_the_trial(tmp_path):
     out = tmp_path / "raises"
-    result = launch(faulty_plan(fail_rank=1), out, "test")
+    result = launch_plan(faulty_plan(fail_rank=1), out, "test")
     assert result.status == "failed"
     first = result.reason.splitlines()[0]
     assert first == "rank 1 failed: RuntimeError: injected failure on rank 1 at step 0"
@@ -100,7 +101,7 @@ def test_a_rank_that_raises_fails_the_trial(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_rank_out_of_memory_is_oom(tmp_path):
     out = tmp_path / "oom"
-    result = launch(faulty_plan(oom_rank=1), out, "test")
+    result = launch_plan(faulty_plan(oom_rank=1), out, "test")
     assert result.status == "oom"
     assert result.reason.startswith("out of memory on rank 1: OutOfMemoryError: CUDA out of")
     assert_nothing_left(out)
@@ -109,7 +110,7 @@ def test_a_rank_out_of_memory_is_oom(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_nan_loss_on_one_rank_stops_both(tmp_path):
     out = tmp_path / "nan"
-    result = launch(faulty_plan(nan_at_step=2, nan_rank=1, steps=5), out, "test")
+    result = launch_plan(faulty_plan(nan_at_step=2, nan_rank=1, steps=5), out, "test")
     assert result.status == "diverged"
     assert result.reason == "loss became non-finite at step 2 on rank 1"
     loss = result.metrics["loss"]
@@ -128,7 +129,7 @@ def test_a_hang_times_out_and_nothing_is_left(tmp_path):
     out = tmp_path / "hang"
     timeout = 20.0
     t0 = time.monotonic()
-    result = launch(faulty_plan(hang_rank=1, timeout_s=timeout), out, "test")
+    result = launch_plan(faulty_plan(hang_rank=1, timeout_s=timeout), out, "test")
     took = time.monotonic() - t0
     assert result.status == "timeout"
     assert took < timeout + 2 * GRACE_S + 10  # the parent's own checks come before the clock

@@ -22,6 +22,7 @@ from kernels.multi_tensor import (  # noqa: E402
     adamw_step_reference,
     lamb_step,
 )
+from strategies import lamb  # noqa: E402
 
 # odd sizes, one element, exactly one block, one element past it, a 2-D tensor, and
 # an empty one
@@ -73,8 +74,6 @@ def test_adamw_matches_torch(device):
 @pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
 @pytest.mark.parametrize("clip", [None, 1.0], ids=["no-clip", "clip"])
 def test_lamb_matches_strategies_lamb(foreach, clip, device):
-    lamb = pytest.importorskip("strategies.lamb", reason="strategies/lamb.py is not there yet")
-
     def make(ps):
         return lamb.Lamb(ps, lr=1e-2, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.1,
                          max_grad_norm=clip, foreach=foreach)

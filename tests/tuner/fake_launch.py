@@ -1,11 +1,12 @@
 """A launcher for tuner tests: no processes, a known objective, the launcher's files.
 
-`launch` has harness.launch.local.launch's signature. Its throughput is `objective(plan)`,
-deterministic, so a test can measure the whole space and know the optimum. It
-writes plan.toml and result.json into the trial's folder as the real one does,
-and sleeps FAKE_TRIAL_S seconds (default 0) in small steps, writing step times to
-the progress file and honouring `should_stop` and the timeout. With FAKE_LOG set it
-appends each launch's trial id to that file.
+`launch` has harness.launch.local.launch's signature (it gets the prepared plan,
+and imports no torch). Its throughput is `objective(plan)`, deterministic, so a
+test can measure the whole space and know the optimum. It writes plan.toml and
+result.json into the trial's folder as the real one does, and sleeps FAKE_TRIAL_S
+seconds (default 0) in small steps, writing step times to the progress file and
+honouring `should_stop` and the timeout. With FAKE_LOG set it appends each
+launch's trial id to that file.
 """
 
 from __future__ import annotations
@@ -42,11 +43,8 @@ def peak_bytes(plan: Plan | dict) -> int:
     return int((200 + 20 * d["micro_batch_size"] * scale) * 2**20)
 
 
-def launch(plan, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
+def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
            progress_file=None, should_stop=None, **_):
-    from harness.measure.trial_loop import prepare
-
-    prep = prepare(plan)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.toml").write_text(prep.plan.to_toml())
@@ -80,8 +78,6 @@ def launch(plan, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
                          plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
                          command=command, started_at="", duration_s=time.monotonic() - t0)
     if os.environ.get("FAKE_CAPTURE_ENV"):  # as a real trial records its environment
-        from harness.measure.env import capture_env
-
-        result.env = capture_env(prep.device)
+        result.env = prep.env
     result.write(out / "result.json")
     return result

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-from harness.launch.local import launch
 from harness.measure.step_log import read_steps
-from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan
+from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan, launch_plan
 
 
 def test_steps_are_reported_and_should_stop_prunes(tmp_path, monkeypatch):
@@ -23,7 +22,7 @@ def test_steps_are_reported_and_should_stop_prunes(tmp_path, monkeypatch):
         return "enough: 3 steps seen" if seen[-1] >= 3 else None
 
     t0 = time.monotonic()
-    result = launch(plan, out, "harness bench x", progress_file=steps, should_stop=should_stop)
+    result = launch_plan(plan, out, "harness bench x", progress_file=steps, should_stop=should_stop)
     assert result.status == "pruned" and result.reason == "enough: 3 steps seen"
     assert time.monotonic() - t0 < 60
     times = read_steps(steps)
@@ -36,5 +35,30 @@ def test_without_hooks_nothing_changes(tmp_path, monkeypatch):
     from tests.distributed.launch_helpers import ROOT
 
     monkeypatch.chdir(ROOT)
-    result = launch(faulty_plan(world=1, steps=2), tmp_path / "t", "harness bench x")
+    result = launch_plan(faulty_plan(world=1, steps=2), tmp_path / "t", "harness bench x")
     assert result.status == "ok" and not (tmp_path / "t" / "steps.log").exists()
+
+
+def test_the_ranks_read_the_prepared_plan_instead_of_preparing_again(tmp_path, monkeypatch):
+    """A trial is prepared once: what prepared.json says (prediction, FLOPs, peak) is
+    what the rank's record carries, so the rank neither estimated nor counted again."""
+    from harness.core.prepared import PreparedPlan
+    from harness.launch.local import launch
+    from harness.measure.prepare import prepare
+    from tests.distributed.launch_helpers import ROOT
+
+    monkeypatch.chdir(ROOT)
+    prepared = prepare(faulty_plan(world=1, steps=2)).checked()
+    prepared.predicted = {"marker": "from prepared.json"}
+    prepared.flops_per_sample = 1.5e9
+    prepared.peak = {**prepared.peak, "flops": 3e12, "reason": "marker peak"}
+    prepared.peak["measured"] = {"flops": 3e12, "source": "marker"}
+    prepared.peak["used"] = "measured"
+    out = tmp_path / "t"
+    result = launch(prepared, out, "harness bench x")
+    assert result.status == "ok", result.reason
+    assert result.predicted == {"marker": "from prepared.json"}
+    assert result.metrics["flops_per_step"] == 1.5e9 * prepared.plan.batch_size
+    assert result.metrics["peak_flops"]["reason"] == "marker peak"
+    assert result.metrics["mfu"] == result.metrics["tflops_per_device"] * 1e12 / 3e12
+    assert PreparedPlan.read(out / "prepared.json").predicted == prepared.predicted

@@ -8,6 +8,7 @@ import pytest
 
 import strategies  # noqa: F401  (registers)
 from harness.core.errors import HarnessError
+from harness.study import references
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
 from tests.tuner.conftest import study_table
@@ -88,13 +89,13 @@ def test_micro_batch_choices_depend_on_the_data_size():
 
 def test_baseline_and_known_good():
     space = wide_space()
-    base = space.plan(space.params_for(space.baseline()))
+    base = space.plan(space.params_for(references.baseline(space)))
     assert base.layout.data == 4 and base.layout.world_size == 4
     assert set(base.strategies) == {"ddp"} and base.micro_batch_size == 2
-    good = space.plan(space.params_for(space.known_good()))
+    good = space.plan(space.params_for(references.known_good(space)))
     assert "fused" in good.strategies and "amp" not in good.strategies  # CPU: fused only
     quick = SearchSpace.of(Study.from_dict(study_table()), "cpu")
-    assert quick.plan(quick.params_for(quick.baseline())).strategies == {}
+    assert quick.plan(quick.params_for(references.baseline(quick))).strategies == {}
     assert quick.size() == 3 * 5 * 2 * 2
 
 
@@ -111,7 +112,7 @@ def test_known_good_must_be_in_the_space():
     table = study_table(known_good={"strategies": {"fused": {"optimizer": "default"}}})
     space = SearchSpace.of(Study.from_dict(table), "cpu")
     with pytest.raises(Exception, match="fused.optimizer"):
-        space.params_for(space.known_good())
+        space.params_for(references.known_good(space))
 
 
 def test_grid_needs_choices_only(tmp_path, capsys):

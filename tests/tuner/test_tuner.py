@@ -50,7 +50,7 @@ def test_over_the_memory_budget_is_never_launched(tmp_path, launched):
 
 
 def test_a_budget_between_configurations_launches_only_those_under_it(tmp_path, launched):
-    from harness.measure.trial_loop import prepare
+    from harness.measure.prepare import prepare
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
     peaks = sorted(prepare(space.plan(p)).predicted["peak_memory_bytes"]

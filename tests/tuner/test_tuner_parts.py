@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 import strategies  # noqa: F401  (registers)
 from harness.records.result import TrialResult, empty_metrics
 from harness.records.run_store import RunStore
+from harness.study import references
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
@@ -92,17 +93,26 @@ def test_clock_and_budgets():
     assert clock.left(now=1090.0) == 10.0 and clock.search_left(now=1090.0) == -10.0
     assert fits(8.0, 10.0) and not fits(9.0, 10.0)  # 25% margin
     assert launch_timeout(900.0, 12.0) == 12.0 and launch_timeout(60.0, 500.0) == 60.0
-    assert memory_budget_bytes("70GiB", "cpu") == 70 * GIB
-    assert 0 < memory_budget_bytes(0.5, "cpu") < memory_budget_bytes(1.0, "cpu")
+    assert memory_budget_bytes("70GiB", 80 * GIB) == 70 * GIB
+    assert memory_budget_bytes(0.5, 80 * GIB) == 40 * GIB
+
+
+def study_run(store: RunStore) -> StudyRun:
+    """What a study's trials share, with the facts and the helper `harness tune` uses."""
+    from harness.launch.probe import shared
+
+    probe = shared()
+    facts = probe.study_facts(Study.from_dict(study_table()))
+    return StudyRun("s", store, 100 * GIB, facts, probe, fake_launch.launch)
 
 
 def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_S", "20")
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
-    plan = space.plan(space.params_for(space.baseline()))
+    plan = space.plan(space.params_for(references.baseline(space)))
     store = RunStore(tmp_path / "run")
     store.create("")
-    run = StudyRun("s", store, 100 * GIB, "cpu", fake_launch.launch)
+    run = study_run(store)
     quick = Calibration(overhead_s=0.1)
     t0 = time.monotonic()
     result = run_trial_job(run, 0, plan, {"phase": "search"}, quick, time.time() + 3.0)
@@ -116,12 +126,12 @@ def test_a_plan_this_machine_refuses_is_not_launched(tmp_path):
     from harness.core.plan import Layout
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
-    plan = space.plan(space.params_for(space.baseline()))
+    plan = space.plan(space.params_for(references.baseline(space)))
     plan = plan.replace(layout=Layout(data=2))  # data parallel without ddp or zero
     store = RunStore(tmp_path / "run")
     store.create("")
     fake_launch.CALLS.clear()
-    run = StudyRun("s", store, 100 * GIB, "cpu", fake_launch.launch)
+    run = study_run(store)
     result = run_trial_job(run, 3, plan, {}, Calibration(), time.time() + 60)
     assert fake_launch.CALLS == [] and result.status == "pruned"
     assert result.tags["pruned"] == "refused" and "cannot run here" in result.reason

@@ -1,0 +1,115 @@
+"""The tuner's client of its torch-side helper (harness.measure.probe_server).
+
+    probe = shared()                     # one helper process per tuner, started lazily
+    facts = probe.study_facts(study)     # the study checked here (HarnessError if not)
+    prepared = probe.prepare(plan)       # the plan checked, estimated, FLOPs counted
+
+The tuner process never imports torch: what needs it is asked of this helper.
+The helper's imports (torch, the strategies, the estimator) are paid once per
+tuner, not once per trial. It ends with the tuner (its stdin closes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.core.prepared import PreparedPlan
+from harness.launch.local import import_path
+from harness.study.facts import StudyFacts
+
+
+class ProbeCrashed(RuntimeError):
+    """The helper failed in a way that is not the user's mistake (a bug, or it died)."""
+
+
+class Probe:
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._stderr: Any = None
+        self._lock = threading.Lock()  # one question at a time
+
+    def devices(self) -> dict[str, Any]:
+        """{"cuda": how many CUDA devices are visible here}."""
+        return self._ask({"op": "devices"})
+
+    def study_facts(self, study: Any) -> StudyFacts:
+        """`study` (harness.study.study_file.Study) checked against the registry and
+        this machine; its [known_good] comes back normalised."""
+        facts = StudyFacts.from_json(self._ask({"op": "study", "study": study.to_dict()}))
+        study.known_good = facts.known_good
+        return facts
+
+    def prepare(self, plan: Plan) -> PreparedPlan:
+        """The plan checked, resolved and estimated; HarnessError when refused here."""
+        return PreparedPlan.from_dict(self._ask({"op": "prepare", "plan": plan.to_dict()}))
+
+    def _ask(self, request: dict[str, Any]) -> Any:
+        request = {**request, "cwd": os.getcwd(), "path": import_path()}
+        with self._lock:
+            proc = self._start()
+            try:
+                proc.stdin.write(json.dumps(request, default=str) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+            except (BrokenPipeError, OSError):
+                line = ""
+            if not line:
+                self._proc = None
+                raise ProbeCrashed(f"the torch-side helper stopped (exit {proc.wait()}): "
+                                   f"{self._stderr_tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            error = HarnessError(answer["error"])
+            error.exit_code = answer.get("exit_code", 2)
+            raise error
+        if "crash" in answer:
+            raise ProbeCrashed(f"the torch-side helper failed:\n{answer['crash']}")
+        return answer["ok"]
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            # Its warnings must not reach the display; kept to explain a crash.
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the probe)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                import_path(os.environ.get("PYTHONPATH")))}
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.measure.probe_server"], env=env, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
+        return self._proc
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read()[-2000:].decode(errors="replace").strip()
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+_SHARED: Probe | None = None
+
+
+def shared() -> Probe:
+    """This process's helper: one for all the studies it checks or runs."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = Probe()
+        atexit.register(_SHARED.close)
+    return _SHARED

@@ -1,0 +1,112 @@
+"""The tuner's torch side: one helper process per tuner answers what needs torch.
+
+    python -m harness.measure.probe_server      (started by harness.launch.probe)
+
+The tuner process never imports torch (nor touches a device): checking a study
+against the strategy registry, and checking, estimating and counting the FLOPs
+of each plan, happen here. One JSON request a line on stdin, one JSON answer a
+line on stdout:
+
+    {"op": "devices"}                   {"ok": {"cuda": <visible CUDA devices>}}
+    {"op": "study", "study": {...}}     {"ok": StudyFacts}   (harness.study.facts)
+    {"op": "prepare", "plan": {...}}    {"ok": PreparedPlan} (harness.core.prepared)
+
+A user's mistake (a plan or study this machine refuses) is {"error": message,
+"exit_code": n}; anything else that goes wrong, {"crash": traceback}. Every
+request carries the tuner's working folder and import path, so a user's workload
+module imports here as it would there. The process ends when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+_ENV_CACHE: dict[str, dict[str, Any]] = {}  # device type -> captured environment
+
+
+def _env_for(device_type: str) -> dict[str, Any]:
+    import torch
+
+    from harness.measure.env import capture_env
+
+    if device_type not in _ENV_CACHE:
+        _ENV_CACHE[device_type] = capture_env(torch.device(device_type))
+    return _ENV_CACHE[device_type]
+
+
+def devices() -> dict[str, Any]:
+    import torch
+
+    return {"cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+
+
+def study_facts(table: dict[str, Any]) -> dict[str, Any]:
+    import strategies
+    from harness.core.device import RuntimeEnv, resolve_device
+    from harness.measure.memory import device_memory_bytes
+    from harness.study.checks import check_study, resolve_settings
+    from harness.study.facts import StudyFacts
+    from harness.study.study_file import Study
+
+    study = Study.from_dict(table)
+    device_type = resolve_device(study.device).type
+    check_study(study, device_type)  # normalises known_good in place
+    settings = resolve_settings(study, device_type)
+    runtime = RuntimeEnv.detect(device_type)
+    facts = StudyFacts(
+        device_type=device_type, device_name=runtime.device_name,
+        device_count=runtime.device_count, device_memory_bytes=device_memory_bytes(device_type),
+        settings=settings, defaults={s.name: s.defaults() for s in strategies.all_strategies()},
+        known_good=study.known_good, env=_env_for(device_type))
+    return facts.to_json()
+
+
+def prepare(table: dict[str, Any]) -> dict[str, Any]:
+    import strategies  # noqa: F401  (registers the built-in strategies)
+    from harness.core.plan import Plan
+    from harness.measure.prepare import prepare as prepare_plan
+
+    prep = prepare_plan(Plan.from_dict(table, where="plan"))
+    return prep.checked(env=_env_for(prep.device.type)).to_dict()
+
+
+OPS = {"devices": lambda r: devices(), "study": lambda r: study_facts(r["study"]),
+       "prepare": lambda r: prepare(r["plan"])}
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    from harness.core.errors import HarnessError
+
+    if request.get("cwd"):
+        os.chdir(request["cwd"])
+    for entry in reversed(request.get("path") or []):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        return {"ok": OPS[request["op"]](request)}
+    except HarnessError as e:
+        return {"error": str(e), "exit_code": e.exit_code}
+    except Exception:
+        return {"crash": traceback.format_exc()[-4000:]}
+
+
+def main() -> int:
+    # Ctrl-C reaches the whole process group: the tuner decides what stops, and this
+    # helper ends when the tuner closes its stdin (or dies).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # a print anywhere below must not break the protocol
+    for line in sys.stdin:
+        if line.strip():
+            out.write(json.dumps(answer(json.loads(line)), default=str) + "\n")
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""What the search, the ablation and the recovery of one study share: StudyContext.
+
+harness.tune.tuner (the search), harness.tune.ablation and harness.tune.resume each
+take the StudyContext of their `harness tune` process; none of them imports another.
+
+Every trial is written in one order (`record_then_tell`): the record first
+(trials/<id>/result.json, then a line in trials.jsonl), then Optuna (the trial's
+status, plan and constraints, then its state). A worker that stops between the two
+loses nothing: recovery (harness.tune.resume) tells Optuna what the record says.
+The record is the authority.
+
+The trial this worker holds (`held`: from the moment it is RUNNING in the storage
+until its record is written) is remembered. When the storage gives up on an
+unreachable database (StorageUnreachable, after storage.patience), the held trial
+gets a `failed` record (tags orphan and unreachable: FAIL for Optuna) before the
+worker stops; once the database is back, recovery tells Optuna so and queues the
+configuration again. So every trial in the storage ends with exactly one record,
+whatever moment the database goes away. (PatientStorage reports the trial that
+ask() takes before ask() returns, and tags a trial that ask() creates with its
+worker as it is created.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from harness.records.result import TrialResult, empty_metrics
+from harness.study.search_space import SearchSpace, config_key
+from harness.study.study_file import Study
+from harness.tune import sampling
+from harness.tune.budget import Clock
+from harness.tune.calibration import Calibration
+from harness.tune.sampling import PRUNED_SLOW, outcome
+from harness.tune.storage import Heartbeat, PatientStorage
+from harness.tune.trial_job import StudyRun, command_for
+from harness.tune.workers import Worker
+
+REFERENCE_PHASES = ("baseline", "known-good", "search")
+RETRY_OF = "retry_of"  # user attr of a queued retry: the number of the trial it runs again
+
+
+@dataclass
+class Held:
+    """The trial this worker holds: RUNNING in the storage, no record yet."""
+
+    number: int
+    trial_id: int | str
+    phase: str = "search"
+    plan: dict[str, Any] | None = None
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(
+        timespec="seconds"))
+
+
+@dataclass
+class StudyContext:
+    study: Study
+    space: SearchSpace
+    optuna_study: optuna.Study
+    storage: BaseStorage  # the object make_storage returned (PatientStorage for an RDB)
+    run: StudyRun
+    clock: Clock
+    me: Worker = field(default_factory=lambda: Worker.this())
+    on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # config key -> record
+    held: Held | None = None
+
+    def __post_init__(self) -> None:
+        for r in self.run.store.records():
+            self.remember(r)
+        if isinstance(self.storage, PatientStorage):
+            self.storage.stamp = {"worker": self.me.tag}
+            self.storage.on_claim = self._claimed
+            self.storage.on_give_up = self._give_up
+
+    # --- the storage's ids ------------------------------------------------------------
+    @functools.cached_property
+    def study_id(self) -> int:
+        return self.storage.get_study_id_from_name(self.optuna_study.study_name)
+
+    def storage_id(self, number: int) -> int:
+        """The storage's id of trial `number` (what heartbeats and states are set on)."""
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
+    # --- the trial this worker holds ----------------------------------------------------
+    def hold(self, number: int, trial_id: int | str | None = None, phase: str = "search",
+             plan: dict[str, Any] | None = None) -> Held:
+        """From now until its record is written, trial `number` is this worker's to record."""
+        if self.held is None or self.held.number != number:
+            self.held = Held(number, number if trial_id is None else trial_id, phase, plan)
+        return self.held
+
+    @contextlib.contextmanager
+    def holding(self, number: int, trial_id: int | str | None = None, phase: str = "search",
+                plan: dict[str, Any] | None = None) -> Iterator[Held]:
+        """Hold trial `number` (`hold`) while the block runs; meanwhile its heartbeat
+        beats (RDB storages), until Optuna is told."""
+        held = self.hold(number, trial_id, phase, plan)
+        try:
+            with self._heartbeat(number):
+                yield held
+        finally:
+            if self.held is held:
+                self.held = None
+
+    def _heartbeat(self, number: int) -> contextlib.AbstractContextManager:
+        if not isinstance(self.storage, PatientStorage):
+            return contextlib.nullcontext()
+        return Heartbeat(self.storage, self.storage_id(number))
+
+    def _claimed(self, trial: FrozenTrial) -> None:
+        """PatientStorage.on_claim: ask() has taken this queued trial."""
+        attrs = trial.user_attrs
+        self.hold(trial.number, attrs.get("trial_id"), attrs.get("phase", "search"),
+                  attrs.get("plan"))
+
+    def _give_up(self) -> None:
+        """PatientStorage.on_give_up: the held trial's record, before the worker stops."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        tags = {"phase": held.phase, "optuna_number": held.number, "orphan": True,
+                "unreachable": True}
+        self.run.store.append(self.failed_record(
+            held.trial_id, held.plan, held.started_at, tags,
+            "the storage became unreachable while this trial was held here, and this worker "
+            "stopped before it ended; --resume queues it to run again"))
+
+    def start_trial(self, params: dict[str, Any], distributions: dict[str, Any],
+                    user_attrs: dict[str, Any]) -> int:
+        """A trial run outside ask/tell (the ablation's): RUNNING in the storage, owned by
+        this worker from the first moment; returns its number (to hold it: `holding`)."""
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=params, distributions=distributions,
+            user_attrs={**user_attrs, "worker": self.me.tag})
+        return self.storage.get_trial_number_from_id(
+            self.storage.create_new_trial(self.study_id, template_trial=template))
+
+    # --- records, then Optuna ---------------------------------------------------------
+    def record_then_tell(self, result: TrialResult, number: int,
+                         trial: optuna.Trial | None = None) -> bool:
+        """Write the trial's record, then tell Optuna what it says. False when another
+        worker had failed the trial meanwhile (its silence taken for death): the
+        record stands here, the storage keeps that worker's verdict. (A worker sharing
+        this run folder may have told it from this record first: that is fine.)"""
+        result.write(self.run.store.trial_dir(result.trial_id) / "result.json")
+        self.run.store.append(result)
+        if self.held is not None and self.held.number == number:
+            self.held = None  # recorded: nothing more to write if the storage goes away
+        record = result.to_dict()
+        self.remember(record)
+        try:
+            self.tell(number, record, trial)
+        except UpdateFinishedTrialError:  # told already: from this record (resume.py)?
+            told = self.storage.get_trial(self.storage_id(number)).state
+            return told == outcome(record, self.study.objectives, self.run.budget_bytes).state
+        return True
+
+    def tell(self, number: int, record: dict[str, Any],
+             trial: optuna.Trial | None = None) -> None:
+        """Tell Optuna trial `number`'s record: status and plan, constraints, state.
+        Raises UpdateFinishedTrialError when the trial was finished already."""
+        trial = trial or optuna.Trial(self.optuna_study, self.storage_id(number))
+        trial.set_user_attr("status", record["status"])
+        if record.get("plan"):
+            trial.set_user_attr("plan", record["plan"])
+        sampling.tell(self.optuna_study, trial, outcome(record, self.study.objectives,
+                                                        self.run.budget_bytes))
+
+    def failed_record(self, trial_id: int | str, plan: dict[str, Any] | None, started_at: str,
+                      tags: dict[str, Any], reason: str) -> TrialResult:
+        """The record of a trial that never ended (its worker died or stopped)."""
+        return TrialResult(
+            study=self.run.name, trial_id=trial_id, status="failed", reason=reason,
+            plan=plan or {}, predicted=None, metrics=empty_metrics(),
+            command=command_for(self.run.store, trial_id), started_at=started_at, tags=tags)
+
+    def remember(self, record: dict[str, Any]) -> None:
+        """Keep a measured configuration's record, so a repeat proposal reuses it. A
+        trial stopped early for slowness is not kept: proposed again, it runs again
+        (on a shared machine one unlucky moment should not rule a configuration out)."""
+        tags = record.get("tags") or {}
+        if tags.get("phase") not in REFERENCE_PHASES or tags.get("pruned") == PRUNED_SLOW:
+            return
+        if outcome(record, self.study.objectives, self.run.budget_bytes).state == TrialState.FAIL:
+            return
+        self.measured.setdefault(config_key(record["plan"]), record)
+
+    # --- what the study knows so far ----------------------------------------------------
+    def calibration(self) -> Calibration:
+        return Calibration.from_records(self.run.store.records())
+
+    def reference_trials(self) -> list[FrozenTrial]:
+        return [t for t in self.optuna_study.get_trials(deepcopy=False)
+                if t.user_attrs.get("phase", "search") in REFERENCE_PHASES]
+
+    def retries_waiting(self) -> bool:
+        """A dead worker's trial queued again is owed a run before n_trials stops us."""
+        waiting = self.optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        return any(RETRY_OF in t.user_attrs for t in waiting)
+
+    def n_reference_trials(self) -> int:
+        """Trials towards budget.n_trials: a dead worker's trial counts, its retry not."""
+        return sum(t.state != TrialState.WAITING and RETRY_OF not in t.user_attrs
+                   for t in self.reference_trials())
+
+    def best_trial(self) -> FrozenTrial | None:
+        """The feasible trial with the highest throughput (on a Pareto front too)."""
+        feasible = [t for t in self.reference_trials() if t.state == TrialState.COMPLETE
+                    and all(v <= 0 for v in t.constraints.values()) and t.values]
+        objectives = self.study.objectives
+        i = objectives.index("throughput") if "throughput" in objectives else 0
+        sign = 1 if self.study.directions[i] == "maximize" else -1
+        return max(feasible, key=lambda t: sign * t.values[i], default=None)
+
+    def best_throughput(self) -> tuple[float, str] | None:
+        best = self.best_trial()
+        if best is None or "throughput" not in self.study.objectives:
+            return None
+        i = self.study.objectives.index("throughput")
+        return best.values[i], str(best.user_attrs.get("trial_id", best.number))

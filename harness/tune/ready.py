@@ -1,0 +1,30 @@
+"""A study checked against this machine and ready to run (made by `harness tune`'s checks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.launch.probe import Probe
+from harness.study.facts import StudyFacts
+from harness.study.search_space import SearchSpace
+from harness.study.study_file import Study
+
+
+@dataclass
+class ReadyStudy:
+    study: Study
+    space: SearchSpace
+    facts: StudyFacts  # the device and the strategies' spaces, from the probe
+    probe: Probe  # the torch-side helper that prepares each trial's plan
+    run_dir: Path
+    budget_bytes: int
+    references: list[tuple[str, dict[str, Any]]]  # (phase, params) enqueued first
+    launcher: Any  # harness.launch.local.launch, or a user's function of its signature
+    groups: list[str | None]  # CUDA_VISIBLE_DEVICES per worker (None: all, or a CPU)
+    started: float
+
+    @property
+    def device_type(self) -> str:
+        return self.facts.device_type

@@ -1,0 +1,52 @@
+"""The environment record every result carries: versions, variables, no secrets."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from harness.measure.env import capture_env
+
+CPU = torch.device("cpu")
+
+
+# --- environment -----------------------------------------------------------------------
+
+
+def test_capture_env_is_json_and_has_versions(monkeypatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("TORCH_HUB_TOKEN", "do-not-record")
+    env = capture_env(CPU)
+    text = json.dumps(env)
+    assert env["torch"] == torch.__version__
+    assert env["python"].count(".") == 2
+    assert env["cpu_count"] and env["torch_threads"] >= 1
+    assert env["env"]["OMP_NUM_THREADS"] == "2"
+    assert "TORCH_HUB_TOKEN" not in env["env"] and "do-not-record" not in text
+    assert "harness" in env and "git" in env and "driver" in env
+
+
+def test_capture_env_keeps_storage_passwords_out(monkeypatch) -> None:
+    monkeypatch.setenv("HARNESS_STORAGE", "postgresql://tuner:pw-in-env@db/h")
+    monkeypatch.setenv("HARNESS_OTHER", "redis://u:pw-in-value@cache:6379/0")
+    text = json.dumps(capture_env(CPU))
+    assert "pw-in-env" not in text and "HARNESS_STORAGE" not in text
+    assert "pw-in-value" not in text and "redis://u:***@cache" in text
+
+
+def test_capture_env_never_raises(monkeypatch) -> None:
+    import harness.measure.env as env_mod
+
+    def boom(*a, **k):
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(env_mod, "_capture", boom)
+    env = capture_env(CPU)
+    assert "broken" in env["error"]
+    json.dumps(env)
+    monkeypatch.undo()
+    monkeypatch.setattr(env_mod, "git_commit", boom)
+    monkeypatch.setattr(env_mod, "_env_vars", boom)
+    env = capture_env(CPU)
+    assert env["git"] is None and env["env"] == {} and env["torch"] == torch.__version__

@@ -1,0 +1,55 @@
+"""The tuner process never imports torch: what needs it runs in the torch-side helper
+(harness.launch.probe) or in the trials' own processes (DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.tuner.conftest import FAKE, QUICKSTART, ROOT
+
+TUNER_MODULES = ["harness.cli.main", "harness.cli.tune", "harness.cli.tune_check",
+                 "harness.tune.session", "harness.tune.tuner", "harness.tune.trial_job",
+                 "harness.tune.ablation", "harness.tune.resume", "harness.tune.storage",
+                 "harness.launch.local", "harness.launch.probe", "harness.study.search_space",
+                 "harness.records.run_store"]
+
+# torch made unimportable in the tuner's process: any import of it raises.
+BLOCKED = "import sys; sys.modules['torch'] = None\n"
+
+
+def run_python(code: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_tuner_modules_import_without_torch():
+    code = (f"import importlib, sys\nfor m in {TUNER_MODULES!r}:\n"
+            "    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))")
+    done = run_python("import json\n" + code)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def test_a_whole_study_runs_with_torch_unimportable_in_the_tuner(tmp_path):
+    """--check, a search and the ablation, trials prepared by the helper: the tuner's
+    own process could not have imported torch (it would have raised)."""
+    run = tmp_path / "run"
+    code = BLOCKED + textwrap.dedent(f"""
+        from harness.cli.main import main
+        assert main(["tune", {str(QUICKSTART)!r}, "--check"]) == 0
+        code = main(["tune", {str(QUICKSTART)!r}, "--budget", "20s", "--n-trials", "4",
+                     "--out", {str(run)!r}, "--launcher", {FAKE!r}, "--quiet"])
+        print("exit", code)
+    """)
+    done = run_python(code)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "exit 0" in done.stdout
+    records = [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+    assert records and any(r["status"] == "ok" for r in records)
+    # The plans were prepared (checked, resolved, estimated) by the helper, with torch.
+    assert all(r["predicted"] and r["predicted"].get("peak_memory_bytes") for r in records
+               if r["status"] == "ok")
