@@ -44,6 +44,14 @@ class PeakChoice:
             "reason": self.reason,
         }
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> PeakChoice:
+        """The PeakChoice that `as_record` wrote (a rank reads it from prepared.json)."""
+        datasheet = Peak(**record["datasheet"]) if record.get("datasheet") else None
+        measured = Peak(**record["measured"])
+        used = datasheet if record["used"] == "datasheet" and datasheet else measured
+        return cls(record["dtype"], datasheet, measured, used, record["reason"])
+
 
 def peaks_for(
     device: torch.device, device_name: str, dtype: str, *, cache: bool = True

@@ -24,7 +24,7 @@ from harness.core.prepared import PreparedPlan
 from harness.estimator import estimate
 from harness.measure.env import capture_env
 from harness.measure.peak_choice import PeakChoice, peaks_for
-from harness.measure.peaks import Peak, autocast_dtype_name
+from harness.measure.peaks import autocast_dtype_name
 from harness.workloads import Workload, load_workload
 from strategies import resolved, validate
 
@@ -74,13 +74,6 @@ def from_prepared(prepared: PreparedPlan, local_rank: int = 0) -> Prepared:
     runtime = RuntimeEnv.detect(device.type)
     workload = load_workload(prepared.plan.workload, prepared.plan.workload_args)
     return Prepared(prepared.plan, workload, device, runtime, prepared.predicted,
-                    peak_choice_from_record(prepared.peak), prepared.flops_per_sample,
+                    PeakChoice.from_record(prepared.peak), prepared.flops_per_sample,
                     prepared.tokens_per_sample)
 
-
-def peak_choice_from_record(record: dict[str, Any]) -> PeakChoice:
-    """The PeakChoice that `PeakChoice.as_record` wrote."""
-    datasheet = Peak(**record["datasheet"]) if record.get("datasheet") else None
-    measured = Peak(**record["measured"])
-    used = datasheet if record["used"] == "datasheet" and datasheet else measured
-    return PeakChoice(record["dtype"], datasheet, measured, used, record["reason"])

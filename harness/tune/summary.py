@@ -9,9 +9,8 @@ from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.records.run_store import RunStore, write_atomic
 from harness.tune.ablation import ablation_rows
+from harness.tune.context import REFERENCE_PHASES
 from harness.tune.progress import describe_plan
-
-REFERENCE_PHASES = ("baseline", "known-good", "search")
 
 
 def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
