@@ -37,8 +37,10 @@ ALLOWED: dict[str, set[str]] = {
     "harness": {"core"},  # harness/__init__.py: __version__, HarnessError
     "cli": {
         "tune", "launch", "measure", "core", "study", "estimator", "workloads", "records",
-        "strategies", "kernels", "reports", "harness",
+        "strategies", "kernels", "reports", "harness", "selftest",
     },
+    # `harness selftest --gpu`: subprocesses and the files they leave; never CUDA here
+    "selftest": {"core"},
     # the tuner's process: no package that is torch through and through
     "tune": {"launch", "measure", "core", "study", "records", "harness"},
     "launch": {"measure", "core", "study", "records", "harness"},
@@ -60,8 +62,10 @@ ALLOWED: dict[str, set[str]] = {
 # load these; torch must not come with them. Modules, or whole packages.
 # (core and study are checked as far as these load them: core.device and study.checks
 # are the torch side's.)
-TORCH_FREE_MODULES = ("harness", "harness.__main__", "harness.cli.main", "harness.cli.tune")
-TORCH_FREE_PACKAGES = ("harness.tune", "harness.launch", "harness.records", "reports")
+TORCH_FREE_MODULES = ("harness", "harness.__main__", "harness.cli.main", "harness.cli.tune",
+                      "harness.cli.selftest")
+TORCH_FREE_PACKAGES = ("harness.tune", "harness.launch", "harness.records", "reports",
+                       "harness.selftest")
 HEAVY = ("torch", "triton")
 
 

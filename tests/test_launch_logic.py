@@ -150,6 +150,11 @@ def test_node_layouts_are_checked_before_anything_starts(tmp_path, capsys):
     with pytest.raises(HarnessError, match="write HOST:PORT"):
         check_nodes(plan, 2, 0, "nohost")
     check_nodes(plan, 2, 1, "10.0.0.1:29500")
+    # NCCL takes one rank per GPU: two ranks on a one-GPU node are refused up front.
+    with pytest.raises(HarnessError, match="need 2 GPU\\(s\\) per node and this node has 1"):
+        check_nodes(plan, 1, 0, None, gpus=1)
+    check_nodes(plan, 2, 0, "h:1", gpus=1)
+    check_nodes(plan, 1, 0, None, gpus=2)
     out = tmp_path / "never"
     code = main(["bench", "--device", "cpu", "--nnodes", "2", "--out", str(out)])
     err = capsys.readouterr().err

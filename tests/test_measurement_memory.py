@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
@@ -55,6 +56,7 @@ def test_nvml_sampler_with_a_fake_nvml(monkeypatch, energy_counter) -> None:
     assert isinstance(reading, NvmlReading)
     assert reading.samples >= 5 and reading.error is None
     assert reading.memory_used_peak_bytes == 2_000 * 2**20  # the second device's
+    assert reading.process_used_peak_bytes == 700 * 2**20  # this process's share only
     assert reading.power_mean_w == pytest.approx(300.0)
     assert reading.utilization_mean_pct == pytest.approx(90.0)
     if energy_counter:
@@ -152,10 +154,24 @@ def _fake_pynvml(*, init_fails=False, energy_counter=True) -> types.ModuleType:
     m.nvmlDeviceGetPowerUsage = lambda h: 300_000  # mW
     m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=90)
     m.nvmlDeviceGetTotalEnergyConsumption = nvmlDeviceGetTotalEnergyConsumption
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [  # this process holds 700 MiB
+        types.SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=9 * 2**30),
+        types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=700 * 2**20)]
     return m
 
 
 # --- memory ----------------------------------------------------------------------------
+
+
+def test_the_peak_on_a_gpu_is_what_the_device_held() -> None:
+    """The budget's figure: NVML's per-process bytes where known, else the allocator's
+    reserved pool, never the allocated tensors alone (which fit where the device OOMs)."""
+    gib = 2**30
+    held = {"allocated": 57 * gib, "reserved": 76 * gib, "device_held": 77 * gib}
+    assert peak_memory_bytes(held) == 77 * gib
+    assert peak_memory_bytes({**held, "device_held": None}) == 76 * gib
+    assert peak_memory_bytes({"allocated": 5, "reserved": None, "rss": 9}) == 5
+    assert peak_memory_bytes({"allocated": None, "reserved": None, "rss": 9}) == 9
 
 
 def test_memory_tracker_cpu_sees_a_freed_200mb_tensor() -> None:
@@ -207,10 +223,18 @@ def test_gpu_nvml_sampler_and_memory_tracker() -> None:
         del a
         d = tracker.end()
     assert d["allocated"] >= 4096 * 4096 * 4 and d["reserved"] >= d["allocated"]
-    assert peak_memory_bytes(d) == d["allocated"]
+    assert d["reserved"] == torch.cuda.max_memory_reserved(device)
+    assert peak_memory_bytes(d) == d["device_held"]
+    if d["device_held_source"].startswith("NVML"):  # the context on top of the pool
+        assert d["device_held"] > d["reserved"]
+        assert 0 < d["device_base"] < d["device_held"]
+    else:
+        assert d["device_held"] == d["reserved"]
     reading = sampler.reading()
     if reading is None:
         pytest.skip(f"NVML absent: {sampler.unavailable}")
     assert reading.error is None and reading.samples >= 2
     assert reading.memory_used_peak_bytes >= d["reserved"]
+    if reading.process_used_peak_bytes is not None:
+        assert reading.process_used_peak_bytes >= d["reserved"]
     assert reading.power_mean_w is None or reading.power_mean_w > 0

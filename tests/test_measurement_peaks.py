@@ -121,16 +121,15 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts calls of the calibration benchmark (and keeps it short)."""
-    monkeypatch.setattr(peak_calibration, "CPU_MIN_TIME_S", 0.05)
+    """Counts the calibrations (each a process of its own: harness.measure.calibrate)."""
     calls = []
-    real = peak_calibration._benchmark_matmul
+    real = peak_calibration._measure_in_subprocess
 
     def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(peak_calibration, "_benchmark_matmul", counting)
+    monkeypatch.setattr(peak_calibration, "_measure_in_subprocess", counting)
     return calls
 
 
@@ -191,7 +190,7 @@ def test_peaks_for_cpu_uses_the_measured_peak(cache_dir) -> None:
 def test_peaks_for_prefers_the_datasheet_unless_measured_beats_it(cache_dir, monkeypatch) -> None:
     # exercise the choice without a GPU: pretend the device is an A100
     fake = torch.device("cuda", 0)
-    monkeypatch.setattr(peak_choice, "matmul_dtype", lambda device, dtype: dtype)
+    monkeypatch.setattr(peak_choice, "matmul_dtype", lambda device, dtype, conv=False: dtype)
     monkeypatch.setattr(
         peak_choice, "measured_peak", lambda *a, **k: Peak(250e12, "measured: fake")
     )
@@ -204,6 +203,28 @@ def test_peaks_for_prefers_the_datasheet_unless_measured_beats_it(cache_dir, mon
     )
     choice = peaks_for(fake, "NVIDIA A100-SXM4-80GB", "bf16")
     assert choice.used is choice.measured and "above the datasheet" in choice.reason
+
+
+def test_fp32_convolutions_take_the_tf32_peak(cache_dir, monkeypatch) -> None:
+    """cuDNN runs fp32 convolutions on TF32 tensor cores by default (matmuls not): a
+    model with convolutions is measured against the TF32 peak, so MFU stays below 1."""
+    from harness.measure import peaks
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(peaks, "_cuda_fp32_uses_tf32", lambda: (False, "fp32_precision=ieee"))
+    monkeypatch.setattr(peaks, "_cuda_conv_uses_tf32", lambda: (True, "cudnn.allow_tf32=True"))
+    assert matmul_dtype(cuda, "fp32") == "fp32"
+    assert matmul_dtype(cuda, "fp32", convolutions=True) == "tf32"
+    assert matmul_dtype(cuda, "bf16", convolutions=True) == "bf16"
+    monkeypatch.setattr(
+        peak_choice, "measured_peak", lambda device, dtype, **k: Peak(4e14, f"measured {dtype}")
+    )
+    choice = peaks_for(cuda, "NVIDIA H100 80GB HBM3", "fp32", convolutions=True)
+    assert choice.dtype == "tf32" and choice.used.flops == 494.7e12
+    assert choice.measured.source == "measured tf32"
+    assert "convolution cudnn.allow_tf32=True" in choice.reason
+    monkeypatch.setattr(peaks, "_cuda_conv_uses_tf32", lambda: (False, "cudnn.allow_tf32=False"))
+    assert peaks_for(cuda, "NVIDIA H100 80GB HBM3", "fp32", convolutions=True).dtype == "fp32"
 
 
 # --- on a GPU ---------------------------------------------------------------------------
@@ -221,3 +242,13 @@ def test_gpu_measured_peak_is_near_the_datasheet(tmp_path, monkeypatch) -> None:
         assert 0.3 < choice.measured.flops / choice.datasheet.flops < 1.1
     env = capture_env(device)
     assert env["gpu_names"] and env["cuda"] == torch.version.cuda
+
+
+def test_the_calibration_process_answers_every_dtype_asked(cache_dir) -> None:
+    """The protocol of harness.measure.calibrate, run on the CPU (a GPU uses it so that
+    the calibration's CUDA context ends with that process)."""
+    from harness.measure.peak_calibration import _measure_in_subprocess
+
+    peaks = _measure_in_subprocess(torch.device("cpu"), ["fp32", "bf16"])
+    assert set(peaks) == {"fp32", "bf16"}
+    assert all(p.flops > 0 and p.source.startswith("measured: ") for p in peaks.values())

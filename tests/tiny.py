@@ -17,17 +17,18 @@ def tiny_gpt(**overrides):
 
 
 def train(strategies: dict, micro: int = 8, global_batch: int = 8, steps: int = 5,
-          lr: float = 1e-2, workload=None) -> list[float]:
-    """Losses of `steps` optimizer steps from the same seed and data."""
+          lr: float = 1e-2, workload=None, device: str = "cpu") -> list[float]:
+    """Losses of `steps` optimizer steps from the same seed and data, on `device`."""
     workload = workload or tiny_gpt()
     torch.manual_seed(0)
-    model = workload.build_model()
+    with torch.device(device):
+        model = workload.build_model()
     plan = Plan(micro_batch_size=micro, global_batch_size=global_batch,
-                strategies=strategies, device="cpu")
+                strategies=strategies, device=device)
     plan.optimizer.lr = lr
-    setup = compose(model, plan, "cpu")
+    setup = compose(model, plan, device)
     losses = []
     for s in range(steps):
-        batch = workload.batch(global_batch, s, "cpu")
+        batch = workload.batch(global_batch, s, device)
         losses.append(setup.step(split_batch(batch, plan.accumulation_steps), workload.loss).item())
     return losses

@@ -35,7 +35,10 @@ def result_table(record: dict[str, Any]) -> str:
                           f"n={st['n']}   predicted {format_seconds(p.get('step_time_s'))}"),
             ("throughput", f"{format_rate(m['samples_per_s'], 'samples/s')}"
                            + (f", {format_rate(m['tokens_per_s'], 'tokens/s')}"
-                              if m.get("tokens_per_s") else "")),
+                              if m.get("tokens_per_s") else "")
+                           + (f"   (window of {m['window']['steps']} steps, "
+                              f"{format_seconds(m['window']['seconds'])})"
+                              if m.get("window") else "")),
             ("TFLOP/s per device", f"{m['tflops_per_device']:.4f}"),
             ("MFU", f"{100 * m['mfu']:.1f}% of {m['peak_flops_source']}"),
         ]
@@ -45,6 +48,11 @@ def result_table(record: dict[str, Any]) -> str:
     rows.append(("peak memory", f"{format_bytes(m['peak_memory_bytes'])} measured, "
                                 f"{format_bytes(p.get('peak_memory_bytes'))} predicted"))
     mem = m.get("memory") or {}
+    if mem.get("device_held") is not None:  # what the peak is, on a GPU
+        rows.append(("  on the device", f"{format_bytes(mem['allocated'])} allocated, "
+                                        f"{format_bytes(mem['reserved'])} reserved, "
+                                        f"{format_bytes(mem['device_held'])} held "
+                                        f"({mem.get('device_held_source')})"))
     if mem.get("rss") is not None and mem.get("rss_base") is not None:
         rows.append(("  CPU RSS", f"{format_bytes(mem['rss'])} peak, "
                                   f"{format_bytes(mem['rss'] - mem['rss_base'])} above start"))

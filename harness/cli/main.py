@@ -84,12 +84,12 @@ def plan_from_args(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.cli.bench_table import estimate_table, result_table
-    from harness.launch.local import check_nodes, launch
+    from harness.launch.local import check_nodes, launch, visible_gpus
     from harness.measure.prepare import prepare
 
     plan = plan_from_args(args)
     prepared = prepare(plan).checked()  # refuses a bad plan before anything is made or run
-    check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint)
+    check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint, visible_gpus(prepared))
     out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     command = f"harness bench {shlex.quote(str(out / 'plan.toml'))} --out {shlex.quote(str(out))}"
@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from reports.cli import add_commands  # `report` and `compare`: HTML pages from records
     add_commands(sub)
+
+    from harness.cli.selftest import add_selftest_parser  # `selftest --gpu`: the GPU path
+    add_selftest_parser(sub)
     return parser
 
 

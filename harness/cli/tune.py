@@ -95,6 +95,7 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
     from harness.study.search_space import NotInSpace, SearchSpace
     from harness.study.study_file import memory_spec
     from harness.tune.budget import memory_budget_bytes
+    from harness.tune.reference_fit import largest_fitting_micro
 
     if not 1 <= args.workers <= MAX_WORKERS:
         raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "
@@ -123,15 +124,17 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
         raise HarnessError("sampler = 'grid' needs a space of choices only; give ranges as "
                            "lists in [strategies.<name>.values]")
     _check_nodes(args, study.layout.nnodes)
-    references = []
+    references, given_micro = [], []
     for phase, wanted in (("baseline", baseline(space)), ("known-good", known_good(space))):
         try:
             references.append((phase, space.params_for(wanted)))
         except NotInSpace as e:
             raise HarnessError(f"{'known_good' if phase == 'known-good' else phase}: {e}; "
                                "it must be a configuration the study searches") from None
+        given_micro.append(wanted.micro_batch_size is not None)
     if references[1][1] == references[0][1]:
         references.pop()
+        given_micro.pop()
 
     default = study.name + (f"-node{args.node_rank}" if args.follow else "")
     run_dir = Path(args.out) if args.out else Path("runs") / default
@@ -156,6 +159,12 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
         key = "--memory-budget" if args.memory_budget is not None else "budget.memory"
         raise HarnessError(f"{key} {budget.memory!r}: is less than one byte of this device's "
                            "memory; give a size such as 8GiB, or a fraction such as 0.9")
+    if not (args.resume or args.helper or args.follow):  # enqueued once, when it is created
+        references = [(phase, params if fixed_micro else largest_fitting_micro(
+            space, params, probe, facts, budget_bytes))
+            for (phase, params), fixed_micro in zip(references, given_micro, strict=True)]
+        if len(references) == 2 and references[1][1] == references[0][1]:
+            references.pop()
     return ReadyStudy(study, space, facts, probe, run_dir, budget_bytes, references, launcher,
                       groups, started)
 

@@ -29,7 +29,8 @@ class RuntimeEnv:
                 device_type="cuda",
                 device_name=torch.cuda.get_device_name(0),
                 device_count=torch.cuda.device_count(),
-                bf16=torch.cuda.is_bf16_supported(),
+                # not emulated: that check would allocate, making a CUDA context here
+                bf16=torch.cuda.is_bf16_supported(including_emulation=False),
                 triton=importlib.util.find_spec("triton") is not None,
             )
         return cls(

@@ -72,8 +72,13 @@ _TORCHRUN_VARS = {
 }
 
 
-def check_nodes(plan: Plan, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
-    """Refuse a node layout that cannot run `plan` (HarnessError), before anything starts."""
+def check_nodes(
+    plan: Plan, nnodes: int, node_rank: int, rdzv_endpoint: str | None, gpus: int | None = None
+) -> None:
+    """Refuse a node layout that cannot run `plan` (HarnessError), before anything starts.
+
+    `gpus`: the CUDA devices this node has, for a plan on CUDA (None otherwise); NCCL
+    refuses two ranks on one device, so each rank of the node needs its own."""
     if nnodes < 1:
         raise HarnessError(f"--nnodes {nnodes}: must be 1 or more")
     if not 0 <= node_rank < nnodes:
@@ -90,6 +95,20 @@ def check_nodes(plan: Plan, nnodes: int, node_rank: int, rdzv_endpoint: str | No
         )
     if rdzv_endpoint and not re.fullmatch(r"[^\s:]+:\d+", rdzv_endpoint):
         raise HarnessError(f"--rdzv-endpoint {rdzv_endpoint!r}: write HOST:PORT")
+    per_node = plan.world_size // nnodes
+    if gpus is not None and per_node > gpus:
+        raise HarnessError(
+            f"the plan's {plan.world_size} rank(s) need {per_node} GPU(s) per node and this "
+            f"node has {gpus}: shrink the [layout], spread it with --nnodes, or set "
+            "device = 'cpu'"
+        )
+
+
+def visible_gpus(prepared: PreparedPlan) -> int | None:
+    """The CUDA devices the prepared plan saw on this node; None for a CPU plan."""
+    if prepared.device_type != "cuda":
+        return None
+    return len(prepared.env.get("gpus") or []) or None
 
 
 def launch(
@@ -118,7 +137,7 @@ def launch(
     when it returns a reason, the trial is stopped and recorded as `pruned` with it.
     """
     plan = prepared.plan
-    check_nodes(plan, nnodes, node_rank, rdzv_endpoint)
+    check_nodes(plan, nnodes, node_rank, rdzv_endpoint, visible_gpus(prepared))
     timeout = float(timeout_s or plan.timeout_s)
     out = Path(out_dir).absolute()
     logs = out / "logs" if nnodes == 1 else out / "logs" / f"node{node_rank}"

@@ -48,9 +48,12 @@ class Probe:
         study.known_good = facts.known_good
         return facts
 
-    def prepare(self, plan: Plan) -> PreparedPlan:
-        """The plan checked, resolved and estimated; HarnessError when refused here."""
-        return PreparedPlan.from_dict(self._ask({"op": "prepare", "plan": plan.to_dict()}))
+    def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None) -> PreparedPlan:
+        """The plan checked, resolved and estimated; HarnessError when refused here.
+        `peaks`: the study's fixed peaks (StudyFacts.peaks), used where they hold the
+        plan's dtype."""
+        request = {"op": "prepare", "plan": plan.to_dict(), "peaks": peaks or {}}
+        return PreparedPlan.from_dict(self._ask(request))
 
     def _ask(self, request: dict[str, Any]) -> Any:
         request = {**request, "cwd": os.getcwd(), "path": import_path()}

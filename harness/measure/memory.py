@@ -1,13 +1,14 @@
-"""Peak memory of a trial: the CUDA allocator's peaks, and the process's peak RSS.
+"""Peak memory of a trial: what the device held for it, and the process's peak RSS.
 
     tracker = MemoryTracker(device)
     tracker.begin()
     ...                              # the steps
-    memory = tracker.end()           # {"allocated", "reserved", "rss", "rss_base", "rss_source"}
+    memory = tracker.end()           # {"allocated", "reserved", "device_held", "rss", ...}
 
 The allocator's peaks count only tensors (allocated) and the blocks the caching
-allocator holds (reserved); the CUDA context, cuBLAS workspaces and other
-processes are outside them (NVML's figure, see harness.measure.nvml, sees those).
+allocator holds (reserved); the CUDA context, cuBLAS workspaces and NCCL's buffers
+are outside them. NVML's per-process figure (harness.measure.nvml) sees those:
+`device_held` is the trial's peak, the figure the memory budget is checked against.
 
 The RSS peak since `begin` comes from Linux's VmHWM after resetting it through
 /proc/self/clear_refs. Where the reset is refused, or there is no /proc, the
@@ -21,6 +22,8 @@ import sys
 from typing import Any
 
 import torch
+
+from harness.measure.nvml import process_memory_bytes
 
 try:
     import psutil
@@ -71,25 +74,40 @@ class MemoryTracker:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._rss_base: int | None = None
+        self._device_base: int | None = None
         self._hwm_reset = False
         self._begun = False
 
     def begin(self) -> None:
-        """Reset the peaks: the allocator's on CUDA, the process's peak RSS on Linux."""
+        """Reset the peaks: the allocator's on CUDA, the process's peak RSS on Linux; and
+        note what the device holds for this process before the model (its CUDA context)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._device_base = process_memory_bytes(self.device)
         self._hwm_reset = _reset_peak_rss()
         self._rss_base = current_rss()
         self._begun = True
 
-    def end(self) -> dict[str, Any]:
-        """Peaks since `begin`, in bytes; None where a figure cannot be measured."""
-        allocated = reserved = None
+    def end(self, process_peak: int | None = None) -> dict[str, Any]:
+        """Peaks since `begin`, in bytes; None where a figure cannot be measured.
+
+        On CUDA, `device_held` is what the device held for this process at its most:
+        NVML's per-process figure (the larger of `process_peak`, sampled while the steps
+        ran, and a reading now), which counts the CUDA context, the allocator's cached
+        blocks and NCCL's buffers; else the allocator's reserved peak. A memory budget is
+        checked against it: allocated bytes fit where the device can still run out."""
+        allocated = reserved = held = None
+        held_source = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             allocated = int(torch.cuda.max_memory_allocated(self.device))
             reserved = int(torch.cuda.max_memory_reserved(self.device))
+            readings = [v for v in (process_peak, process_memory_bytes(self.device)) if v]
+            if readings:
+                held, held_source = max(readings), "NVML, this process"
+            else:
+                held, held_source = reserved, "allocator reserved (no per-process NVML figure)"
         hwm = _status_kib("VmHWM")
         if hwm is not None:
             rss = hwm
@@ -100,6 +118,9 @@ class MemoryTracker:
         return {
             "allocated": allocated,
             "reserved": reserved,
+            "device_held": held,
+            "device_held_source": held_source,
+            "device_base": self._device_base,  # held before the model: the CUDA context
             "rss": rss,
             "rss_base": self._rss_base,
             "rss_source": source if self._begun else source + " (begin not called)",
@@ -107,9 +128,11 @@ class MemoryTracker:
 
 
 def peak_memory_bytes(d: dict[str, Any]) -> int | None:
-    """The figure a result reports as its peak: the allocator's on GPU, the RSS peak on CPU."""
-    if d.get("allocated") is not None:
-        return int(d["allocated"])
+    """The figure a result reports as its peak: what the device held on GPU (see
+    `MemoryTracker.end`), the RSS peak on CPU."""
+    for key in ("device_held", "reserved", "allocated"):
+        if d.get(key) is not None:
+            return int(d[key])
     rss = d.get("rss")
     return int(rss) if rss is not None else None
 

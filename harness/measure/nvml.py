@@ -16,6 +16,7 @@ device's, every process on it included.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 import time
@@ -38,6 +39,7 @@ class NvmlReading:
     memory_used_base_bytes: int | None = None  # device memory used when sampling started
     energy_source: str | None = None  # "energy counter" / "power integrated" / None
     error: str | None = None  # what stopped the sampling thread early, if anything
+    process_used_peak_bytes: int | None = None  # the most this process held on the device
 
 
 def _norm_uuid(uuid: Any) -> str:
@@ -106,6 +108,7 @@ class NvmlSampler:
         self._energy0: int | None = None
         self._energy1: int | None = None
         self._base_memory: int | None = None
+        self._process_peak: int | None = None
 
     # --- life cycle ------------------------------------------------------------------
 
@@ -190,6 +193,9 @@ class NvmlSampler:
             return None
         try:
             return fn()
+        except AttributeError:  # a pynvml too old for this query
+            self._unsupported.add(what)
+            return None
         except self._nvml.NVMLError as e:
             if isinstance(e, self._nvml.NVMLError_NotSupported | self._nvml.NVMLError_NoPermission):
                 self._unsupported.add(what)
@@ -200,8 +206,11 @@ class NvmlSampler:
         memory = self._query("memory", lambda: int(nv.nvmlDeviceGetMemoryInfo(h).used))
         power = self._query("power", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
         util = self._query("utilization", lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
+        mine = self._query("process", lambda: _process_used(nv, h, os.getpid()))
         with self._lock:
             self._samples.append((time.perf_counter(), memory, power, util))
+            if mine is not None:
+                self._process_peak = max(self._process_peak or 0, mine)
 
     def _energy(self) -> int | None:
         """The device's energy counter in millijoules (Volta and later), or None."""
@@ -242,12 +251,42 @@ class NvmlSampler:
             memory_used_base_bytes=self._base_memory,
             energy_source=energy_source,
             error=self._error,
+            process_used_peak_bytes=self._process_peak,
         )
 
 
 def _shutdown(pynvml: Any) -> None:
     with contextlib.suppress(Exception):
         pynvml.nvmlShutdown()
+
+
+def _process_used(nv: Any, handle: Any, pid: int) -> int | None:
+    """Device memory NVML counts for process `pid` on `handle`, or None (not listed)."""
+    for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+        used = getattr(proc, "usedGpuMemory", None)
+        if proc.pid == pid and isinstance(used, int):
+            return used
+    return None
+
+
+def process_memory_bytes(device: torch.device) -> int | None:
+    """What the device holds for this process now, through NVML; None where NVML or the
+    per-process figure is unavailable (a CPU, no driver, a container's own PIDs)."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        handle = nvml_handle(pynvml, device)
+        return None if handle is None else _process_used(pynvml, handle, os.getpid())
+    except Exception:
+        return None
+    finally:
+        _shutdown(pynvml)
 
 
 def driver_version() -> str | None:

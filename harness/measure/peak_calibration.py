@@ -2,9 +2,12 @@
 
 The best rate of a square calibration matmul on the device, cached per (device
 name, dtype, torch version, and threads on CPU) in $HARNESS_CACHE_DIR/peaks.json
-so it is measured once. `harness.measure.peaks` holds the datasheet (this module
-imports `Peak` and `matmul_dtype` from there); `harness.measure.peak_choice` chooses
-between the two figures.
+so it is measured once. The matmul runs in a short-lived process of its own
+(harness.measure.calibrate): on a GPU a CUDA context made here would stay on the
+trials' device for as long as the calling process (the tuner's helper, the bench
+launcher) lives, holding memory and skewing NVML's readings.
+`harness.measure.peaks` holds the datasheet (this module imports `Peak` and
+`matmul_dtype` from there); `harness.measure.peak_choice` chooses between the two.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import contextlib
 import json
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -32,6 +37,9 @@ _TORCH_DTYPE = {
 
 CACHE_FILE = "peaks.json"
 CPU_MIN_TIME_S = 0.5  # the CPU calibration's timed runs go on at least this long
+CUDA_WARMUP_S = 1.0  # clocks ramp up from idle over about a second of load
+CUDA_MIN_TIME_S = 1.0  # then the best of the timed runs within at least this long
+CALIBRATION_TIMEOUT_S = 300.0
 _CACHE_VERSION = 1
 
 
@@ -160,11 +168,11 @@ def _benchmark_matmul(
         if device.type == "cuda":
             # warm-up: kernel selection, and clocks up from idle
             t0 = time.perf_counter()
-            for i in range(1000):
+            for i in range(10_000):
                 torch.mm(a, b, out=out)
                 if i >= 2:
                     torch.cuda.synchronize(device)
-                    if time.perf_counter() - t0 > 0.3:
+                    if time.perf_counter() - t0 > CUDA_WARMUP_S:
                         break
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -210,11 +218,12 @@ def _measure(device: torch.device, dtype: str) -> Peak:
         seconds = math.inf
         for n in (8192, 4096, 2048):  # smaller when memory is short
             try:
+                args = (device, tdtype, n, runs, reps, CUDA_MIN_TIME_S)
                 if dtype in ("fp32", "tf32") and torch.version.hip is None:
                     with _Tf32(dtype == "tf32"):
-                        seconds, runs = _benchmark_matmul(device, tdtype, n, runs, reps)
+                        seconds, runs = _benchmark_matmul(*args)
                 else:
-                    seconds, runs = _benchmark_matmul(device, tdtype, n, runs, reps)
+                    seconds, runs = _benchmark_matmul(*args)
                 break
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
@@ -247,26 +256,49 @@ def measured_peak(device: torch.device, dtype: str, *, cache: bool = True) -> Pe
     keyed by device name, dtype and torch version (and threads on CPU).
     """
     _check_dtype(dtype)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    dtype = matmul_dtype(device, dtype)
-    key = _cache_key(device, _device_name(device), dtype)
+    return measured_peaks(device, [dtype], cache=cache)[matmul_dtype(_indexed(device), dtype)]
+
+
+def measured_peaks(
+    device: torch.device, dtypes: list[str], *, cache: bool = True
+) -> dict[str, Peak]:
+    """`measured_peak` of several dtypes, keyed by the dtype each ran in; the ones not
+    cached are measured together, in one calibration process (also on a CPU: the
+    process that asks, the tuner's helper or `harness bench`, never runs the matmul)."""
+    for dtype in dtypes:
+        _check_dtype(dtype)
+    device = _indexed(device)
+    wanted = list(dict.fromkeys(matmul_dtype(device, d) for d in dtypes))
+    keys = {d: _cache_key(device, _device_name(device), d) for d in wanted}
     path = _cache_path()
+    found: dict[str, Peak] = {}
     if cache:
-        hit = _valid_entry(_read_cache(path).get(key))
-        if hit is not None:
-            return hit
-    peak = _measure(device, dtype)
-    if cache:
-        entries = _read_cache(path)  # re-read: another process may have added entries
-        entries[key] = {**asdict(peak), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        _write_cache(path, entries)
-    return peak
+        entries = _read_cache(path)
+        for d in wanted:
+            if (hit := _valid_entry(entries.get(keys[d]))) is not None:
+                found[d] = hit
+    missing = [d for d in wanted if d not in found]
+    if missing:
+        measured = _measure_in_subprocess(device, missing)
+        found.update(measured)
+        if cache:
+            entries = _read_cache(path)  # re-read: another process may have added entries
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            for d, peak in measured.items():
+                entries[keys[d]] = {**asdict(peak), "measured_at": stamp}
+            _write_cache(path, entries)
+    return found
+
+
+def _indexed(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def forget_measured_peak(device: torch.device, dtype: str) -> None:
     """Drop the cached figure: a trial ran faster than it, so it was measured low (on a
-    loaded machine); the next trial measures again."""
+    loaded machine); the next study or bench measures it again."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = _cache_key(device, _device_name(device), matmul_dtype(device, dtype))
@@ -275,3 +307,28 @@ def forget_measured_peak(device: torch.device, dtype: str) -> None:
     if entries.pop(key, None) is not None:
         _write_cache(path, entries)
 
+
+
+def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str, Peak]:
+    """`_measure` of each dtype in one short-lived process (harness.measure.calibrate),
+    so that the CUDA context the matmuls need ends with it instead of staying here."""
+    root = str(Path(__file__).resolve().parents[2])  # where `harness` imports from
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "harness.measure.calibrate", str(device), *dtypes]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=CALIBRATION_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"calibration matmul on {device} ran past "
+                           f"{CALIBRATION_TIMEOUT_S:.0f} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"calibration matmul on {device} failed (exit {done.returncode}): "
+                           f"{tail}")
+    answer = json.loads(lines[-1])
+    peaks = {d: _valid_entry(answer.get(d)) for d in dtypes}
+    if any(p is None for p in peaks.values()):
+        raise RuntimeError(f"calibration on {device} answered {lines[-1]!r}")
+    return peaks

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from harness.measure.peak_calibration import measured_peak
-from harness.measure.peaks import Peak, datasheet_peak, matmul_dtype
+from harness.measure.peaks import Peak, datasheet_peak, matmul_dtype, tf32_settings
 
 
 @dataclass(frozen=True)
@@ -54,20 +54,29 @@ class PeakChoice:
 
 
 def peaks_for(
-    device: torch.device, device_name: str, dtype: str, *, cache: bool = True
+    device: torch.device,
+    device_name: str,
+    dtype: str,
+    *,
+    cache: bool = True,
+    convolutions: bool = False,
 ) -> PeakChoice:
-    """Datasheet and measured peaks for `dtype` (the plan's compute dtype) on `device`."""
-    eff = matmul_dtype(device, dtype)
+    """Datasheet and measured peaks for `dtype` (the plan's compute dtype) on `device`;
+    `convolutions`: the model has some, so cuDNN's TF32 setting counts for fp32 too."""
+    eff = matmul_dtype(device, dtype, convolutions)
     sheet = datasheet_peak(device_name, eff) if device.type == "cuda" else None
-    measured = measured_peak(device, dtype, cache=cache)
+    measured = measured_peak(device, eff, cache=cache)
+    why = ""
+    if eff == "tf32" and dtype == "fp32":
+        why = f"fp32 runs on TF32 tensor cores ({tf32_settings(convolutions)}); "
     if sheet is None:
-        reason = f"no datasheet figure for {device_name} {eff}: MFU uses the measured peak"
+        reason = f"{why}no datasheet figure for {device_name} {eff}: MFU uses the measured peak"
         return PeakChoice(eff, None, measured, measured, reason)
     if measured.flops > 1.1 * sheet.flops:
         reason = (
-            f"measured {measured.flops / 1e12:.1f} TFLOP/s is above the datasheet's "
+            f"{why}measured {measured.flops / 1e12:.1f} TFLOP/s is above the datasheet's "
             f"{sheet.flops / 1e12:.1f}: the table row does not fit this device, "
             "MFU uses the measured peak"
         )
         return PeakChoice(eff, sheet, measured, measured, reason)
-    return PeakChoice(eff, sheet, measured, sheet, "MFU uses the datasheet peak")
+    return PeakChoice(eff, sheet, measured, sheet, f"{why}MFU uses the datasheet peak")

@@ -186,14 +186,39 @@ def _cuda_fp32_uses_tf32() -> tuple[bool, str]:
     return legacy in ("high", "medium"), f"float32_matmul_precision={legacy}"
 
 
-def matmul_dtype(device: torch.device, dtype: str) -> str:
-    """The dtype float matmuls run in: "fp32" becomes "tf32" where CUDA allows TF32.
+def _cuda_conv_uses_tf32() -> tuple[bool, str]:
+    """Whether float32 convolutions on CUDA run on TF32 tensor cores. cuDNN's default
+    is yes (unlike matmuls'), so an fp32 ResNet runs at TF32 rates out of the box."""
+    if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return False, "NVIDIA_TF32_OVERRIDE=0"
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    precision = getattr(conv, "fp32_precision", None)  # torch >= 2.9 API
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32", f"cudnn.conv.fp32_precision={precision}"
+    allowed = bool(torch.backends.cudnn.allow_tf32)
+    return allowed, f"cudnn.allow_tf32={allowed}"
+
+
+def tf32_settings(convolutions: bool) -> str:
+    """The settings that decide fp32's tensor-core use on CUDA, in words (for records)."""
+    said = [f"matmul {_cuda_fp32_uses_tf32()[1]}"]
+    if convolutions:
+        said.append(f"convolution {_cuda_conv_uses_tf32()[1]}")
+    return ", ".join(said)
+
+
+def matmul_dtype(device: torch.device, dtype: str, convolutions: bool = False) -> str:
+    """The dtype the model's matrix work runs in: "fp32" becomes "tf32" where CUDA runs
+    it on TF32 tensor cores: the matmuls' setting, and for a model with convolutions
+    (`convolutions`) cuDNN's too; either one on makes the TF32 peak the denominator,
+    so MFU can never pass 100% on the tensor cores' work.
 
     On ROCm TF32 (xf32) needs more than torch's setting, so fp32 stays fp32 there.
     """
     _check_dtype(dtype)
     if dtype == "fp32" and device.type == "cuda" and torch.version.hip is None:
-        return "tf32" if _cuda_fp32_uses_tf32()[0] else "fp32"
+        tf32 = _cuda_fp32_uses_tf32()[0] or (convolutions and _cuda_conv_uses_tf32()[0])
+        return "tf32" if tf32 else "fp32"
     return dtype
 
 

@@ -23,8 +23,9 @@ from harness.core.plan import Plan
 from harness.core.prepared import PreparedPlan
 from harness.estimator import estimate
 from harness.measure.env import capture_env
+from harness.measure.peak_calibration import measured_peaks
 from harness.measure.peak_choice import PeakChoice, peaks_for
-from harness.measure.peaks import autocast_dtype_name
+from harness.measure.peaks import autocast_dtype_name, matmul_dtype
 from harness.workloads import Workload, load_workload
 from strategies import resolved, validate
 
@@ -52,20 +53,57 @@ class Prepared:
             env=env if env is not None else capture_env(self.device))
 
 
-def prepare(plan: Plan, local_rank: int = 0) -> Prepared:
+def prepare(
+    plan: Plan, local_rank: int = 0, peaks: dict[str, dict[str, Any]] | None = None
+) -> Prepared:
     """Everything that can refuse a plan, before anything runs (HarnessError).
 
-    `local_rank` picks this rank's device on a node with several."""
+    `local_rank` picks this rank's device on a node with several. `peaks`: a study's
+    fixed peaks (PeakChoice records by compute dtype, see `study_peaks`); a dtype
+    not among them is looked up (and, on a cache miss, calibrated) here."""
     device = resolve_device(plan.device, local_rank)
     runtime = RuntimeEnv.detect(device.type)
     workload = load_workload(plan.workload, plan.workload_args)
     validate(plan, runtime)
     plan = resolved(plan)
-    peak = peaks_for(device, runtime.device_name, autocast_dtype_name(plan.strategies))
+    dtype = autocast_dtype_name(plan.strategies)
+    if peaks and dtype in peaks:
+        peak = PeakChoice.from_record(peaks[dtype])
+    else:
+        peak = peak_for_workload(device, runtime.device_name, dtype, workload)
     flops = float(workload.flops_per_sample())  # counted once: a traced count takes seconds
     predicted = estimate(plan, workload, runtime, peak.used.flops, flops).to_record()
     return Prepared(plan, workload, device, runtime, predicted, peak, flops,
                     workload.tokens_per_sample)
+
+
+def peak_for_workload(
+    device: torch.device, device_name: str, dtype: str, workload: Workload
+) -> PeakChoice:
+    """The peaks of `dtype` for this workload; only fp32 on CUDA needs the model (its
+    convolutions run on TF32 tensor cores where cuDNN allows, its matmuls may not)."""
+    convolutions = dtype == "fp32" and device.type == "cuda" and _has_convolutions(workload)
+    return peaks_for(device, device_name, dtype, convolutions=convolutions)
+
+
+def _has_convolutions(workload: Workload) -> bool:
+    with torch.device("meta"):
+        model = workload.build_model()
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def study_peaks(
+    device_type: str, dtypes: list[str], workload: Workload
+) -> dict[str, dict[str, Any]]:
+    """A study's fixed MFU denominators, one PeakChoice record per compute dtype, taken
+    once at its start so every trial of the study divides by the same figure."""
+    device = resolve_device(device_type)
+    name = RuntimeEnv.detect(device.type).device_name
+    conv = device.type == "cuda" and "fp32" in dtypes and _has_convolutions(workload)
+    # the figures not cached yet, measured together (one calibration process on a GPU)
+    measured_peaks(device, [matmul_dtype(device, d, conv) for d in dtypes])
+    return {d: {**peak_for_workload(device, name, d, workload).as_record(), "compute_dtype": d}
+            for d in dtypes}
 
 
 def from_prepared(prepared: PreparedPlan, local_rank: int = 0) -> Prepared:

@@ -9,7 +9,8 @@ line on stdout:
 
     {"op": "devices"}                   {"ok": {"cuda": <visible CUDA devices>}}
     {"op": "study", "study": {...}}     {"ok": StudyFacts}   (harness.study.facts)
-    {"op": "prepare", "plan": {...}}    {"ok": PreparedPlan} (harness.core.prepared)
+    {"op": "prepare", "plan": {...},    {"ok": PreparedPlan} (harness.core.prepared)
+     "peaks": {...}}                    (the study's fixed peaks by compute dtype)
 
 A user's mistake (a plan or study this machine refuses) is {"error": message,
 "exit_code": n}; anything else that goes wrong, {"crash": traceback}. Every
@@ -49,34 +50,54 @@ def study_facts(table: dict[str, Any]) -> dict[str, Any]:
     import strategies
     from harness.core.device import RuntimeEnv, resolve_device
     from harness.measure.memory import device_memory_bytes
+    from harness.measure.prepare import study_peaks
     from harness.study.checks import check_study, resolve_settings
     from harness.study.facts import StudyFacts
     from harness.study.study_file import Study
+    from harness.workloads import load_workload
 
     study = Study.from_dict(table)
     device_type = resolve_device(study.device).type
     check_study(study, device_type)  # normalises known_good in place
     settings = resolve_settings(study, device_type)
     runtime = RuntimeEnv.detect(device_type)
+    workload = load_workload(study.workload, study.workload_args)
     facts = StudyFacts(
         device_type=device_type, device_name=runtime.device_name,
         device_count=runtime.device_count, device_memory_bytes=device_memory_bytes(device_type),
         settings=settings, defaults={s.name: s.defaults() for s in strategies.all_strategies()},
-        known_good=study.known_good, env=_env_for(device_type))
+        known_good=study.known_good, env=_env_for(device_type),
+        peaks=study_peaks(device_type, _study_dtypes(settings, study.known_good), workload))
     return facts.to_json()
 
 
-def prepare(table: dict[str, Any]) -> dict[str, Any]:
+def _study_dtypes(settings: dict[str, Any], known_good: dict[str, Any] | None) -> list[str]:
+    """The compute dtypes a study's trials can run in: fp32, and amp's dtypes."""
+    from harness.measure.peaks import autocast_dtype_name
+
+    dtypes = {"fp32"}
+    if "amp" in settings:
+        amp = settings["amp"]
+        values = [amp.fixed.get("dtype", amp.defaults.get("dtype", "bf16"))]
+        if "dtype" in amp.searched:
+            values += list(getattr(amp.searched["dtype"], "values", ()))
+        dtypes |= {autocast_dtype_name({"amp": {"dtype": v}}) for v in values}
+    if known_good:
+        dtypes.add(autocast_dtype_name(known_good.get("strategies") or {}))
+    return sorted(dtypes)
+
+
+def prepare(table: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str, Any]:
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.core.plan import Plan
     from harness.measure.prepare import prepare as prepare_plan
 
-    prep = prepare_plan(Plan.from_dict(table, where="plan"))
+    prep = prepare_plan(Plan.from_dict(table, where="plan"), peaks=peaks)
     return prep.checked(env=_env_for(prep.device.type)).to_dict()
 
 
 OPS = {"devices": lambda r: devices(), "study": lambda r: study_facts(r["study"]),
-       "prepare": lambda r: prepare(r["plan"])}
+       "prepare": lambda r: prepare(r["plan"], r.get("peaks"))}
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:

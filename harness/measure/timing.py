@@ -1,45 +1,97 @@
-"""Timing training steps honestly: every timed step ends in a device synchronisation."""
+"""Timing the measured steps as one window, with each step's own time inside it.
+
+A barrier and a synchronisation after every step would keep the steps from
+overlapping: training lets the host queue step i+1 while the device still runs
+step i, and techniques that cut launch overhead gain exactly there, so a per-step
+synchronisation would hide what they buy. The measured steps therefore run as one
+window, as nanoGPT's bench.py does: a barrier and a synchronisation before it, one
+synchronisation (and barrier) after it, nothing in between. The record's
+throughput comes from the window; each step's own time (for the spread, and the
+tuner's progress) comes from marks at the step boundaries: CUDA events recorded
+without waiting on them, read after the window; on a CPU, whose operations are
+synchronous, perf_counter.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
+from harness.core.device import synchronize
 
-class StepTimer:
-    """Wall-clock time per step, each ending in a synchronisation of `device`.
 
-    On CUDA the step is bracketed by CUDA events and the end event is waited on,
-    so the time covers the kernels the step queued, not just their launch. A
-    `barrier` callable (distributed trials) runs before each step starts, so the
-    ranks begin together and the slowest rank sets the step time.
+class WindowTimer:
+    """The measured steps' window on `device`: `start`, `step_done` after each step, `finish`.
+
+    `barrier` (distributed trials) runs at both ends, so the ranks start the window
+    together; inside it each rank times its own steps. `completed` hands out the
+    steps that have ended so far without waiting for the device, for progress.
     """
 
-    def __init__(self, device: torch.device, barrier=None):
+    def __init__(self, device: torch.device, barrier: Callable[[], None] | None = None):
         self.device = device
         self.barrier = barrier
-        self.times_s: list[float] = []
+        self.cuda = device.type == "cuda"
+        self.source = "CUDA events" if self.cuda else "perf_counter"
+        self._marks: list = []  # the window's start, then the end of each step
+        self._reported = 0  # steps already handed out by `completed`
+        self.times_s: list[float] = []  # each step's seconds, after `finish`
+        self.window_s: float | None = None  # first step's start to last step's end
 
-    @contextmanager
-    def step(self) -> Iterator[None]:
+    @property
+    def steps(self) -> int:
+        return max(len(self._marks) - 1, 0)
+
+    def start(self) -> None:
         if self.barrier is not None:
             self.barrier()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            end.synchronize()
-            self.times_s.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            yield
-            self.times_s.append(time.perf_counter() - t0)
+        synchronize(self.device)  # the device idle: the window times only its steps
+        self._marks = [self._mark()]
+        self._reported = 0
+
+    def step_done(self) -> None:
+        """Mark the end of a step (and the start of the next): no waiting."""
+        self._marks.append(self._mark())
+
+    def completed(self) -> list[tuple[int, float]]:
+        """(step in the window, seconds) of the steps ended since the last call.
+
+        On CUDA a step has ended when its end event has (Event.query does not
+        block), so this lags the host a little but never synchronises.
+        """
+        done = []
+        while self._reported < self.steps:
+            i = self._reported
+            if self.cuda and not self._marks[i + 1].query():
+                break
+            done.append((i, self._seconds(i, i + 1)))
+            self._reported += 1
+        return done
+
+    def finish(self) -> None:
+        """Wait for the window's steps, then read every step's time and the window's."""
+        synchronize(self.device)
+        if self.barrier is not None:
+            self.barrier()
+        n = self.steps
+        self.times_s = [self._seconds(i, i + 1) for i in range(n)]
+        self.window_s = self._seconds(0, n) if n else None
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    def _seconds(self, a: int, b: int) -> float:
+        start, end = self._marks[a], self._marks[b]
+        if self.cuda:
+            return start.elapsed_time(end) / 1e3
+        return end - start
 
 
 def step_time_stats(times_s: list[float]) -> dict[str, float | int]:

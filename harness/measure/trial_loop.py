@@ -1,7 +1,11 @@
 """One trial: build the workload, compose the strategies, train, measure, record.
 
-The loop reads like nanoGPT's bench.py: warm-up steps, then measured steps that
-each end in a device synchronisation; median step time and MFU from those.
+The loop reads like nanoGPT's bench.py: warm-up steps, then the measured steps as
+one window with a synchronisation at each end and none between the steps, so the
+host queues a step while the device runs the last one, as training does
+(harness.measure.timing). Throughput and MFU come from the window; the median
+step time and its spread from each step's own time inside it. The losses of the
+window stay on the device until it has ended, then are read and checked at once.
 
 The same code runs in every rank of a distributed trial (harness.measure.rank_main): each
 rank trains its share, the ranks agree on the loss of every step, and their
@@ -19,7 +23,6 @@ from typing import Any
 
 import torch
 
-from harness.core.device import synchronize
 from harness.core.errors import HarnessError
 from harness.measure import distributed
 from harness.measure.batches import step_pool
@@ -29,9 +32,9 @@ from harness.measure.nvml import NvmlSampler
 from harness.measure.peak_calibration import forget_measured_peak
 from harness.measure.prepare import Prepared
 from harness.measure.rank_process import RankInfo
-from harness.measure.ranks import combine, rank_figures, step_loss
+from harness.measure.ranks import StepLoss, combine, rank_figures, read_losses, step_loss
 from harness.measure.step_log import step_writer
-from harness.measure.timing import StepTimer, step_time_stats
+from harness.measure.timing import WindowTimer, step_time_stats
 from harness.records.result import TrialResult, empty_metrics
 from strategies import compose
 
@@ -91,9 +94,7 @@ def run_trial(
     return result
 
 
-def measure(
-    prep: Prepared, info: RankInfo | None = None
-) -> tuple[dict[str, Any], str, str | None]:
+def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any], str, str | None]:
     info = info or RankInfo()
     plan, device, workload = prep.plan, prep.device, prep.workload
     torch.manual_seed(plan.seed)
@@ -103,16 +104,14 @@ def measure(
         model = workload.build_model()
     setup = compose(model, plan, device, prep.runtime)
     pool = step_pool(plan, workload, device, data_rank=plan.layout.coordinates(info.rank)[1])
-    # Each timed step starts after a barrier, so the slowest rank sets its time.
-    timer = StepTimer(device, barrier=distributed.barrier if info.distributed else None)
+    # A barrier (a no-op in one process) and a synchronisation at each end of the window.
+    timer = WindowTimer(device, barrier=distributed.barrier)
     losses: list[float | None] = []  # the job's loss per step (mean over ranks)
     own_losses: list[float | None] = []  # this rank's (None where it computes none)
     status, reason = "ok", None
 
-    def record(loss: torch.Tensor | None, step: int) -> bool:
-        # Outside the timed region; with several ranks one all-reduce, so every
-        # rank stops at the same step when any rank's loss is not finite.
-        agreed = step_loss(loss, info, device)
+    def record(agreed: StepLoss, step: int) -> bool:
+        # Every rank holds the same agreed losses, so all stop at the same step.
         losses.append(agreed.value)
         own_losses.append(agreed.local)
         if not agreed.finite:
@@ -125,24 +124,35 @@ def measure(
             return False
         return True
 
+    # Warm-up is not timed: each loss is read at once, so a divergence stops it here.
     for i in range(plan.warmup_steps):
-        if not record(setup.step(pool[i % len(pool)], workload.loss), i):
+        if not record(step_loss(setup.step(pool[i % len(pool)], workload.loss), info, device), i):
             break
-    synchronize(device)
+    first = plan.warmup_steps
+    window: list[torch.Tensor | None] = []  # the window's losses, still on the device
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
     with NvmlSampler(device) as nvml:
-        for i in range(plan.warmup_steps, plan.warmup_steps + plan.steps):
-            if status != "ok":
-                break
-            with timer.step():
+        if status == "ok":
+            timer.start()
+            for i in range(first, first + plan.steps):
                 loss = setup.step(pool[i % len(pool)], workload.loss)
-            record(loss, i)
-            if progress is not None:  # outside the timed region
-                progress(i, timer.times_s[-1])
-    mem = memory.end()
+                window.append(None if loss is None else loss.detach())
+                timer.step_done()
+                if progress is not None:  # steps the device has finished; never waits
+                    for k, seconds in timer.completed():
+                        progress(first + k, seconds)
+            timer.finish()
+            if progress is not None:
+                for k, seconds in timer.completed():
+                    progress(first + k, seconds)
+    # The record ends at the first non-finite loss, as when each step was checked.
+    for k, agreed in enumerate(read_losses(window, info, device) if window else []):
+        if not record(agreed, first + k):
+            break
     reading = nvml.reading()
+    mem = memory.end(reading.process_used_peak_bytes if reading else None)
     mine = {**mem, "nvml_used": reading.memory_used_peak_bytes if reading else None}
-    figures = rank_figures(info, timer.times_s, mine, own_losses)
+    figures = rank_figures(info, timer.times_s, mine, own_losses, timer.window_s)
     figures["energy_j"] = reading.energy_j if reading else None
     ranks = distributed.all_gather(figures)
     job = combine(ranks)
@@ -165,22 +175,22 @@ def measure(
         return metrics, status, reason or "no measured step completed"
 
     times = step_time_stats(step_times)
-    median = times["median"]
-    flops_per_step = prep.flops_per_sample * plan.batch_size
-    tflops = flops_per_step / median / plan.world_size / 1e12
+    window_s = job["window_s"]
     peak = prep.peak
-    samples_per_s = plan.batch_size / median
+    rates = rate_figures(prep.flops_per_sample, plan.batch_size, len(step_times), window_s,
+                         plan.world_size, peak.used.flops, peak.measured.flops)
+    samples_per_s = rates["samples_per_s"]
     metrics.update(
+        window={
+            "seconds": window_s,
+            "steps": len(step_times),
+            "samples_per_s": samples_per_s,
+            "source": timer.source,
+        },
         step_time_s=times,
         step_times_s=step_times,
-        samples_per_s=samples_per_s,
-        tokens_per_s=(
-            samples_per_s * prep.tokens_per_sample if prep.tokens_per_sample else None
-        ),
-        flops_per_step=flops_per_step,
-        tflops_per_device=tflops,
-        mfu=tflops * 1e12 / peak.used.flops,
-        mfu_measured_peak=tflops * 1e12 / peak.measured.flops,
+        tokens_per_s=(samples_per_s * prep.tokens_per_sample if prep.tokens_per_sample else None),
+        **rates,
         peak_flops_source=peak.used.source,
         peak_flops=peak.as_record(),
         energy_j_per_sample=_energy_per_sample(ranks, len(step_times) * plan.batch_size),
@@ -191,8 +201,22 @@ def measure(
         metrics["peak_flops"]["warning"] = (
             "this trial ran above the measured peak, so that calibration was measured low "
             "(a loaded machine?): MFU against it is not meaningful; the cached figure is "
-            "dropped and the next trial measures it again")
+            "dropped, so the next study or bench measures it again (a study keeps the "
+            "figures it started with)"
+        )
     return metrics, status, reason
+
+
+def rate_figures(flops_per_sample: float, batch: int, steps: int, window_s: float, world: int,
+                 peak_flops: float, measured_peak_flops: float) -> dict[str, float]:
+    """Throughput and MFU from the window: its mean step overlaps its neighbours as in
+    training. MFU = model FLOPs per step / step time / devices / peak."""
+    step_s = window_s / steps
+    flops_per_step = flops_per_sample * batch
+    tflops = flops_per_step / step_s / world / 1e12
+    return {"samples_per_s": batch / step_s, "flops_per_step": flops_per_step,
+            "tflops_per_device": tflops, "mfu": tflops * 1e12 / peak_flops,
+            "mfu_measured_peak": tflops * 1e12 / measured_peak_flops}
 
 
 def _energy_per_sample(ranks: list[dict[str, Any]], samples: int) -> float | None:

@@ -26,6 +26,10 @@ class StudyFacts:
     defaults: dict[str, dict[str, Any]] = field(default_factory=dict)  # every strategy's
     known_good: dict[str, Any] | None = None  # the study's [known_good], normalised
     env: dict[str, Any] = field(default_factory=dict)  # for records made in the tuner
+    # The study's MFU denominators, fixed at its start: PeakChoice records by compute
+    # dtype ("fp32", "bf16", "fp16"); study.json keeps them, so a resumed study and
+    # its helper workers divide by the same figures.
+    peaks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def resolved(self, plan: Plan) -> Plan:
         """`plan` with every strategy's settings written out in full (defaults filled),
@@ -39,11 +43,12 @@ class StudyFacts:
                 "device_count": self.device_count,
                 "device_memory_bytes": self.device_memory_bytes,
                 "settings": {k: v.to_json() for k, v in self.settings.items()},
-                "defaults": self.defaults, "known_good": self.known_good, "env": self.env}
+                "defaults": self.defaults, "known_good": self.known_good, "env": self.env,
+                "peaks": self.peaks}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StudyFacts:
         return cls(data["device_type"], data["device_name"], data["device_count"],
                    data["device_memory_bytes"],
                    {k: SettingsSpace.from_json(v) for k, v in data["settings"].items()},
-                   data["defaults"], data["known_good"], data["env"])
+                   data["defaults"], data["known_good"], data["env"], data.get("peaks") or {})

@@ -6,9 +6,12 @@ the peak is the process's RSS, which also holds the Python and torch runtime;
 the allocator caches; the real MFU differs. So each measured component gets its
 own correction, a median over the study's ok trials:
 
-    runtime        bytes the process holds before the model is built (the RSS at
-                   the start of measuring; 0 on a GPU, where the allocator's peak
-                   counts tensors only)
+    runtime        bytes the process holds before the model is built: the RSS at
+                   the start of measuring on a CPU; on a GPU what NVML says the device
+                   holds for the process then (its CUDA context and library
+                   workspaces), since the measured peak is what the device held
+                   (harness.measure.memory), not the tensors alone. Before any trial
+                   is measured, DEFAULT_RUNTIME_BYTES
     memory_ratio   (measured peak - runtime) / predicted peak
     step_ratio     measured median step time / predicted step time
     overhead_s     a trial's duration beyond its steps: starting processes,
@@ -28,6 +31,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 DEFAULT_OVERHEAD_S = {"cpu": 10.0, "cuda": 40.0}
+# What a GPU holds for a trial beyond its tensors: on an H100 with CUDA 13 the
+# context alone was 0.5 GiB, and a small trial held 0.75 GiB beyond the allocator's
+# pool (docs/benchmarks/gpu_*); NCCL adds its buffers. Assumed until measured.
+DEFAULT_RUNTIME_BYTES = {"cpu": 0.0, "cuda": 1024.0**3}
 
 
 @dataclass
@@ -40,14 +47,15 @@ class Calibration:
     n_time: int = 0
 
     @classmethod
-    def from_records(cls, records: list[dict[str, Any]]) -> Calibration:
+    def from_records(cls, records: list[dict[str, Any]], device_type: str = "cpu") -> Calibration:
         runtime, mem, step, over = [], [], [], []
         for r in records:
             if r.get("status") != "ok" or not r.get("predicted"):
                 continue
             m, p = r["metrics"], r["predicted"]
             memory = m.get("memory") or {}
-            base = memory.get("rss_base") if memory.get("allocated") is None else 0
+            on_gpu = memory.get("allocated") is not None
+            base = (memory.get("device_base") or 0) if on_gpu else memory.get("rss_base")
             peak, predicted_peak = m.get("peak_memory_bytes"), p.get("peak_memory_bytes")
             if peak and predicted_peak and base is not None:
                 runtime.append(base)
@@ -61,7 +69,7 @@ class Calibration:
                 over.append(max(r["duration_s"] - n_steps * median, 0.0))
         med = statistics.median
         return cls(
-            runtime_bytes=med(runtime) if runtime else 0.0,
+            runtime_bytes=med(runtime) if runtime else DEFAULT_RUNTIME_BYTES.get(device_type, 0.0),
             memory_ratio=med(mem) if mem else 1.0,
             step_ratio=med(step) if step else 1.0,
             overhead_s=med(over) if over else None,

@@ -197,7 +197,7 @@ class StudyContext:
 
     # --- what the study knows so far ----------------------------------------------------
     def calibration(self) -> Calibration:
-        return Calibration.from_records(self.run.store.records())
+        return Calibration.from_records(self.run.store.records(), self.run.facts.device_type)
 
     def reference_trials(self) -> list[FrozenTrial]:
         return [t for t in self.optuna_study.get_trials(deepcopy=False)

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from harness.core.units import format_rate, format_seconds
+from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.tune.budget import Clock
 
 
@@ -36,9 +36,10 @@ _SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
 
 class Progress:
     def __init__(self, name: str, clock: Clock, live: bool | None = None, quiet: bool = False,
-                 store: Any = None):
+                 store: Any = None, memory_budget: float | None = None):
         from rich.console import Console
 
+        self.memory_budget = memory_budget  # an ok trial over it is never shown as best
         self.name, self.clock, self.quiet = name, clock, quiet
         self.store = store  # a RunStore: the panel counts every worker's trials from it
         self._read_at = 0.0
@@ -80,15 +81,24 @@ class Progress:
         self.counts[record["status"]] += 1
         tags = record.get("tags") or {}
         rate = (record.get("metrics") or {}).get("samples_per_s")
-        if (record["status"] == "ok" and rate and tags.get("phase") != "ablation"
+        if (self._candidate(record) and rate and tags.get("phase") != "ablation"
                 and (self.best is None or rate > self.best[0])):
             self.best = (rate, record["trial_id"], describe_plan(record["plan"]))
         if not self.live_mode:
             shown = format_rate(rate, "samples/s") if rate else (record.get("reason") or "")
             shown = shown.splitlines()[0][:100] if shown else ""
+            if record["status"] == "ok" and not self._candidate(record):
+                peak = (record.get("metrics") or {}).get("peak_memory_bytes")
+                shown += (f" (peak memory {format_bytes(peak)}, over the budget "
+                          f"{format_bytes(self.memory_budget)})")
             extra = f" (same as {tags['duplicate_of']})" if "duplicate_of" in tags else ""
             self.line(f"trial {record['trial_id']} [{tags.get('phase', '')}] "
                       f"{record['status']}{extra}: {shown} | {describe_plan(record['plan'])}")
+
+    def _candidate(self, record: dict[str, Any]) -> bool:
+        """An ok trial within the memory budget: one that may be the best."""
+        peak = (record.get("metrics") or {}).get("peak_memory_bytes") or 0
+        return record["status"] == "ok" and not (self.memory_budget and peak > self.memory_budget)
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -110,7 +120,7 @@ class Progress:
         for r in self.store.records():
             counts[r["status"]] += 1
             rate = (r.get("metrics") or {}).get("samples_per_s")
-            if (r["status"] == "ok" and rate and (r.get("tags") or {}).get("phase") != "ablation"
+            if (self._candidate(r) and rate and (r.get("tags") or {}).get("phase") != "ablation"
                     and (best is None or rate > best[0])):
                 best = (rate, r["trial_id"], describe_plan(r["plan"]))
         self.counts, self.best = counts, best or self.best

@@ -54,6 +54,9 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
         else:
             write_atomic(store.study_toml, study.to_toml())
     storage = storage or make_storage(args.storage, store.root, spec)
+    fixed = store.read_info().get("peaks")
+    if fixed:  # resumed, or a helper worker: the MFU denominators the study started with
+        ready.facts.peaks = fixed
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     size = ready.space.size()
     ostudy, created = _open(storage, study, make_sampler(study, size))
@@ -82,7 +85,8 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
     outcome = {"stopped": "interrupted", "ablation": "interrupted"}
     found = True
     try:
-        with Progress(study.name, clock, quiet=args.quiet, store=store) as progress:
+        with Progress(study.name, clock, quiet=args.quiet, store=store,
+                      memory_budget=ready.budget_bytes) as progress:
             tuner.ctx.on_event = progress.event
             if hasattr(storage, "say") and not args.quiet:  # quiet: stderr still says
                 storage.say = progress.line
@@ -233,7 +237,7 @@ def _started(store: RunStore, ready: ReadyStudy, clock: Clock, storage: str | No
         finished_at=None, storage=describe_storage(storage, store.root),
         harness_version=__version__, best_trial_id=previous.get("best_trial_id"),
         baseline_trial_id=previous.get("baseline_trial_id"), n_trials=len(store.records()),
-        stopped_because=None, sessions=sessions,
+        stopped_because=None, sessions=sessions, peaks=ready.facts.peaks,
     )
 
 
@@ -262,7 +266,7 @@ def _finish(store: RunStore, tuner: Tuner, ready: ReadyStudy, clock: Clock, stop
     multi = len(ready.study.objectives) > 1
     print(f"\nstudy {ready.study.name}: {len(records)} trials ({status_counts(records)}) in "
           f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
-    print(table(records, multi))
+    print(table(records, multi, memory_budget=ready.budget_bytes))
     base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
     if rate and base_rate:
         print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "

@@ -38,14 +38,19 @@ def pareto(rows: list[dict[str, Any]]) -> set[Any]:
     return front
 
 
-def table(records: list[dict[str, Any]], multi: bool, top: int = 10) -> str:
+def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
+          memory_budget: float | None = None) -> str:
+    """The measured configurations, fastest first; `!` marks one whose peak was over
+    `memory_budget` (it ran, but is never the best)."""
     rows = ranked(records)
     front = pareto(rows) if multi else set()
+    over = {r["trial_id"] for r in rows if memory_budget
+            and (r["metrics"].get("peak_memory_bytes") or 0) > memory_budget}
     lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'step':>10} "
              f"{'peak mem':>11} {'predicted':>11}  configuration"]
     for i, r in enumerate(rows[:top], start=1):
         m, p = r["metrics"], r.get("predicted") or {}
-        mark = "*" if r["trial_id"] in front else " "
+        mark = "!" if r["trial_id"] in over else "*" if r["trial_id"] in front else " "
         lines.append(
             f"{i:>3}{mark} {r['trial_id']!s:>8}  {r['tags'].get('phase', ''):<10} "
             f"{format_rate(m.get('samples_per_s'), ''):>12} "
@@ -55,6 +60,9 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10) -> str:
             f"{describe_plan(r['plan'])}")
     if multi:
         lines.append("  * on the Pareto front of throughput and peak memory")
+    if over & {r["trial_id"] for r in rows[:top]}:
+        lines.append(f"  ! its peak memory was over the budget, {format_bytes(memory_budget)}: "
+                     "not a candidate for the best")
     return "\n".join(lines)
 
 

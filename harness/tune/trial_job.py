@@ -72,7 +72,7 @@ def run_trial_job(
     folder = run.store.write_trial_files(trial_id, plan.to_toml(), command)
     tags = dict(tags)
     try:
-        prep = run.probe.prepare(plan)
+        prep = run.probe.prepare(plan, run.facts.peaks)
     except HarnessError as e:
         tags["pruned"] = PRUNED_REFUSED
         return _not_run(run, trial_id, plan, None, command, tags,

@@ -148,13 +148,17 @@ class GPTWorkload(Workload):
     def flops_per_sample(self) -> float:
         """6N + 12·L·H·Q·T per token (PaLM, appendix B), times T tokens.
 
-        N counts every parameter but the position embeddings (their "matmul" is a
-        lookup); the token embedding stays in because, tied, it is also the LM head.
+        N counts the parameters that take part in a matmul: every embedding lookup is
+        counted out (positions, and the token embedding when untied). Tied, the token
+        embedding's matrix is the LM head and counts once, as the head.
         """
         cfg = self.cfg
         with torch.device("meta"):
             model = self.build_model()
-        n = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+        lookups = [model.wpe.weight]
+        if model.wte.weight is not model.lm_head.weight:
+            lookups.append(model.wte.weight)
+        n = sum(p.numel() for p in model.parameters()) - sum(w.numel() for w in lookups)
         per_token = 6 * n + 12 * cfg.layers * cfg.hidden * cfg.seq_len
         return float(per_token * cfg.seq_len)
 

@@ -75,7 +75,11 @@ def test_two_ranks_ddp(tmp_path):
     assert m["step_time_s"]["n"] == 3
     assert m["step_time_s"]["median"] >= max(r["step_time_median_s"] for r in per_rank)
     assert m["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in per_rank)
-    assert m["samples_per_s"] == pytest.approx(plan.batch_size / m["step_time_s"]["median"])
+    # Throughput from the measured window, the slowest rank's: one sync at each end.
+    window = m["window"]
+    assert window["seconds"] == max(r["window_s"] for r in per_rank)
+    assert window["steps"] == 3 and window["source"] == "perf_counter"
+    assert m["samples_per_s"] == pytest.approx(plan.batch_size * 3 / window["seconds"])
     # The recorded loss is the mean of the two ranks' (each its half of the batch).
     assert m["loss"]["finite"] and len(m["loss"]["values"]) == 4
     assert "ddp: 2 data ranks" in " ".join(m["notes"])

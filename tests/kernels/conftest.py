@@ -60,11 +60,16 @@ def device() -> str:
 
 @pytest.fixture
 def assert_matches():
-    """assert_matches(actual, expected_float64, dtype, what): within TOLERANCES[dtype]."""
+    """assert_matches(actual, expected_float64, dtype, what, scale=None): within
+    TOLERANCES[dtype]; `scale` (default: the reference's largest magnitude, or 1) is
+    what atol is a fraction of: the size of the terms a result is the difference of,
+    where it cancels to (near) zero."""
 
-    def check(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = ""):
+    def check(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = "",
+              scale: float | None = None):
         rtol, atol_frac = TOLERANCES[dtype]
-        scale = max(expected.abs().max().item(), 1.0) if expected.numel() else 1.0
+        largest = expected.abs().max().item() if expected.numel() else 0.0
+        scale = max(largest, 1.0, scale or 0.0)
         atol = atol_frac * scale
         torch.testing.assert_close(
             actual.detach().double().cpu(), expected.detach().double().cpu(), rtol=rtol,

@@ -9,6 +9,7 @@ kernels round differently from eager PyTorch, observed ~1e-6).
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
@@ -25,8 +26,10 @@ ALL_TRITON = {"layernorm": "triton", "gelu": "triton", "cross_entropy": "triton"
               "optimizer": "triton", "attention": "explicit"}
 
 
-def test_fused_triton_swaps_every_module():
-    setup = compose(tiny_gpt().build_model(), {"fused": ALL_TRITON}, "cpu")
+def test_fused_triton_swaps_every_module(device):
+    with torch.device(device):
+        model = tiny_gpt().build_model()
+    setup = compose(model, {"fused": ALL_TRITON}, device)
     kinds = {type(m) for m in setup.model.modules()}
     assert {FusedLayerNorm, LinearBiasGELU, ChunkedCrossEntropy} <= kinds
     assert SdpaAttention not in kinds
@@ -34,13 +37,15 @@ def test_fused_triton_swaps_every_module():
 
 
 @pytest.mark.parametrize("optimizer", [{}, {"lamb": {}}])
-def test_fused_triton_trains_like_eager(optimizer):
+def test_fused_triton_trains_like_eager(optimizer, device):
     steps = 3
-    plain = train(dict(optimizer), steps=steps)
-    fused = train({"fused": ALL_TRITON, **optimizer}, steps=steps)
+    plain = train(dict(optimizer), steps=steps, device=device)
+    fused = train({"fused": ALL_TRITON, **optimizer}, steps=steps, device=device)
     assert max(abs(a - b) for a, b in zip(fused, plain, strict=True)) < 1e-4, (fused, plain)
 
 
-def test_lamb_triton_is_the_multi_tensor_kernel():
-    setup = compose(tiny_gpt().build_model(), {"fused": ALL_TRITON, "lamb": {}}, "cpu")
+def test_lamb_triton_is_the_multi_tensor_kernel(device):
+    with torch.device(device):
+        model = tiny_gpt().build_model()
+    setup = compose(model, {"fused": ALL_TRITON, "lamb": {}}, device)
     assert isinstance(setup.optimizer, Lamb) and setup.optimizer.fused

@@ -74,6 +74,7 @@ def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
                        samples_per_s=rate, peak_memory_bytes=peak_bytes(prep.plan))
         metrics["memory"] = {"allocated": None, "reserved": None, "nvml_used": None,
                              "rss": peak_bytes(prep.plan), "rss_base": 150 * 2**20}
+        metrics["peak_flops"] = prep.peak  # as a real trial records its MFU's denominator
     result = TrialResult(study=study, trial_id=trial_id, status=status, reason=reason,
                          plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
                          command=command, started_at="", duration_s=time.monotonic() - t0)

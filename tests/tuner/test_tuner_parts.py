@@ -87,6 +87,24 @@ def test_calibration_from_measured_trials():
     assert fresh.trial_seconds({"step_time_s": 1.0}, 4, "cpu") == 14.0  # default overhead
 
 
+def test_calibration_on_a_gpu_counts_the_cuda_context():
+    """On a GPU the peak is what the device held; what it held before the model (the
+    context) is the runtime, assumed 1 GiB until a trial measures it."""
+    def measured(held, base, predicted_peak):
+        m = empty_metrics()
+        m.update(peak_memory_bytes=held, step_time_s={"median": 0.1},
+                 memory={"allocated": held // 2, "device_held": held, "device_base": base})
+        return {"status": "ok", "metrics": m, "duration_s": 5.0,
+                "plan": {"warmup_steps": 1, "steps": 1},
+                "predicted": {"peak_memory_bytes": predicted_peak, "step_time_s": 0.1}}
+
+    assert Calibration.from_records([], "cuda").peak_memory({"peak_memory_bytes": GIB}) == 2 * GIB
+    cal = Calibration.from_records([measured(5 * GIB, GIB, 2 * GIB)], "cuda")
+    assert cal.runtime_bytes == GIB and cal.memory_ratio == 2.0
+    no_nvml = Calibration.from_records([measured(5 * GIB, None, 5 * GIB)], "cuda")
+    assert no_nvml.runtime_bytes == 0 and no_nvml.memory_ratio == 1.0
+
+
 def test_clock_and_budgets():
     clock = Clock.start(100.0, 0.2, now=1000.0)
     assert clock.search_end == 1080.0 and clock.deadline == 1100.0
@@ -168,3 +186,25 @@ def _append_many(root: str, worker: int) -> None:
 def test_storage_password_is_redacted():
     assert redact("postgresql://tuner:s3cret@db:5432/h") == "postgresql://tuner:***@db:5432/h"
     assert redact("sqlite:///x.db") == "sqlite:///x.db"
+
+
+def test_a_trial_over_the_memory_budget_is_marked_and_never_shown_as_best(capsys):
+    """A GPU's device-held peak can pass the budget although its prediction did not:
+    the trial ran, the table marks it, and the progress never calls it the best."""
+    from harness.tune.progress import Progress
+    from harness.tune.summary import table
+
+    def measured(trial_id, rate, peak):
+        r = record("ok", {"phase": "search"}, peak=peak, rate=rate)
+        return {**r, "trial_id": trial_id, "plan": {"micro_batch_size": 8, "strategies": {}}}
+
+    fast_but_over, within = measured(1, 300.0, 3 * GIB), measured(2, 60.0, GIB)
+    text = table([fast_but_over, within], multi=False, memory_budget=2 * GIB)
+    first = text.splitlines()[1]
+    assert first.startswith("  1!") and "over the budget, 2.00 GiB" in text
+    assert "!" not in table([fast_but_over, within], multi=False)  # no budget, no mark
+    progress = Progress("s", Clock.start(60.0, 0.2), live=False, memory_budget=2 * GIB)
+    progress.event("end", fast_but_over)
+    progress.event("end", within)
+    assert progress.best[1] == 2
+    assert "over the budget 2.00 GiB" in capsys.readouterr().out

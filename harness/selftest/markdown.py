@@ -1,0 +1,289 @@
+"""The selftest's page: docs/benchmarks/gpu_<device>_<date>.md, from selftest.json and
+the files its steps left in the out folder (junit files, result.json, trials.jsonl)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from harness.core.units import format_bytes
+from harness.selftest.figures import (
+    bench_figures,
+    env_facts,
+    junit_counts,
+    num,
+    read_json,
+    read_jsonl,
+    tune_figures,
+)
+from harness.selftest.state import PHASES
+
+TESTS_SUITES = {"gpu": "`pytest -m gpu tests`", "kernels": "`pytest tests/kernels`"}
+
+
+def pct(x: float | None, signed: bool = False) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def tflops(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 1e12:,.0f} TFLOP/s" if x >= 1e13 else f"{x / 1e9:,.1f} GFLOP/s"
+
+
+def short(command: str | None) -> str:
+    """The command with its interpreter's path written `python`."""
+    return re.sub(r"^\S*python[0-9.]*(?=\s)", "python", command or "-")
+
+
+def last_words(path: Path) -> str:
+    """The last line a step printed (its error, as a rule), without the runner's own."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    said = [line for line in lines if line and not line.startswith("[selftest]")]
+    return said[-1][:300] if len(said) > 1 else ""
+
+
+def secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f} s" if x < 120 else f"{x / 60:.1f} min"
+
+
+def cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def spread(step: dict[str, Any]) -> str:
+    if step.get("median") is None:
+        return "-"
+    return f"{ms(step['median'])} [{ms(step.get('p10'))}, {ms(step.get('p90'))}] (n={step['n']})"
+
+
+def _records(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+    found = []
+    for entry in get_plans(state):
+        if entry.get("dir") and (r := read_json(out / entry["dir"] / "result.json")):
+            found.append(r)
+    tune = state["phases"].get("tune") or {}
+    if tune.get("dir"):
+        found += read_jsonl(out / tune["dir"] / "trials.jsonl")
+    return found
+
+
+def get_plans(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return (state["phases"].get("bench") or {}).get("plans") or []
+
+
+def environment(out: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The environment a trial recorded (an ok one first); NVML and torch's answers
+    fill what no record holds."""
+    records = sorted(_records(out, state), key=lambda r: r.get("status") != "ok")
+    facts = {k: v for k, v in env_facts(records[0] if records else None).items() if v}
+    device = state.get("device") or {}
+    fallback = {"device_name": device.get("name"), "driver": device.get("driver"),
+                "torch": device.get("torch"), "cuda": device.get("cuda"),
+                "triton": device.get("triton"), "gpus": device.get("count")}
+    return {k: facts.get(k) or v for k, v in fallback.items()} | {
+        "memory_bytes": device.get("memory_bytes")}
+
+
+def header(out: Path, state: dict[str, Any], date: str) -> list[str]:
+    env = environment(out, state)
+    runs = state.get("runs") or []
+    lines = [f"# GPU selftest: {env['device_name'] or 'CUDA device'}, {date}", "",
+             "| | |", "| --- | --- |",
+             f"| device | {env['device_name'] or '-'} x {env['gpus'] or '?'}"
+             + (f" ({format_bytes(env['memory_bytes'])} each)" if env["memory_bytes"] else "")
+             + " |",
+             f"| driver | {env['driver'] or '-'} |", f"| torch | {env['torch'] or '-'} |",
+             f"| CUDA | {env['cuda'] or '-'} |", f"| Triton | {env['triton'] or '-'} |"]
+    for run in runs:
+        lines.append(f"| command | `{cell(run.get('command'))}` ({', '.join(run['phases'])}; "
+                     f"{secs(run.get('wall_s'))}, started {run.get('started_at', '?')}) |")
+    total = sum(r.get("wall_s") or 0 for r in runs)
+    lines += [f"| total wall time | {secs(total)} |", f"| out folder | `{out}` |", ""]
+    missing = [p for p in PHASES if p not in state["phases"]]
+    if missing:
+        lines += [f"Not run: {', '.join(missing)} (run `harness selftest --gpu --only "
+                  f"{','.join(missing)} --out {out}` to add them to this page).", ""]
+    return lines
+
+
+def tests_section(out: Path, state: dict[str, Any]) -> list[str]:
+    lines = ["## Tests", "", "| suite | passed | failed | errors | skipped | time | exit |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    failing, notes = [], []
+    for run in state["phases"]["tests"].get("runs") or []:
+        name = TESTS_SUITES.get(run["name"], run["name"])
+        if run.get("skipped"):
+            lines.append(f"| {name} | - | - | - | - | - | skipped |")
+            notes.append(f"{name} did not run: {run['skipped']}")
+            continue
+        step = run.get("step") or {}
+        counts = junit_counts(out / run["junit"]) if run.get("junit") else None
+        exit_text = "timeout" if step.get("timed_out") else str(step.get("rc"))
+        if counts is None:
+            lines.append(f"| {name} | ? | ? | ? | ? | {secs(step.get('seconds'))} | "
+                         f"{exit_text} |")
+            notes.append(f"{name}: no junit file; see `{step.get('log')}`")
+            continue
+        lines.append(f"| {name} | {counts['passed']} | {counts['failed']} | {counts['errors']} "
+                     f"| {counts['skipped']} | {secs(step.get('seconds'))} | {exit_text} |")
+        failing += counts["failing"]
+        if step.get("log"):
+            notes.append(f"{name}: `{short(step['command'])}`, log `{step['log']}`")
+    lines.append("")
+    if failing:
+        lines += ["Failing:", ""] + [f"- `{t}`" for t in failing] + [""]
+    return lines + [f"- {n}" for n in notes] + [""]
+
+
+def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
+    bench = state["phases"]["bench"]
+    plans = get_plans(state)
+    ran = [(e, read_json(out / e["dir"] / "result.json")) for e in plans if e.get("dir")]
+    skipped = [e for e in plans if e.get("skipped")]
+    lines = ["## Bench", "",
+             f"{len(plans)} plan(s) matched `{bench.get('pattern')}`: {len(ran)} run, "
+             f"{len(skipped)} skipped. Step times in ms: median [p10, p90] (steps timed).", "",
+             "| plan | status | samples/s | step time | window | MFU (datasheet) "
+             "| MFU (measured peak) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    memory = ["| plan | peak memory (allocated / reserved) | predicted | error "
+              "| step time | predicted | error |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    sources, problems = set(), []
+    for entry, record in ran:
+        if record is None:
+            step = entry.get("step") or {}
+            why = "timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
+            said = last_words(out / step["log"]) if step.get("log") else ""
+            lines.append(f"| {entry['name']} | no record | - | - | - | - | - |")
+            problems.append(f"{entry['name']}: no result.json ({why}{': ' if said else ''}"
+                            f"{cell(said)}); log `{step.get('log')}`")
+            continue
+        f = bench_figures(record)
+        if f["status"] != "ok":
+            problems.append(f"{entry['name']}: {f['status']}: {cell(f['reason'] or '-')}")
+        win = f["window"]
+        window = "-"
+        if win and num(win.get("samples_per_s")) is not None:
+            seconds = num(win.get("seconds"))
+            window = (f"{rate(num(win['samples_per_s']))} over {win.get('steps', '?')} steps"
+                      + (f", {seconds:.2f} s" if seconds is not None else ""))
+        measured = (f"{pct(f['mfu_measured'])} of {tflops(f['measured_peak_flops'])}"
+                    if f["mfu_measured"] is not None else "-")
+        lines.append(f"| {entry['name']} | {f['status']} | {rate(f['samples_per_s'])} | "
+                     f"{spread(f['step'])} | {window} | {pct(f['mfu_datasheet'])} | "
+                     f"{measured} |")
+        if f["datasheet_source"]:
+            sources.add(f"{f['peak_dtype'] or '?'}: {f['datasheet_source']}")
+        split = (f" ({format_bytes(f['allocated'])} / {format_bytes(f['reserved'])})"
+                 if f["allocated"] is not None else "")
+        memory.append(f"| {entry['name']} | {format_bytes(f['memory'])}{split} | "
+                      f"{format_bytes(f['predicted_memory'])} | {pct(f['memory_error'], True)} "
+                      f"| {ms(f['step_median'])} | {ms(f['predicted_step'])} | "
+                      f"{pct(f['step_error'], True)} |")
+    lines += ["", "Memory and step time (ms), measured against the estimator's prediction "
+              "(error: (predicted - measured) / measured):", "", *memory, ""]
+    if sources:
+        lines += ["Datasheet peaks: " + "; ".join(sorted(sources)) + ".", ""]
+    if problems:
+        lines += ["Not ok:", ""] + [f"- {p}" for p in problems] + [""]
+    if skipped:
+        lines += ["Skipped:", ""] + [f"- {e['name']}: {e['skipped']}" for e in skipped] + [""]
+    return lines
+
+
+def _peaks(peaks: dict[str, Any]) -> list[str]:
+    lines = ["| dtype | datasheet | measured | MFU divides by |", "| --- | --- | --- | --- |"]
+    for dtype, p in sorted(peaks.items()):
+        p = p if isinstance(p, dict) else {}
+        sheet, meas = p.get("datasheet") or {}, p.get("measured") or {}
+        lines.append(f"| {dtype} | {tflops(sheet.get('flops'))} ({cell(sheet.get('source', '-'))})"
+                     f" | {tflops(meas.get('flops'))} ({cell(meas.get('source', '-'))}) | "
+                     f"{p.get('used', '-')} |")
+    return lines
+
+
+def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
+    tune = state["phases"]["tune"]
+    lines = ["## Tune", ""]
+    if tune.get("skipped"):
+        return lines + [f"Did not run: {tune['skipped']}", ""]
+    step = tune.get("step") or {}
+    folder = out / tune["dir"]
+    t = tune_figures(read_jsonl(folder / "trials.jsonl"), read_json(folder / "study.json"))
+    exit_text = "timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
+    lines += [f"`{short(step.get('command'))}`: {exit_text} after {secs(step.get('seconds'))}"
+              f" (budget {secs(tune.get('budget_s'))}; stopped: {t['stopped_because'] or '-'})."
+              f" Log `{step.get('log')}`.", ""]
+    if tune.get("note"):
+        lines += [tune["note"], ""]
+    by_status = ", ".join(f"{n} {s}" for s, n in t["by_status"].items()) or "none"
+    by_phase = ", ".join(f"{n} {p}" for p, n in t["by_phase"].items())
+    lines += [f"Trials: {t['n']} ({by_status}; by phase: {by_phase or '-'}).", ""]
+    best, base = t["best"], t["baseline"]
+    rows = ["| | |", "| --- | --- |"]
+    if best:
+        f = best["figures"]
+        rows += [f"| best | trial {best['trial_id']} ({best['phase']}): "
+                 f"{rate(best['samples_per_s'])} samples/s, step {spread(f['step'])} ms |",
+                 f"| its configuration | `{cell(best['config'])}` |",
+                 f"| its MFU | {pct(f['mfu_datasheet'])} of the datasheet peak, "
+                 f"{pct(f['mfu_measured'])} of the measured "
+                 f"{tflops(f['measured_peak_flops'])} |"]
+    else:
+        rows.append("| best | no trial ran ok |")
+    if base and base["samples_per_s"] is not None:
+        rows.append(f"| fp32 baseline | trial {base['trial_id']}: "
+                    f"{rate(base['samples_per_s'])} samples/s (`{cell(base['config'])}`) |")
+    elif base:
+        rows.append(f"| fp32 baseline | did not run ok: {base['status']}: "
+                    f"{cell(base['reason'] or '-')} |")
+    else:
+        rows.append("| fp32 baseline | no baseline trial in trials.jsonl |")
+    ratio = f"**{t['ratio']:.2f}x**" if t["ratio"] else "-"
+    rows += [f"| tuned over fp32 baseline | {ratio} |",
+             f"| estimator error, peak memory | {pct(t['memory_error'])} median "
+             f"\\|predicted - measured\\| / measured over {t['memory_n']} measured trial(s)"
+             f" (calibrated where calibrated; raw estimator {pct(t['memory_error_raw'])}) |",
+             f"| estimator error, step time | {pct(t['step_error'])} over {t['step_n']} |"]
+    lines += rows + [""]
+    for o in t["over_budget"]:
+        lines += [f"Trial {o['trial_id']} ran at {rate(o['samples_per_s'])} samples/s but held "
+                  f"{gib(o['peak'])} of the device, over the memory budget of "
+                  f"{gib(t['memory_budget_bytes'])}: not a candidate for the best.", ""]
+    if t["peaks"]:
+        lines += ["The study's fixed MFU denominators (study.json `peaks`):", "",
+                  *_peaks(t["peaks"]), ""]
+    report = tune.get("report") or {}
+    if report.get("step"):
+        rs = report["step"]
+        ok = "written" if rs.get("rc") == 0 else f"failed (exit code {rs.get('rc')})"
+        lines += [f"Report: `{report.get('html')}` {ok} (`{short(rs.get('command'))}`, "
+                  f"log `{rs.get('log')}`).", ""]
+    return lines
+
+
+def gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**30:.2f} GiB"
+
+
+def build(out: Path, state: dict[str, Any], date: str) -> str:
+    lines = header(out, state, date)
+    sections = {"tests": tests_section, "bench": bench_section, "tune": tune_section}
+    for phase in PHASES:
+        if phase in state["phases"]:
+            lines += sections[phase](out, state)
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,44 @@
+"""selftest.json in the out folder: the device, each run of the command, and what each
+phase ran (its steps, what it skipped and why). A later run into the same folder with
+`--only` replaces the phases it runs and keeps the others, so the page written at its
+end covers every phase run so far.
+
+    {"device": {...}, "runs": [{"command", "started_at", "wall_s", "phases"}],
+     "phases": {"tests": {"runs": [...]}, "bench": {"plans": [...]}, "tune": {...}}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FILE = "selftest.json"
+PHASES = ("tests", "bench", "tune")
+
+
+def load(out: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((out / FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {}
+    data.setdefault("runs", [])
+    data.setdefault("phases", {})
+    return data
+
+
+def save(out: Path, state: dict[str, Any]) -> Path:
+    """Write atomically: a run stopped midway leaves the last whole state."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".selftest-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, out / FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out / FILE

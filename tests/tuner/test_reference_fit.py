@@ -1,0 +1,51 @@
+"""The references' micro-batch comes down until the prediction fits the memory budget."""
+
+from __future__ import annotations
+
+import types
+
+import strategies  # noqa: F401  (registers)
+from harness.core.errors import HarnessError
+from harness.study import references
+from harness.study.facts import StudyFacts
+from harness.study.search_space import SearchSpace
+from harness.study.study_file import Study
+from harness.tune.reference_fit import largest_fitting_micro
+from tests.tuner.conftest import study_table
+
+GIB = 2**30
+
+
+class FakeProbe:
+    """Predicts 1 GiB per sample of the micro-batch; refuses what `refuse` names."""
+
+    def __init__(self, refuse=()):
+        self.asked, self.refuse = [], set(refuse)
+
+    def prepare(self, plan, peaks=None):
+        self.asked.append(plan.micro_batch_size)
+        if plan.micro_batch_size in self.refuse:
+            raise HarnessError("refused")
+        return types.SimpleNamespace(predicted={"peak_memory_bytes": plan.micro_batch_size * GIB})
+
+
+def _setup(device_type="cuda"):
+    space = SearchSpace(Study.from_dict(study_table()), device_type, {})
+    facts = StudyFacts(device_type, "dev", 1, 80 * GIB)
+    return space, facts, space.params_for(references.baseline(space))
+
+
+def test_the_baseline_takes_the_largest_micro_batch_that_fits():
+    space, facts, params = _setup()
+    assert params["micro_batch_size"] == 16  # quickstart: 4, 8, 16
+    probe = FakeProbe()
+    # 1 GiB of CUDA context is assumed before any trial: 8 + 1 fits in 10 GiB, 16 + 1 not
+    fitted = largest_fitting_micro(space, params, probe, facts, 10 * GIB)
+    assert fitted == {**params, "micro_batch_size": 8} and probe.asked == [16, 8]
+    assert largest_fitting_micro(space, params, FakeProbe(), facts, 40 * GIB) == params
+
+
+def test_nothing_fits_or_refused_leaves_the_reference_as_it_was():
+    space, facts, params = _setup()
+    assert largest_fitting_micro(space, params, FakeProbe(), facts, 2 * GIB) == params
+    assert largest_fitting_micro(space, params, FakeProbe(refuse={16}), facts, 10 * GIB) == params

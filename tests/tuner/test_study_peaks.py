@@ -1,0 +1,44 @@
+"""A study fixes its MFU denominators at its start, in study.json, and every trial, a
+resumed study's too, divides by those: a cached peak dropped and measured again in
+the meantime (harness.measure.peak_calibration.forget_measured_peak) changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+from tests.tuner.conftest import QUICKSTART, records, tune_process
+
+
+def _tune(tmp_path, *args: str) -> None:
+    env = {"HARNESS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = tune_process(str(QUICKSTART), "--out", str(tmp_path / "run"), "--quiet", *args,
+                        env=env)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+
+
+def test_a_resumed_study_keeps_the_peaks_it_started_with(tmp_path):
+    _tune(tmp_path, "--budget", "90s", "--n-trials", "2")
+    info = json.loads((tmp_path / "run" / "study.json").read_text())
+    fixed = info["peaks"]
+    assert fixed["fp32"]["measured"]["source"].startswith("measured: ")
+
+    def divides_by_the_fixed_peak(r):  # on a CPU the dtype run is the compute dtype
+        peak = r["metrics"]["peak_flops"]
+        return peak["measured"] == fixed[peak["dtype"]]["measured"]
+
+    first = records(tmp_path / "run")
+    assert first and all(divides_by_the_fixed_peak(r) for r in first if r["status"] == "ok")
+
+    # The cache now holds another figure, as after a dropped and re-measured peak.
+    cache = tmp_path / "cache" / "peaks.json"
+    data = json.loads(cache.read_text())
+    for entry in data["entries"].values():
+        entry.update(flops=entry["flops"] * 3, source="measured: again, later")
+    cache.write_text(json.dumps(data))
+    _tune(tmp_path, "--resume", "--budget", "90s", "--n-trials", "4")
+    info = json.loads((tmp_path / "run" / "study.json").read_text())
+    assert info["peaks"] == fixed
+    later = records(tmp_path / "run")[len(first):]
+    assert any(r["status"] == "ok" for r in later), "the resumed study measured more trials"
+    assert all(divides_by_the_fixed_peak(r) for r in later if r["status"] == "ok")
