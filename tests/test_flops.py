@@ -54,3 +54,31 @@ def test_mfu_arithmetic_by_hand():
     assert got["tflops_per_device"] == pytest.approx(7.005523673088, rel=1e-12)
     assert got["mfu"] == pytest.approx(0.0070805777977, rel=1e-9)
     assert got["mfu_measured_peak"] == pytest.approx(0.0100078909615, rel=1e-9)
+
+
+def test_flops_are_counted_once_per_workload_in_a_process(monkeypatch):
+    """The tuner's helper prepares every trial: the count (seconds when traced) is made
+    once per workload and arguments, whatever the strategies or micro-batch."""
+    import strategies  # noqa: F401  (registers)
+    from harness.core.plan import Plan
+    from harness.measure import prepare as prepare_module
+    from harness.workloads.gpt import GPTWorkload
+
+    calls = []
+    real = GPTWorkload.flops_per_sample
+    monkeypatch.setattr(GPTWorkload, "flops_per_sample",
+                        lambda self: calls.append(1) or real(self))
+    monkeypatch.setattr(prepare_module, "_FLOPS", {})
+    small = {"name": "gpt", "layers": 1, "hidden": 32, "heads": 2, "seq_len": 16, "vocab": 64}
+    for micro, strategies_ in ((2, {}), (4, {"checkpoint": {}}), (2, {"amp": {"dtype": "bf16"}})):
+        plan = Plan.from_dict({"device": "cpu", "micro_batch_size": micro, "workload": small,
+                               "strategies": strategies_}, where="plan")
+        prepare_module.prepare(plan, peaks={"fp32": PEAK, "bf16": PEAK})
+    assert len(calls) == 1
+    plan = Plan.from_dict({"device": "cpu", "workload": {**small, "layers": 2}}, where="plan")
+    prepare_module.prepare(plan, peaks={"fp32": PEAK})
+    assert len(calls) == 2  # other arguments, another count
+
+
+PEAK = {"dtype": "fp32", "datasheet": None, "measured": {"flops": 1e11, "source": "measured: x"},
+        "used": "measured", "flops": 1e11, "source": "measured: x", "reason": "test"}

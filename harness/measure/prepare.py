@@ -13,6 +13,7 @@ call `prepare`; the ranks call `from_prepared`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,10 +72,25 @@ def prepare(
         peak = PeakChoice.from_record(peaks[dtype])
     else:
         peak = peak_for_workload(device, runtime.device_name, dtype, workload)
-    flops = float(workload.flops_per_sample())  # counted once: a traced count takes seconds
+    flops = flops_per_sample(plan, workload)
     predicted = estimate(plan, workload, runtime, peak.used.flops, flops).to_record()
     return Prepared(plan, workload, device, runtime, predicted, peak, flops,
                     workload.tokens_per_sample)
+
+
+_FLOPS: dict[str, float] = {}  # this process's counts, by workload and its arguments
+
+
+def flops_per_sample(plan: Plan, workload: Workload) -> float:
+    """The model FLOPs of one sample, counted once per workload and arguments in this
+    process: the tuner's helper prepares every trial of a study, and a traced count
+    (FlopCounterMode, for models without a formula) takes seconds to tens of seconds.
+    The strategies leave them unchanged (MFU counts the model's FLOPs, not the work a
+    technique adds), so only the workload and its arguments key them."""
+    key = json.dumps([plan.workload, plan.workload_args], sort_keys=True, default=str)
+    if key not in _FLOPS:
+        _FLOPS[key] = float(workload.flops_per_sample())
+    return _FLOPS[key]
 
 
 def peak_for_workload(

@@ -98,12 +98,14 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     info = info or RankInfo()
     plan, device, workload = prep.plan, prep.device, prep.workload
     torch.manual_seed(plan.seed)
+    t_setup = time.perf_counter()
     memory = MemoryTracker(device)
     memory.begin()
     with torch.device(device):
         model = workload.build_model()
     setup = compose(model, plan, device, prep.runtime)
     pool = step_pool(plan, workload, device, data_rank=plan.layout.coordinates(info.rank)[1])
+    t_warmup = time.perf_counter()
     # A barrier (a no-op in one process) and a synchronisation at each end of the window.
     timer = WindowTimer(device, barrier=distributed.barrier)
     losses: list[float | None] = []  # the job's loss per step (mean over ranks)
@@ -128,6 +130,9 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     for i in range(plan.warmup_steps):
         if not record(step_loss(setup.step(pool[i % len(pool)], workload.loss), info, device), i):
             break
+    # Where a trial's time goes besides its measured steps (issue 13's overhead): the
+    # warm-up ends synchronised, each of its losses having been read.
+    phases_s = {"setup": t_warmup - t_setup, "warmup": time.perf_counter() - t_warmup}
     first = plan.warmup_steps
     window: list[torch.Tensor | None] = []  # the window's losses, still on the device
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
@@ -171,6 +176,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     metrics["peak_memory_bytes"] = job["peak_memory_bytes"]
     metrics["per_rank"] = job["per_rank"]
     metrics["notes"] = setup.notes
+    metrics["phases_s"] = phases_s  # this rank's build-and-compose and warm-up seconds
     if not step_times:
         return metrics, status, reason or "no measured step completed"
 
