@@ -1,3 +1,4 @@
 from harness.cli.main import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when multiprocessing imports it as __mp_main__
+    raise SystemExit(main())

@@ -84,10 +84,13 @@ def plan_from_args(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.cli.bench_table import estimate_table, result_table
+    from harness.launch import rank_server
     from harness.launch.local import check_nodes, launch, visible_gpus
     from harness.measure.prepare import prepare
 
     plan = plan_from_args(args)
+    if plan.world_size == 1 and args.nnodes == 1:  # one rank: forked from the rank server
+        rank_server.warm_up()  # whose imports overlap the checks below
     prepared = prepare(plan).checked()  # refuses a bad plan before anything is made or run
     check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint, visible_gpus(prepared))
     out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")

@@ -53,7 +53,7 @@ from pathlib import Path
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.core.prepared import PreparedPlan
-from harness.launch import procs
+from harness.launch import procs, rank_server
 from harness.launch.log_cap import LogCap
 from harness.launch.verdict import Ended, decide
 from harness.measure.rank_process import NODE_RANK_ENV, free_port
@@ -170,9 +170,10 @@ def launch(
         argv = _torchrun(plan, nnodes, rdzv_endpoint, logs, study, trial_id) + worker
         stdout = stderr = logs / "agent.log"
 
+    fork = single and rank_server.enabled()  # one rank: forked from the rank server
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    ended = _run(argv, env, stdout, stderr, timeout, launch_id, caps, should_stop)
+    ended = _run(argv, env, stdout, stderr, timeout, launch_id, caps, should_stop, fork)
     duration = time.monotonic() - t0
 
     if node_rank == 0 and result_file.exists():
@@ -197,15 +198,20 @@ def launch(
 
 def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeout: float,
          launch_id: str, caps: LogCap,
-         should_stop: Callable[[], str | None] | None = None) -> Ended:
-    """Start `argv` in a new session, wait up to `timeout` (or until `should_stop` gives
-    a reason), then stop whatever is left; meanwhile keep the logs under their cap."""
+         should_stop: Callable[[], str | None] | None = None, fork: bool = False) -> Ended:
+    """Start `argv` in a new session (or, with `fork`, its one rank forked from the rank
+    server), wait up to `timeout` (or until `should_stop` gives a reason), then stop
+    whatever is left; meanwhile keep the logs under their cap."""
     timed_out, running, stop_reason = False, [], None
     deadline = time.monotonic() + timeout
     # Appending (O_APPEND): the trial carries on at the end of a file that was cut.
     with open(stdout, "ab") as out_f, open(stderr, "ab") as err_f:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                env=env, start_new_session=True)
+        if fork:  # argv is [python, -m, harness.measure.rank_main, ARGS...]
+            proc = rank_server.start_rank(argv[3:], env, str(stdout), str(stderr))
+        else:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f,
+                                    stderr=err_f, env=env, start_new_session=True)
+        known = {0: proc.pid} if fork else None  # a fork's /proc environment is the server's
         try:
             while True:
                 left = deadline - time.monotonic()
@@ -215,8 +221,9 @@ def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeo
                 except subprocess.TimeoutExpired:
                     if time.monotonic() >= deadline:
                         timed_out = True
-                        running = procs.running_ranks(launch_id)
-                        procs.dump_stacks(launch_id, env[procs.STACKS_DIR_ENV])  # where each was
+                        running = procs.running_ranks(launch_id, known)
+                        procs.dump_stacks(launch_id, env[procs.STACKS_DIR_ENV],  # where each was
+                                          known=known)
                         break
                     stop_reason = should_stop() if should_stop else None
                     if stop_reason is not None:

@@ -67,9 +67,14 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def workers(launch_id: str) -> dict[int, psutil.Process]:
-    """This trial's workers still running, by rank (RANK in their environment)."""
+def workers(launch_id: str, known: dict[int, int] | None = None) -> dict[int, psutil.Process]:
+    """This trial's workers still running, by rank (RANK in their environment); `known`
+    adds ranks by pid (a forked rank: its /proc environment is its server's)."""
     found = {}
+    for rank, pid in (known or {}).items():
+        with contextlib.suppress(psutil.Error):
+            if _alive(p := psutil.Process(pid)):
+                found[rank] = p
     for p in tagged(launch_id):
         try:
             if "harness.measure.rank_main" in " ".join(p.cmdline()):
@@ -79,15 +84,16 @@ def workers(launch_id: str) -> dict[int, psutil.Process]:
     return found
 
 
-def running_ranks(launch_id: str) -> list[int]:
+def running_ranks(launch_id: str, known: dict[int, int] | None = None) -> list[int]:
     """The ranks of this trial's workers still running."""
-    return sorted(workers(launch_id))
+    return sorted(workers(launch_id, known))
 
 
-def dump_stacks(launch_id: str, folder: str | os.PathLike, wait_s: float = 2.0) -> None:
+def dump_stacks(launch_id: str, folder: str | os.PathLike, wait_s: float = 2.0,
+                known: dict[int, int] | None = None) -> None:
     """Ask every running rank for its stack (one signal each: see
     listen_for_stack_requests) and wait, at most `wait_s`, until each has written it."""
-    asked = workers(launch_id)
+    asked = workers(launch_id, known)
     _signal(list(asked.values()), STACK_SIGNAL)
     files = [stack_file(folder, rank) for rank in asked]
     deadline, sizes = time.monotonic() + wait_s, None

@@ -43,6 +43,11 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
     args.storage = args.storage or from_env
     if args.follow:
         return _run_follower(args, ready)
+    from harness.launch import local, rank_server
+
+    # One-rank trials are forked from the rank server: its imports overlap the study's start.
+    if ready.launcher is local.launch and 1 in ready.study.layout.world_sizes:
+        rank_server.warm_up()
     study, store = ready.study, RunStore(ready.run_dir)
     main = not args.helper
     remote = args.storage and not args.storage.startswith("journal:")

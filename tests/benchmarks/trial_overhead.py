@@ -3,7 +3,10 @@
     python tests/benchmarks/trial_overhead.py --before a758ef2 --rounds 5
 
 `harness bench` of the quickstart plan (one process) and of the ddp plan (two
-processes, gloo) on the CPU, each round running this checkout's code and, with
+processes, gloo) on the CPU, and the quickstart plan's trials as a study runs
+them (one process preparing each through the torch-side helper and launching it;
+the first trial, which waits for the rank server's imports, left out), each running
+this checkout's code and, with
 `--before REV`, that revision's (from a temporary git worktree, same Python) one
 after the other, so both see the same machine. A run's overhead is the bench
 command's wall clock minus the steps it exists to measure: warm-up and window.
@@ -48,6 +51,46 @@ def bench(code: Path, plan: str, out: Path) -> dict[str, float]:
     return {"wall": wall, "overhead": wall - warmup - window, "steps": warmup + window}
 
 
+# As a study runs its trials: one process (the tuner's side) prepares each plan through
+# the torch-side helper and launches it; overhead = that wall clock minus warm-up and window.
+STUDY_SCRIPT = """
+import json, sys, time, tomllib
+from pathlib import Path
+from harness.core.plan import Plan
+from harness.launch.local import launch
+from harness.launch.probe import shared
+plan_file, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+plan = Plan.from_dict(tomllib.loads(Path(plan_file).read_text()), where=plan_file)
+plan = plan.replace(device="cpu")
+probe = shared()
+probe.prepare(plan)  # the helper's start is the study's, not a trial's
+try:
+    from harness.launch import rank_server
+    rank_server.warm_up()  # as harness tune does when it opens the study
+except ImportError:
+    pass
+rows = []
+for i in range(n):
+    t0 = time.perf_counter()
+    result = launch(probe.prepare(plan), out / str(i), "bench")
+    wall = time.perf_counter() - t0
+    m = result.metrics
+    window = m["window"]["seconds"] if m.get("window") else m["step_time_s"]["median"] * plan.steps
+    warm = (m.get("phases_s") or {}).get("warmup", window / plan.steps * plan.warmup_steps)
+    rows.append({"wall": wall, "steps": warm + window, "overhead": wall - warm - window})
+print(json.dumps(rows))
+"""
+
+
+def study(code: Path, plan: str, out: Path, n: int) -> list[dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    done = subprocess.run([sys.executable, "-c", STUDY_SCRIPT, str(code / plan), str(out), str(n)],
+                          cwd=code, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{code}: study of {plan} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
@@ -56,6 +99,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", help="a git revision to measure beside this checkout")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5, help="trials of the study mode")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         codes = {"now": ROOT}
@@ -70,12 +114,18 @@ def main() -> int:
                 for label, plan in PLANS.items():
                     for name, code in codes.items():
                         out = Path(tmp) / f"{name[:6]}-{Path(plan).stem}-{r}"
-                        runs.setdefault((label, name), []).append(bench(code, plan, out))
+                        runs.setdefault((f"harness bench, {label}", name), []).append(
+                            bench(code, plan, out))
+            for name, code in codes.items():  # trials 2.. of a study (the first warms up)
+                label = f"in a study, {args.trials} trials, {list(PLANS)[0]}"
+                rows = study(code, list(PLANS.values())[0], Path(tmp) / f"study-{name[:6]}",
+                             args.trials)
+                runs[(label, name)] = rows[1:]
         finally:
             if args.before:
                 subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT,
                                capture_output=True)
-    print(f"{args.rounds} rounds, seconds: median [min, max]\n")
+    print(f"{args.rounds} rounds of each bench; seconds: median [min, max]\n")
     print("| trial | code | bench wall clock | its steps (warm-up + window) | overhead |")
     print("| --- | --- | --- | --- | --- |")
     for (label, name), rs in runs.items():

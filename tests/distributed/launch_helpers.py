@@ -52,8 +52,13 @@ def survivors(out_dir: Path) -> list[psutil.Process]:
     alive = []
     for p in found.values():
         try:
-            if "harness.measure.probe_server" in " ".join(p.cmdline()):
+            cmdline = " ".join(p.cmdline())
+            if "harness.measure.probe_server" in cmdline:
                 continue  # this process's torch-side helper (harness.launch.probe), no trial's
+            if p.ppid() == os.getpid() and ("multiprocessing.forkserver" in cmdline
+                                            or "multiprocessing.resource_tracker" in cmdline):
+                continue  # the rank server itself (harness.launch.rank_server), not a rank
+                # forked from it: those are its children, and count
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 alive.append(p)
         except psutil.Error:

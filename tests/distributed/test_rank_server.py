@@ -1,0 +1,69 @@
+"""One-rank trials forked from the rank server (harness.launch.rank_server): each a
+fresh process, stopped at its timeout like any other, and gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from harness.launch import rank_server
+from harness.launch.local import GRACE_S
+from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
+    assert_nothing_left,
+    faulty_plan,
+    in_repo_root,
+    launch_plan,
+)
+
+pytestmark = [pytest.mark.usefixtures("in_repo_root"),
+              pytest.mark.skipif(not rank_server.enabled(), reason="no forkserver here")]
+
+
+def _pid(out) -> int:
+    header = (out / "logs" / "rank0" / "stderr.log").read_text().splitlines()[0]
+    return int(header.rsplit("pid ", 1)[1])
+
+
+@pytest.mark.timeout(180)
+def test_every_trial_is_a_new_fork_of_the_server(tmp_path):
+    """Two trials, two processes, neither this one nor the server: nothing of one trial
+    (its memory, threads, modules it imported) is there for the next."""
+    pids = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        result = launch_plan(faulty_plan(world=1), out, "test")
+        assert result.status == "ok", result.reason
+        pids.append(_pid(out))
+        assert_nothing_left(out)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert result.metrics["phases_s"]["setup"] >= 0
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_rank_that_hangs_times_out_with_its_stack(tmp_path):
+    out = tmp_path / "hang"
+    timeout = 15.0
+    t0 = time.monotonic()
+    result = launch_plan(faulty_plan(world=1, hang_rank=0, timeout_s=timeout), out, "test")
+    assert result.status == "timeout"
+    assert time.monotonic() - t0 < timeout + 2 * GRACE_S + 10
+    assert "ranks still running: 0" in result.reason
+    assert "in loss" in (out / "logs" / "stack-rank0.txt").read_text()
+    assert json.loads((out / "result.json").read_text())["status"] == "timeout"
+    assert_nothing_left(out)
+
+
+@pytest.mark.timeout(180)
+def test_switched_off_a_rank_is_a_new_interpreter(tmp_path, monkeypatch):
+    def no_fork(*args, **kwargs):
+        raise AssertionError("forked although HARNESS_FORK_RANKS=0")
+
+    monkeypatch.setattr(rank_server, "start_rank", no_fork)
+    monkeypatch.setenv(rank_server.ENV, "0")
+    out = tmp_path / "plain"
+    result = launch_plan(faulty_plan(world=1), out, "test")
+    assert result.status == "ok", result.reason
+    assert_nothing_left(out)
