@@ -46,7 +46,8 @@ def _labels(runs: list[Run]) -> list[str]:
 def summary_table(runs, labels, heads: list[Headline], effects: list[Effects]) -> str:
     rows: list[tuple[str, list[str]]] = []
     envs = [{k: v for k, v, _ in environment(r)} for r in runs]
-    for key in ("device_name", "gpu_names", "torch", "cuda", "driver", "harness", "hostname"):
+    for key in ("device_name", "gpu_names", "cpu_capability", "cpu_flags", "torch", "cuda",
+                "driver", "harness", "hostname"):
         rows.append((key, [env.get(key, "–") for env in envs]))
     rows.append(("trials", [", ".join(f"{n} {s}" for s, n in sorted(h.counts.items())) or "none"
                             for h in heads]))

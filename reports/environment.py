@@ -10,7 +10,8 @@ from reports.load import Run
 
 SKIP = ("env",)  # environment variables of the trial process: not shown
 FIRST = ("device", "device_name", "gpu_names", "driver", "cuda", "hip", "cudnn", "nccl", "torch",
-         "python", "harness", "git", "cpu", "cpu_count", "hostname", "platform")
+         "python", "harness", "git", "cpu", "cpu_capability", "cpu_flags", "cpu_count",
+         "hostname", "platform")
 
 
 def flat_env(env: Any, prefix: str = "") -> dict[str, str]:

@@ -25,6 +25,22 @@ def test_capture_env_is_json_and_has_versions(monkeypatch) -> None:
     assert env["env"]["OMP_NUM_THREADS"] == "2"
     assert "TORCH_HUB_TOKEN" not in env["env"] and "do-not-record" not in text
     assert "harness" in env and "git" in env and "driver" in env
+    # the instruction set, which decides (say) whether bf16 on a CPU is fast at all
+    assert env["cpu_capability"] == str(torch.backends.cpu.get_cpu_capability())
+    assert isinstance(env["cpu_flags"], list)
+
+
+def test_cpu_flags_come_from_cpuinfo(monkeypatch, tmp_path) -> None:
+    import builtins
+
+    from harness.core import device
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: X\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
+        info if path == "/proc/cpuinfo" else path, *a, **k))
+    assert device.cpu_flags() == ["avx2", "avx512f", "avx512_bf16", "amx_tile"]
 
 
 def test_capture_env_keeps_storage_passwords_out(monkeypatch) -> None:

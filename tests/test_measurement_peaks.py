@@ -252,3 +252,15 @@ def test_the_calibration_process_answers_every_dtype_asked(cache_dir) -> None:
     peaks = _measure_in_subprocess(torch.device("cpu"), ["fp32", "bf16"])
     assert set(peaks) == {"fp32", "bf16"}
     assert all(p.flops > 0 and p.source.startswith("measured: ") for p in peaks.values())
+
+
+def test_the_cpu_peak_cache_is_keyed_by_instruction_set(monkeypatch) -> None:
+    """One CPU model name comes with AVX2 on one day and AVX-512 BF16 on the next (seen
+    here): the measured peak of one must not stand for the other."""
+    from harness.core import device
+
+    avx512 = peak_calibration._cache_key(CPU, "AMD EPYC", "bf16")
+    monkeypatch.setattr(device, "cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(device, "cpu_flags", lambda: ["avx2"])
+    assert peak_calibration._cache_key(CPU, "AMD EPYC", "bf16") != avx512
+    assert "AVX2" in peak_calibration._cache_key(CPU, "AMD EPYC", "bf16")

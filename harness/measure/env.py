@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from harness.core.device import cpu_capability, cpu_flags
+
 T = TypeVar("T")
 
 _ENV_PREFIXES = (
@@ -165,6 +167,8 @@ def _capture(device: torch.device) -> dict[str, Any]:
         "platform": _safe(platform.platform),
         "hostname": _safe(socket.gethostname),
         "cpu": _safe(_cpu_name),
+        "cpu_capability": _safe(cpu_capability),
+        "cpu_flags": _safe(cpu_flags),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": _safe(lambda: len(os.sched_getaffinity(0))),
         "torch": torch.__version__,

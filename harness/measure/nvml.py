@@ -289,6 +289,29 @@ def process_memory_bytes(device: torch.device) -> int | None:
         _shutdown(pynvml)
 
 
+def gpu_identity(device: torch.device) -> str:
+    """"uuid <hex> sm-max <MHz>" for CUDA `device`, what of it can be read ("" if none):
+    two cards of one name, or one card under another clock cap, differ here."""
+    uuid = _cuda_uuid(device)
+    parts = [f"uuid {uuid}"] if uuid else []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return " ".join(parts)
+    try:
+        handle = nvml_handle(pynvml, device)
+        if handle is not None:
+            mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+            parts.append(f"sm-max {int(mhz)}")
+    except Exception:
+        pass
+    finally:
+        _shutdown(pynvml)
+    return " ".join(parts)
+
+
 def driver_version() -> str | None:
     """The NVIDIA driver version via NVML, or None."""
     try:

@@ -111,10 +111,25 @@ def _device_name(device: torch.device) -> str:
 
 
 def _cache_key(device: torch.device, device_name: str, dtype: str) -> str:
+    """Everything the rate depends on: the device (on a CPU its instruction set and the
+    threads torch may use, since one model name comes with AVX2 or AVX-512 BF16; on a
+    GPU its UUID and top SM clock, so another card or a clock cap is measured anew),
+    the dtype and torch."""
     key = f"{device.type}|{device_name}|{dtype}|torch {torch.__version__}"
-    if device.type == "cpu":  # the rate scales with the threads torch may use
-        key += f"|threads {torch.get_num_threads()}"
+    if device.type == "cpu":
+        from harness.core.device import cpu_capability, cpu_flags
+
+        key += f"|threads {torch.get_num_threads()}|{cpu_capability()}|{','.join(cpu_flags())}"
+    elif device.type == "cuda":
+        key += f"|{_gpu_identity(device)}"
     return key
+
+
+def _gpu_identity(device: torch.device) -> str:
+    """The GPU's UUID and its top SM clock (NVML; no CUDA context), as far as known."""
+    from harness.measure.nvml import gpu_identity
+
+    return gpu_identity(device)
 
 
 # --- the calibration matmul -----------------------------------------------------
