@@ -20,12 +20,14 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 DEFAULT_INTERVAL_S = 0.05
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -269,81 +271,61 @@ def _process_used(nv: Any, handle: Any, pid: int) -> int | None:
     return None
 
 
-def process_memory_bytes(device: torch.device) -> int | None:
-    """What the device holds for this process now, through NVML; None where NVML or the
-    per-process figure is unavailable (a CPU, no driver, a container's own PIDs)."""
-    if device.type != "cuda":
-        return None
+def _ask(query: Callable[[Any], T], default: T) -> T:
+    """One question to NVML, started and shut down around it: `query(pynvml)`, or
+    `default` where NVML is absent or the question fails."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
-        return None
+        return default
     try:
-        handle = nvml_handle(pynvml, device)
-        return None if handle is None else _process_used(pynvml, handle, os.getpid())
+        return query(pynvml)
     except Exception:
-        return None
+        return default
     finally:
         _shutdown(pynvml)
+
+
+def process_memory_bytes(device: torch.device) -> int | None:
+    """What the device holds for this process now, through NVML; None where NVML or the
+    per-process figure is unavailable (a CPU, no driver, a container's own PIDs)."""
+    if device.type != "cuda":
+        return None
+
+    def query(nv: Any) -> int | None:
+        handle = nvml_handle(nv, device)
+        return None if handle is None else _process_used(nv, handle, os.getpid())
+
+    return _ask(query, None)
 
 
 def gpu_identity(device: torch.device) -> str:
     """"uuid <hex> sm-max <MHz>" for CUDA `device`, what of it can be read ("" if none):
     two cards of one name, or one card under another clock cap, differ here."""
     uuid = _cuda_uuid(device)
-    parts = [f"uuid {uuid}"] if uuid else []
-    try:
-        import pynvml
 
-        pynvml.nvmlInit()
-    except Exception:
-        return " ".join(parts)
-    try:
-        handle = nvml_handle(pynvml, device)
-        if handle is not None:
-            mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
-            parts.append(f"sm-max {int(mhz)}")
-    except Exception:
-        pass
-    finally:
-        _shutdown(pynvml)
-    return " ".join(parts)
+    def sm_max(nv: Any) -> str | None:
+        handle = nvml_handle(nv, device)
+        if handle is None:
+            return None
+        return f"sm-max {int(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))}"
+
+    parts = [f"uuid {uuid}" if uuid else None, _ask(sm_max, None)]
+    return " ".join(p for p in parts if p)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def driver_version() -> str | None:
     """The NVIDIA driver version via NVML, or None."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
-        return None
-    finally:
-        _shutdown(pynvml)
+    return _ask(lambda nv: _text(nv.nvmlSystemGetDriverVersion()), None)
 
 
 def gpu_names() -> list[str]:
     """Names of all GPUs NVML sees (all of the host's, whatever CUDA_VISIBLE_DEVICES says)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        names = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
-    except Exception:
-        return []
-    finally:
-        _shutdown(pynvml)
+    return _ask(lambda nv: [_text(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)))
+                            for i in range(nv.nvmlDeviceGetCount())], [])

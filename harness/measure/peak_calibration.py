@@ -314,8 +314,7 @@ def _indexed(device: torch.device) -> torch.device:
 def forget_measured_peak(device: torch.device, dtype: str) -> None:
     """Drop the cached figure: a trial ran faster than it, so it was measured low (on a
     loaded machine); the next study or bench measures it again."""
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _indexed(device)
     key = _cache_key(device, _device_name(device), matmul_dtype(device, dtype))
     path = _cache_path()
     entries = _read_cache(path)

@@ -94,11 +94,14 @@ def flops_per_sample(plan: Plan, workload: Workload) -> float:
 
 
 def peak_for_workload(
-    device: torch.device, device_name: str, dtype: str, workload: Workload
+    device: torch.device, device_name: str, dtype: str, workload: Workload,
+    convolutions: bool | None = None,
 ) -> PeakChoice:
     """The peaks of `dtype` for this workload; only fp32 on CUDA needs the model (its
-    convolutions run on TF32 tensor cores where cuDNN allows, its matmuls may not)."""
-    convolutions = dtype == "fp32" and device.type == "cuda" and _has_convolutions(workload)
+    convolutions run on TF32 tensor cores where cuDNN allows, its matmuls may not).
+    `convolutions`, where the caller has looked already."""
+    if convolutions is None:
+        convolutions = device.type == "cuda" and dtype == "fp32" and _has_convolutions(workload)
     return peaks_for(device, device_name, dtype, convolutions=convolutions)
 
 
@@ -118,8 +121,8 @@ def study_peaks(
     conv = device.type == "cuda" and "fp32" in dtypes and _has_convolutions(workload)
     # the figures not cached yet, measured together (one calibration process on a GPU)
     measured_peaks(device, [matmul_dtype(device, d, conv) for d in dtypes])
-    return {d: {**peak_for_workload(device, name, d, workload).as_record(), "compute_dtype": d}
-            for d in dtypes}
+    return {d: {**peak_for_workload(device, name, d, workload, conv).as_record(),
+                "compute_dtype": d} for d in dtypes}
 
 
 def from_prepared(prepared: PreparedPlan, local_rank: int = 0) -> Prepared:

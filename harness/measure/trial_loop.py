@@ -136,6 +136,12 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     first = plan.warmup_steps
     window: list[torch.Tensor | None] = []  # the window's losses, still on the device
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
+
+    def report_done() -> None:  # steps the device has finished; never waits for it
+        if progress is not None:
+            for k, seconds in timer.completed():
+                progress(first + k, seconds)
+
     with NvmlSampler(device) as nvml:
         if status == "ok":
             timer.start()
@@ -143,13 +149,9 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 loss = setup.step(pool[i % len(pool)], workload.loss)
                 window.append(None if loss is None else loss.detach())
                 timer.step_done()
-                if progress is not None:  # steps the device has finished; never waits
-                    for k, seconds in timer.completed():
-                        progress(first + k, seconds)
+                report_done()
             timer.finish()
-            if progress is not None:
-                for k, seconds in timer.completed():
-                    progress(first + k, seconds)
+            report_done()
     # The record ends at the first non-finite loss, as when each step was checked.
     for k, agreed in enumerate(read_losses(window, info, device) if window else []):
         if not record(agreed, first + k):

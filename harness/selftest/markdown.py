@@ -262,8 +262,9 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
     lines += rows + [""]
     for o in t["over_budget"]:
         lines += [f"Trial {o['trial_id']} ran at {rate(o['samples_per_s'])} samples/s but held "
-                  f"{gib(o['peak'])} of the device, over the memory budget of "
-                  f"{gib(t['memory_budget_bytes'])}: not a candidate for the best.", ""]
+                  f"{format_bytes(o['peak'])} of the device, over the memory budget of "
+                  f"{format_bytes(t['memory_budget_bytes'])}: not a candidate for the best.",
+                  ""]
     if t["peaks"]:
         lines += ["The study's fixed MFU denominators (study.json `peaks`):", "",
                   *_peaks(t["peaks"]), ""]
@@ -274,10 +275,6 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
         lines += [f"Report: `{report.get('html')}` {ok} (`{short(rs.get('command'))}`, "
                   f"log `{rs.get('log')}`).", ""]
     return lines
-
-
-def gib(x: float | None) -> str:
-    return "-" if x is None else f"{x / 2**30:.2f} GiB"
 
 
 def build(out: Path, state: dict[str, Any], date: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.tune.budget import Clock
+from harness.tune.sampling import may_be_best
 
 
 def describe_plan(plan: dict[str, Any]) -> str:
@@ -96,9 +97,7 @@ class Progress:
                       f"{record['status']}{extra}: {shown} | {describe_plan(record['plan'])}")
 
     def _candidate(self, record: dict[str, Any]) -> bool:
-        """An ok trial within the memory budget: one that may be the best."""
-        peak = (record.get("metrics") or {}).get("peak_memory_bytes") or 0
-        return record["status"] == "ok" and not (self.memory_budget and peak > self.memory_budget)
+        return may_be_best(record, self.memory_budget)
 
     def line(self, text: str) -> None:
         if self.quiet:

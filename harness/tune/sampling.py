@@ -44,6 +44,13 @@ class Outcome:
             v <= 0 for v in self.constraints.values())
 
 
+def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
+    """An ok trial within the memory budget: a candidate for the study's best."""
+    if record["status"] != "ok":
+        return False
+    return not budget_bytes or outcome(record, ["throughput"], budget_bytes).feasible
+
+
 def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) -> Outcome:
     """The Optuna state, values and constraints of a stored record."""
     status, tags = record["status"], record.get("tags") or {}

@@ -11,6 +11,7 @@ from harness.records.run_store import RunStore, write_atomic
 from harness.tune.ablation import ablation_rows
 from harness.tune.context import REFERENCE_PHASES
 from harness.tune.progress import describe_plan
+from harness.tune.sampling import may_be_best
 
 
 def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -44,8 +45,7 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
     `memory_budget` (it ran, but is never the best)."""
     rows = ranked(records)
     front = pareto(rows) if multi else set()
-    over = {r["trial_id"] for r in rows if memory_budget
-            and (r["metrics"].get("peak_memory_bytes") or 0) > memory_budget}
+    over = {r["trial_id"] for r in rows if not may_be_best(r, memory_budget)}
     lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'step':>10} "
              f"{'peak mem':>11} {'predicted':>11}  configuration"]
     for i, r in enumerate(rows[:top], start=1):

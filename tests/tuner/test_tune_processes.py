@@ -141,6 +141,8 @@ def test_quickstart_study_on_this_cpu(tmp_path):
     deadline = datetime.fromisoformat(info["started_at"]) + timedelta(seconds=budget + 1)
     assert all(datetime.fromisoformat(r["started_at"]) <= deadline for r in recs), \
         [(r["trial_id"], r["started_at"]) for r in recs]
+    # The selection rule, not a speed: the best is the fastest feasible trial measured,
+    # and the baseline is one of them, whatever this machine's load made of either.
     rate = {r["trial_id"]: r["metrics"]["samples_per_s"] for r in recs if r["status"] == "ok"}
     assert rate[info["best_trial_id"]] >= rate[info["baseline_trial_id"]]
     assert (out / "best.toml").exists() and "x the fp32 baseline" in proc.stdout
