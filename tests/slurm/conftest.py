@@ -1,0 +1,67 @@
+"""A real single-node Slurm for these tests (scripts/local-slurm), started once per session.
+
+Needs Debian's slurm-wlm and munge (.ci/run installs them); without them every test
+here is skipped, saying so. After each test the queue must be empty: a test that
+leaves a job behind fails (and its jobs are cancelled, so the next starts clean).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "local-slurm"
+PARTITION = "local"
+
+
+def _installed() -> bool:
+    return all(shutil.which(b) or os.access(f"/usr/sbin/{b}", os.X_OK)
+               for b in ("munged", "mungekey", "slurmctld", "slurmd", "sbatch"))
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The partition of a running local Slurm; SLURM_CONF points at it meanwhile."""
+    if not _installed():
+        pytest.skip("slurm-wlm and munge are not installed (apt-get install slurm-wlm munge; "
+                    ".ci/run does): the Slurm launcher's tests need a real Slurm")
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm")),
+           "LOCAL_SLURM_PARTITION": PARTITION}
+    started = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
+    if started.returncode:
+        subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True)
+        pytest.fail(f"scripts/local-slurm start failed: {started.stderr.strip()}")
+    conf = started.stdout.strip().rpartition("=")[2]
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    try:
+        yield PARTITION
+    finally:
+        subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True)
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+
+
+def queued() -> list[str]:
+    """Jobs pending, running or completing (squeue's default states)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.split("\n")[:-1]
+
+
+@pytest.fixture
+def slurm(local_slurm: str) -> Iterator[str]:
+    """The local partition, for one test that must leave the queue empty."""
+    yield local_slurm
+    left = queued()
+    if left:
+        subprocess.run(["scancel", "--partition", local_slurm], capture_output=True)
+        pytest.fail(f"jobs left in the queue after the test: {left}")
