@@ -10,6 +10,8 @@ import torch
 
 import kernels
 from harness.workloads.attention import swap_attention
+from harness.workloads.blocks import find_blocks
+from harness.workloads.hf import set_attention
 from strategies.base import Choice, Phase, Strategy
 from strategies.kernel_swaps import SWAPS
 from strategies.registry import register
@@ -80,6 +82,8 @@ class Fused(Strategy):
         if phase is Phase.MODULE_SWAP:
             swapped = swap_attention(model, settings.attention)
             done = [f"{swapped} attention -> {settings.attention}"]
+            if set_attention(model, settings.attention):  # a transformers model
+                done = [f"transformers attn_implementation -> {model.config._attn_implementation}"]
             for kernel, swap in SWAPS.items():
                 mode = getattr(settings, kernel)
                 if mode != "eager":
@@ -88,9 +92,10 @@ class Fused(Strategy):
         elif phase is Phase.COMPILE and settings.compile:
             # Per block, as torchtitan does: shorter compiles, and wrappers applied
             # later (pipeline split, FSDP) see ordinary modules.
-            blocks = getattr(model, "blocks", None)
+            blocks = find_blocks(model)
             for block in blocks if blocks is not None else [model]:
                 block.compile()
+            setup.notes.append(f"fused: compiled {blocks.describe() if blocks else 'the model'}")
         elif phase is Phase.OPTIMIZER:
             setup.optimizer_impl = settings.optimizer
 

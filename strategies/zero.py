@@ -32,6 +32,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from harness.workloads.blocks import find_blocks
 from strategies.base import Choice, Phase, Strategy
 from strategies.ddp import data_parallel_reasons, wrap_ddp
 from strategies.mesh import group, submesh
@@ -86,7 +87,8 @@ class Zero(Strategy):
 
 
 def shard(setup, settings: ZeroSettings) -> None:
-    """fully_shard every block, then each root (the model, or each pipeline stage)."""
+    """fully_shard every block (harness.workloads.blocks: `blocks`, or HF's decoder
+    layers ...), then each root (the model, or each pipeline stage)."""
     mesh = submesh(setup.mesh, "data", "zero")
     amp = setup.plan.strategies.get("amp") if setup.plan is not None else None
     mp = MixedPrecisionPolicy()
@@ -104,7 +106,7 @@ def shard(setup, settings: ZeroSettings) -> None:
     stages = local_stages(setup.model)
     roots: list[nn.Module] = list(stages) if stages is not None else [setup.model]
     for root in roots:
-        for block in getattr(root, "blocks", []):
+        for block in find_blocks(root) or []:
             fully_shard(block, **kwargs)
         fully_shard(root, **kwargs)
 

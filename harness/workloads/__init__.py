@@ -2,8 +2,11 @@
 
 A workload builds the model, its batches and its loss (`base.Workload`); the built-in
 ones are a GPT (`gpt`, with `attention`), a ResNet and a ViT (`vision`) and an MLP
-(`mlp`). It imports harness.core only; the trial loop, the estimator, the study
-checks and strategies import it.
+(`mlp`). Beside them: `hf:<model_type>` and `hf:/path/to/folder` (Hugging Face
+transformers, `hf`), `torchvision:<name>` (`torchvision_models`), and a user's own,
+as a Workload or from plain functions (`Workload.from_callables`, `@workload`).
+`blocks` finds a model's repeated layers. It imports harness.core only; the trial
+loop, the estimator, the study checks and strategies import it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from harness.core.config import did_you_mean
 from harness.core.errors import HarnessError
-from harness.workloads.base import TransformerShape, Workload
+from harness.workloads.base import TransformerShape, Workload, workload
 
 BUILTIN = {
     "gpt": "harness.workloads.gpt:build_gpt",
@@ -25,7 +28,13 @@ BUILTIN = {
     "mlp": "harness.workloads.mlp:build_mlp",
 }
 
-__all__ = ["BUILTIN", "TransformerShape", "Workload", "load_workload"]
+# name prefixes of the model libraries: "hf:llama", "torchvision:resnet50"
+LIBRARIES = {
+    "hf": "harness.workloads.hf:build_hf",
+    "torchvision": "harness.workloads.torchvision_models:build_torchvision",
+}
+
+__all__ = ["BUILTIN", "LIBRARIES", "TransformerShape", "Workload", "load_workload", "workload"]
 
 
 def _resolve(spec: str) -> Any:
@@ -53,6 +62,24 @@ def _resolve(spec: str) -> Any:
 def load_workload(name: str, args: dict[str, Any] | None = None) -> Workload:
     """Build workload `name` with its arguments; a user's mistake is a HarnessError."""
     args = dict(args or {})
+    library, _, spec = name.partition(":")
+    if library in LIBRARIES:
+        if not spec:
+            raise HarnessError(f"workload '{name}': name the model after '{library}:', e.g. "
+                               f"{'hf:llama' if library == 'hf' else 'torchvision:resnet50'}")
+        workload = _resolve(LIBRARIES[library])(spec, args)
+    else:
+        workload = _call(name, args)
+    if not isinstance(workload, Workload):
+        raise HarnessError(
+            f"workload '{name}' returned {type(workload).__name__}, not a "
+            "harness.workloads.base.Workload"
+        )
+    return workload
+
+
+def _call(name: str, args: dict[str, Any]) -> Any:
+    """A built-in or a user's `package.module:function`, called with the arguments."""
     if ":" in name:
         fn = _resolve(name)
     elif name in BUILTIN:
@@ -66,10 +93,4 @@ def load_workload(name: str, args: dict[str, Any] | None = None) -> Workload:
         inspect.signature(fn).bind(**args)
     except TypeError as e:
         raise HarnessError(f"workload '{name}': {e}; fix the [workload] arguments") from None
-    workload = fn(**args)
-    if not isinstance(workload, Workload):
-        raise HarnessError(
-            f"workload '{name}' returned {type(workload).__name__}, not a "
-            "harness.workloads.base.Workload"
-        )
-    return workload
+    return fn(**args)

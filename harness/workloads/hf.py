@@ -1,0 +1,134 @@
+"""Hugging Face transformers as workloads: `hf:llama`, `hf:gpt2`, `hf:bert`, `hf:/folder`.
+
+In a plan:
+
+    [workload]
+    name = "hf:llama"
+    num_hidden_layers = 4        # any field of the model's config
+    hidden_size = 256
+    seq_len = 128                # tokens per sample
+    attn_implementation = "eager"   # the fused strategy switches it to "sdpa"
+
+Causal LMs learn next-token prediction, encoders (BERT, RoBERTa ...) masked-LM, on
+seeded synthetic tokens (harness.workloads.tokens). The model is built from its config
+in fp32 (master weights; amp casts); `hf:/folder` loads the folder's weights when
+present. The loss is computed here from the logits, the same way for the whole model
+and for a pipeline's last stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.core.errors import HarnessError
+from harness.workloads import optional
+from harness.workloads.base import Workload
+from harness.workloads.hf_config import HFSource, load_config, model_class
+from harness.workloads.tokens import IGNORE, masked, next_token
+
+ATTENTION = ("eager", "sdpa")
+MASK_FRACTION = 0.15
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the positions whose label is not IGNORE."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
+                           ignore_index=IGNORE)
+
+
+def set_attention(model: nn.Module, kind: str) -> int:
+    """Switch a transformers model's attention to "sdpa", or "eager" for "explicit";
+    returns 1 when `model` is one (its own switch reaches every layer), else 0."""
+    switch = getattr(model, "set_attn_implementation", None)
+    if switch is None or not hasattr(getattr(model, "config", None), "_attn_implementation"):
+        return 0
+    switch("sdpa" if kind == "sdpa" else "eager")
+    return 1
+
+
+def _building_on_meta() -> bool:
+    return torch.empty(0).device.type == "meta"
+
+
+class HFWorkload(Workload):
+    """A transformers model from its config (or folder), with synthetic tokens."""
+
+    def __init__(self, source: HFSource, seq_len: int, attn_implementation: str):
+        self.source = source
+        self.config = source.config
+        self.name = f"hf:{source.spec}"
+        self.seq_len = seq_len
+        self.attn_implementation = attn_implementation
+        self.tokens_per_sample = seq_len
+        self.vocab = int(self.config.vocab_size)
+
+    @property
+    def causal(self) -> bool:
+        return self.source.task == "causal-lm"
+
+    def build_model(self) -> nn.Module:
+        cls = model_class(self.source)
+        kwargs = dict(attn_implementation=self.attn_implementation, dtype=torch.float32)
+        if self.source.weights and not _building_on_meta():
+            return cls.from_pretrained(str(self.source.folder), config=self.config,
+                                       local_files_only=True, **kwargs)
+        return cls.from_config(self.config, **kwargs)
+
+    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if self.causal:
+            return next_token(batch_size, index, self.seq_len, self.vocab, device)
+        # Tokens below vocab - 1; the last id is the mask (the config's own when it has one).
+        mask_id = getattr(self.config, "mask_token_id", None)
+        mask_id = self.vocab - 1 if mask_id is None else int(mask_id)
+        return masked(batch_size, index, self.seq_len, self.vocab - 1, mask_id,
+                      MASK_FRACTION, device)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        ids, labels = batch
+        return lm_loss(model(input_ids=ids).logits, labels)
+
+    def flops_per_sample(self) -> float:
+        """6N + 12·L·(heads·head_dim)·T per token (PaLM, appendix B), times T tokens.
+
+        N counts the parameters that take part in a matmul: embedding lookups (token,
+        position, token type) are counted out, except a token embedding tied to the LM
+        head, which counts once, as the head.
+        """
+        with torch.device("meta"):
+            model = self.build_model()
+        heads_out = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+        lookups = {id(m.weight): m.weight.numel() for m in model.modules()
+                   if isinstance(m, nn.Embedding) and id(m.weight) not in heads_out}
+        n = sum(p.numel() for p in model.parameters()) - sum(lookups.values())
+        c = self.config
+        heads = int(c.num_attention_heads)
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        per_token = 6 * n + 12 * int(c.num_hidden_layers) * heads * head_dim * self.seq_len
+        return float(per_token * self.seq_len)
+
+
+def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
+    """`hf:<spec>` with its [workload] arguments: config fields, plus seq_len,
+    attn_implementation ("eager" or "sdpa") and task ("auto", "causal-lm", "masked-lm")."""
+    fields = dict(args)
+    seq_len = fields.pop("seq_len", 128)
+    attn = fields.pop("attn_implementation", "eager")
+    task = fields.pop("task", "auto")
+    where = f"workload 'hf:{spec}'"
+    if type(seq_len) is not int or seq_len < 1:
+        raise HarnessError(f"{where}: seq_len must be a whole number of 1 or more")
+    if attn not in ATTENTION:
+        raise HarnessError(f"{where}: attn_implementation '{attn}' is not one of "
+                           f"{', '.join(ATTENTION)}")
+    optional.transformers()
+    source = load_config(spec, fields, task)
+    longest = getattr(source.config, "max_position_embeddings", None)
+    if longest is not None and seq_len > longest:
+        raise HarnessError(f"{where}: seq_len {seq_len} is longer than the model's "
+                           f"max_position_embeddings ({longest}); lower seq_len or raise "
+                           "max_position_embeddings (n_positions for gpt2)")
+    return HFWorkload(source, seq_len, attn)

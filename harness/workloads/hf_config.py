@@ -1,0 +1,116 @@
+"""A Hugging Face config from `hf:<model_type>` or `hf:/path/to/folder`, and its task.
+
+`hf:llama` builds `AutoConfig.for_model("llama", **fields)`: nothing is downloaded.
+`hf:/path` reads the folder's config.json (a saved config or checkpoint), and notes
+whether weights lie beside it. The workload's arguments are the config's fields
+(`num_hidden_layers = 4`, `hidden_size = 256`, or a model's own names such as GPT-2's
+`n_layer`); an unknown field is refused, as transformers itself would silently keep it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.config import did_you_mean
+from harness.core.errors import HarnessError
+from harness.workloads import optional
+
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+           "pytorch_model.bin.index.json")
+TASKS = ("auto", "causal-lm", "masked-lm")
+
+
+@dataclass
+class HFSource:
+    spec: str  # what followed "hf:"
+    config: Any  # a transformers PretrainedConfig, with the arguments applied
+    task: str  # "causal-lm" or "masked-lm"
+    folder: Path | None  # hf:/path: the folder
+    weights: bool  # hf:/path: weights lie in the folder (loaded by build_model)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+
+def is_folder(spec: str) -> bool:
+    return spec.startswith(("/", ".", "~")) or Path(spec).expanduser().is_dir()
+
+
+def _known_fields(config: Any) -> set[str]:
+    cls = type(config)
+    return set(config.to_dict()) | set(getattr(cls, "attribute_map", {})) | set(vars(config))
+
+
+def load_config(spec: str, fields: dict[str, Any], task: str = "auto") -> HFSource:
+    """The config of `hf:<spec>` with `fields` set; a user's mistake is a HarnessError."""
+    tf = optional.transformers()
+    where = f"workload 'hf:{spec}'"
+    if task not in TASKS:
+        raise HarnessError(f"{where}: task '{task}' is not one of {', '.join(TASKS)}")
+    folder = None
+    if is_folder(spec):
+        folder = Path(spec).expanduser().resolve()
+        if not (folder / "config.json").is_file():
+            raise HarnessError(f"{where}: no config.json in {folder}; give a folder saved with "
+                               "save_pretrained (config.json, and weights if any)")
+        try:
+            config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:  # transformers raises several kinds for a bad file
+            raise HarnessError(f"{where}: cannot read {folder / 'config.json'} ({e})") from None
+    else:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        if spec not in CONFIG_MAPPING_NAMES:
+            raise HarnessError(
+                f"{where}: transformers {tf.__version__} knows no model type '{spec}'"
+                f"{did_you_mean(spec, CONFIG_MAPPING_NAMES)}; give a model_type such as "
+                "llama, gpt2, bert, qwen2, mistral, or hf:/path/to/a/folder"
+            )
+        config = tf.AutoConfig.for_model(spec)
+    known = _known_fields(config)
+    for key in fields:
+        if key not in known:
+            raise HarnessError(
+                f"{where}: '{key}' is not a field of {type(config).__name__}"
+                f"{did_you_mean(key, known)}; the [workload] arguments are the config's fields "
+                "plus seq_len, attn_implementation and task"
+            )
+    try:
+        config = type(config).from_dict({**config.to_dict(), **fields})
+    except Exception as e:  # the config's own validation
+        raise HarnessError(f"{where}: {type(e).__name__}: {e}; fix the [workload] arguments") \
+            from None
+    config.use_cache = False  # training: no key/value cache
+    weights = folder is not None and any((folder / w).is_file() for w in WEIGHTS)
+    return HFSource(spec, config, _task(config, task, where), folder, weights)
+
+
+def _task(config: Any, task: str, where: str) -> str:
+    """Masked LM for the model types transformers has a masked-LM head for (encoders:
+    BERT, RoBERTa ...), next-token prediction for the causal LMs; `task` overrides."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    t = config.model_type
+    can = {"causal-lm": t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+           "masked-lm": t in MODEL_FOR_MASKED_LM_MAPPING_NAMES}
+    if task == "auto":
+        task = "masked-lm" if can["masked-lm"] else "causal-lm"
+    if not can[task]:
+        heads = [k for k, v in can.items() if v]
+        raise HarnessError(
+            f"{where}: transformers has no {task} model for '{t}'"
+            + (f"; set task = '{heads[0]}'" if heads else
+               "; only causal-LM and masked-LM models can be trained here")
+        )
+    return task
+
+
+def model_class(source: HFSource) -> Any:
+    tf = optional.transformers()
+    return tf.AutoModelForMaskedLM if source.task == "masked-lm" else tf.AutoModelForCausalLM
