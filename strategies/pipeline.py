@@ -25,7 +25,10 @@ from torch import nn
 
 from harness.core.config import from_table
 from harness.core.errors import HarnessError
+from harness.workloads import load_workload
 from harness.workloads.gpt import GPT, GPTConfig
+from harness.workloads.hf import lm_loss
+from strategies import hf_pipeline
 from strategies.base import Choice, Phase, Strategy
 from strategies.mesh import group
 from strategies.registry import register
@@ -96,10 +99,12 @@ def gpt_config(plan) -> GPTConfig:
 
 class Pipeline(Strategy):
     name = "pipeline"
-    summary = "pipeline parallel: GPT blocks split into stages, GPipe / 1F1B / interleaved 1F1B"
+    summary = ("pipeline parallel: GPT blocks (or an hf: decoder's layers) split into stages, "
+               "GPipe / 1F1B / interleaved 1F1B")
     phases = (Phase.PIPELINE, Phase.STEP)
     Settings = PipelineSettings
-    requires = "the gpt workload with tie_weights = false; layout pipeline >= 2"
+    requires = ("the gpt workload with tie_weights = false, or an hf: decoder with a "
+                "base_model_pp_plan and untied embeddings; layout pipeline >= 2")
     distributed = True
 
     def space(self):
@@ -110,13 +115,10 @@ class Pipeline(Strategy):
 
     def check(self, settings, plan, env):
         p, v = plan.layout.pipeline, settings.virtual_stages
-        reasons = []
-        if plan.workload != "gpt":
-            return [f"pipeline splits the built-in gpt workload only, not '{plan.workload}'"]
-        try:
-            cfg = gpt_config(plan)
-        except HarnessError as e:
-            return [str(e)]
+        reasons = model_reasons(plan, p, v)
+        if reasons is None:
+            return [f"pipeline splits the built-in gpt workload and hf: decoders only, not "
+                    f"'{plan.workload}'"]
         if p < 2:
             reasons.append("pipeline needs layout pipeline = 2 or more (the number of stages)")
         if settings.stages not in (0, p):
@@ -130,16 +132,6 @@ class Pipeline(Strategy):
             reasons.append(
                 f"pipeline schedule '{settings.schedule}' runs one stage per rank; set "
                 "virtual_stages = 1 or schedule = 'interleaved-1f1b'"
-            )
-        if cfg.layers % (p * v):
-            reasons.append(
-                f"pipeline: {cfg.layers} layers do not split evenly into {p} stages x {v} "
-                f"virtual stages; choose layers as a multiple of {p * v}"
-            )
-        if cfg.tie_weights:
-            reasons.append(
-                "pipeline cannot tie the LM head to the token embedding: they sit on the "
-                "last and the first stage; set tie_weights = false in [workload]"
             )
         try:
             n = plan.accumulation_steps
@@ -177,25 +169,58 @@ class Pipeline(Strategy):
             build_schedule(setup, settings)
 
 
+def model_reasons(plan, p: int, v: int) -> list[str] | None:
+    """What the model needs to be cut into p x v stages; None: a model not split here."""
+    if plan.workload.startswith("hf:"):
+        try:
+            return hf_pipeline.reasons(load_workload(plan.workload, dict(plan.workload_args)),
+                                       p * v)
+        except HarnessError as e:
+            return [str(e)]
+    if plan.workload != "gpt":
+        return None
+    try:
+        cfg = gpt_config(plan)
+    except HarnessError as e:
+        return [str(e)]
+    reasons = []
+    if cfg.layers % (p * v):
+        reasons.append(
+            f"pipeline: {cfg.layers} layers do not split evenly into {p} stages x {v} "
+            f"virtual stages; choose layers as a multiple of {p * v}"
+        )
+    if cfg.tie_weights:
+        reasons.append(
+            "pipeline cannot tie the LM head to the token embedding: they sit on the "
+            "last and the first stage; set tie_weights = false in [workload]"
+        )
+    return reasons
+
+
 def split(setup, settings) -> None:
     """Replace the model by this rank's stage modules (the rest is dropped)."""
-    gpt = setup.model
-    if not isinstance(gpt, GPT) or gpt.cfg.tie_weights:
-        raise HarnessError("pipeline: needs the gpt workload built with tie_weights = false")
+    model = setup.model
     pp = group(setup.mesh, "pipeline", "pipeline")
     rank, size = pp.rank(), pp.size()
     total = size * settings.virtual_stages
-    per = len(gpt.blocks) // total
     ids = list(range(rank, total, size))  # looped placement
-    criterion = gpt.criterion  # the model's own: a kernel may have replaced it
+    if hf_pipeline.is_splittable(model):
+        setup.model = Stages(hf_pipeline.stages(model, ids, total), ids, total, lm_loss)
+        per = len(setup.model[0].blocks)
+    else:
+        if not isinstance(model, GPT) or model.cfg.tie_weights:
+            raise HarnessError("pipeline: needs the gpt workload built with tie_weights = false, "
+                               "or an hf: decoder")
+        per = len(model.blocks) // total
+        criterion = model.criterion  # the model's own: a kernel may have replaced it
 
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
-    setup.model = Stages(
-        [GPTStage(gpt, range(s * per, (s + 1) * per), s == 0, s == total - 1) for s in ids],
-        ids, total, loss_fn,
-    )
+        setup.model = Stages(
+            [GPTStage(model, range(s * per, (s + 1) * per), s == 0, s == total - 1)
+             for s in ids], ids, total, loss_fn,
+        )
     setup.notes.append(
         f"pipeline: stages {ids} of {total} on pipeline rank {rank}, {per} blocks each"
     )

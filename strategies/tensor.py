@@ -23,7 +23,9 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from harness.core.config import from_table
 from harness.core.errors import HarnessError
+from harness.workloads import load_workload
 from harness.workloads.gpt import GPTConfig
+from strategies import hf_tensor
 from strategies.base import Choice, Phase, Strategy
 from strategies.mesh import submesh
 from strategies.registry import register
@@ -45,10 +47,12 @@ def interleave_qkv(qkv: nn.Linear, ranks: int) -> None:
 
 class Tensor(Strategy):
     name = "tensor"
-    summary = "tensor parallel: GPT blocks' qkv/proj and MLP split column/row-wise (DTensor)"
+    summary = ("tensor parallel: GPT blocks' qkv/proj and MLP split column/row-wise (DTensor); "
+               "hf: models by their base_model_tp_plan")
     phases = (Phase.TENSOR_PARALLEL,)
     Settings = TensorSettings
-    requires = "the gpt workload; heads and hidden divisible by layout tensor"
+    requires = ("the gpt workload, or an hf: model with a base_model_tp_plan (Llama, Qwen2, "
+                "Mistral ...); heads divisible by layout tensor")
     distributed = True
 
     def space(self):
@@ -56,6 +60,13 @@ class Tensor(Strategy):
 
     def check(self, settings, plan, env):
         t = plan.layout.tensor
+        if plan.workload.startswith("hf:"):
+            try:
+                workload = load_workload(plan.workload, dict(plan.workload_args))
+            except HarnessError as e:
+                return [str(e)]
+            need = [] if t >= 2 else ["tensor parallel needs layout tensor = 2 or more"]
+            return need + hf_tensor.reasons(workload, t, settings.mlp)
         if plan.workload != "gpt":
             return [f"tensor parallel splits the built-in gpt workload only, not '{plan.workload}'"]
         try:
@@ -78,6 +89,10 @@ class Tensor(Strategy):
 
     def apply(self, phase, setup, settings):
         mesh = submesh(setup.mesh, "tensor", "tensor")
+        config = getattr(setup.model, "config", None)
+        if getattr(config, "base_model_tp_plan", None) is not None:  # a transformers model
+            setup.notes.append(hf_tensor.apply(setup.model, config, mesh, settings.mlp))
+            return
         blocks = getattr(setup.model, "blocks", None)
         if blocks is None:
             raise HarnessError("tensor: the model has no `blocks` of GPT blocks to split")

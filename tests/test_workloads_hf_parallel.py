@@ -1,0 +1,119 @@
+"""hf:llama, hf:gpt2 and hf:bert under ddp, zero 1/2/3, tensor and pipeline parallel on
+2 gloo ranks, against the same model's single-process fp32 run; and the refusals.
+
+All cases are one torchrun launch of 2 CPU ranks (tests/workloads/run_hf_case.py: each
+case has its own layout of the two ranks) on its own free port, under a timeout. Every
+case trains 5 AdamW steps (lr 1e-2) on the same global batches of 8 as the
+single-process run. The job's loss of a step: the mean over data ranks, the last
+pipeline stage's, tensor rank 0's.
+
+Tolerance: 1e-4 absolute on each step's loss (loss ≈ 4), as for the gpt's fp32 cases
+in tests/distributed: only the summation order differs (observed ≤ 7.2e-7).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from harness.core.device import RuntimeEnv
+from harness.core.plan import Layout, Plan
+from strategies import reasons_against
+from tests.distributed.test_parallel_strategies import free_port
+from tests.tiny import train
+from tests.workloads.run_hf_case import CASES, STEPS
+from tests.workloads.tiny_hf import TINY_HF, needs_transformers, tiny_hf
+
+RANKS = 2
+TIMEOUT_S = 240
+EXACT = 1e-4
+RUN_CASE = Path(__file__).parent / "workloads" / "run_hf_case.py"
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("transformers_here")
+
+
+@pytest.fixture(scope="module")
+def transformers_here():
+    needs_transformers()
+
+
+@functools.cache
+def launch(out: str) -> dict[int, dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={RANKS}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           str(RUN_CASE), out]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"no result within {TIMEOUT_S}s\n{(e.stderr or '')[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun exited {proc.returncode}\n{proc.stderr[-6000:]}")
+    return {r: json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(RANKS)}
+
+
+@functools.cache
+def baseline(model_type: str) -> tuple[float, ...]:
+    return tuple(train({}, micro=8, global_batch=8, steps=STEPS, workload=tiny_hf(model_type)))
+
+
+def job_losses(records: dict[int, dict], layout: Layout, case: str) -> list[float]:
+    picked = [records[r][case]["losses"] for r in range(layout.world_size)
+              if layout.coordinates(r)[0] == layout.pipeline - 1
+              and layout.coordinates(r)[2] == 0]
+    return [sum(step) / len(step) for step in zip(*picked, strict=True)]
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed (gloo)")
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_loss_matches_single_process(case, tmp_path_factory):
+    out = tmp_path_factory.getbasetemp() / "hf-parallel"
+    out.mkdir(exist_ok=True)
+    records = launch(str(out))
+    got = job_losses(records, Layout(**case.layout), case.name)
+    want = baseline(case.model)
+    diffs = [abs(a - b) for a, b in zip(got, want, strict=True)]
+    assert max(diffs) <= EXACT, f"{case.name}: up to {max(diffs):.2e}\n{got}\n{want}"
+
+
+def reasons(model_type: str, layout: dict, strategies: dict, **args) -> list[str]:
+    plan = Plan(workload=f"hf:{model_type}", workload_args={**TINY_HF[model_type], **args},
+                layout=Layout(**layout), global_batch_size=4,
+                micro_batch_size=2 if "pipeline" in strategies else 4,  # 1f1b: 2 micro-batches
+                strategies=strategies, device="cpu")
+    return reasons_against(plan, RuntimeEnv.detect("cpu"))
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "bert"])
+def test_tensor_parallel_is_refused_without_a_tp_plan(model_type):
+    (why,) = reasons(model_type, {"tensor": 2}, {"tensor": {}})
+    assert f"transformers gives '{model_type}' no base_model_tp_plan" in why
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "bert"])
+def test_pipeline_is_refused_without_a_pp_plan(model_type):
+    (why,) = reasons(model_type, {"pipeline": 2}, {"pipeline": {}})
+    assert "no base_model_pp_plan, so its forward cannot be cut" in why
+
+
+def test_llama_refusals_name_what_to_change():
+    why = reasons("llama", {"tensor": 2}, {"tensor": {}}, num_key_value_heads=1)
+    assert why == ["tensor parallel over 2 ranks needs num_key_value_heads (1) divisible by 2: "
+                   "each rank computes whole heads"]
+    why = reasons("llama", {"pipeline": 2}, {"pipeline": {}}, tie_word_embeddings=True,
+                  num_hidden_layers=3)
+    assert any("3 decoder layers do not split evenly into 2 stages" in w for w in why)
+    assert any("set tie_word_embeddings = false" in w for w in why)
+    assert reasons("llama", {"tensor": 2}, {"tensor": {}}) == []
+    assert reasons("llama", {"pipeline": 2}, {"pipeline": {}}) == []

@@ -1,0 +1,93 @@
+"""Run the hf: parallel cases on the ranks of one torchrun launch (CPU, gloo).
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/workloads/run_hf_case.py OUT
+
+Every case composes its strategies on a tiny hf: model (tests/workloads/tiny_hf.py),
+with its own layout of the 2 ranks (data, tensor or pipeline), trains 5 steps on this
+rank's share of the same global batches of 8 as the single-process run, and records
+its losses. Each rank writes OUT/rank{r}.json: {case: {"losses": [...], "notes": [...]}}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+STEPS = 5
+LR = 1e-2
+
+
+@dataclass
+class Case:
+    name: str
+    model: str  # a key of TINY_HF
+    layout: dict
+    strategies: dict
+    micro: int = 4
+
+
+DATA, TENSOR, PIPE = {"data": 2}, {"tensor": 2}, {"pipeline": 2}
+CASES = [
+    *[Case(f"{m}-{name}", m, DATA, plan) for m in ("llama", "gpt2", "bert")
+      for name, plan in [("ddp", {"ddp": {}}), ("zero1", {"zero": {"stage": 1}}),
+                         ("zero2", {"zero": {"stage": 2}}), ("zero3", {"zero": {"stage": 3}})]],
+    Case("llama-zero3-checkpoint-accumulation", "llama", DATA,
+         {"zero": {"stage": 3}, "checkpoint": {}, "accumulation": {}}, micro=2),
+    Case("llama-tensor", "llama", TENSOR, {"tensor": {}}, micro=8),
+    Case("llama-tensor-attention-only-sdpa", "llama", TENSOR,
+         {"tensor": {"mlp": False}, "fused": {"attention": "sdpa"}}, micro=8),
+    Case("llama-pipeline-gpipe", "llama", PIPE, {"pipeline": {"schedule": "gpipe"}}, micro=2),
+    Case("llama-pipeline-1f1b-sdpa", "llama", PIPE,
+         {"pipeline": {"schedule": "1f1b"}, "fused": {"attention": "sdpa"}}, micro=2),
+]
+
+
+def run(case: Case, rank: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from harness.core.plan import Layout, Plan
+    from harness.measure.batches import step_pool
+    from strategies import compose
+    from tests.workloads.tiny_hf import TINY_HF, tiny_hf
+
+    workload = tiny_hf(case.model)
+    torch.manual_seed(0)
+    model = workload.build_model()
+    plan = Plan(workload=f"hf:{case.model}", workload_args=TINY_HF[case.model],
+                layout=Layout(**case.layout), micro_batch_size=case.micro, global_batch_size=8,
+                strategies=case.strategies, device="cpu", warmup_steps=0, steps=STEPS)
+    plan.optimizer.lr = LR
+    setup = compose(model, plan, "cpu")
+    pool = step_pool(plan, workload, torch.device("cpu"), plan.layout.coordinates(rank)[1])
+    losses = []
+    for s in range(STEPS):
+        loss = setup.step(pool[s], workload.loss)
+        losses.append(None if loss is None else loss.item())
+    dist.barrier()
+    return {"losses": losses, "notes": setup.notes}
+
+
+def main() -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    out = Path(sys.argv[1])
+    only = set(sys.argv[2:])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    results = {c.name: run(c, rank) for c in CASES if not only or c.name in only}
+    (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
