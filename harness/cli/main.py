@@ -82,23 +82,44 @@ def plan_from_args(args: argparse.Namespace):
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import dataclasses
+    import functools
+
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.cli.bench_table import estimate_table, result_table
+    from harness.core.cluster import ClusterSpec
     from harness.launch import rank_server
     from harness.launch.local import check_nodes, launch, visible_gpus
     from harness.measure.prepare import prepare
 
     plan = plan_from_args(args)
-    if plan.world_size == 1 and args.nnodes == 1:  # one rank: forked from the rank server
-        rank_server.warm_up()  # whose imports overlap the checks below
+    cluster = plan.cluster
+    if args.launcher:
+        cluster = dataclasses.replace(cluster or ClusterSpec(), launcher=args.launcher)
+    on_slurm = cluster is not None and cluster.launcher == "slurm"
+    if plan.world_size == 1 and args.nnodes == 1 and not on_slurm:  # forked from the rank
+        rank_server.warm_up()  # server, whose imports overlap the checks below
     prepared = prepare(plan).checked()  # refuses a bad plan before anything is made or run
-    check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint, visible_gpus(prepared))
+    if on_slurm:  # a job Slurm would not take: one line, exit 2, nothing submitted
+        from harness.launch import slurm
+
+        if args.node_rank or args.rdzv_endpoint:
+            raise HarnessError("--node-rank and --rdzv-endpoint are for the local launcher: "
+                               "a Slurm job gets all of its nodes at once")
+        slurm.check(cluster, prepared.device_type, plan.world_size, plan.timeout_s, args.nnodes)
+        launch = functools.partial(slurm.launch, cluster=cluster)
+    else:
+        check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint,
+                    visible_gpus(prepared))
     out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     command = f"harness bench {shlex.quote(str(out / 'plan.toml'))} --out {shlex.quote(str(out))}"
     if args.nnodes > 1:
-        command += (f" --nnodes {args.nnodes} --node-rank {args.node_rank}"
+        command += f" --nnodes {args.nnodes}"
+    if args.nnodes > 1 and not on_slurm:
+        command += (f" --node-rank {args.node_rank}"
                     f" --rdzv-endpoint {shlex.quote(args.rdzv_endpoint)}")
+    command += f" --launcher {args.launcher}" if args.launcher else ""
     print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on {args.nnodes} "
           f"node(s), micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}, "
           f"strategies: {', '.join(plan.strategies) or 'none'}", flush=True)
@@ -155,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the estimate's breakdown")
     bench.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="stop the trial after this long (default: the plan's timeout_s)")
+    bench.add_argument("--launcher", choices=["local", "slurm"],
+                       help="where the trial runs: this machine, or a Slurm job through "
+                            "submitit (default: the plan's cluster.launcher, else local)")
     nodes = bench.add_argument_group("several nodes (run the same command on each)")
     nodes.add_argument("--nnodes", type=int, default=1, help="how many nodes the trial spans")
     nodes.add_argument("--node-rank", type=int, default=0,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.core.cluster import ClusterSpec
 from harness.core.config import (
     TomlFile,
     bounded,
@@ -90,6 +91,7 @@ class Plan(TomlFile):
     steps: int = bounded(10, 1, 10**6)
     seed: int = bounded(0, 0, 2**63 - 1)
     timeout_s: float = bounded(900.0, 1e-3, 30 * 86400)
+    cluster: ClusterSpec | None = None  # where it runs: this machine unless [cluster] says
 
     # --- derived -----------------------------------------------------------
     @property
@@ -124,6 +126,8 @@ class Plan(TomlFile):
                     f"{where}.strategies.{name}: expected a table of settings, "
                     f"e.g. [strategies.{name}]"
                 )
+        if self.cluster is not None:
+            self.cluster.check_timeout(self.timeout_s, "timeout_s", f"{where}.cluster")
 
     # --- reading and writing ------------------------------------------------
     @classmethod

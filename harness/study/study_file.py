@@ -18,6 +18,8 @@ checked whole before anything runs; a mistake is a HarnessError naming the key:
     search = ["attention", "optimizer"]
     [storage]                          # workers on an RDB storage (harness.tune.storage)
     heartbeat = "60s"
+    [cluster]                          # trials as Slurm jobs (harness.core.cluster)
+    launcher = "slurm"
 
 Checks that need the registry and this machine (strategy names and settings,
 what the layouts need) are in harness.study.checks.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.core.cluster import ClusterSpec
 from harness.core.config import (
     TomlFile,
     bounded,
@@ -191,6 +194,7 @@ class Study(TomlFile):
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     strategies: dict[str, StrategySpec] = field(default_factory=dict)
     known_good: dict[str, Any] | None = None  # micro_batch_size, layout, strategies
+    cluster: ClusterSpec | None = None  # trials as Slurm jobs (harness.core.cluster)
 
     def validate(self, where: str) -> None:
         if not self.name or any(c in self.name for c in "/\\ ") or self.name.startswith("."):
@@ -207,6 +211,16 @@ class Study(TomlFile):
                                f"and {MAX_MICRO}")
         if not self.micro_sizes:
             raise HarnessError(f"{where}.micro_batch_sizes: give at least one value")
+        if self.cluster is not None:
+            self._check_cluster(self.cluster, where)
+
+    def _check_cluster(self, cluster: ClusterSpec, where: str) -> None:
+        cluster.check_timeout(self.budget.trial_timeout_s, "budget.trial_timeout",
+                              f"{where}.cluster")
+        if cluster.launcher == "slurm" and self.layout.nnodes > 1:
+            raise HarnessError(
+                f"{where}.layout.nnodes: with cluster.launcher = 'slurm' each trial's job gets "
+                "the nodes its layout needs (gpus_per_node ranks a node); leave nnodes at 1")
 
     @property
     def objectives(self) -> list[str]:

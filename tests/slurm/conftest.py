@@ -58,7 +58,7 @@ def queued() -> list[str]:
 
 
 @pytest.fixture
-def slurm(local_slurm: str) -> Iterator[str]:
+def slurm_partition(local_slurm: str) -> Iterator[str]:
     """The local partition, for one test that must leave the queue empty."""
     yield local_slurm
     left = queued()

@@ -8,9 +8,9 @@ import time
 from tests.slurm.conftest import queued
 
 
-def test_a_job_runs_on_the_local_partition(slurm, tmp_path):
+def test_a_job_runs_on_the_local_partition(slurm_partition, tmp_path):
     out = tmp_path / "job.out"
-    submitted = subprocess.run(["sbatch", "--parsable", "--partition", slurm, "--output",
+    submitted = subprocess.run(["sbatch", "--parsable", "--partition", slurm_partition, "--output",
                                 str(out), "--wrap", "srun echo ran on $SLURM_JOB_NODELIST"],
                                capture_output=True, text=True, check=True)
     job = submitted.stdout.strip()

@@ -1,0 +1,277 @@
+"""Launching one trial as one Slurm job, through submitit: local.launch's signature.
+
+    result = launch(prepared, "runs/x", "harness bench runs/x/plan.toml", cluster=spec)
+    launcher = launcher_for(spec, "cuda", [8, 16], 900)   # checked: one line, exit 2
+
+The job has as many nodes as the trial's layout needs (harness.launch.slurm_queue.
+shape_for) and one task a node, which runs harness.launch.slurm_job.run_node: the
+local launcher for that node (torchrun, c10d rendezvous on node 0). So the ranks,
+their logs and the record are the same as on one machine; the trial's folder must
+be on storage the nodes see (submitit's files for the job are in its slurm/).
+
+Here, in the caller's process, the launcher waits for the job and:
+- stops it (scancel) when the trial runs past its timeout counted from the job's
+  start, plus STARTUP_S for the job to start the trial and stop it: the trial's
+  own launcher normally stops it first and records where its ranks were. When the
+  caller's timeout is below the plan's own (the study's deadline is near), it
+  counts from the submission, queue included;
+- stops it when `should_stop` gives a reason (a `pruned` record);
+- submits it once more when Slurm ended it for the machine's sake (preempted, a
+  node failed), and says so in the record;
+- cancels it when the caller is interrupted (Ctrl-C), and leaves it queued never.
+
+The record gets tags["cluster"]: the launcher, job id, node list, partition, queue
+wait (not in the trial's duration_s) and the jobs tried; the job's stdout and
+stderr are copied into the trial's logs/ (slurm-<job>-<task>.out/.err).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.core.cluster import JOB_MARGIN_S, ClusterSpec
+from harness.core.errors import HarnessError
+from harness.core.prepared import PreparedPlan
+from harness.launch import slurm_queue as queue
+from harness.launch.slurm_record import made_here, reason_for
+from harness.records.result import TrialResult, read_result
+
+STARTUP_S = 60.0  # job start -> trial start (Python, unpickling, torchrun), and stopping
+POLL_S = 1.0  # how often the job's state is asked for (one squeue call)
+
+_in_flight: set[str] = set()  # jobs submitted and not yet gone: cancelled at exit
+
+
+@dataclass
+class Attempt:
+    job_id: str | None  # None: sbatch refused it
+    info: queue.JobInfo | None = None  # as it left the queue
+    stopped: str | None = None  # "timeout", "deadline" or "pruned" when we cancelled it
+    why: str | None = None  # should_stop's reason, or sbatch's refusal
+    ran_s: float = 0.0  # from its start (as seen here) to its end
+
+    def as_tag(self) -> dict[str, Any]:
+        info = self.info or queue.JobInfo("NOT_SUBMITTED")
+        return {"job_id": self.job_id, "state": info.state, "nodes": info.nodes,
+                "queue_wait_s": info.queue_wait_s, "stopped": self.stopped}
+
+
+def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
+                 trial_timeout_s: float) -> Callable[..., TrialResult]:
+    """The launcher for a study's trials, once Slurm has said it would take the largest
+    of their jobs (sbatch --test-only); else a HarnessError naming the cause."""
+    check(cluster, device_type, max(world_sizes), trial_timeout_s)
+
+    def launch_on_slurm(prepared: PreparedPlan, out_dir: str | Path, command: str,
+                        **kwargs: Any) -> TrialResult:
+        return launch(prepared, out_dir, command, cluster=cluster, **kwargs)
+
+    launch_on_slurm.__qualname__ = "launch"  # what `harness tune --check` shows
+    return launch_on_slurm
+
+
+def check(cluster: ClusterSpec, device_type: str, world_size: int, timeout_s: float,
+          nnodes: int = 1) -> None:
+    """Refuse (HarnessError, one line) a job Slurm would not take, before anything runs."""
+    _submitit()
+    shape = queue.shape_for(cluster, device_type, world_size, nnodes)
+    flags = queue.job_flags(cluster, shape, cluster.job_minutes(timeout_s), "harness-check")
+    refused = queue.refusal(flags)
+    if refused:
+        raise HarnessError(
+            f"Slurm would not take a trial's job: {refused} (sbatch --test-only "
+            f"{' '.join(queue.as_argv(flags))}); fix the [cluster] table (`sinfo -s` lists "
+            "the partitions, `sacctmgr show assoc user=$USER` the accounts and QOS)")
+
+
+def launch(
+    prepared: PreparedPlan,
+    out_dir: str | Path,
+    command: str,
+    *,
+    study: str | None = None,
+    trial_id: int | str | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    timeout_s: float | None = None,
+    progress_file: str | Path | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    cluster: ClusterSpec | None = None,
+) -> TrialResult:
+    """Run the prepared plan as one Slurm job and return its record (see the module's doc)."""
+    plan = prepared.plan
+    cluster = cluster or plan.cluster or ClusterSpec(launcher="slurm")
+    if node_rank != 0 or rdzv_endpoint:
+        raise HarnessError("--node-rank and --rdzv-endpoint are for the local launcher: a "
+                           "Slurm job gets all of its nodes at once; run the command once")
+    timeout = float(timeout_s or plan.timeout_s)
+    minutes = cluster.job_minutes(timeout)
+    timeout = max(1.0, min(timeout, minutes * 60 - JOB_MARGIN_S))  # inside the job's limit
+    by_deadline = timeout_s is not None and timeout_s < plan.timeout_s
+    shape = queue.shape_for(cluster, prepared.device_type, plan.world_size, nnodes)
+    out = Path(out_dir).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").unlink(missing_ok=True)
+    prepared.write(out / "prepared.json")  # what every node's launcher reads
+    name = f"{study or plan.name}-{trial_id}" if trial_id is not None else plan.name
+    flags = queue.job_flags(cluster, shape, minutes, name)
+    args = (str(out / "prepared.json"), str(out), command, study, trial_id, shape.nodes,
+            timeout, str(Path(progress_file).absolute()) if progress_file else None,
+            str(out / "slurm"))
+    if progress_file is not None:
+        Path(progress_file).unlink(missing_ok=True)
+
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    wall_deadline = time.monotonic() + timeout + STARTUP_S if by_deadline else None
+    attempts: list[Attempt] = []
+    for _ in range(2):  # the second only when Slurm ended the first for the machine's sake
+        attempt = _submit(out / "slurm", flags, args)
+        attempts.append(attempt)
+        if attempt.job_id is None:
+            break
+        _wait(attempt, timeout, wall_deadline, should_stop)
+        ended = attempt.info.state if attempt.info else "UNKNOWN"
+        if attempt.stopped or ended not in queue.RETRIED or (out / "result.json").exists():
+            break
+    record = _record(prepared, out, command, study, trial_id, started_at, attempts, timeout)
+    record.tags = {**record.tags, "cluster": _cluster_tag(cluster, attempts)}
+    _copy_logs(out, attempts)
+    record.write(out / "result.json")
+    return record
+
+
+def _submit(folder: Path, flags: dict[str, Any], args: tuple) -> Attempt:
+    """One job through submitit; an sbatch refusal is an Attempt without a job id."""
+    from harness.launch.slurm_job import run_node
+
+    submitit = _submitit()
+    flags = dict(flags)
+    native = {"job_name": flags.pop("job-name"), "nodes": flags.pop("nodes"),
+              "ntasks_per_node": flags.pop("ntasks-per-node"), "time": flags.pop("time")}
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+    executor.update_parameters(
+        **native, additional_parameters={k.replace("-", "_"): v for k, v in flags.items()})
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):  # submitit prints sbatch's complaint too
+            job = executor.submit(run_node, *args)
+    except Exception as e:  # submitit's FailedJobError carries sbatch's stderr
+        return Attempt(None, why=queue.error_text(str(e) or said.getvalue()) or repr(e))
+    _in_flight.add(job.job_id)
+    return Attempt(job.job_id)
+
+
+def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
+          should_stop: Callable[[], str | None] | None) -> None:
+    """Until the job has left the queue; stops it past its time or when asked to."""
+    job_id = attempt.job_id
+    assert job_id is not None
+    started: float | None = None
+    done = False
+    try:
+        while True:
+            info = queue.job_info(job_id)
+            now = time.monotonic()
+            if started is None and info.state in ("RUNNING", "COMPLETING"):
+                started = now
+            if info.over:
+                break
+            if started is not None and now > started + timeout + STARTUP_S:
+                attempt.stopped = "timeout"
+            elif wall_deadline is not None and now > wall_deadline:
+                attempt.stopped = "deadline"
+            elif should_stop is not None and (reason := should_stop()) is not None:
+                attempt.stopped, attempt.why = "pruned", reason
+            if attempt.stopped:
+                queue.cancel(job_id)
+                info = queue.wait_gone(job_id)
+                break
+            time.sleep(POLL_S)
+        done = True
+    finally:
+        if not done:  # interrupted (Ctrl-C): the job goes with us
+            queue.cancel(job_id)
+            queue.wait_gone(job_id, patience_s=30.0)
+        _in_flight.discard(job_id)
+    attempt.info = info
+    attempt.ran_s = time.monotonic() - started if started is not None else 0.0
+
+
+def _record(prepared: PreparedPlan, out: Path, command: str, study: str | None,
+            trial_id: int | str | None, started_at: str, attempts: list[Attempt],
+            timeout: float) -> TrialResult:
+    """Node 0's record when it wrote one; else one made from what Slurm said."""
+    last = attempts[-1]
+    result_file = out / "result.json"
+    if result_file.exists():  # the trial finished, even if it was about to be stopped
+        try:
+            return read_result(result_file)
+        except (OSError, ValueError, TypeError) as e:
+            return made_here(prepared, "failed", f"the record at {result_file} could not be "
+                             f"read ({e})", command, study, trial_id, started_at, last.ran_s)
+    status, reason = reason_for(last, timeout, STARTUP_S, _stderr_tail(out, last.job_id))
+    if len(attempts) > 1:
+        first = attempts[0]
+        reason = (f"{reason} (submitted again after job {first.job_id} ended "
+                  f"{first.info.state if first.info else 'UNKNOWN'})")
+    return made_here(prepared, status, reason, command, study, trial_id, started_at,
+                     last.ran_s)
+
+
+def _cluster_tag(cluster: ClusterSpec, attempts: list[Attempt]) -> dict[str, Any]:
+    last = attempts[-1]
+    info = last.info or queue.JobInfo("NOT_SUBMITTED")
+    return {"launcher": "slurm", "job_id": last.job_id, "nodes": info.nodes,
+            "partition": info.partition or cluster.partition, "queue_wait_s": info.queue_wait_s,
+            "state": info.state, "jobs": [a.as_tag() for a in attempts]}
+
+
+def _job_logs(out: Path, job_id: str | None) -> list[Path]:
+    return sorted((out / "slurm").glob(f"{job_id}_*_log.*")) if job_id else []
+
+
+def _stderr_tail(out: Path, job_id: str | None, size: int = 1500) -> str:
+    errs = [p for p in _job_logs(out, job_id) if p.suffix == ".err"]
+    if not errs:
+        return ""
+    with errs[0].open("rb") as f:
+        f.seek(max(0, errs[0].stat().st_size - size))
+        return f.read().decode(errors="replace").strip()
+
+
+def _copy_logs(out: Path, attempts: list[Attempt]) -> None:
+    """Each job's stdout/stderr (one pair a node) into logs/, as slurm-<job>-<task>.*."""
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    for attempt in attempts:
+        for path in _job_logs(out, attempt.job_id):
+            task = path.name.split("_")[1]
+            ext = "out" if path.suffix == ".out" else "err"
+            with contextlib.suppress(OSError):
+                shutil.copyfile(path, logs / f"slurm-{attempt.job_id}-{task}.{ext}")
+
+
+def _submitit() -> Any:
+    try:
+        import submitit
+    except ImportError:
+        raise HarnessError("cluster.launcher = 'slurm' needs submitit: pip install submitit "
+                           "(or the harness with its dependencies)") from None
+    return submitit
+
+
+@atexit.register
+def _cancel_in_flight() -> None:
+    """A caller that exits with jobs still out (an error between polls) takes them along."""
+    for job_id in sorted(_in_flight):
+        queue.cancel(job_id)

@@ -1,0 +1,74 @@
+"""What runs inside a trial's Slurm job: one task a node, each the local launcher.
+
+submitit runs `run_node` once a node (srun, one task a node). Each calls
+harness.launch.local.launch for its node: one process for a one-rank trial, else
+torchrun with the node's ranks; on several nodes they meet at node 0 through
+torchrun's c10d rendezvous, at an address node 0 writes into the trial's folder
+(the folder is on storage every node sees). Node 0 writes result.json, as on one
+machine; the tuner's side (harness.launch.slurm) reads it when the job has ended.
+
+Runs on the compute node, where it is the job's main process: a SIGTERM (scancel,
+the time limit, a preemption) ends the local launcher's wait, which then stops the
+trial's processes before the job ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+RDZV_FILE = "rdzv-endpoint.txt"  # in the job's folder: node 0's host:port
+RDZV_WAIT_S = 300.0  # for node 0 to write it (nodes start within seconds of each other)
+
+
+def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
+             trial_id: int | str | None, nnodes: int, timeout_s: float,
+             progress_file: str | None, job_dir: str) -> str:
+    """Run this node's part of the trial; returns its record's status (node 0's says
+    the trial's, the others' whether their ranks finished)."""
+    import submitit
+
+    from harness.core.prepared import PreparedPlan
+    from harness.launch import local, rank_server
+
+    signal.signal(signal.SIGTERM, _exit)  # submitit ignores SIGTERM; the trial must stop
+    os.environ[rank_server.ENV] = "0"  # a fresh interpreter: nothing here to fork from
+    env = submitit.JobEnvironment()
+    node = env.node
+    endpoint = _endpoint(Path(job_dir), node, env.job_id) if nnodes > 1 else None
+    result = local.launch(
+        PreparedPlan.read(prepared_file), out_dir, command, study=study, trial_id=trial_id,
+        nnodes=nnodes, node_rank=node, rdzv_endpoint=endpoint, timeout_s=timeout_s,
+        progress_file=progress_file if node == 0 else None,
+    )
+    print(f"node {node} of {nnodes} ({socket.gethostname()}): {result.status}"
+          f"{': ' + result.reason if result.reason else ''}", flush=True)
+    return result.status
+
+
+def _endpoint(job_dir: Path, node: int, job_id: str) -> str:
+    """Node 0 picks a free port on itself and writes host:port; the others read it."""
+    path = job_dir / f"{job_id}_{RDZV_FILE}"
+    if node == 0:
+        from harness.measure.rank_process import free_port
+
+        host = socket.gethostname()
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(f"{host}:{free_port('0.0.0.0')}\n")
+        os.replace(tmp, path)
+    give_up = time.monotonic() + RDZV_WAIT_S
+    while not path.exists():
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"node 0 wrote no rendezvous address into {path} in "
+                               f"{RDZV_WAIT_S:g}s: is the folder on storage every node sees?")
+        time.sleep(0.2)
+    return path.read_text().strip()
+
+
+def _exit(signum: int, frame: object) -> None:
+    print(f"caught signal {signum}: stopping the trial", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)

@@ -1,0 +1,51 @@
+"""The record of a trial whose Slurm job left none: its status and reason in words."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from harness.core.prepared import PreparedPlan
+from harness.records.result import TrialResult, empty_metrics
+
+if TYPE_CHECKING:
+    from harness.launch.slurm import Attempt
+
+
+def reason_for(attempt: Attempt, timeout: float, startup_s: float,
+               stderr_tail: str) -> tuple[str, str]:
+    """(status, reason) of a job that ended without node 0's record."""
+    job, info = attempt.job_id, attempt.info
+    if job is None:
+        return "failed", f"sbatch refused the trial's job: {attempt.why}"
+    state = info.state if info else "UNKNOWN"
+    where = f"job {job}" + (f" on {info.nodes}" if info and info.nodes else "")
+    if attempt.stopped == "pruned":
+        return "pruned", attempt.why or "stopped early"
+    if attempt.stopped == "timeout":
+        return "timeout", (f"{where} ran past the trial's timeout ({timeout:g}s, and "
+                           f"{startup_s:g}s to start and stop it) and was cancelled (scancel)")
+    if attempt.stopped == "deadline":
+        still = "still queued" if attempt.ran_s == 0 else "running"
+        return "timeout", f"{where} was cancelled at the study's deadline, {still}"
+    if state == "TIMEOUT":
+        return "timeout", f"Slurm stopped {where} at its time limit"
+    if state == "OUT_OF_MEMORY":
+        return "oom", f"Slurm stopped {where}: out of the node's memory"
+    said = f" ({info.reason})" if info and info.reason else ""
+    tail = f"; the job's stderr ends: {stderr_tail[-600:]}" if stderr_tail else ""
+    if state == "CANCELLED":
+        return "failed", f"{where} was cancelled outside the harness (scancel){said}{tail}"
+    return "failed", f"{where} ended {state}{said} and left no record{tail}"
+
+
+def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
+              study: str | None, trial_id: int | str | None, started_at: str | None,
+              duration_s: float) -> TrialResult:
+    return TrialResult(
+        study=study, trial_id=trial_id, status=status,  # type: ignore[arg-type]
+        reason=reason, plan=prepared.plan.to_dict(), predicted=prepared.predicted,
+        metrics=empty_metrics(), env=prepared.env, command=command,
+        started_at=started_at or datetime.now(UTC).isoformat(timespec="seconds"),
+        duration_s=duration_s,
+    )

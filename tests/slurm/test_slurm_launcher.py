@@ -1,0 +1,128 @@
+"""Trials as jobs of a real Slurm (the local one of conftest.py), through submitit.
+
+A trial run as a job gives the record the same trial gives on this machine, plus
+where it ran; a job Slurm refuses is one line and exit 2 before anything runs; a
+job that outlives its trial's timeout is cancelled; Ctrl-C takes the job along.
+Every test leaves the queue empty (the `slurm_partition` fixture checks it).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from harness.core.cluster import ClusterSpec
+from harness.launch import local, slurm
+from harness.measure.prepare import prepare
+from harness.records.result import read_result
+from tests.distributed.launch_helpers import (
+    assert_nothing_left,
+    faulty_plan,
+    in_repo_root,  # noqa: F401  (a fixture)
+)
+
+pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
+
+
+def shape_of(record: dict) -> dict:
+    """What a record says about its trial, without the figures that differ run to run."""
+    m = record["metrics"]
+    return {
+        "status": record["status"], "plan": record["plan"], "keys": sorted(record),
+        "metric_keys": sorted(m), "steps": m["step_time_s"]["n"],
+        "ranks": [r["rank"] for r in m["per_rank"]], "loss": m["loss"],
+    }
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_trial_as_a_job_gives_the_local_record(slurm_partition, tmp_path, world):
+    prepared = prepare(faulty_plan(world=world)).checked()
+    here = local.launch(prepared, tmp_path / "here", "test", study="s", trial_id=1)
+    out = tmp_path / "job"
+    job = slurm.launch(prepared, out, "test", study="s", trial_id=1,
+                       cluster=ClusterSpec(launcher="slurm", partition=slurm_partition))
+    assert here.status == "ok" and job.status == "ok", job.reason
+    assert shape_of(job.to_dict()) == shape_of(here.to_dict())  # same seed: same losses
+    assert job.to_dict() == read_result(out / "result.json").to_dict()
+    cluster = job.tags["cluster"]
+    assert cluster["launcher"] == "slurm" and cluster["partition"] == slurm_partition
+    assert cluster["nodes"] == socket.gethostname() and cluster["state"] == "COMPLETED"
+    assert cluster["queue_wait_s"] >= 0 and len(cluster["jobs"]) == 1
+    job_out = out / "logs" / f"slurm-{cluster['job_id']}-0.out"
+    assert f"node 0 of 1 ({socket.gethostname()}): ok" in job_out.read_text()
+    assert (out / "logs" / f"slurm-{cluster['job_id']}-0.err").exists()
+    assert_nothing_left(out)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_slurm_refuses_is_one_line_and_exit_2(slurm_partition, tmp_path, capsys):
+    from harness.cli.main import main
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(faulty_plan(world=1).replace(
+        cluster=ClusterSpec(launcher="slurm", partition="no-such-partition")).to_toml())
+    out = tmp_path / "out"
+    assert main(["bench", str(plan), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "invalid partition" in err.lower() and "no-such-partition" in err
+    assert not out.exists()  # nothing made, nothing submitted
+
+
+@pytest.mark.timeout(120)
+def test_a_job_past_its_trial_timeout_is_cancelled(slurm_partition, tmp_path, monkeypatch):
+    # The trial's own launcher in the job stops a hanging trial at its timeout (the local
+    # launcher's tests show how); here the job's deadline comes first, as when the node
+    # itself hangs: from the job's start, timeout + STARTUP_S = 20 - 15 = 5 s.
+    monkeypatch.setattr(slurm, "STARTUP_S", -15.0)
+    prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=20.0)).checked()
+    out = tmp_path / "hang"
+    result = slurm.launch(prepared, out, "test", cluster=ClusterSpec(launcher="slurm",
+                                                                     partition=slurm_partition))
+    assert result.status == "timeout"
+    assert "ran past the trial's timeout" in result.reason and "scancel" in result.reason
+    assert result.tags["cluster"]["jobs"][0]["stopped"] == "timeout"
+    assert read_result(out / "result.json").status == "timeout"
+    assert_nothing_left(out)
+
+
+@pytest.mark.timeout(120)
+def test_a_hanging_trial_is_stopped_at_its_timeout_inside_the_job(slurm_partition, tmp_path):
+    prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=4.0)).checked()
+    out = tmp_path / "hang"
+    result = slurm.launch(prepared, out, "test", cluster=ClusterSpec(launcher="slurm",
+                                                                     partition=slurm_partition))
+    assert result.status == "timeout", result.reason
+    assert result.tags["cluster"]["state"] == "COMPLETED"  # the job ended by itself
+    assert_nothing_left(out)
+
+
+@pytest.mark.timeout(120)
+def test_stopped_early_is_pruned_and_ctrl_c_cancels_the_job(slurm_partition, tmp_path):
+    prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=60.0)).checked()
+    cluster = ClusterSpec(launcher="slurm", partition=slurm_partition)
+    calls = []
+
+    def stop_on_third_call(then):
+        def should_stop():
+            calls.append(1)
+            if len(calls) % 3 == 0:
+                return then()
+            return None
+        return should_stop
+
+    result = slurm.launch(prepared, tmp_path / "pruned", "test", cluster=cluster,
+                          should_stop=stop_on_third_call(lambda: "slower than the best"))
+    assert result.status == "pruned" and result.reason == "slower than the best"
+    assert result.tags["cluster"]["state"] == "CANCELLED"
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        slurm.launch(prepared, tmp_path / "interrupted", "test", cluster=cluster,
+                     should_stop=stop_on_third_call(interrupt))
+    assert not slurm._in_flight  # and the `slurm_partition` fixture finds the queue empty
+    assert_nothing_left(tmp_path / "interrupted")
