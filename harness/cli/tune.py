@@ -46,9 +46,10 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--n-trials", type=int, metavar="N", help="search trials at most")
     p.add_argument("--resume", action="store_true",
                    help="continue the study in --out (or runs/<study name>)")
-    p.add_argument("--launcher", metavar="MODULE:FUNCTION",
-                   help="launch trials with this function instead of harness.launch.local.launch "
-                        "(same signature), e.g. to submit them to a batch system")
+    p.add_argument("--launcher", metavar="local|slurm|MODULE:FUNCTION",
+                   help="where trials run: this machine, Slurm jobs (the study's [cluster] "
+                        "table), or a function of harness.launch.local.launch's signature "
+                        "(default: the study's cluster.launcher, else local)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--check", action="store_true",
                    help="check the study file and the flags as a run would (device, search "
@@ -147,7 +148,7 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
         if not (args.resume or args.helper) and store.exists():
             raise HarnessError(f"{run_dir} already holds study '{study.name}'; pass --resume "
                                "to continue it, or --out DIR to start a new one")
-    launcher = _launcher(args.launcher)
+    launcher = _launcher(args.launcher, study, facts.device_type)
     groups: list[str | None] = [None]
     if args.workers > 1:
         from harness.tune.workers import device_groups
@@ -214,16 +215,29 @@ def _default(probe: Any):
     return default_study("cuda", cuda) if cuda else default_study("cpu")
 
 
-def _launcher(spec: str | None):
-    """harness.launch.local.launch, or a user's `package.module:function` of the same signature."""
+def _launcher(spec: str | None, study: Any, device_type: str):
+    """harness.launch.local.launch; the Slurm launcher (`slurm`, or the study's
+    cluster.launcher), checked against Slurm; or a user's `package.module:function` of
+    the same signature."""
+    import dataclasses
     import importlib
     import os
     import sys
 
+    from harness.core.cluster import ClusterSpec
     from harness.launch.local import launch
 
-    if spec is None:
-        return launch
+    if spec in ("local", "slurm"):  # kept in the study: --resume runs where it started
+        study.cluster = dataclasses.replace(study.cluster or ClusterSpec(), launcher=spec)
+        study.validate("study")
+    if spec in (None, "local", "slurm"):
+        cluster = study.cluster
+        if cluster is None or cluster.launcher == "local":
+            return launch
+        from harness.launch.slurm import launcher_for
+
+        return launcher_for(cluster, device_type, study.layout.world_sizes,
+                            study.budget.trial_timeout_s)
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise HarnessError(f"--launcher {spec!r}: write package.module:function")

@@ -46,7 +46,9 @@ from harness.launch.slurm_record import made_here, reason_for
 from harness.records.result import TrialResult, read_result
 
 STARTUP_S = 60.0  # job start -> trial start (Python, unpickling, torchrun), and stopping
-POLL_S = 1.0  # how often the job's state is asked for (one squeue call)
+# How often the job's state is asked for (one squeue call): often at first, when short
+# trials end, then less, so as not to load the controller (nor a CPU trial beside it).
+POLL_S = (0.5, 5.0)
 
 _in_flight: set[str] = set()  # jobs submitted and not yet gone: cancelled at exit
 
@@ -177,7 +179,7 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
     job_id = attempt.job_id
     assert job_id is not None
     started: float | None = None
-    done = False
+    done, pause = False, POLL_S[0]
     try:
         while True:
             info = queue.job_info(job_id)
@@ -196,7 +198,8 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
                 queue.cancel(job_id)
                 info = queue.wait_gone(job_id)
                 break
-            time.sleep(POLL_S)
+            time.sleep(pause)
+            pause = min(POLL_S[1], pause * 1.25)
         done = True
     finally:
         if not done:  # interrupted (Ctrl-C): the job goes with us
