@@ -126,3 +126,37 @@ def test_stopped_early_is_pruned_and_ctrl_c_cancels_the_job(slurm_partition, tmp
                      should_stop=stop_on_third_call(interrupt))
     assert not slurm._in_flight  # and the `slurm_partition` fixture finds the queue empty
     assert_nothing_left(tmp_path / "interrupted")
+
+
+@pytest.mark.timeout(180)
+def test_a_job_whose_node_fails_is_submitted_once_more(slurm_partition, tmp_path):
+    import subprocess
+
+    from tests.slurm.conftest import queued
+
+    node = socket.gethostname().split(".")[0]
+    downed: list[str] = []
+
+    def fail_the_node_once():  # called at each poll: down the node under the first job
+        if not downed and any(line.endswith("RUNNING") for line in queued()):
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                            "reason=harness-test"], check=True)
+            downed.append(node)
+        elif downed:  # back for the second job (Slurm may have returned it already)
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                           capture_output=True)
+        return None
+
+    # The trial hangs, so the node fails under it; the second job's trial stops at its timeout.
+    prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=4.0)).checked()
+    try:
+        result = slurm.launch(prepared, tmp_path / "retried", "test", should_stop=
+                              fail_the_node_once, cluster=ClusterSpec(launcher="slurm",
+                                                                      partition=slurm_partition))
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                       capture_output=True)
+    jobs = result.tags["cluster"]["jobs"]
+    assert [j["state"] for j in jobs] == ["NODE_FAIL", "COMPLETED"], jobs
+    assert result.status == "timeout" and result.tags["cluster"]["job_id"] == jobs[1]["job_id"]
+    assert_nothing_left(tmp_path / "retried")
