@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from harness.workloads.base import Workload
+from harness.workloads.blocks import Blocks, block_of, find_blocks
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Param:
     shape: tuple[int, ...]
     width: int  # bytes per element
     trainable: bool
-    block: int | None  # its index in model.blocks; None outside the blocks
+    block: int | None  # its index in the blocks (harness.workloads.blocks); None outside
     # Outside the blocks, before them in module order (a pipeline's first stage
     # holds those, the last stage the ones after).
     first: bool
@@ -56,8 +57,8 @@ class ModelFacts:
             model = workload.build_model()
         params = list(model.parameters())  # unique by identity: tied weights once
         buffers = {id(b): b for b in model.buffers()}.values()
-        blocks = getattr(model, "blocks", None)
-        has_blocks = isinstance(blocks, nn.ModuleList) and len(blocks) > 0
+        blocks = find_blocks(model)  # `model.blocks`, or the repeated layers found
+        has_blocks = blocks is not None
         cores = [
             kind for m in model.modules() for kind, cls in ATTENTION.items() if type(m) is cls
         ]
@@ -70,21 +71,18 @@ class ModelFacts:
             ),
             blocks=len(blocks) if has_blocks else None,
             attention_cores=cores[0] if cores else None,
-            params=tuple(_params(model, has_blocks)),
+            params=tuple(_params(model, blocks)),
         )
 
 
-def _params(model: nn.Module, has_blocks: bool) -> list[Param]:
-    """Each unique parameter, with its block (`blocks.<i>.`) or side of the blocks."""
-    children = [name for name, _ in model.named_children()]
-    before = set(children[: children.index("blocks")]) if has_blocks else set(children)
-    out = []
-    for name, p in model.named_parameters():  # unique: tied weights under their first name
-        parts = name.split(".")
-        block = int(parts[1]) if has_blocks and parts[0] == "blocks" else None
-        out.append(Param(
-            name=name, shape=tuple(p.shape), width=p.element_size(),
-            trainable=p.requires_grad, block=block,
-            first=block is None and (parts[0] in before or len(parts) == 1),
-        ))
-    return out
+def _params(model: nn.Module, blocks: Blocks | None) -> list[Param]:
+    """Each unique parameter, with its block or side of the blocks: "first" when it comes
+    before the first block in the model's order (or sits on the model itself)."""
+    named = list(model.named_parameters())  # unique: tied weights under their first name
+    index = [block_of(blocks, name) for name, _ in named]
+    start = next((i for i, b in enumerate(index) if b is not None), len(named))
+    return [
+        Param(name=name, shape=tuple(p.shape), width=p.element_size(), trainable=p.requires_grad,
+              block=block, first=block is None and (i < start or "." not in name))
+        for i, ((name, p), block) in enumerate(zip(named, index, strict=True))
+    ]

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from harness.workloads.base import Workload
+from harness.workloads.blocks import find_blocks
 
 _VIEW_NODES = {
     "TBackward", "ViewBackward", "TransposeBackward", "PermuteBackward",
@@ -151,8 +152,8 @@ class SavedTensors:
         self.param_ids = {id(p) for p in params}
         self.excluded = {storage_key(p) for p in params}
         self.excluded |= {storage_key(b) for b in model.buffers()}
-        blocks = getattr(model, "blocks", None)
-        self.blocks: list[nn.Module] = list(blocks) if isinstance(blocks, nn.ModuleList) else []
+        # `model.blocks`, or the repeated layers found (HF decoder layers, torchvision stages)
+        self.blocks: list[nn.Module] = list(find_blocks(model) or [])
         self.current: list[int] = []
         self.block_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[int, int]]] = {}
         self.held: list[torch.Tensor] = []  # keeps storages alive so their keys stay unique

@@ -28,6 +28,16 @@ def needs_transformers() -> None:
         pytest.skip(str(e))
 
 
+def needs_torchvision() -> None:
+    from harness.core.errors import HarnessError
+    from harness.workloads import optional
+
+    try:
+        optional.torchvision()
+    except HarnessError as e:
+        pytest.skip(str(e))
+
+
 def tiny_hf(model_type: str, **overrides):
     from harness.workloads import load_workload
 

@@ -1,0 +1,80 @@
+"""torchvision's classification models as workloads: `torchvision:resnet50`, `vit_b_16` ...
+
+In a plan:
+
+    [workload]
+    name = "torchvision:resnet50"
+    num_classes = 1000
+    image_size = 224
+    # any other keyword of the model's builder, e.g. dropout = 0.2 for efficientnet_b0
+
+Untrained weights (no download), synthetic images with learnable per-class patterns
+(harness.workloads.vision.synthetic_images), cross-entropy. The blocks the strategies
+act on are found (harness.workloads.blocks): ResNet's Bottlenecks over its four stages,
+a ViT's encoder layers, ConvNeXt's CNBlocks. FLOPs are counted with torch's FLOP
+counter (once per arguments, see harness.measure.prepare).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.core.config import did_you_mean
+from harness.core.errors import HarnessError
+from harness.workloads import optional
+from harness.workloads.base import Workload
+from harness.workloads.vision import synthetic_images
+
+
+class TorchvisionWorkload(Workload):
+    def __init__(self, model: str, num_classes: int, image_size: int, kwargs: dict[str, Any]):
+        self.name = f"torchvision:{model}"
+        self.model = model
+        self.num_classes = num_classes
+        self.image_size = image_size
+        self.kwargs = kwargs
+
+    def build_model(self) -> nn.Module:
+        tv = optional.torchvision()
+        return tv.models.get_model(self.model, weights=None, num_classes=self.num_classes,
+                                   **self.kwargs)
+
+    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        return synthetic_images(batch_size, index, channels=3, image_size=self.image_size,
+                                num_classes=self.num_classes, device=device)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        images, labels = batch
+        out = model(images)
+        logits = getattr(out, "logits", out)  # GoogLeNet / Inception return a named tuple
+        return F.cross_entropy(logits, labels)
+
+
+def build_torchvision(name: str, args: dict[str, Any]) -> TorchvisionWorkload:
+    """`torchvision:<name>` with num_classes, image_size and the builder's own keywords."""
+    tv = optional.torchvision()
+    where = f"workload 'torchvision:{name}'"
+    known = tv.models.list_models(module=tv.models)  # classification models only
+    if name not in known:
+        raise HarnessError(f"{where}: torchvision {tv.__version__} has no classification model "
+                           f"'{name}'{did_you_mean(name, known)}; e.g. resnet50, vit_b_16, "
+                           "convnext_tiny, efficientnet_b0")
+    kwargs = dict(args)
+    num_classes = kwargs.pop("num_classes", 1000)
+    image_size = kwargs.pop("image_size", 224)
+    for key, value in (("num_classes", num_classes), ("image_size", image_size)):
+        if type(value) is not int or value < 1:
+            raise HarnessError(f"{where}: {key} must be a whole number of 1 or more")
+    if name.startswith("vit_"):
+        kwargs["image_size"] = image_size  # its position embeddings follow it
+    workload = TorchvisionWorkload(name, num_classes, image_size, kwargs)
+    try:
+        with torch.device("meta"):  # the builder's own checks, nothing allocated
+            workload.build_model()
+    except (TypeError, ValueError) as e:
+        raise HarnessError(f"{where}: {e}; fix the [workload] arguments") from None
+    return workload
