@@ -18,7 +18,8 @@ Here, in the caller's process, the launcher waits for the job and:
 - stops it when `should_stop` gives a reason (a `pruned` record);
 - submits it once more when Slurm ended it for the machine's sake (preempted, a
   node failed), and says so in the record;
-- cancels it when the caller is interrupted (Ctrl-C), and leaves it queued never.
+- cancels it when the caller is interrupted (Ctrl-C, or SIGTERM while a job is out),
+  and leaves it queued never.
 
 The record gets tags["cluster"]: the launcher, job id, node list, partition, queue
 wait (not in the trial's duration_s) and the jobs tried; the job's stdout and
@@ -31,8 +32,10 @@ import atexit
 import contextlib
 import io
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,7 +60,7 @@ _in_flight: set[str] = set()  # jobs submitted and not yet gone: cancelled at ex
 class Attempt:
     job_id: str | None  # None: sbatch refused it
     info: queue.JobInfo | None = None  # as it left the queue
-    stopped: str | None = None  # "timeout", "deadline" or "pruned" when we cancelled it
+    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned or never
     why: str | None = None  # should_stop's reason, or sbatch's refusal
     ran_s: float = 0.0  # from its start (as seen here) to its end
 
@@ -136,20 +139,40 @@ def launch(
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     wall_deadline = time.monotonic() + timeout + STARTUP_S if by_deadline else None
     attempts: list[Attempt] = []
-    for _ in range(2):  # the second only when Slurm ended the first for the machine's sake
-        attempt = _submit(out / "slurm", flags, args)
-        attempts.append(attempt)
-        if attempt.job_id is None:
-            break
-        _wait(attempt, timeout, wall_deadline, should_stop)
-        ended = attempt.info.state if attempt.info else "UNKNOWN"
-        if attempt.stopped or ended not in queue.RETRIED or (out / "result.json").exists():
-            break
+    with _terminated_as_interrupted():
+        for _ in range(2):  # the second only when Slurm ended the first for the machine's sake
+            attempt = _submit(out / "slurm", flags, args)
+            attempts.append(attempt)
+            if attempt.job_id is None:
+                break
+            _wait(attempt, timeout, wall_deadline, should_stop)
+            ended = attempt.info.state if attempt.info else "UNKNOWN"
+            if attempt.stopped or ended not in queue.RETRIED or (out / "result.json").exists():
+                break
     record = _record(prepared, out, command, study, trial_id, started_at, attempts, timeout)
     record.tags = {**record.tags, "cluster": _cluster_tag(cluster, attempts)}
     _copy_logs(out, attempts)
     record.write(out / "result.json")
     return record
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted() -> Iterator[None]:
+    """While a job is out, SIGTERM (the tuner's own job ending, scancel, a parent tuner
+    stopping its helpers) is a KeyboardInterrupt, as Ctrl-C: the job is cancelled on the
+    way out, not left to run its time."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _submit(folder: Path, flags: dict[str, Any], args: tuple) -> Attempt:
@@ -188,7 +211,9 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
                 started = now
             if info.over:
                 break
-            if started is not None and now > started + timeout + STARTUP_S:
+            if info.state == "PENDING" and info.reason in queue.NEVER_RUNS:
+                attempt.stopped, attempt.why = "never", info.reason
+            elif started is not None and now > started + timeout + STARTUP_S:
                 attempt.stopped = "timeout"
             elif wall_deadline is not None and now > wall_deadline:
                 attempt.stopped = "deadline"
@@ -243,7 +268,10 @@ def _job_logs(out: Path, job_id: str | None) -> list[Path]:
     return sorted((out / "slurm").glob(f"{job_id}_*_log.*")) if job_id else []
 
 
-def _stderr_tail(out: Path, job_id: str | None, size: int = 1500) -> str:
+def _stderr_tail(out: Path, job_id: str | None, size: int = 1500) -> str | None:
+    """The end of node 0's stderr; None when the job left no output file at all."""
+    if not _job_logs(out, job_id):
+        return None
     errs = [p for p in _job_logs(out, job_id) if p.suffix == ".err"]
     if not errs:
         return ""

@@ -30,6 +30,12 @@ from harness.core.errors import HarnessError
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
          "OUT_OF_MEMORY", "DEADLINE", "SPECIAL_EXIT", "REVOKED", "UNKNOWN"}
 RETRIED = {"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"}
+# Why a pending job waits, when it will wait for ever: what it asks for is beyond what
+# the partition, the account or the QOS allow (sbatch takes such jobs unless the cluster
+# enforces its limits at submission; sbatch --test-only refuses them).
+NEVER_RUNS = {"PartitionConfig", "BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit",
+              "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+              "DependencyNeverSatisfied"}
 COMMAND_TIMEOUT_S = 60.0  # for one squeue/sacct/scancel call: a busy controller is slow
 
 

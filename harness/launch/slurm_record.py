@@ -13,13 +13,19 @@ if TYPE_CHECKING:
 
 
 def reason_for(attempt: Attempt, timeout: float, startup_s: float,
-               stderr_tail: str) -> tuple[str, str]:
-    """(status, reason) of a job that ended without node 0's record."""
+               stderr_tail: str | None) -> tuple[str, str]:
+    """(status, reason) of a job that ended without node 0's record; `stderr_tail` is
+    None when the job wrote no output file at all."""
     job, info = attempt.job_id, attempt.info
     if job is None:
         return "failed", f"sbatch refused the trial's job: {attempt.why}"
     state = info.state if info else "UNKNOWN"
     where = f"job {job}" + (f" on {info.nodes}" if info and info.nodes else "")
+    if attempt.stopped == "never":
+        return "failed", (f"{where} could never start (Slurm: {attempt.why}: it asks for more "
+                          "than the partition, account or QOS allow) and was cancelled; "
+                          "check the [cluster] table against `sinfo` and `scontrol show "
+                          "partition`")
     if attempt.stopped == "pruned":
         return "pruned", attempt.why or "stopped early"
     if attempt.stopped == "timeout":
@@ -34,6 +40,9 @@ def reason_for(attempt: Attempt, timeout: float, startup_s: float,
         return "oom", f"Slurm stopped {where}: out of the node's memory"
     said = f" ({info.reason})" if info and info.reason else ""
     tail = f"; the job's stderr ends: {stderr_tail[-600:]}" if stderr_tail else ""
+    if stderr_tail is None and attempt.ran_s > 0:  # it ran, yet nothing came back here
+        tail = ("; it wrote no output where this machine can see it: is the trial's "
+                "folder on a file system the compute nodes share (not /tmp)?")
     if state == "CANCELLED":
         return "failed", f"{where} was cancelled outside the harness (scancel){said}{tail}"
     return "failed", f"{where} ended {state}{said} and left no record{tail}"

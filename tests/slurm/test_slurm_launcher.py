@@ -8,6 +8,8 @@ Every test leaves the queue empty (the `slurm_partition` fixture checks it).
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 
 import pytest
@@ -100,7 +102,7 @@ def test_a_hanging_trial_is_stopped_at_its_timeout_inside_the_job(slurm_partitio
 
 
 @pytest.mark.timeout(120)
-def test_stopped_early_is_pruned_and_ctrl_c_cancels_the_job(slurm_partition, tmp_path):
+def test_stopped_early_is_pruned_and_ctrl_c_or_sigterm_cancels_the_job(slurm_partition, tmp_path):
     prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=60.0)).checked()
     cluster = ClusterSpec(launcher="slurm", partition=slurm_partition)
     calls = []
@@ -126,6 +128,15 @@ def test_stopped_early_is_pruned_and_ctrl_c_cancels_the_job(slurm_partition, tmp
                      should_stop=stop_on_third_call(interrupt))
     assert not slurm._in_flight  # and the `slurm_partition` fixture finds the queue empty
     assert_nothing_left(tmp_path / "interrupted")
+
+    def terminated():  # as when the tuner's own job ends, or `scancel` stops it
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        slurm.launch(prepared, tmp_path / "terminated", "test", cluster=cluster,
+                     should_stop=stop_on_third_call(terminated))
+    assert signal.getsignal(signal.SIGTERM) is before and not slurm._in_flight
 
 
 @pytest.mark.timeout(180)
@@ -160,3 +171,25 @@ def test_a_job_whose_node_fails_is_submitted_once_more(slurm_partition, tmp_path
     assert [j["state"] for j in jobs] == ["NODE_FAIL", "COMPLETED"], jobs
     assert result.status == "timeout" and result.tags["cluster"]["job_id"] == jobs[1]["job_id"]
     assert_nothing_left(tmp_path / "retried")
+
+
+@pytest.mark.timeout(120)
+def test_a_job_refused_once_the_study_runs_is_a_failed_record(slurm_partition, tmp_path):
+    # Checked up front, as bench and tune do, each is one line and exit 2; a partition or
+    # a limit that changes while a study runs shows here.
+    prepared = prepare(faulty_plan(world=1)).checked()
+    gone = ClusterSpec(launcher="slurm", partition="gone")
+    result = slurm.launch(prepared, tmp_path / "refused", "test", cluster=gone)
+    assert result.status == "failed", result.reason
+    assert result.reason == ("sbatch refused the trial's job: invalid partition specified: "
+                             "gone; Batch job submission failed: Invalid partition name "
+                             "specified")
+    assert result.tags["cluster"]["job_id"] is None
+    assert read_result(tmp_path / "refused" / "result.json").status == "failed"
+
+    # sbatch takes a job larger than every node (unless the cluster enforces its limits
+    # at submission), and it would wait for ever: it is cancelled and recorded.
+    too_big = ClusterSpec(launcher="slurm", partition=slurm_partition, cpus_per_task=4096)
+    result = slurm.launch(prepared, tmp_path / "never", "test", cluster=too_big)
+    assert result.status == "failed" and "could never start" in result.reason
+    assert "PartitionConfig" in result.reason and result.tags["cluster"]["state"] == "CANCELLED"

@@ -15,7 +15,8 @@ from harness.cli.main import main
 STUDY = {
     "name": "on-slurm", "device": "cpu", "global_batch_size": 8, "micro_batch_sizes": [4, 8],
     "warmup_steps": 1, "steps": 3, "workload": {"name": "mlp"},
-    "budget": {"time": "3m", "trial_timeout": "60s", "n_trials": 1, "ablation_share": 0.0},
+    "budget": {"time": "3m", "trial_timeout": "60s", "n_trials": 1, "ablation_share": 0.0,
+               "ablation_repeats": 0},
     "strategies": {"amp": {"search": ["dtype"], "values": {"dtype": ["bf16"]}}},
 }
 
