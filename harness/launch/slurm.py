@@ -128,6 +128,7 @@ def launch(
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").unlink(missing_ok=True)
     prepared.write(out / "prepared.json")  # what every node's launcher reads
+    (out / "plan.toml").write_text(plan.to_toml())  # the re-run's, even if no job runs
     name = f"{study or plan.name}-{trial_id}" if trial_id is not None else plan.name
     flags = queue.job_flags(cluster, shape, minutes, name)
     args = (str(out / "prepared.json"), str(out), command, study, trial_id, shape.nodes,

@@ -40,14 +40,31 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     env = submitit.JobEnvironment()
     node = env.node
     endpoint = _endpoint(Path(job_dir), node, env.job_id) if nnodes > 1 else None
+    prepared = PreparedPlan.read(prepared_file)
+    if prepared.device_type == "cuda":  # this node's GPUs, not the preparing machine's
+        prepared.env = {**prepared.env, "gpus": node_gpus()}
     result = local.launch(
-        PreparedPlan.read(prepared_file), out_dir, command, study=study, trial_id=trial_id,
+        prepared, out_dir, command, study=study, trial_id=trial_id,
         nnodes=nnodes, node_rank=node, rdzv_endpoint=endpoint, timeout_s=timeout_s,
         progress_file=progress_file if node == 0 else None,
     )
     print(f"node {node} of {nnodes} ({socket.gethostname()}): {result.status}"
           f"{': ' + result.reason if result.reason else ''}", flush=True)
     return result.status
+
+
+def node_gpus() -> list[dict[str, object]]:
+    """The GPUs the job has on this node: those CUDA_VISIBLE_DEVICES names (Slurm sets it
+    to the job's), else every GPU NVML sees. Counted without a CUDA context."""
+    from harness.measure.nvml import gpu_names
+
+    names = gpu_names()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [{"index": i, "name": name} for i, name in enumerate(names)]
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    return [{"index": i, "id": v, "name": names[int(v)] if v.isdigit() and int(v) < len(names)
+             else None} for i, v in enumerate(ids)]
 
 
 def _endpoint(job_dir: Path, node: int, job_id: str) -> str:

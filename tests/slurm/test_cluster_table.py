@@ -92,3 +92,9 @@ def test_the_nodes_meet_where_node_0_says(tmp_path):
     host, port = at0.rsplit(":", 1)
     assert host and int(port) > 0
     assert slurm_job._endpoint(tmp_path, 1, "7") == at0
+
+
+def test_a_cuda_trial_counts_the_gpus_slurm_gave_its_node(monkeypatch):
+    # (the local launcher in the job checks the node's ranks against them)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [g["id"] for g in slurm_job.node_gpus()] == ["2", "3"]
