@@ -189,7 +189,8 @@ def _submit(folder: Path, flags: dict[str, Any], args: tuple) -> Attempt:
         **native, additional_parameters={k.replace("-", "_"): v for k, v in flags.items()})
     said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):  # submitit prints sbatch's complaint too
+        # (submitit prints sbatch's complaint too; the record has it)
+        with contextlib.redirect_stderr(said), queue.outside_allocation():
             job = executor.submit(run_node, *args)
     except Exception as e:  # submitit's FailedJobError carries sbatch's stderr
         return Attempt(None, why=queue.error_text(str(e) or said.getvalue()) or repr(e))

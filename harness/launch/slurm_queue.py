@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -88,13 +90,38 @@ def need_slurm() -> None:
                            "allocation), or set launcher = 'local'")
 
 
+# Variables of the allocation the tuner may run in: a job submitted from inside one
+# inherits its environment (sbatch's default), and these would describe the tuner's
+# allocation instead of the trial's (srun reads SLURM_CPUS_PER_TASK, SLURM_MEM_PER_NODE,
+# ...; the tuner's share of its GPUs). SLURM_CONF names the cluster: it stays.
+_ALLOCATION_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_")
+_ALLOCATION_NAMES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+
+
+def _from_allocation(name: str) -> bool:
+    return name != "SLURM_CONF" and (name.startswith(_ALLOCATION_PREFIXES)
+                                     or name in _ALLOCATION_NAMES)
+
+
+@contextlib.contextmanager
+def outside_allocation() -> Iterator[None]:
+    """os.environ without the tuner's allocation, meanwhile (submitit's sbatch reads it)."""
+    kept = {k: os.environ.pop(k) for k in list(os.environ) if _from_allocation(k)}
+    try:
+        yield
+    finally:
+        os.environ.update(kept)
+
+
 def refusal(flags: dict[str, Any]) -> str | None:
     """Why Slurm would not take a job with these flags (sbatch --test-only: nothing is
     queued), in sbatch's words; None when it would."""
     need_slurm()
     argv = ["sbatch", "--test-only", *as_argv(flags), "--wrap", "true"]
+    env = {k: v for k, v in os.environ.items() if not _from_allocation(k)}
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                              env=env)
     except subprocess.TimeoutExpired:
         return f"sbatch --test-only did not answer in {COMMAND_TIMEOUT_S:g}s"
     if done.returncode == 0:

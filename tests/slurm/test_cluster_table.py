@@ -98,3 +98,19 @@ def test_a_cuda_trial_counts_the_gpus_slurm_gave_its_node(monkeypatch):
     # (the local launcher in the job checks the node's ranks against them)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert [g["id"] for g in slurm_job.node_gpus()] == ["2", "3"]
+
+
+def test_a_job_does_not_inherit_the_tuners_allocation(monkeypatch):
+    import os
+
+    from harness.launch.slurm_queue import outside_allocation
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "64")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    monkeypatch.setenv("SBATCH_ACCOUNT", "proj")  # the user's own default: kept
+    with outside_allocation():
+        assert "SLURM_CPUS_PER_TASK" not in os.environ and "CUDA_VISIBLE_DEVICES" not in os.environ
+        assert os.environ["SLURM_CONF"] == "/etc/slurm/slurm.conf"
+        assert os.environ["SBATCH_ACCOUNT"] == "proj"
+    assert os.environ["SLURM_CPUS_PER_TASK"] == "64" and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
