@@ -2,7 +2,10 @@
 launcher (`local`: one process, or torchrun for several ranks, with a hard
 timeout), finding and stopping a trial's processes (`procs`), bounded log files
 (`log_cap`), what the ranks left behind (`rank_logs`) and the record of a trial that
-left none (`verdict`), and the tuner's client of its torch-side helper (`probe`).
+left none (`verdict`), the tuner's client of its torch-side helper (`probe`), and the
+Slurm launcher (`slurm`: one trial as one job through submitit; what Slurm is asked,
+`slurm_queue`; what runs in the job, `slurm_job`; a record the job left none of,
+`slurm_record`).
 It runs in the tuner's process, so it imports no torch at module level; it may
 import harness.measure (the torch-free parts at module level), harness.core,
 harness.study and harness.records, never harness.tune or harness.cli.
