@@ -26,7 +26,7 @@ COLUMNS = [
     ("loss_last", "loss_last"), ("duration_s", "duration_s"), ("started_at", "started_at"),
     ("optuna_number", "optuna_number"), ("ablation_of", "ablation_of"),
     ("ablation_without", "ablation_without"), ("ablation_repeat", "ablation_repeat"),
-    ("duplicate_of", "duplicate_of"),
+    ("duplicate_of", "duplicate_of"), ("busy", "busy"),
     ("workload", "workload"), ("workload_args", "workload_args"), ("device", "device"),
     ("command", "command"),
 ]

@@ -10,6 +10,8 @@ import json
 import math
 from typing import Any
 
+from harness.records.result import busy_note
+
 NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "step_time_p90", "step_n", "mfu", "tflops_per_device", "peak_memory_bytes",
            "predicted_memory_bytes", "predicted_step_time_s", "energy_j_per_sample",
@@ -94,6 +96,8 @@ def flatten(r: dict, order: int, trial_id: str) -> dict[str, Any]:
         "ablation_without": _str_or_none(get(ablation, "without")),
         "ablation_repeat": get(ablation, "repeat"),
         "duplicate_of": _str_or_none(get(tags, "duplicate_of")),  # a repeat, not re-measured
+        # measured while other processes used the machine: why its figure is not its own
+        "busy": busy_note(r) or "",
         "workload": str(get(workload, "name", "") if isinstance(workload, dict) else workload),
         "workload_args": settings_text(wl_args),
         "layout": f"{dp}x{pp}x{tp}",

@@ -134,7 +134,9 @@ def trials_html(run: Run) -> str:
         reason = str(r.reason or "")
         first = reason.split("\n", 1)[0]
         rows.append((cls, [
-            (e(r.trial_id), r.trial_id), (e(r.phase), r.phase), (status(r.status), r.status),
+            (e(r.trial_id), r.trial_id), (e(r.phase), r.phase),
+            (status(r.status) + (f' <i title="{e(r.busy)}">busy</i>' if r.busy else ""),
+             r.status),
             (f'<span title="{e(r.config)}">{e(r.label)}</span>'
              + (f" <i>(without {e(r.ablation_without)})</i>"
                             if isinstance(r.ablation_without, str) else "")
@@ -152,7 +154,9 @@ def trials_html(run: Run) -> str:
             (f'<span title="{e(reason)}">{e(first[:140])}</span>', first)]))
     return section("trials", "All trials", sortable_table("trial-table", cols, rows),
                    "Click a column to sort; type to filter. The best trial is yellow, the "
-                   "baseline grey. `harness report --csv` writes this table as CSV.")
+                   "baseline grey. 'busy': measured while other processes used the "
+                   "machine (hover for how much); such a figure is never the best. "
+                   "`harness report --csv` writes this table as CSV.")
 
 
 def _bytes(v) -> str:

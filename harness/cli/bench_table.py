@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
+from harness.records.result import busy_note
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -42,6 +43,14 @@ def result_table(record: dict[str, Any]) -> str:
             ("TFLOP/s per device", f"{m['tflops_per_device']:.4f}"),
             ("MFU", f"{100 * m['mfu']:.1f}% of {m['peak_flops_source']}"),
         ]
+        seen = m.get("interference")
+        if seen:
+            busy = busy_note(record)
+            rows.append(("machine", f"BUSY: {busy} during the measured steps; these figures "
+                                    "are not the configuration's own, measure again when "
+                                    "the machine is quiet" if busy else
+                                    f"quiet (others used {seen['other_cpu_share']:.0%} of "
+                                    "the CPUs during the measured steps)"))
         warning = (m.get("peak_flops") or {}).get("warning")
         if warning:
             rows.append(("MFU warning", warning))

@@ -329,3 +329,19 @@ def gpu_names() -> list[str]:
     """Names of all GPUs NVML sees (all of the host's, whatever CUDA_VISIBLE_DEVICES says)."""
     return _ask(lambda nv: [_text(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)))
                             for i in range(nv.nvmlDeviceGetCount())], [])
+
+
+def compute_processes(device: torch.device) -> list[dict[str, Any]] | None:
+    """The compute processes NVML lists on CUDA `device` now ({"pid", "used_memory_bytes"}),
+    or None where NVML cannot say (a CPU, no driver, no matching device)."""
+    if device.type != "cuda":
+        return None
+
+    def query(nv: Any) -> list[dict[str, Any]] | None:
+        handle = nvml_handle(nv, device)
+        if handle is None:
+            return None
+        return [{"pid": p.pid, "used_memory_bytes": getattr(p, "usedGpuMemory", None)}
+                for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)]
+
+    return _ask(query, None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import traceback
 from datetime import UTC, datetime
@@ -27,8 +28,9 @@ from harness.core.errors import HarnessError
 from harness.measure import distributed
 from harness.measure.batches import step_pool
 from harness.measure.env import capture_env
+from harness.measure.interference import InterferenceMeter, combine_ranks, session_pids
 from harness.measure.memory import MemoryTracker
-from harness.measure.nvml import NvmlSampler
+from harness.measure.nvml import NvmlSampler, compute_processes
 from harness.measure.peak_calibration import forget_measured_peak
 from harness.measure.prepare import Prepared
 from harness.measure.rank_process import RankInfo
@@ -142,8 +144,15 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             for k, seconds in timer.completed():
                 progress(first + k, seconds)
 
+    # Who else used the CPUs and the GPU meanwhile: snapshots just outside the window.
+    # The trial's processes on this host: the sessions of its ranks here.
+    sessions = {sid for host, sid in distributed.all_gather((info.host, os.getsid(0)))
+                if host == info.host}
+    others = InterferenceMeter(gpu_pids=lambda: compute_processes(device),
+                               pids=lambda: session_pids(sessions))
     with NvmlSampler(device) as nvml:
         if status == "ok":
+            others.start()
             timer.start()
             for i in range(first, first + plan.steps):
                 loss = setup.step(pool[i % len(pool)], workload.loss)
@@ -151,6 +160,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 timer.step_done()
                 report_done()
             timer.finish()
+            others.stop()
             report_done()
     # The record ends at the first non-finite loss, as when each step was checked.
     for k, agreed in enumerate(read_losses(window, info, device) if window else []):
@@ -161,6 +171,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     mine = {**mem, "nvml_used": reading.memory_used_peak_bytes if reading else None}
     figures = rank_figures(info, timer.times_s, mine, own_losses, timer.window_s)
     figures["energy_j"] = reading.energy_j if reading else None
+    figures["interference"] = others.reading()
     ranks = distributed.all_gather(figures)
     job = combine(ranks)
     step_times = job["step_times_s"]
@@ -179,6 +190,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     metrics["per_rank"] = job["per_rank"]
     metrics["notes"] = setup.notes
     metrics["phases_s"] = phases_s  # this rank's build-and-compose and warm-up seconds
+    metrics["interference"] = combine_ranks([r.get("interference") for r in ranks])
     if not step_times:
         return metrics, status, reason or "no measured step completed"
 

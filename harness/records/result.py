@@ -28,6 +28,8 @@ def empty_metrics() -> dict[str, Any]:
         "memory": {"allocated": None, "reserved": None, "nvml_used": None, "rss": None},
         "energy_j_per_sample": None,
         "loss": {"first": None, "last": None, "finite": None},
+        # who else used the machine during the measured steps (harness.measure.interference)
+        "interference": None,
     }
 
 
@@ -91,3 +93,17 @@ def _json_safe(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_json_safe(v) for v in obj]
     return obj
+
+
+def busy_note(record: dict[str, Any]) -> str | None:
+    """Why a record's measurement is not to be trusted, when its trial was flagged as
+    measured beside other work (metrics.interference, harness.measure.interference):
+    "others used 54% of the CPUs; 1 other process on the GPU". None when it was quiet."""
+    seen = (record.get("metrics") or {}).get("interference") or {}
+    if not seen.get("flagged"):
+        return None
+    parts = [f"others used {seen.get('other_cpu_share') or 0:.0%} of the CPUs"]
+    gpus = seen.get("other_gpu_processes") or []
+    if gpus:
+        parts.append(f"{len(gpus)} other process{'es' if len(gpus) > 1 else ''} on the GPU")
+    return "; ".join(parts)

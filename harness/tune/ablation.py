@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.study.search_space import SearchSpace
-from harness.tune.trial_job import run_trial_job
 
 if TYPE_CHECKING:
-    from harness.records.result import TrialResult
     from harness.tune.context import StudyContext
 
 
@@ -64,10 +62,9 @@ def ablation_jobs(space: SearchSpace, best_params: dict[str, Any], best_id: int 
 def run_ablation(ctx: StudyContext) -> str:
     """Run the ablation of the best trial so far; returns how it ended, in words.
 
-    Each trial is written as a search trial is: RUNNING in the storage (created
-    there with its configuration and this worker as owner, never handed out by
-    ask()), run, recorded, then Optuna told (StudyContext.record_then_tell), so
-    recovery (harness.tune.resume) settles an ablation trial as any other. On
+    Each trial is written as a search trial is (StudyContext.run_extra): RUNNING in
+    the storage, run, recorded, then Optuna told, so recovery (harness.tune.resume)
+    settles an ablation trial as any other. On
     --resume a trial already recorded is not run again; one that never finished
     (not started for lack of time, stopped at the deadline, or its worker gone)
     runs again under a new id, `<id>-retry<k>`.
@@ -86,26 +83,10 @@ def run_ablation(ctx: StudyContext) -> str:
             job.trial_id = f"{job.trial_id}-retry{len(tries)}"
         if ctx.clock.left() <= 0:
             return "time: the deadline came before every ablation trial ran"
-        result = _run_job(ctx, job)
+        result = ctx.run_extra(job.trial_id, job.params, job.tags)
         if not _finished(result.to_dict()):
             return f"time: {result.reason}"
     return "done"
-
-
-def _run_job(ctx: StudyContext, job: AblationJob) -> TrialResult:
-    plan = ctx.space.plan(job.params)
-    used = ctx.space.distributions(job.params)
-    number = ctx.start_trial({k: job.params[k] for k in used}, used, {
-        "phase": "ablation", "trial_id": job.trial_id, "plan": plan.to_dict()})
-    with ctx.holding(number, job.trial_id, "ablation", plan.to_dict()):
-        ctx.on_event("start", {"trial_id": job.trial_id, "plan": plan.to_dict(),
-                               "phase": "ablation", "duplicate": False})
-        result = run_trial_job(ctx.run, job.trial_id, plan,
-                               {**job.tags, "optuna_number": number}, ctx.calibration(),
-                               ctx.clock.deadline)
-        ctx.record_then_tell(result, number)
-    ctx.on_event("end", result.to_dict())
-    return result
 
 
 def _finished(record: dict[str, Any]) -> bool:

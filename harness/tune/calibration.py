@@ -61,6 +61,8 @@ class Calibration:
                 runtime.append(base)
                 mem.append(max(peak - base, 0) / predicted_peak)
             median = (m.get("step_time_s") or {}).get("median")
+            if (m.get("interference") or {}).get("flagged"):
+                median = None  # the time of a busy machine, not the configuration's
             if median and p.get("step_time_s"):
                 step.append(median / p["step_time_s"])
             plan = r.get("plan") or {}

@@ -40,9 +40,10 @@ from harness.study.study_file import Study
 from harness.tune import sampling
 from harness.tune.budget import Clock
 from harness.tune.calibration import Calibration
+from harness.tune.quiet import measure_again_if_busy
 from harness.tune.sampling import PRUNED_SLOW, outcome
 from harness.tune.storage import Heartbeat, PatientStorage
-from harness.tune.trial_job import StudyRun, command_for
+from harness.tune.trial_job import StudyRun, command_for, run_trial_job
 from harness.tune.workers import Worker
 
 REFERENCE_PHASES = ("baseline", "known-good", "search")
@@ -144,6 +145,32 @@ class StudyContext:
             user_attrs={**user_attrs, "worker": self.me.tag})
         return self.storage.get_trial_number_from_id(
             self.storage.create_new_trial(self.study_id, template_trial=template))
+
+    def run_extra(self, trial_id: str, params: dict[str, Any], tags: dict[str, Any]
+                  ) -> TrialResult:
+        """Run one trial outside the sampler's asking (the confirmation's and the
+        ablation's): RUNNING in the storage with its configuration and this worker as
+        owner (never handed out by ask()), run, measured again if the machine was busy
+        (harness.tune.quiet), recorded, then Optuna told."""
+        plan = self.space.plan(params)
+        used = self.space.distributions(params)
+        phase = tags["phase"]
+        number = self.start_trial({k: params[k] for k in used}, used, {
+            "phase": phase, "trial_id": trial_id, "plan": plan.to_dict()})
+        with self.holding(number, trial_id, phase, plan.to_dict()):
+            self.on_event("start", {"trial_id": trial_id, "plan": plan.to_dict(),
+                                    "phase": phase, "duplicate": False})
+
+            def attempt() -> TrialResult:
+                return run_trial_job(self.run, trial_id, plan, {**tags, "optuna_number": number},
+                                     self.calibration(), self.clock.deadline)
+
+            result = measure_again_if_busy(
+                attempt(), attempt, self.clock.budget_s, self.clock.left(),
+                say=lambda text: self.on_event("note", {"text": text}))
+            self.record_then_tell(result, number)
+        self.on_event("end", result.to_dict())
+        return result
 
     # --- records, then Optuna ---------------------------------------------------------
     def record_then_tell(self, result: TrialResult, number: int,

@@ -64,14 +64,15 @@ def follow(ostudy: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
            deadline: float, launcher: Callable[..., Any],
            say: Callable[[str], None] = print) -> str:
     """Join each trial the leader announces, until it finishes or the deadline."""
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()  # (trial, endpoint): a trial measured again is new
     while time.time() < deadline:
         info = ostudy.user_attrs.get(KEY) or {}
         if info.get("finished"):
             return "the tuner on node 0 finished"
         trial_id = info.get("trial_id")
-        if trial_id and not info.get("done") and trial_id not in seen:
-            seen.add(trial_id)
+        key = (trial_id, info.get("endpoint"))
+        if trial_id and not info.get("done") and key not in seen:
+            seen.add(key)
             say(f"trial {trial_id}: joining at {info['endpoint']}")
             result = launcher(
                 PreparedPlan.from_dict(info["prepared"]), store.trial_dir(trial_id),

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
+from harness.records.result import busy_note
 from harness.tune.budget import Clock
 from harness.tune.sampling import may_be_best
 
@@ -88,7 +89,10 @@ class Progress:
         if not self.live_mode:
             shown = format_rate(rate, "samples/s") if rate else (record.get("reason") or "")
             shown = shown.splitlines()[0][:100] if shown else ""
-            if record["status"] == "ok" and not self._candidate(record):
+            busy = busy_note(record)
+            if busy:
+                shown += f" (measured while the machine was busy: {busy})"
+            elif record["status"] == "ok" and not self._candidate(record):
                 peak = (record.get("metrics") or {}).get("peak_memory_bytes")
                 shown += (f" (peak memory {format_bytes(peak)}, over the budget "
                           f"{format_bytes(self.memory_budget)})")

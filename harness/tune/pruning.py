@@ -5,7 +5,9 @@ While a trial runs, its rank 0 appends each measured step's time to a file
 the new steps, reports each step's throughput to Optuna as an intermediate value
 (single-objective studies), and once `min_steps` are in, stops the trial when the
 median throughput so far is below the best completed trial's divided by
-`slower_than`. A factor of 2 by default: on a shared CPU the spread between
+`slower_than`, unless other processes were competing for the machine meanwhile
+(`busy`, harness.tune.quiet.BusyWatch): then it runs to the end, and its flagged
+record is measured again. A factor of 2 by default: on a shared CPU the spread between
 repeats of one configuration is tens of percent, so only a clear loss is cut.
 """
 
@@ -28,6 +30,7 @@ class SlowTrialStop:
         min_steps: int,
         report: Callable[[float, int], None] | None = None,
         on_step: Callable[[int], None] | None = None,
+        busy: Callable[[], bool] | None = None,
     ):
         self.steps_file = steps_file
         self.batch_size = batch_size
@@ -36,6 +39,7 @@ class SlowTrialStop:
         self.min_steps = min_steps
         self.report = report
         self.on_step = on_step
+        self.busy = busy  # others competing for the machine: slowness is not the trial's
         self.seen = 0
 
     def __call__(self) -> str | None:
@@ -56,6 +60,8 @@ class SlowTrialStop:
         rate = self.batch_size / statistics.median(times)
         best_rate, best_id = self.best
         if rate * self.slower_than < best_rate:
+            if self.busy is not None and self.busy():
+                return None  # measured to the end: its record is flagged, measured again
             return (f"stopped early after {len(times)} steps: {rate:.4g} samples/s (median) "
                     f"< 1/{self.slower_than:g} of the best so far, {best_rate:.4g} samples/s "
                     f"(trial {best_id})")

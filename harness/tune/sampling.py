@@ -12,8 +12,12 @@ An infeasible configuration is COMPLETE with the worst values and a violated
 constraint, not FAIL: samplers skip FAIL trials and would propose it again, while
 a violated constraint teaches them where not to go. FAIL is kept for what says
 nothing about the configuration: stopped by the study's deadline, not started
-for lack of time, or left running by a tuner that was killed or that stopped when
-the storage went away (tag "orphan", with "stale" or "unreachable"). A trial stopped
+for lack of time, left running by a tuner that was killed or that stopped when
+the storage went away (tag "orphan", with "stale" or "unreachable"), or measured
+while other processes used the machine (metrics.interference.flagged, after the
+tuner measured it again: harness.tune.quiet): such a figure is the machine's, so
+it is never the best nor the bar that prunes others, and the configuration may be
+proposed and measured again. A trial stopped
 early for being slow is PRUNED with its step throughputs as intermediate values.
 """
 
@@ -26,6 +30,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from harness.records.result import busy_note
 from harness.study.study_file import Study
 
 # tags["pruned"]: why a `pruned` record was not measured to the end
@@ -45,8 +50,9 @@ class Outcome:
 
 
 def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
-    """An ok trial within the memory budget: a candidate for the study's best."""
-    if record["status"] != "ok":
+    """An ok trial within the memory budget, measured on a quiet machine: a candidate for
+    the study's best."""
+    if record["status"] != "ok" or busy_note(record):
         return False
     return not budget_bytes or outcome(record, ["throughput"], budget_bytes).feasible
 
@@ -65,6 +71,8 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
         table = {"throughput": 0.0, "memory": float(max(memory or 0, budget_bytes))}
         return [table[o] for o in objectives]
 
+    if status == "ok" and (m.get("interference") or {}).get("flagged"):
+        return Outcome(TrialState.FAIL, None, {})
     if status == "ok":
         table = {"throughput": float(m.get("samples_per_s") or 0.0),
                  "memory": float(peak or 0)}

@@ -7,6 +7,7 @@ from typing import Any
 
 from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
+from harness.records.result import busy_note
 from harness.records.run_store import RunStore, write_atomic
 from harness.tune.ablation import ablation_rows
 from harness.tune.context import REFERENCE_PHASES
@@ -42,15 +43,18 @@ def pareto(rows: list[dict[str, Any]]) -> set[Any]:
 def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
           memory_budget: float | None = None) -> str:
     """The measured configurations, fastest first; `!` marks one whose peak was over
-    `memory_budget` (it ran, but is never the best)."""
+    `memory_budget`, `~` one measured while the machine was busy (they ran, but are
+    never the best)."""
     rows = ranked(records)
     front = pareto(rows) if multi else set()
-    over = {r["trial_id"] for r in rows if not may_be_best(r, memory_budget)}
+    busy = {r["trial_id"] for r in rows if busy_note(r)}
+    over = {r["trial_id"] for r in rows if not may_be_best(r, memory_budget)} - busy
     lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'step':>10} "
              f"{'peak mem':>11} {'predicted':>11}  configuration"]
     for i, r in enumerate(rows[:top], start=1):
         m, p = r["metrics"], r.get("predicted") or {}
-        mark = "!" if r["trial_id"] in over else "*" if r["trial_id"] in front else " "
+        mark = ("!" if r["trial_id"] in over else "~" if r["trial_id"] in busy
+                else "*" if r["trial_id"] in front else " ")
         lines.append(
             f"{i:>3}{mark} {r['trial_id']!s:>8}  {r['tags'].get('phase', ''):<10} "
             f"{format_rate(m.get('samples_per_s'), ''):>12} "

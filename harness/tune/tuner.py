@@ -29,6 +29,7 @@ from harness.records.result import TrialResult
 from harness.study.facts import StudyFacts
 from harness.study.search_space import config_key
 from harness.tune.context import RETRY_OF, Held, StudyContext
+from harness.tune.quiet import measure_again_if_busy
 from harness.tune.sampling import PRUNED_TIME
 from harness.tune.trial_job import command_for, run_trial_job
 
@@ -97,9 +98,14 @@ class Tuner:
             ctx.run.store.write_trial_files(
                 trial.number, Plan.from_dict(result.plan).to_toml(), result.command)
         else:
-            stop = self._slow_stop(trial, plan) if phase == "search" else None
-            result = run_trial_job(ctx.run, trial.number, plan, tags, ctx.calibration(),
-                                   ctx.clock.deadline, should_stop=stop)
+            def attempt() -> TrialResult:
+                stop = self._slow_stop(trial, plan) if phase == "search" else None
+                return run_trial_job(ctx.run, trial.number, plan, tags, ctx.calibration(),
+                                     ctx.clock.deadline, should_stop=stop)
+
+            result = measure_again_if_busy(
+                attempt(), attempt, ctx.clock.budget_s, ctx.clock.left(),
+                say=lambda text: ctx.on_event("note", {"text": text}))
         if not ctx.record_then_tell(result, trial.number, trial):
             ctx.on_event("note", {"text": f"trial {trial.number}: another worker failed it "
                                           "while it ran (no heartbeat reached the storage); "
@@ -110,6 +116,7 @@ class Tuner:
 
     def _slow_stop(self, trial: optuna.Trial, plan):
         from harness.tune.pruning import SlowTrialStop
+        from harness.tune.quiet import BusyWatch
 
         ctx = self.ctx
         single = len(ctx.study.objectives) == 1
@@ -119,6 +126,7 @@ class Tuner:
             ctx.study.pruning.slower_than if single else 0.0, ctx.study.pruning.min_steps,
             report=trial.report if single else None,
             on_step=lambda n: ctx.on_event("step", {"trial_id": trial.number, "steps": n}),
+            busy=BusyWatch(),
         )
 
     def _enqueue_neighbour(self) -> None:
