@@ -26,9 +26,9 @@ import torch
 
 from harness.core.errors import HarnessError
 from harness.measure import distributed
-from harness.measure.batches import step_pool
 from harness.measure.env import capture_env
 from harness.measure.interference import InterferenceMeter, combine_ranks, session_pids
+from harness.measure.loader import step_feed
 from harness.measure.memory import MemoryTracker
 from harness.measure.nvml import NvmlSampler, compute_processes
 from harness.measure.peak_calibration import forget_measured_peak
@@ -106,7 +106,8 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     with torch.device(device):
         model = workload.build_model()
     setup = compose(model, plan, device, prep.runtime)
-    pool = step_pool(plan, workload, device, data_rank=plan.layout.coordinates(info.rank)[1])
+    feed = step_feed(plan, workload, device, data_rank=plan.layout.coordinates(info.rank)[1],
+                     local_ranks=info.local_world_size)
     t_warmup = time.perf_counter()
     # A barrier (a no-op in one process) and a synchronisation at each end of the window.
     timer = WindowTimer(device, barrier=distributed.barrier)
@@ -130,7 +131,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
 
     # Warm-up is not timed: each loss is read at once, so a divergence stops it here.
     for i in range(plan.warmup_steps):
-        if not record(step_loss(setup.step(pool[i % len(pool)], workload.loss), info, device), i):
+        if not record(step_loss(setup.step(feed(i), workload.loss), info, device), i):
             break
     # Where a trial's time goes besides its measured steps (issue 13's overhead): the
     # warm-up ends synchronised, each of its losses having been read.
@@ -155,7 +156,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             others.start()
             timer.start()
             for i in range(first, first + plan.steps):
-                loss = setup.step(pool[i % len(pool)], workload.loss)
+                loss = setup.step(feed(i), workload.loss)
                 window.append(None if loss is None else loss.detach())
                 timer.step_done()
                 report_done()
@@ -191,6 +192,10 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     metrics["notes"] = setup.notes
     metrics["phases_s"] = phases_s  # this rank's build-and-compose and warm-up seconds
     metrics["interference"] = combine_ranks([r.get("interference") for r in ranks])
+    # this rank's data: what it was, and how long its measured steps waited for it
+    metrics["data"] = {**feed.record(first, timer.window_s), "data": workload.data_info()}
+    metrics["data_wait_s"] = metrics["data"]["data_wait_s"]
+    metrics["data_wait_share"] = metrics["data"]["data_wait_share"]
     if not step_times:
         return metrics, status, reason or "no measured step completed"
 

@@ -16,6 +16,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+# Synthetic held-out batches: indices no training run reaches (a step's index is its batch's).
+HELD_OUT_INDEX = 10**9
+
 
 @dataclass(frozen=True)
 class TransformerShape:
@@ -44,6 +47,9 @@ class Workload(ABC):
     name: str = "workload"
     tokens_per_sample: int | None = None
     shape: TransformerShape | None = None
+    # "synthetic", or the real data its batches come from (harness.workloads.data): the
+    # trial loop then streams them through a DataLoader and measures its wait
+    data: str = "synthetic"
 
     @abstractmethod
     def build_model(self) -> nn.Module:
@@ -56,6 +62,15 @@ class Workload(ABC):
     @abstractmethod
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The scalar training loss of `model` on `batch`."""
+
+    def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        """Held-out batch number `index`, for the validation loss. Seeded synthetic data
+        draws it far beyond any training step's index; real data overrides this."""
+        return self.batch(batch_size, HELD_OUT_INDEX + index, device)
+
+    def data_info(self) -> dict[str, Any]:
+        """What the batches are, for the record."""
+        return {"source": self.data}
 
     @staticmethod
     def from_callables(

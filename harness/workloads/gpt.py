@@ -13,6 +13,8 @@ from harness.core.config import bounded, from_table
 from harness.core.errors import HarnessError
 from harness.workloads.attention import ATTENTION
 from harness.workloads.base import TransformerShape, Workload
+from harness.workloads.data import check_name, is_synthetic
+from harness.workloads.data import tokens as token_data
 
 
 @dataclass
@@ -26,8 +28,10 @@ class GPTConfig:
     dropout: float = bounded(0.0, 0.0, 0.99)
     attention: Literal["explicit", "sdpa"] = "explicit"
     tie_weights: bool = True
+    data: str = "synthetic"  # or "text" (vocab 256) or a token file (harness.workloads.data)
 
     def validate(self, where: str) -> None:
+        check_name(self.data, "tokens", where)
         if self.hidden % self.heads:
             raise HarnessError(
                 f"{where}: hidden {self.hidden} is not divisible by heads {self.heads}; "
@@ -112,6 +116,9 @@ class GPTWorkload(Workload):
 
     def __init__(self, cfg: GPTConfig):
         self.cfg = cfg
+        self.data = cfg.data
+        if not is_synthetic(cfg.data):
+            token_data(cfg.data).check(cfg.seq_len, cfg.vocab, "[workload]")
         self.tokens_per_sample = cfg.seq_len
         self.shape = TransformerShape(
             layers=cfg.layers,
@@ -129,8 +136,10 @@ class GPTWorkload(Workload):
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         """Learnable synthetic text: each sequence follows x[t+1] = (5·x[t] + 17) mod V
         from a random start, with 10% of tokens replaced by noise, so the loss falls
-        as the model learns instead of sitting at log V."""
+        as the model learns instead of sitting at log V. Real data: random windows."""
         cfg = self.cfg
+        if not is_synthetic(cfg.data):
+            return self._real(batch_size, index, device, token_data(cfg.data).train_batch)
         g = torch.Generator().manual_seed(1_000_003 * (index + 1))
         start = torch.randint(cfg.vocab, (batch_size, 1), generator=g)
         tokens = start.expand(-1, cfg.seq_len + 1).clone()
@@ -140,6 +149,23 @@ class GPTWorkload(Workload):
         tokens[noise] = torch.randint(cfg.vocab, (int(noise.sum()),), generator=g)
         tokens = tokens.to(device)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if is_synthetic(self.cfg.data):
+            return super().eval_batch(batch_size, index, device)
+        return self._real(batch_size, index, device, token_data(self.cfg.data).eval_batch)
+
+    def _real(self, batch_size: int, index: int, device: torch.device | str, draw: Any) -> Any:
+        if torch.device(device).type == "meta":
+            ids = torch.empty(batch_size, self.cfg.seq_len, dtype=torch.int64, device="meta")
+            return ids, torch.empty_like(ids)
+        rows = draw(batch_size, index, self.cfg.seq_len).to(device)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def data_info(self) -> dict[str, Any]:
+        if is_synthetic(self.cfg.data):
+            return super().data_info()
+        return token_data(self.cfg.data).describe()
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         idx, targets = batch

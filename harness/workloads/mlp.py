@@ -22,6 +22,7 @@ from torch import nn
 from harness.core.config import bounded, from_table
 from harness.core.errors import HarnessError
 from harness.workloads.base import Workload
+from harness.workloads.data import check_name, images, is_synthetic
 
 _TEACHER_SEED = 0x7EAC
 
@@ -33,8 +34,10 @@ class MLPConfig:
     layers: int = bounded(4, 1, 4096)
     out_features: int = bounded(10, 1, 2**24)
     task: Literal["classification", "regression"] = "classification"
+    data: str = "synthetic"  # or "digits" (in_features 64) or an .npz image set, flattened
 
     def validate(self, where: str) -> None:
+        check_name(self.data, "images", where)
         for name in ("in_features", "hidden", "layers", "out_features"):
             if getattr(self, name) < 1:
                 raise HarnessError(f"{where}.{name}: must be 1 or more, got {getattr(self, name)}")
@@ -60,14 +63,24 @@ class MLPWorkload(Workload):
     name = "mlp"
 
     def __init__(self, config: MLPConfig | None = None) -> None:
-        self.config = config or MLPConfig()
-        self.config.validate("[workload]")
+        self.config = c = config or MLPConfig()
+        c.validate("[workload]")
+        self.data = c.data
+        if not is_synthetic(c.data):
+            real = images(c.data)
+            pixels = real.train_x[0].numel()
+            if c.in_features != pixels or c.task != "classification":
+                raise HarnessError(f"[workload]: {real.source} gives {pixels} pixels to classify; "
+                                   f"set in_features = {pixels} and task = 'classification'")
+            real.check(c.out_features, "[workload] (out_features)")
 
     def build_model(self) -> nn.Module:
         return MLP(self.config)
 
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         c = self.config
+        if not is_synthetic(c.data) and torch.device(device).type != "meta":
+            return self._flat(images(c.data).train_batch(batch_size, index), device)
         target_dtype = torch.int64 if c.task == "classification" else torch.float32
         target_shape = (batch_size,) if c.task == "classification" else (batch_size, c.out_features)
         if torch.device(device).type == "meta":  # sizes only: nothing to draw
@@ -83,6 +96,20 @@ class MLPWorkload(Workload):
         if c.task == "classification":
             y = y.argmax(dim=1)
         return x.to(device), y.to(device)
+
+    def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if is_synthetic(self.config.data):
+            return super().eval_batch(batch_size, index, device)
+        return self._flat(images(self.config.data).eval_batch(batch_size, index), device)
+
+    def _flat(self, batch: Any, device: torch.device | str) -> Any:
+        x, y = batch
+        return x.flatten(1).to(device), y.to(device)
+
+    def data_info(self) -> dict[str, Any]:
+        if is_synthetic(self.config.data):
+            return super().data_info()
+        return images(self.config.data).describe()
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch

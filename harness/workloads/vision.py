@@ -1,4 +1,5 @@
-"""Image classification workloads: a small ResNet and a ViT on synthetic images.
+"""Image classification workloads: a small ResNet and a ViT on synthetic images, or on
+real ones (`data = "digits"` or an .npz file: harness.workloads.data).
 
 Images are NCHW float32, labels int64. Every batch is drawn on the CPU from a
 generator seeded with the batch index, then moved, so batch `index` is the same
@@ -28,6 +29,7 @@ from torch import nn
 from harness.core.config import bounded, from_table
 from harness.core.errors import HarnessError
 from harness.workloads.base import TransformerShape, Workload
+from harness.workloads.data import check_name, images, is_synthetic
 
 # The per-class patterns are the same for every batch: drawn from this seed at
 # this resolution, then scaled up to the image size.
@@ -70,12 +72,39 @@ class ImageClassification(Workload):
 
     config: Any
 
+    def _check_data(self) -> None:
+        self.data = self.config.data
+        check_name(self.data, "images", "[workload]")
+        if not is_synthetic(self.data):
+            images(self.data).check(self.config.num_classes, "[workload]")
+
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         c = self.config
+        if not is_synthetic(c.data):
+            return self._real(batch_size, index, device, images(c.data).train_batch)
         return synthetic_images(
             batch_size, index, channels=c.channels, image_size=c.image_size,
             num_classes=c.num_classes, device=device,
         )
+
+    def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if is_synthetic(self.config.data):
+            return super().eval_batch(batch_size, index, device)
+        return self._real(batch_size, index, device, images(self.config.data).eval_batch)
+
+    def _real(self, batch_size: int, index: int, device: torch.device | str, draw: Any) -> Any:
+        c = self.config
+        if torch.device(device).type == "meta":  # sizes only, as synthetic_images
+            return synthetic_images(batch_size, index, channels=c.channels,
+                                    image_size=c.image_size, num_classes=c.num_classes,
+                                    device=device)
+        x, y = draw(batch_size, index, c.channels, c.image_size)
+        return x.to(device), y.to(device)
+
+    def data_info(self) -> dict[str, Any]:
+        if is_synthetic(self.config.data):
+            return super().data_info()
+        return images(self.config.data).describe()
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch
@@ -104,6 +133,7 @@ class ResNetConfig:
     image_size: int = bounded(32, 1, 2**16)
     num_classes: int = bounded(10, 1, 2**24)
     channels: int = bounded(3, 1, 4096)
+    data: str = "synthetic"  # or "digits" or an .npz image set (harness.workloads.data)
 
     def validate(self, where: str) -> None:
         if not 1 <= len(self.widths) <= 64:
@@ -167,6 +197,7 @@ class ResNetWorkload(ImageClassification):
     def __init__(self, config: ResNetConfig | None = None) -> None:
         self.config = config or ResNetConfig()
         self.config.validate("[workload]")
+        self._check_data()
 
     def build_model(self) -> nn.Module:
         return ResNet(self.config)
@@ -193,6 +224,7 @@ class ViTConfig:
     num_classes: int = bounded(10, 1, 2**24)
     channels: int = bounded(3, 1, 4096)
     dropout: float = bounded(0.0, 0.0, 0.99)
+    data: str = "synthetic"  # or "digits" or an .npz image set (harness.workloads.data)
 
     @property
     def num_patches(self) -> int:
@@ -282,6 +314,7 @@ class ViTWorkload(ImageClassification):
     def __init__(self, config: ViTConfig | None = None) -> None:
         self.config = c = config or ViTConfig()
         c.validate("[workload]")
+        self._check_data()
         self.shape = TransformerShape(
             layers=c.layers, hidden=c.hidden, heads=c.heads, seq_len=c.num_patches + 1,
             vocab=c.num_classes, ffn_hidden=c.ffn_hidden, dropout=c.dropout,

@@ -1,0 +1,113 @@
+"""Real data for the built-in workloads: `data = "synthetic" | "text" | "digits" | a path`.
+
+    synthetic   the workload's own seeded batches (the default; nothing read)
+    text        the byte-level corpus of Python's help pages (harness.workloads.corpus)
+    digits      scikit-learn's bundled 8x8 digits (the `digits` extra; harness.workloads.digits)
+    a path      a user's token file or folder, or an image set (harness.workloads.user_data)
+
+Training batch `index` is drawn from a generator seeded with the index, as the
+synthetic batches are: the same in every process, for every micro-batch size and
+layout, so techniques that leave the maths alone see the same data. Validation
+batches are fixed windows (images) of the held-out part, in order: batch `index` of
+size B holds held-out samples index*B ... index*B + B - 1, wrapping round.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harness.core.errors import HarnessError
+from harness.workloads.corpus import Split, text_split
+from harness.workloads.image_split import ImageSplit
+
+NAMED = ("synthetic", "text", "digits")
+
+
+def is_synthetic(data: str) -> bool:
+    return data == "synthetic"
+
+
+def check_name(data: str, kind: str, where: str) -> None:
+    """Refuse a named data set the workload cannot take (a path is read later)."""
+    wants = {"tokens": "text", "images": "digits"}[kind]
+    other = {"tokens": "digits", "images": "text"}[kind]
+    if data == other:
+        raise HarnessError(f"{where}.data: '{data}' is not {kind}; use 'synthetic', "
+                           f"'{wants}' or a path to your own {kind}")
+    if not data:
+        raise HarnessError(f"{where}.data: give 'synthetic', '{wants}' or a path")
+
+
+# --- tokens -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: windows() is cached
+class TokenData:
+    split: Split
+
+    def describe(self) -> dict[str, object]:
+        s = self.split
+        return {"source": s.source, "digest": s.digest, "train_tokens": len(s.train),
+                "validation_tokens": s.validation_tokens}
+
+    def check(self, seq_len: int, vocab: int, where: str) -> None:
+        s = self.split
+        top = max(int(s.train.max(initial=0)), *(int(c.max(initial=0)) for c in s.validation))
+        if top >= vocab:
+            raise HarnessError(f"{where}.vocab: {s.source} has token ids up to {top}; "
+                               f"set vocab to at least {top + 1}")
+        if len(s.train) <= seq_len + 1:
+            raise HarnessError(f"{where}.seq_len: {seq_len} is longer than the training text "
+                               f"({len(s.train)} tokens); use a shorter seq_len")
+        if not self.windows(seq_len):
+            longest = max((len(c) for c in s.validation), default=0)
+            raise HarnessError(f"{where}.seq_len: {seq_len} + 1 tokens do not fit in a held-out "
+                               f"chunk ({longest} tokens); use seq_len below {longest}")
+
+    @functools.cache  # noqa: B019 (one per data set and length, for the process's life)
+    def windows(self, seq_len: int) -> list[tuple[int, int]]:
+        """(chunk, start) of each held-out window of seq_len + 1 tokens, in order."""
+        return [(c, start) for c, chunk in enumerate(self.split.validation)
+                for start in range(0, len(chunk) - seq_len, seq_len)]
+
+    def train_batch(self, batch_size: int, index: int, seq_len: int) -> torch.Tensor:
+        """[batch_size, seq_len + 1] int64: windows at starts drawn with seed `index`."""
+        train = torch.from_numpy(self.split.train)
+        g = torch.Generator().manual_seed(1_000_003 * (index + 1))
+        starts = torch.randint(len(train) - seq_len, (batch_size, 1), generator=g)
+        return train[starts + torch.arange(seq_len + 1)].long()
+
+    def eval_batch(self, batch_size: int, index: int, seq_len: int) -> torch.Tensor:
+        wins = self.windows(seq_len)
+        rows = [wins[(index * batch_size + i) % len(wins)] for i in range(batch_size)]
+        chunks = self.split.validation
+        return torch.stack([torch.from_numpy(chunks[c][s:s + seq_len + 1].astype(np.int64))
+                            for c, s in rows])
+
+
+@functools.cache
+def tokens(data: str) -> TokenData:
+    if data == "text":
+        return TokenData(text_split())
+    from harness.workloads.user_data import token_split
+
+    return TokenData(token_split(Path(data)))
+
+
+# --- images -----------------------------------------------------------------
+
+
+@functools.cache
+def images(data: str) -> ImageSplit:
+    if data == "digits":
+        from harness.workloads.digits import digits_split
+
+        return digits_split()
+    from harness.workloads.user_data import image_split
+
+    return image_split(Path(data))
