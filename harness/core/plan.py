@@ -30,6 +30,7 @@ from harness.core.config import (
     to_table,
 )
 from harness.core.errors import HarnessError
+from harness.core.target import TargetSpec
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Plan(TomlFile):
     seed: int = bounded(0, 0, 2**63 - 1)
     timeout_s: float = bounded(900.0, 1e-3, 30 * 86400)
     cluster: ClusterSpec | None = None  # where it runs: this machine unless [cluster] says
+    target: TargetSpec | None = None  # also train to a validation loss (harness.core.target)
 
     # --- derived -----------------------------------------------------------
     @property

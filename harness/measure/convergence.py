@@ -1,0 +1,112 @@
+"""One seed's run to the target: fresh weights, trained until the validation loss
+reaches `target.loss`, or the cap.
+
+It trains the plan's maths and nothing else (`maths_plan`): one process, no
+parallel layout, and of the strategies only those that change the numbers (amp's
+precision, LAMB) or keep memory in bounds without changing them (accumulation,
+checkpointing). The batch of step s is the workload's batch s, as in every trial.
+The lr is the plan's, scaled with the global batch and warmed up as [target] says.
+
+The validation loss (harness.measure.validation) is taken every `eval_every` samples,
+between steps and off the training clock; the first at 0 samples, from the fresh
+weights. The steps to target are those after which it was first at or below the
+target: a resolution of eval_every samples. A run that stops short (cap, or a loss
+that is not finite) records the best loss it reached and is a miss, never a hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+
+from harness.core.device import RuntimeEnv
+from harness.core.plan import Layout, Plan
+from harness.measure.batches import split_batch
+from harness.measure.validation import validation_loss
+from harness.workloads import Workload
+from strategies import compose
+
+# What a convergence run keeps of the plan's strategies (everything else leaves the
+# maths unchanged and is there for speed or for several ranks).
+KEPT = ("amp", "lamb", "checkpoint")
+
+
+def maths_plan(plan: Plan) -> Plan:
+    """The plan in one process: micro-batches of (at most) micro x data samples,
+    accumulated to the global batch, with the scaled lr."""
+    assert plan.target is not None
+    batch = plan.batch_size
+    want = min(batch, plan.micro_batch_size * plan.layout.data)
+    micro = max(m for m in range(1, want + 1) if batch % m == 0)
+    strategies = {k: dict(v) for k, v in plan.strategies.items() if k in KEPT}
+    if batch // micro > 1:
+        strategies["accumulation"] = {}
+    lr = plan.target.lr(plan.optimizer.lr, batch)
+    return plan.replace(layout=Layout(), micro_batch_size=micro, global_batch_size=batch,
+                        strategies=strategies,
+                        optimizer=dataclasses.replace(plan.optimizer, lr=lr))
+
+
+def train_to_target(plan: Plan, workload: Workload, device: torch.device,
+                    runtime: RuntimeEnv | None, seed: int) -> dict[str, Any]:
+    spec = plan.target
+    assert spec is not None
+    run_plan = maths_plan(plan)
+    batch, micro_steps = run_plan.batch_size, run_plan.accumulation_steps
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = workload.build_model()
+    setup = compose(model, run_plan, device, runtime)
+    warm = spec.warmup_steps(batch)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        setup.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    max_steps = spec.max_steps or math.inf
+
+    def evaluate(step: int, samples: int, train_s: float, train_loss: float | None) -> float:
+        value = validation_loss(setup.model, workload, spec.eval_samples, device,
+                                setup.autocast())
+        curve.append({"step": step, "samples": samples, "train_s": train_s,
+                      "val_loss": value, "train_loss": train_loss})
+        return value
+
+    curve: list[dict[str, Any]] = []
+    t_eval = time.perf_counter()
+    reached_at = 0 if evaluate(0, 0, 0.0, None) <= spec.loss else None
+    eval_s = time.perf_counter() - t_eval
+    step, samples, train_s, stopped = 0, 0, 0.0, "reached" if reached_at == 0 else ""
+    next_eval = spec.eval_every
+    while not stopped:
+        t0 = time.perf_counter()
+        micro = split_batch(workload.batch(batch, step, device), micro_steps)
+        loss = setup.step(micro, workload.loss)
+        schedule.step()
+        value = float(loss) if loss is not None else math.nan  # reading it synchronises
+        train_s += time.perf_counter() - t0
+        step, samples = step + 1, samples + batch
+        capped = samples >= spec.max_samples or step >= max_steps
+        if not math.isfinite(value):
+            stopped = "diverged"
+        elif samples >= next_eval or capped:
+            t_eval = time.perf_counter()
+            val = evaluate(step, samples, train_s, value)
+            eval_s += time.perf_counter() - t_eval
+            while next_eval <= samples:
+                next_eval += spec.eval_every
+            if val <= spec.loss:
+                reached_at, stopped = step, "reached"
+        if not stopped and capped:
+            stopped = "max_samples" if samples >= spec.max_samples else "max_steps"
+    losses = [p["val_loss"] for p in curve]
+    return {
+        "seed": seed, "reached": reached_at is not None, "stopped": stopped,
+        "steps_to_target": reached_at,
+        "samples_to_target": None if reached_at is None else reached_at * batch,
+        "best_val_loss": min(losses), "final_val_loss": losses[-1],
+        "steps": step, "samples": samples, "train_s": train_s, "eval_s": eval_s,
+        "micro_batch_size": run_plan.micro_batch_size, "lr": run_plan.optimizer.lr,
+        "warmup_steps": warm, "curve": curve,
+    }

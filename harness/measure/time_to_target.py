@@ -1,0 +1,83 @@
+"""Time to target for a measured configuration: steps to target x its step time.
+
+The steps come from one run per seed to the target (harness.measure.convergence),
+each looked up first in the cache by the plan's maths (harness.measure.target_cache)
+and run only when absent. The step time is this trial's measured median. A
+configuration is a success only when every seed reached the target; the record then
+gives the median over seeds and its spread (min, max), and otherwise says which
+seeds missed and the best loss each reached.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from harness.core.target import maths_key, precision
+from harness.measure import target_cache
+from harness.measure.convergence import train_to_target
+from harness.measure.prepare import Prepared
+
+
+def seed_runs(prep: Prepared) -> list[dict[str, Any]]:
+    """One run per seed of the plan's [target], from the cache where it holds one."""
+    plan = prep.plan
+    assert plan.target is not None
+    table = plan.to_dict()
+    runs = []
+    for seed in plan.target.seeds:
+        key = maths_key(table, seed, prep.device.type)
+        run = target_cache.lookup(key)
+        cached = run is not None
+        if run is None:
+            run = train_to_target(plan, prep.workload, prep.device, prep.runtime, seed)
+            target_cache.store(key, run)
+        runs.append({**run, "cached": cached})
+    return runs
+
+
+def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss: float,
+              plan: dict[str, Any]) -> dict[str, Any]:
+    """metrics.convergence, and the schema's steps_to_target / time_to_target_s."""
+    reached = all(r["reached"] for r in runs)
+    steps = [r["steps_to_target"] for r in runs if r["reached"]]
+    times = [s * step_time_s for s in steps] if step_time_s else []
+    strategies = plan.get("strategies") or {}
+    out: dict[str, Any] = {
+        "target_loss": target_loss,
+        "reached": reached,
+        "seeds": [r["seed"] for r in runs],
+        "optimizer": "lamb" if "lamb" in strategies else "adamw",
+        "precision": precision(strategies),
+        "global_batch": plan.get("global_batch_size") or plan.get("micro_batch_size"),
+        "step_time_s": step_time_s,
+        "steps_to_target": statistics.median(steps) if reached else None,
+        "samples_to_target": (statistics.median(r["samples_to_target"] for r in runs)
+                              if reached else None),
+        "time_to_target_s": statistics.median(times) if reached and times else None,
+        "time_spread_s": [min(times), max(times)] if reached and times else None,
+        "best_val_loss": min(r["best_val_loss"] for r in runs),
+        "runs": runs,
+    }
+    return out
+
+
+def add_time_to_target(prep: Prepared, metrics: dict[str, Any]) -> tuple[str, str | None]:
+    """Fill metrics.convergence, steps_to_target and time_to_target_s; the trial's status
+    and reason: a miss is "failed" (a loss that was not finite, "diverged")."""
+    spec = prep.plan.target
+    assert spec is not None
+    plan = prep.plan.to_dict()
+    step_s = (metrics.get("step_time_s") or {}).get("median")
+    conv = summarize(seed_runs(prep), step_s, spec.loss, plan)
+    metrics["convergence"] = conv
+    metrics["steps_to_target"] = conv["steps_to_target"]
+    metrics["time_to_target_s"] = conv["time_to_target_s"]
+    if conv["reached"]:
+        return "ok", None
+    missed = [r for r in conv["runs"] if not r["reached"]]
+    words = ", ".join(f"seed {r['seed']}: {r['stopped']} at {r['samples']} samples, best "
+                      f"{r['best_val_loss']:.4g}" for r in missed)
+    status = "diverged" if any(r["stopped"] == "diverged" for r in missed) else "failed"
+    return status, (f"validation loss {spec.loss:g} not reached ({words}); "
+                    "raise [target].max_samples, or change the lr or batch")
