@@ -124,7 +124,6 @@ def check_study(study: Study, device_type: str) -> None:
     except HarnessError as e:  # its messages say "[workload]" or "workload 'name'"
         raise HarnessError(str(e) if "workload" in str(e) else f"workload: {e}") from None
     names = set(study.strategies)
-    g = study.global_batch_size
     for lay in study.layout.layouts():
         where = (f"layout: data {lay.data} x pipeline {lay.pipeline} x tensor {lay.tensor} "
                  f"(world size {lay.world_size})")
@@ -135,10 +134,11 @@ def check_study(study: Study, device_type: str) -> None:
             if getattr(lay, axis) > 1 and axis not in names:
                 raise HarnessError(f"{where} needs [strategies.{axis}]; add it, or set "
                                    f"layout.{axis} = [1]")
-        if not any(g % (m * lay.data) == 0 for m in study.micro_sizes):
-            raise HarnessError(
-                f"{where}: no micro-batch of {study.micro_sizes} x data {lay.data} divides "
-                f"global_batch_size {g}; change global_batch_size or micro_batch_sizes")
+        for g in study.global_batches:
+            if not any(g % (m * lay.data) == 0 for m in study.micro_sizes):
+                raise HarnessError(
+                    f"{where}: no micro-batch of {study.micro_sizes} x data {lay.data} divides "
+                    f"global_batch_size {g}; change global_batch_size or micro_batch_sizes")
     if study.known_good is not None:
         _check_known_good(study)
 

@@ -5,12 +5,17 @@ cannot disagree: sampling a trial, rebuilding a plan from stored parameters,
 turning a wanted configuration into parameters (the baseline, the known-good one,
 ablations), and listing every configuration of a finite space.
 
+    global_batch_size      when the study lists several (objective time_to_loss)
+    optimizer, lr,         with target_loss: the [target] table's choices
+    lr_scaling,            (harness.study.target_search); each a parameter only
+    warmup_samples         when it has several values
     layout                 d{data}p{pipeline}t{tensor}, only layouts that divide a
                            world size (one layout: no parameter)
     data_parallel          ddp or zero, when data > 1 and the study lists both
     micro_batch_size       only sizes where micro x data divides the global batch
                            (named micro_batch_size@data{d} when data sizes differ,
-                           since an Optuna parameter keeps one set of choices)
+                           and @batch{g} when global batches do, since an Optuna
+                           parameter keeps one set of choices)
     <strategy>             on or off, for each searched strategy
     <strategy>.<setting>   only when that strategy is on
 
@@ -20,6 +25,7 @@ accumulation is added whenever a step takes several micro-batches.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +39,7 @@ from harness.study.study_file import Study
 DATA_PARALLEL = ("ddp", "zero")
 AXIS_STRATEGIES = {"pipeline": "pipeline", "tensor": "tensor"}  # layout axis -> strategy
 STRUCTURAL = {*DATA_PARALLEL, *AXIS_STRATEGIES.values()}
+TARGET_PARAMS = ("global_batch_size", "optimizer", "lr", "lr_scaling", "warmup_samples")
 
 Ask = Callable[[str, Space], Any]
 
@@ -64,9 +71,13 @@ class SearchSpace:
         self.data_parallel = [s for s in DATA_PARALLEL if s in names]
         self.always = [s for s in names if s not in STRUCTURAL and study.strategies[s].always]
         self.optional = [s for s in names if s not in STRUCTURAL and s not in self.always]
-        self.layouts = [lay for lay in study.layout.layouts() if self.micros_for(lay)]
+        self.layouts = [lay for lay in study.layout.layouts()
+                        if any(self.micros_for(lay, g) for g in study.global_batches)]
         self._by_key = {layout_key(lay): lay for lay in self.layouts}
         self._one_data = len({lay.data for lay in self.layouts}) == 1
+        self._one_batch_micros = all(
+            len({tuple(self.micros_for(lay, g)) for g in study.global_batches}) == 1
+            for lay in self.layouts)
 
     @classmethod
     def of(cls, study: Study, device_type: str) -> SearchSpace:
@@ -75,12 +86,15 @@ class SearchSpace:
 
         return cls(study, device_type, resolve_settings(study, device_type))
 
-    def micros_for(self, layout: Layout) -> list[int]:
-        g = self.study.global_batch_size
+    def micros_for(self, layout: Layout, g: int | None = None) -> list[int]:
+        g = g or self.study.global_batches[0]
         return [m for m in self.study.micro_sizes if g % (m * layout.data) == 0]
 
     # --- the one walk ---------------------------------------------------------
     def _walk(self, ask: Ask) -> Plan:
+        batches = self.study.global_batches
+        g = batches[0] if len(batches) == 1 else ask("global_batch_size", Choice(tuple(batches)))
+        drawn = self._target_values(ask)
         layout = self.layouts[0]
         if len(self.layouts) > 1:
             layout = self._by_key[ask("layout", Choice(tuple(self._by_key)))]
@@ -93,20 +107,37 @@ class SearchSpace:
         for axis, name in AXIS_STRATEGIES.items():
             if getattr(layout, axis) > 1:
                 strategies[name] = self._settings(name, ask)
-        micros = self.micros_for(layout)
+        micros = self.micros_for(layout, g)
+        if not micros:
+            raise NotInSpace(f"no micro-batch of {self.study.micro_sizes} x data {layout.data} "
+                             f"divides global batch {g}")
         micro = micros[0]
         if len(micros) > 1:
             name = "micro_batch_size" if self._one_data else f"micro_batch_size@data{layout.data}"
+            name += "" if self._one_batch_micros else f"@batch{g}"
             micro = ask(name, Choice(tuple(micros)))
+        if drawn.get("optimizer") == "lamb":
+            strategies["lamb"] = {}
         for name in self.always:
             strategies[name] = self._settings(name, ask)
         for name in self.optional:
             if ask(name, Choice((False, True))):
                 strategies[name] = self._settings(name, ask)
-        steps = self.study.global_batch_size // (micro * layout.data)
+        steps = g // (micro * layout.data)
         if steps > 1 and "pipeline" not in strategies:
             strategies["accumulation"] = {}
-        return self._plan(layout, micro, strategies)
+        return self._plan(layout, micro, strategies, g, drawn)
+
+    def _target_values(self, ask: Ask) -> dict[str, Any]:
+        """With target_loss: the optimizer, lr, lr scaling and warm-up, each asked only
+        when it has several values."""
+        if self.study.target_loss is None:
+            return {}
+        out = {}
+        for name, dist in self.study.target.spaces(self.study.optimizer.lr).items():
+            single = isinstance(dist, Choice) and len(dist.values) == 1
+            out[name] = dist.values[0] if single else ask(name, dist)
+        return out
 
     def _settings(self, name: str, ask: Ask) -> dict[str, Any]:
         space = self.settings[name]
@@ -118,14 +149,19 @@ class SearchSpace:
                 out[setting] = ask(f"{name}.{setting}", dist)
         return out
 
-    def _plan(self, layout: Layout, micro: int, strategies: dict[str, dict[str, Any]]) -> Plan:
+    def _plan(self, layout: Layout, micro: int, strategies: dict[str, dict[str, Any]], g: int,
+              drawn: dict[str, Any]) -> Plan:
         s = self.study
+        optimizer, target = s.optimizer, None
+        if s.target_loss is not None:
+            optimizer = dataclasses.replace(s.optimizer, lr=drawn["lr"])
+            target = s.target.spec(s.target_loss, drawn)
         return Plan(
             name=s.name, workload=s.workload, workload_args=dict(s.workload_args),
             device=s.device, layout=Layout(layout.data, layout.pipeline, layout.tensor),
-            micro_batch_size=micro, global_batch_size=s.global_batch_size,
-            strategies=strategies, optimizer=s.optimizer, warmup_steps=s.warmup_steps,
-            steps=s.steps, seed=s.seed, timeout_s=s.budget.trial_timeout_s,
+            micro_batch_size=micro, global_batch_size=g,
+            strategies=strategies, optimizer=optimizer, warmup_steps=s.warmup_steps,
+            steps=s.steps, seed=s.seed, timeout_s=s.budget.trial_timeout_s, target=target,
         )
 
     # --- its uses -------------------------------------------------------------
@@ -175,6 +211,11 @@ class SearchSpace:
         return params
 
     def _wanted_value(self, name: str, dist: Space, wanted: Wanted, on: dict) -> Any:
+        if name in TARGET_PARAMS:  # the first listed (the study's own lr where it fits)
+            if isinstance(dist, Choice):
+                return dist.values[0]
+            lr = self.study.optimizer.lr
+            return lr if dist.low <= lr <= dist.high else dist.low
         if name == "layout":
             return layout_key(wanted.layout) if wanted.layout else dist.values[0]
         if name == "data_parallel":

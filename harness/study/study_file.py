@@ -47,8 +47,9 @@ from harness.core.errors import HarnessError
 from harness.core.plan import Layout, OptimizerSettings
 from harness.core.units import parse_bytes, parse_duration
 from harness.study.storage_spec import StorageSpec
+from harness.study.target_search import StudyTarget, check_target
 
-OBJECTIVES = {"throughput": "maximize", "memory": "minimize"}
+OBJECTIVES = {"throughput": "maximize", "memory": "minimize", "time_to_loss": "minimize"}
 MAX_MICRO = 2**24  # as a plan's micro_batch_size
 
 
@@ -183,7 +184,8 @@ class Study(TomlFile):
     objective: str | list[str] = "throughput"
     sampler: Literal["auto", "tpe", "nsga2", "random", "grid"] = "auto"
     seed: int = bounded(0, 0, 2**32 - 1)  # Optuna's samplers seed numpy with it
-    global_batch_size: int = bounded(8, 1, 2**30)
+    # a list is searched: only with objective time_to_loss (harness.study.target_search)
+    global_batch_size: int | list[int] = bounded(8, 1, 2**30)
     micro_batch_sizes: list[int] | MicroRange = field(default_factory=lambda: [1, 2, 4, 8])
     warmup_steps: int = bounded(3, 0, 10**6)
     steps: int = bounded(10, 1, 10**6)
@@ -195,6 +197,8 @@ class Study(TomlFile):
     strategies: dict[str, StrategySpec] = field(default_factory=dict)
     known_good: dict[str, Any] | None = None  # micro_batch_size, layout, strategies
     cluster: ClusterSpec | None = None  # trials as Slurm jobs (harness.core.cluster)
+    target_loss: float | None = None  # validation loss to reach (objective time_to_loss)
+    target: StudyTarget = field(default_factory=StudyTarget)  # how, and what is searched
 
     def validate(self, where: str) -> None:
         if not self.name or any(c in self.name for c in "/\\ ") or self.name.startswith("."):
@@ -213,6 +217,9 @@ class Study(TomlFile):
             raise HarnessError(f"{where}.micro_batch_sizes: give at least one value")
         if self.cluster is not None:
             self._check_cluster(self.cluster, where)
+        if not self.global_batches or any(not 1 <= g <= 2**30 for g in self.global_batches):
+            raise HarnessError(f"{where}.global_batch_size: each must be between 1 and 2^30")
+        check_target(self, where)
 
     def _check_cluster(self, cluster: ClusterSpec, where: str) -> None:
         cluster.check_timeout(self.budget.trial_timeout_s, "budget.trial_timeout",
@@ -229,6 +236,11 @@ class Study(TomlFile):
     @property
     def directions(self) -> list[str]:
         return [OBJECTIVES[o] for o in self.objectives]
+
+    @property
+    def global_batches(self) -> list[int]:
+        g = self.global_batch_size
+        return sorted(set(g)) if isinstance(g, list) else [g]
 
     @property
     def micro_sizes(self) -> list[int]:
@@ -257,6 +269,7 @@ class Study(TomlFile):
             name: from_table(StrategySpec, table, f"{where}.strategies.{name}")
             for name, table in raw_strategies.items()
         }
+        check_target(study, where)  # again, now with the strategies
         return study
 
     @classmethod

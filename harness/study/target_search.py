@@ -1,0 +1,108 @@
+"""A study's [target] table: how each configuration is trained to `target_loss`, and
+which of the settings that change the maths are searched.
+
+    objective = "time_to_loss"
+    target_loss = 2.4
+    global_batch_size = [16, 32, 64, 128, 256, 512]   # searched
+    [target]
+    optimizer = ["adamw", "lamb"]          # searched (LAMB: strategies.lamb)
+    lr = [1e-3, 3e-3]                       # or { min = 1e-4, max = 1e-2 } (log-uniform)
+    lr_scaling = ["none", "sqrt"]          # from base_batch to each global batch
+    base_batch = 16
+    warmup_samples = [0, 4096]
+    seeds = [0, 1, 2]
+    max_samples = 262144
+    eval_every = 4096
+    eval_samples = 512
+
+A list of one value holds it; every plan gets a harness.core.target.TargetSpec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.core.config import bounded
+from harness.core.errors import HarnessError
+from harness.core.space import Choice, FloatRange, Space
+from harness.core.target import TargetSpec
+
+OPTIMIZERS = ("adamw", "lamb")
+SCALINGS = ("none", "linear", "sqrt")
+
+
+@dataclass
+class LrSpan:
+    """Learning rates drawn log-uniformly from min to max."""
+
+    min: float
+    max: float
+
+    def validate(self, where: str) -> None:
+        if not (0 < self.min <= self.max < math.inf):
+            raise HarnessError(f"{where}: need 0 < min <= max")
+
+
+@dataclass
+class StudyTarget:
+    optimizer: list[Literal["adamw", "lamb"]] = field(default_factory=lambda: ["adamw"])
+    lr: list[float] | LrSpan | None = None  # None: the study's [optimizer] lr
+    lr_scaling: list[Literal["none", "linear", "sqrt"]] = field(default_factory=lambda: ["none"])
+    base_batch: int = bounded(0, 0, 2**30)
+    warmup_samples: list[int] = field(default_factory=lambda: [0])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    max_samples: int = bounded(1 << 20, 1, 2**40)
+    max_steps: int = bounded(0, 0, 10**9)
+    eval_every: int = bounded(4096, 1, 2**40)
+    eval_samples: int = bounded(512, 1, 2**30)
+
+    def validate(self, where: str) -> None:
+        for key in ("optimizer", "lr_scaling", "warmup_samples", "seeds"):
+            values = getattr(self, key)
+            if not values or len(set(values)) != len(values):
+                raise HarnessError(f"{where}.{key}: give one or more different values")
+        if isinstance(self.lr, list) and (not self.lr or any(not 0 < v < math.inf
+                                                             for v in self.lr)):
+            raise HarnessError(f"{where}.lr: give learning rates above 0")
+        if any(v < 0 for v in self.warmup_samples):
+            raise HarnessError(f"{where}.warmup_samples: each must be 0 or more")
+        if set(self.lr_scaling) != {"none"} and not self.base_batch:
+            raise HarnessError(f"{where}.base_batch: lr_scaling scales the lr from the batch "
+                               "it was set for; give that batch as base_batch")
+
+    def spaces(self, default_lr: float) -> dict[str, Space]:
+        """The searched parameters (name -> space), in the order a trial asks them."""
+        lr: Space = (FloatRange(self.lr.min, self.lr.max, log=True)
+                     if isinstance(self.lr, LrSpan)
+                     else Choice(tuple(self.lr or [default_lr])))
+        return {"optimizer": Choice(tuple(self.optimizer)), "lr": lr,
+                "lr_scaling": Choice(tuple(self.lr_scaling)),
+                "warmup_samples": Choice(tuple(self.warmup_samples))}
+
+    def spec(self, loss: float, values: dict[str, Any]) -> TargetSpec:
+        """The plan's [target] for the values a trial drew."""
+        return TargetSpec(loss=loss, seeds=list(self.seeds), max_samples=self.max_samples,
+                          max_steps=self.max_steps, eval_every=self.eval_every,
+                          eval_samples=self.eval_samples, lr_scaling=values["lr_scaling"],
+                          base_batch=self.base_batch,
+                          warmup_samples=values["warmup_samples"])
+
+
+def check_target(study: Any, where: str) -> None:
+    """objective time_to_loss needs target_loss, and the other way round; LAMB is the
+    [target] table's optimizer choice, not a strategy to search on and off."""
+    wants = "time_to_loss" in study.objectives
+    if wants and study.target_loss is None:
+        raise HarnessError(f"{where}.target_loss: objective 'time_to_loss' needs the validation "
+                           "loss to reach; add target_loss = ...")
+    if study.target_loss is not None and not math.isfinite(study.target_loss):
+        raise HarnessError(f"{where}.target_loss: give a finite validation loss")
+    if study.target_loss is not None and "lamb" in study.strategies:
+        raise HarnessError(f"{where}.strategies.lamb: with target_loss the optimizer is chosen "
+                           "by [target].optimizer = ['adamw', 'lamb']; remove [strategies.lamb]")
+    if len(study.global_batches) > 1 and study.target_loss is None:
+        raise HarnessError(f"{where}.global_batch_size: searching the global batch needs "
+                           "objective 'time_to_loss' and target_loss (a larger batch always "
+                           "has the higher throughput); give one global_batch_size")
