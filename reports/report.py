@@ -6,6 +6,7 @@ import re
 from statistics import median
 
 from harness.core.units import format_bytes, format_seconds
+from reports import figures_convergence as fc
 from reports import figures_memory as fm
 from reports import figures_perf as perf
 from reports import figures_study as fs
@@ -28,6 +29,12 @@ def build_report(run: Run) -> str:
                perf.step_times(run), perf.loss_curves(run), fm.memory_prediction(run)]
     body = [headline_html(run, h), figure(figures[0], effects_table(effects))]
     body += [figure(f) for f in figures[1:]]
+    ttl = fc.points(run)
+    if ttl:  # trained to a target loss: the curves and MLPerf's convergence points
+        body += [figure(fc.loss_vs_time(run)), figure(fc.loss_vs_samples(run)),
+                 section("ttl_table", "Steps to target by global batch and optimizer",
+                         fc.steps_table(run), "The fastest configuration of each pair: median "
+                         "over seeds, [fastest–slowest seed]; time = steps × its step time.")]
     body += [trials_html(run), failures_html(run), study_html(run),
              section("env", "Environment", environment_rows(run))]
     if run.notes:
@@ -38,10 +45,24 @@ def build_report(run: Run) -> str:
            ("steps", "Step times"), ("loss", "Loss"), ("memory", "Estimator"),
            ("trials", "All trials"), ("failures", "Failures"), ("study", "Study"),
            ("env", "Environment")]
+    if ttl:
+        nav[-4:-4] = [("ttl_time", "Loss × time"), ("ttl_samples", "Loss × samples"),
+                      ("ttl_table", "Steps to target")]
     n = len(run.trials)
     sub = (f"{'study' if run.kind == 'study' else 'bench run'} · {n} trial{'s' * (n != 1)} · "
            f"{run.path}")
     return page(f"Report: {run.name}", sub, nav, "".join(body))
+
+
+def _time_to_target_card(run: Run) -> str:
+    """First in the headline when configurations were trained to a target loss."""
+    best, note = fc.fastest(run)
+    if best is None:
+        return card("time to target", "not reached", note, "bad")
+    target = best.conv.get("target_loss")
+    return card(f"time to validation loss {target:g}", format_seconds(best.time_s),
+                f"#{best.trial_id} {best.optimizer}, global batch {best.batch}, "
+                f"{best.steps:g} steps; {note}".rstrip("; "), "good")
 
 
 def headline_html(run: Run, h: Headline) -> str:
@@ -51,7 +72,7 @@ def headline_html(run: Run, h: Headline) -> str:
         parts.append(f'<p class="note bad">{e(h.caution)}</p>')
     if h.speedup is None:
         parts += [f'<p class="note">{e(m)}</p>' for m in h.missing]
-    cards = []
+    cards = [_time_to_target_card(run)] if fc.points(run) else []
     if h.speedup is not None:
         cards.append(card("speedup over fp32", f"{h.speedup:.2f}×",
                           f"{rate(b['samples_per_s'])} vs {rate(base['samples_per_s'])} samples/s",

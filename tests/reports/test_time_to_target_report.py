@@ -1,0 +1,50 @@
+"""The page of a time-to-loss study: validation loss against wall-clock and samples, the
+steps-to-target table by global batch and optimizer, time to target in the headline, a
+miss shown as the loss it reached, and two times within the seeds' spread said to be so."""
+
+from __future__ import annotations
+
+from reports import figures_convergence as fc
+from reports.load import load_run
+from reports.report import build_report
+from tests.reports.runs import synthetic_records, write_run
+
+
+def convergence(optimizer: str, batch: int, steps: list[int | None], step_s: float) -> dict:
+    runs = []
+    for seed, n in enumerate(steps):
+        end = n or 40
+        curve = [{"step": s, "samples": s * batch, "train_s": s * 0.01,
+                  "val_loss": 5.0 - 3.0 * s / (n or 80), "train_loss": None}
+                 for s in range(0, end + 1, 10)]
+        runs.append({"seed": seed, "reached": n is not None, "steps_to_target": n,
+                     "samples_to_target": n and n * batch, "best_val_loss": curve[-1]["val_loss"],
+                     "stopped": "reached" if n else "max_samples", "curve": curve})
+    reached = all(n is not None for n in steps)
+    times = [n * step_s for n in steps if n is not None]
+    return {"target_loss": 2.0, "reached": reached, "optimizer": optimizer, "global_batch": batch,
+            "step_time_s": step_s, "seeds": list(range(len(steps))),
+            "steps_to_target": sorted(steps)[len(steps) // 2] if reached else None,
+            "samples_to_target": sorted(steps)[len(steps) // 2] * batch if reached else None,
+            "time_to_target_s": sorted(times)[len(times) // 2] if reached else None,
+            "time_spread_s": [min(times), max(times)] if reached else None,
+            "best_val_loss": min(r["best_val_loss"] for r in runs), "runs": runs}
+
+
+def test_a_time_to_loss_page(tmp_path):
+    recs = [r for r in synthetic_records(6, ablation=False) if r["status"] == "ok"][:4]
+    recs[0]["metrics"]["convergence"] = convergence("adamw", 16, [100, 110, 120], 0.01)
+    recs[1]["metrics"]["convergence"] = convergence("lamb", 16, [90, 105, 130], 0.01)
+    recs[2]["metrics"]["convergence"] = convergence("adamw", 64, [40, 42, 44], 0.05)
+    recs[3]["metrics"]["convergence"] = convergence("lamb", 64, [None, 50, 52], 0.05)
+    run = load_run(write_run(tmp_path / "run", recs, objective="time_to_loss"))
+    page = build_report(run)
+    for key in ('id="ttl_time"', 'id="ttl_samples"', 'id="ttl_table"',
+                "time to validation loss 2"):
+        assert key in page
+    best, note = fc.fastest(run)
+    assert (best.optimizer, best.batch, best.time_s) == ("lamb", 16, 1.05)
+    assert "within the spread" in note  # adamw at 16: 1.1 s, inside lamb's 0.9-1.3 s
+    table = fc.steps_table(run)
+    assert "missed (best" in table  # lamb at batch 64: one seed missed, not a success
+    assert "105 steps, 1680 samples" in table
