@@ -48,6 +48,17 @@ def test_an_lr_range_is_searched_log_uniformly():
     assert params["lr"] == study.optimizer.lr and space.plan(params).optimizer.lr == 1e-3
 
 
+def test_each_optimizer_its_own_lr():
+    study = Study.from_dict(table(target={"optimizer": ["adamw", "lamb"],
+                                          "lr": {"adamw": [1e-3], "lamb": [1e-2, 2e-2]}}))
+    space = SearchSpace.of(study, "cpu")
+    plans = [space.plan(c) for c in space.enumerate()]
+    lrs = {("lamb" in p.strategies, p.optimizer.lr) for p in plans}
+    assert lrs == {(False, 1e-3), (True, 1e-2), (True, 2e-2)}
+    with pytest.raises(HarnessError, match="a list for each optimizer"):
+        Study.from_dict(table(target={"optimizer": ["adamw", "lamb"], "lr": {"adamw": [1e-3]}}))
+
+
 @pytest.mark.parametrize("change, words", [
     ({"target_loss": None}, "needs the validation loss"),
     ({"objective": "throughput", "target_loss": None}, "searching the global batch"),

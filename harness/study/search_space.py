@@ -39,7 +39,8 @@ from harness.study.study_file import Study
 DATA_PARALLEL = ("ddp", "zero")
 AXIS_STRATEGIES = {"pipeline": "pipeline", "tensor": "tensor"}  # layout axis -> strategy
 STRUCTURAL = {*DATA_PARALLEL, *AXIS_STRATEGIES.values()}
-TARGET_PARAMS = ("global_batch_size", "optimizer", "lr", "lr_scaling", "warmup_samples")
+TARGET_PARAMS = ("global_batch_size", "optimizer", "lr", "lr_scaling", "warmup_samples",
+                 "lr@adamw", "lr@lamb")
 
 Ask = Callable[[str, Space], Any]
 
@@ -133,11 +134,16 @@ class SearchSpace:
         when it has several values."""
         if self.study.target_loss is None:
             return {}
-        out = {}
-        for name, dist in self.study.target.spaces(self.study.optimizer.lr).items():
+        target = self.study.target
+
+        def value(name: str, dist: Space) -> Any:
             single = isinstance(dist, Choice) and len(dist.values) == 1
-            out[name] = dist.values[0] if single else ask(name, dist)
-        return out
+            return dist.values[0] if single else ask(name, dist)
+
+        out = {"optimizer": value("optimizer", Choice(tuple(target.optimizer)))}
+        name, dist = target.lr_space(out["optimizer"], self.study.optimizer.lr)
+        out["lr"] = value(name, dist)
+        return out | {name: value(name, dist) for name, dist in target.rest().items()}
 
     def _settings(self, name: str, ask: Ask) -> dict[str, Any]:
         space = self.settings[name]

@@ -6,7 +6,9 @@ which of the settings that change the maths are searched.
     global_batch_size = [16, 32, 64, 128, 256, 512]   # searched
     [target]
     optimizer = ["adamw", "lamb"]          # searched (LAMB: strategies.lamb)
-    lr = [1e-3, 3e-3]                       # or { min = 1e-4, max = 1e-2 } (log-uniform)
+    lr = [1e-3, 3e-3]                       # or { min = 1e-4, max = 1e-2 } (log-uniform),
+                                            # or each optimizer its own list:
+                                            # { adamw = [1e-3], lamb = [1e-2] } (lr@adamw ...)
     lr_scaling = ["none", "sqrt"]          # from base_batch to each global batch
     base_batch = 16
     warmup_samples = [0, 4096]
@@ -48,7 +50,8 @@ class LrSpan:
 @dataclass
 class StudyTarget:
     optimizer: list[Literal["adamw", "lamb"]] = field(default_factory=lambda: ["adamw"])
-    lr: list[float] | LrSpan | None = None  # None: the study's [optimizer] lr
+    # None: the study's [optimizer] lr; a table: each optimizer's own list
+    lr: list[float] | LrSpan | dict[str, list[float]] | None = None
     lr_scaling: list[Literal["none", "linear", "sqrt"]] = field(default_factory=lambda: ["none"])
     base_batch: int = bounded(0, 0, 2**30)
     warmup_samples: list[int] = field(default_factory=lambda: [0])
@@ -63,22 +66,29 @@ class StudyTarget:
             values = getattr(self, key)
             if not values or len(set(values)) != len(values):
                 raise HarnessError(f"{where}.{key}: give one or more different values")
-        if isinstance(self.lr, list) and (not self.lr or any(not 0 < v < math.inf
-                                                             for v in self.lr)):
-            raise HarnessError(f"{where}.lr: give learning rates above 0")
+        lists = self.lr.values() if isinstance(self.lr, dict) else [self.lr]
+        for lrs in lists:
+            if isinstance(lrs, list) and (not lrs or any(not 0 < v < math.inf for v in lrs)):
+                raise HarnessError(f"{where}.lr: give learning rates above 0")
+        if isinstance(self.lr, dict) and set(self.lr) != set(self.optimizer):
+            raise HarnessError(f"{where}.lr: give a list for each optimizer of "
+                               f"{self.optimizer}, e.g. {{ adamw = [1e-3], lamb = [1e-2] }}")
         if any(v < 0 for v in self.warmup_samples):
             raise HarnessError(f"{where}.warmup_samples: each must be 0 or more")
         if set(self.lr_scaling) != {"none"} and not self.base_batch:
             raise HarnessError(f"{where}.base_batch: lr_scaling scales the lr from the batch "
                                "it was set for; give that batch as base_batch")
 
-    def spaces(self, default_lr: float) -> dict[str, Space]:
-        """The searched parameters (name -> space), in the order a trial asks them."""
-        lr: Space = (FloatRange(self.lr.min, self.lr.max, log=True)
-                     if isinstance(self.lr, LrSpan)
-                     else Choice(tuple(self.lr or [default_lr])))
-        return {"optimizer": Choice(tuple(self.optimizer)), "lr": lr,
-                "lr_scaling": Choice(tuple(self.lr_scaling)),
+    def lr_space(self, optimizer: str, default_lr: float) -> tuple[str, Space]:
+        """The lr's parameter name and space (lr@<optimizer> when each has its own)."""
+        if isinstance(self.lr, LrSpan):
+            return "lr", FloatRange(self.lr.min, self.lr.max, log=True)
+        if isinstance(self.lr, dict):
+            return f"lr@{optimizer}", Choice(tuple(self.lr[optimizer]))
+        return "lr", Choice(tuple(self.lr or [default_lr]))
+
+    def rest(self) -> dict[str, Space]:
+        return {"lr_scaling": Choice(tuple(self.lr_scaling)),
                 "warmup_samples": Choice(tuple(self.warmup_samples))}
 
     def spec(self, loss: float, values: dict[str, Any]) -> TargetSpec:
