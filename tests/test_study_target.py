@@ -72,3 +72,14 @@ def test_study_mistakes(change, words):
     t = {k: v for k, v in t.items() if v is not None}
     with pytest.raises(HarnessError, match=words):
         Study.from_dict(t)
+
+
+@pytest.mark.parametrize("name", ["time-to-loss-cpu", "time-to-loss-1gpu"])
+def test_the_shipped_time_to_loss_studies_are_valid(name):
+    from pathlib import Path
+
+    from harness.study.checks import check_study
+
+    study = Study.from_toml(Path(__file__).parent.parent / "studies" / f"{name}.toml")
+    check_study(study, study.device)
+    assert study.objectives == ["time_to_loss"] and len(study.global_batches) >= 5
