@@ -70,7 +70,35 @@ def result_table(record: dict[str, Any]) -> str:
     loss = m["loss"]
     if loss.get("first") is not None:
         rows.append(("loss", f"{loss['first']:.4f} -> {loss['last']:.4f}"))
+    rows += data_rows(m)
     table = _table(rows)
     if details:  # e.g. the last lines of a failing rank's stderr
         table += "\n" + "\n".join(f"    {line}" for line in details.splitlines())
     return table
+
+
+def data_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """Real data's wait (harness.measure.loader) and time to target (harness.measure.
+    time_to_target), where the record has them."""
+    rows = []
+    data = m.get("data") or {}
+    if data.get("loader") == "dataloader" and data.get("data_wait_share") is not None:
+        rows.append(("data", f"{data['source']} through a DataLoader ({data['workers']} "
+                             f"worker(s)): the measured steps waited "
+                             f"{data['data_wait_share']:.1%} of the window for it"))
+    conv = m.get("convergence")
+    if conv:
+        seeds = len(conv["runs"])
+        if conv["reached"]:
+            lo, hi = conv["time_spread_s"] or (None, None)
+            spread = f", seeds {format_seconds(lo)} to {format_seconds(hi)}" if seeds > 1 else ""
+            rows.append(("time to target", f"{format_seconds(conv['time_to_target_s'])} = "
+                         f"{conv['steps_to_target']:g} steps x "
+                         f"{format_seconds(conv['step_time_s'])} (validation loss "
+                         f"{conv['target_loss']:g}, median of {seeds} seed(s){spread})"))
+        else:
+            rows.append(("time to target", f"NOT REACHED: best validation loss "
+                         f"{conv['best_val_loss']:.4g} against {conv['target_loss']:g}"))
+        cached = sum(bool(r.get("cached")) for r in conv["runs"])
+        rows.append(("  steps from", f"{cached} cached, {seeds - cached} trained here"))
+    return rows

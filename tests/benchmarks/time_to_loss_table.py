@@ -1,0 +1,102 @@
+"""Every configuration of a time-to-loss study, each as its own `harness bench` trial, and
+the table for docs/benchmarks: time to target for each optimizer at each global batch.
+
+    python tests/benchmarks/time_to_loss_table.py studies/time-to-loss-cpu.toml \
+        --out runs/time-to-loss-cpu-table [--seeds 0,1,2]
+
+The trials are those `harness tune` runs for the study's grid (its search space, the
+same plans), one after another; steps to target come from the shared cache
+($HARNESS_CACHE_DIR/steps_to_target.json), so a global batch's second micro-batch size
+trains nothing. A configuration already in --out is read, not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def plans(study_path: str) -> list:
+    from harness.study.search_space import SearchSpace
+    from harness.study.study_file import Study
+
+    study = Study.from_toml(study_path)
+    space = SearchSpace.of(study, study.device)
+    return [space.plan(p) for p in space.enumerate()]
+
+
+def run_all(study_path: str, out: Path) -> list[dict]:
+    records = []
+    for i, plan in enumerate(plans(study_path)):
+        folder = out / f"{i:02d}-b{plan.batch_size}-m{plan.micro_batch_size}-" \
+                       f"{'lamb' if 'lamb' in plan.strategies else 'adamw'}"
+        result = folder / "result.json"
+        if not result.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "plan.toml").write_text(plan.to_toml())
+            print(f"[{i}] {folder.name}", flush=True)
+            subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
+                            "--out", str(folder)], check=False)
+        if result.is_file():
+            records.append(json.loads(result.read_text()))
+    return records
+
+
+def _s(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f} s"
+
+
+def table(records: list[dict]) -> str:
+    best: dict[tuple[int, str], dict] = {}
+    for r in records:
+        conv = (r.get("metrics") or {}).get("convergence")
+        if not conv:
+            continue
+        key = (conv["global_batch"], conv["optimizer"])
+        t = conv.get("time_to_target_s") or float("inf")
+        if key not in best or t < (best[key]["metrics"]["convergence"].get("time_to_target_s")
+                                   or float("inf")):
+            best[key] = r
+    lines = ["| global batch | optimizer | lr (scaled) | micro-batch | step time | steps to "
+             "target, median [min–max] | samples to target | time to target, median "
+             "[min–max over seeds] | busy |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for (batch, opt), r in sorted(best.items()):
+        conv = r["metrics"]["convergence"]
+        runs = conv["runs"]
+        lr = runs[0].get("lr")
+        busy = (r["metrics"].get("interference") or {}).get("flagged")
+        if conv["reached"]:
+            steps = [x["steps_to_target"] for x in runs]
+            cell_steps = f"{statistics.median(steps):g} [{min(steps)}–{max(steps)}]"
+            lo, hi = conv["time_spread_s"]
+            cell_time = f"**{_s(conv['time_to_target_s'])}** [{lo:.1f}–{hi:.1f}]"
+            samples = f"{conv['samples_to_target']:g}"
+        else:
+            missed = [x for x in runs if not x["reached"]]
+            cell_steps = f"missed by {len(missed)} of {len(runs)} seeds"
+            cell_time = f"not reached (best loss {conv['best_val_loss']:.3f})"
+            samples = "—"
+        lines.append(f"| {batch} | {opt} | {lr:.3g} | {r['plan']['micro_batch_size']} | "
+                     f"{conv['step_time_s'] * 1000:.1f} ms | {cell_steps} | {samples} | "
+                     f"{cell_time} | {'yes' if busy else ''} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("study")
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args()
+    records = run_all(args.study, args.out)
+    text = table(records)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
