@@ -63,9 +63,10 @@ print(json.dumps({"status": result.status, "reason": result.reason,
 """
 
 
-def run_flood(out, **plan) -> dict:
-    """Launch the faulty plan from a driver process; its report."""
-    env = {**os.environ, CAP_ENV: str(CAP)}
+def run_flood(out, fork: bool = True, **plan) -> dict:
+    """Launch the faulty plan from a driver process (its ranks forked from the rank
+    server, or without `fork` a new interpreter each, under torchrun); its report."""
+    env = {**os.environ, CAP_ENV: str(CAP), "HARNESS_FORK_RANKS": "1" if fork else "0"}
     done = subprocess.run([sys.executable, "-c", DRIVER, str(out), json.dumps(plan)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -135,12 +136,13 @@ def test_chaos_flood_of_a_single_process_that_dies(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
-def test_chaos_flood_of_two_ranks_through_torchrun(tmp_path):
+@pytest.mark.parametrize("fork", [False, True], ids=["through-torchrun", "forked"])
+def test_chaos_flood_of_two_ranks(tmp_path, fork):
     needs_ddp()
     out = tmp_path / "flood-ddp"
     # Each rank 150 MB + 10 MB over about 3 s in its first step; rank 1 raises in
     # its second (after the first step's all-reduce: both ranks are done flooding).
-    report = run_flood(out, world=2, flood_mb=150, flood_stderr_mb=10, flood_s=3.0,
+    report = run_flood(out, fork, world=2, flood_mb=150, flood_stderr_mb=10, flood_s=3.0,
                        fail_rank=1, fail_at_step=1)
     assert report["status"] == "failed"
     reason = report["reason"]
@@ -155,8 +157,9 @@ def test_chaos_flood_of_two_ranks_through_torchrun(tmp_path):
     assert len(reason) < 2000
     assert len(report["metrics"]["logs_cut"]) == 4
     cut = check_bounded(out, report, 320 * MB, flooded=4)
-    # torchrun opens the ranks' files without O_APPEND; the ranks add it, so the
-    # files cut while they were written stay small (checked above), holes and all.
+    # torchrun opens the ranks' files without O_APPEND (a fork's are opened with it);
+    # the ranks add it, so the files cut while they were written stay small (checked
+    # above), holes and all.
     assert max(cuts(p) for p in cut if p.name == "stdout.log") >= 2
 
 

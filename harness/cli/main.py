@@ -97,8 +97,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.launcher:
         cluster = dataclasses.replace(cluster or ClusterSpec(), launcher=args.launcher)
     on_slurm = cluster is not None and cluster.launcher == "slurm"
-    if plan.world_size == 1 and args.nnodes == 1 and not on_slurm:  # forked from the rank
-        rank_server.warm_up()  # server, whose imports overlap the checks below
+    if args.nnodes == 1 and not on_slurm:  # the ranks are forked from the rank server,
+        rank_server.warm_up()  # whose imports overlap the checks below
     prepared = prepare(plan).checked()  # refuses a bad plan before anything is made or run
     if on_slurm:  # a job Slurm would not take: one line, exit 2, nothing submitted
         from harness.launch import slurm

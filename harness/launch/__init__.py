@@ -1,11 +1,11 @@
 """Launching one trial in its own processes and collecting its record: the local
-launcher (`local`: one process, or torchrun for several ranks, with a hard
-timeout), finding and stopping a trial's processes (`procs`), bounded log files
-(`log_cap`), what the ranks left behind (`rank_logs`) and the record of a trial that
-left none (`verdict`), the tuner's client of its torch-side helper (`probe`), and the
-Slurm launcher (`slurm`: one trial as one job through submitit; what Slurm is asked,
-`slurm_queue`; what runs in the job, `slurm_job`; a record the job left none of,
-`slurm_record`).
+launcher (`local`: the ranks of a one-node trial forked from the rank server,
+`rank_server`, or torchrun across nodes, with a hard timeout), finding and stopping
+a trial's processes (`procs`), bounded log files (`log_cap`), what the ranks left
+behind (`rank_logs`) and the record of a trial that left none (`verdict`), the
+tuner's client of its torch-side helper (`probe`), and the Slurm launcher (`slurm`:
+one trial as one job through submitit; what Slurm is asked, `slurm_queue`; what runs
+in the job, `slurm_job`; a record the job left none of, `slurm_record`).
 It runs in the tuner's process, so it imports no torch at module level; it may
 import harness.measure (the torch-free parts at module level), harness.core,
 harness.study and harness.records, never harness.tune or harness.cli.

@@ -7,18 +7,28 @@ the tuner's torch-side helper); it is written beside plan.toml as prepared.json,
 which every rank reads. This module imports no torch: the tuner calls it.
 
 The trial never runs in the caller, so nothing it does (a crash, an out-of-memory,
-a hang) can take the caller down. The process tree on one node:
+a hang) can take the caller down. On one node every rank is a fresh fork of the
+rank server (harness.launch.rank_server: a forkserver that imported torch once),
+each in a session of its own, with the environment torchrun would give it:
 
-    caller (harness bench, the tuner)          waits with a deadline
+    caller (harness bench, the tuner)          waits with a deadline, watches the ranks
+    └── python -m multiprocessing.forkserver   the rank server (never runs a trial)
+        ├── rank 0 (a fork: harness.measure.rank_main)   out/logs/rank0/
+        └── rank 1 (a fork: harness.measure.rank_main)   out/logs/rank1/
+
+Each rank's folder holds its stdout.log, stderr.log and error.json
+(TORCHELASTIC_ERROR_FILE). As torchrun's agent would, the launcher stops the
+other ranks as soon as one fails. On several nodes, or with HARNESS_FORK_RANKS=0,
+the ranks go through torchrun instead (one rank alone: `python -m
+harness.measure.rank_main` in a new session, its logs in out/logs/rank0/):
+
+    caller                                     waits with a deadline
     └── python -m torch.distributed.run ...    a new session; out/logs/agent.log
         ├── python -m harness.measure.rank_main ...       rank 0: out/logs/<id>_*/attempt_0/0/
         └── python -m harness.measure.rank_main ...       rank 1: out/logs/<id>_*/attempt_0/1/
 
-Each rank's folder holds its stdout.log, stderr.log and error.json (torchrun's
---log-dir with --redirects 3; error.json is TORCHELASTIC_ERROR_FILE). A plan with
-one rank skips torchrun: `python -m harness.measure.rank_main` in a new session, its logs in
-out/logs/rank0/. On several nodes, each node's launcher keeps its logs in
-out/logs/node<N>/.
+(torchrun's --log-dir with --redirects 3). On several nodes, each node's launcher
+keeps its logs in out/logs/node<N>/.
 
 The record: the worker's own when one was written (ok, oom and diverged come from
 the ranks, which agree on them); otherwise the launcher makes one from what the
@@ -49,6 +59,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
@@ -161,19 +172,25 @@ def launch(
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
         env[STEP_LOG_ENV] = str(Path(progress_file).absolute())
-    if single:
-        argv = [sys.executable, *worker]
-        (logs / "rank0").mkdir()
-        env["TORCHELASTIC_ERROR_FILE"] = str(logs / "rank0" / "error.json")
-        stdout, stderr = logs / "rank0" / "stdout.log", logs / "rank0" / "stderr.log"
-    else:
-        argv = _torchrun(plan, nnodes, rdzv_endpoint, logs, study, trial_id) + worker
-        stdout = stderr = logs / "agent.log"
+    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{study or plan.name}-{trial_id or 0}")
+    fork = nnodes == 1 and rank_server.enabled() and (
+        single or prepared.device_type in ("cpu", "cuda"))  # check_nodes: a GPU per rank
 
-    fork = single and rank_server.enabled()  # one rank: forked from the rank server
+    def start() -> Any:
+        if fork:  # every rank forked from the rank server
+            return rank_server.start_ranks(worker[2:], env, logs, plan.world_size,
+                                           free_port(), run_id)
+        if single:
+            (logs / "rank0").mkdir()
+            one = rank_server.rank_env(env, 0, 1, logs, 0, run_id)
+            return _popen([sys.executable, *worker], one, logs / "rank0" / "stdout.log",
+                          logs / "rank0" / "stderr.log")
+        argv = _torchrun(plan, nnodes, rdzv_endpoint, logs, run_id) + worker
+        return _popen(argv, env, logs / "agent.log", logs / "agent.log")
+
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    ended = _run(argv, env, stdout, stderr, timeout, launch_id, caps, should_stop, fork)
+    ended = _run(start, timeout, launch_id, env[procs.STACKS_DIR_ENV], caps, should_stop)
     duration = time.monotonic() - t0
 
     if node_rank == 0 and result_file.exists():
@@ -196,44 +213,48 @@ def launch(
                       duration, result_file if node_rank == 0 else None)
 
 
-def _run(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path, timeout: float,
-         launch_id: str, caps: LogCap,
-         should_stop: Callable[[], str | None] | None = None, fork: bool = False) -> Ended:
-    """Start `argv` in a new session (or, with `fork`, its one rank forked from the rank
-    server), wait up to `timeout` (or until `should_stop` gives a reason), then stop
-    whatever is left; meanwhile keep the logs under their cap."""
-    timed_out, running, stop_reason = False, [], None
-    deadline = time.monotonic() + timeout
+def _popen(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> Any:
     # Appending (O_APPEND): the trial carries on at the end of a file that was cut.
     with open(stdout, "ab") as out_f, open(stderr, "ab") as err_f:
-        if fork:  # argv is [python, -m, harness.measure.rank_main, ARGS...]
-            proc = rank_server.start_rank(argv[3:], env, str(stdout), str(stderr))
-        else:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f,
-                                    stderr=err_f, env=env, start_new_session=True)
-        known = {0: proc.pid} if fork else None  # a fork's /proc environment is the server's
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                try:
-                    proc.wait(timeout=max(0.0, min(left, POLL_S)))
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                                env=env, start_new_session=True)
+
+
+def _run(start: Callable[[], Any], timeout: float, launch_id: str, stacks_dir: str,
+         caps: LogCap, should_stop: Callable[[], str | None] | None = None) -> Ended:
+    """Start the trial (`start`: a Popen, or rank_server.ForkedRanks), wait up to
+    `timeout`, until it ended (forked ranks: all, or the first to fail) or until
+    `should_stop` gives a reason, then stop whatever is left; meanwhile keep the logs
+    under their cap."""
+    timed_out, running, stop_reason = False, [], None
+    deadline = time.monotonic() + timeout
+    proc, stopped_at = None, time.time()
+    try:
+        proc = start()
+        forked = isinstance(proc, rank_server.ForkedRanks)
+        known = proc.pids if forked else None  # a fork's /proc environment is the server's
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                proc.wait(timeout=max(0.0, min(left, POLL_S)))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    running = procs.running_ranks(launch_id, known)
+                    procs.dump_stacks(launch_id, stacks_dir, known=known)  # where each was
                     break
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        running = procs.running_ranks(launch_id, known)
-                        procs.dump_stacks(launch_id, env[procs.STACKS_DIR_ENV],  # where each was
-                                          known=known)
-                        break
-                    stop_reason = should_stop() if should_stop else None
-                    if stop_reason is not None:
-                        break
-                    caps.check()
-        finally:  # also when the caller is interrupted: no process outlives the launch
-            stopped_at = time.time()
-            procs.stop(proc, launch_id, GRACE_S)
-            caps.check(force=True)  # nothing writes now: the tails kept are the last
-    return Ended(proc.returncode, timed_out, running, stopped_at, stop_reason, caps.summary())
+                stop_reason = should_stop() if should_stop else None
+                if stop_reason is not None:
+                    break
+                caps.check()
+    finally:  # also when the caller is interrupted: no process outlives the launch
+        stopped_at = time.time()
+        if proc is not None:
+            procs.stop(list(proc.members.values()) if forked else [proc], launch_id, GRACE_S)
+        caps.check(force=True)  # nothing writes now: the tails kept are the last
+    return Ended(proc.returncode, timed_out, running, stopped_at, stop_reason, caps.summary(),
+                 proc.first_failure if forked else None)
 
 
 def _made_here(
@@ -258,11 +279,10 @@ def _made_here(
     return result
 
 
-def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, study: str | None,
-              trial_id: int | str | None) -> list[str]:
+def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path,
+              run_id: str) -> list[str]:
     endpoint = endpoint or f"127.0.0.1:{free_port()}"
     host = endpoint.rsplit(":", 1)[0]
-    run_id = re.sub(r"[^A-Za-z0-9_-]", "-", f"{study or plan.name}-{trial_id or 0}")
     argv = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(nnodes),

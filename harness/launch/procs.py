@@ -2,7 +2,9 @@
 
 torchrun starts each rank in a session of its own, so killing the launcher's
 process group does not reach them, and a rank whose agent died is re-parented
-away from it. So every process of a trial carries a tag in its environment
+away from it; a rank forked from the rank server is its server's child, in a
+session of its own, and its /proc environment is the server's (so the launcher
+names it by pid: `known`). So every process of a trial carries a tag in its environment
 (HARNESS_LAUNCH_ID, inherited by torchrun's agent and its workers), and stopping
 a trial stops the launched process's tree, its process group and every process
 with the tag: SIGTERM first, SIGKILL after a grace period. Before a trial that ran
@@ -19,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+from typing import Any
 
 import psutil
 
@@ -120,14 +123,15 @@ def _wait(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     return alive
 
 
-def stop(proc: subprocess.Popen, launch_id: str, grace_s: float) -> None:
-    """Stop the launched process and everything it started; reap `proc`."""
-    # While `proc` is not reaped its pid (and group id) cannot belong to anyone else.
-    mine = tree(proc.pid) if proc.poll() is None else []
-    procs = {p.pid: p for p in mine + tagged(launch_id)}
-    if proc.poll() is None:
+def stop(started: list[Any], launch_id: str, grace_s: float) -> None:
+    """Stop the launched processes (Popen, or ranks forked in sessions of their own) and
+    everything they started; reap them."""
+    # While one is not reaped its pid (and group id) cannot belong to anyone else.
+    running = [p for p in started if p.poll() is None]
+    procs = {p.pid: p for p in [q for p in running for q in tree(p.pid)] + tagged(launch_id)}
+    for p in running:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: its group is its pid
+            os.killpg(p.pid, signal.SIGTERM)  # a session of its own: its group is its pid
     _signal(list(procs.values()), signal.SIGTERM)
     alive = _wait(list(procs.values()), grace_s)
     # Anything started while we waited, or that ignored SIGTERM.
@@ -136,9 +140,11 @@ def stop(proc: subprocess.Popen, launch_id: str, grace_s: float) -> None:
         if p not in alive:
             alive.append(p)
     _signal(alive, signal.SIGKILL)
-    if proc.poll() is None:  # not reaped yet, so its group id is still its own
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    for p in started:
+        if p.poll() is None:  # not reaped yet, so its group id is still its own
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
     _wait(alive, grace_s)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
+    for p in started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=grace_s)

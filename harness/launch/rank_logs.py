@@ -1,11 +1,12 @@
 """Reading what a trial's ranks left behind: which rank failed, why, and where each hung.
 
 Each rank keeps its stdout and stderr in its own folder (torchrun's --log-dir with
---redirects 3: `<log-dir>/<run id>_<random>/attempt_0/<local rank>/`; a
-single-process trial uses `<log-dir>/rank0/`). torchrun gives each rank an error
-file there (TORCHELASTIC_ERROR_FILE, error.json) that harness.measure.rank_main's @record
-fills with the exception and its traceback. Only the tails of the logs are read
-(and error files up to ERROR_FILE_LIMIT), however much a trial writes.
+--redirects 3: `<log-dir>/<run id>_<random>/attempt_0/<local rank>/`; ranks
+forked from the rank server, and a single process, use `<log-dir>/rank<i>/`). Each
+rank has an error file there (TORCHELASTIC_ERROR_FILE, error.json) that
+harness.measure.rank_main's @record fills with the exception and its traceback.
+Only the tails of the logs are read (and error files up to ERROR_FILE_LIMIT),
+however much a trial writes.
 """
 
 from __future__ import annotations

@@ -1,21 +1,25 @@
-"""One-rank trials forked from a server that has imported torch once.
+"""A trial's ranks on one node, forked from a server that has imported torch once.
 
 A trial's process spends about 3 s importing torch, the harness and torch._dynamo
 (which the optimizer's constructor imports) before its first step, once per
-trial (docs/benchmarks/trial_overhead_cpu_2026-11-23.md). So a one-rank trial is
-a fresh fork of a server process that imported them once: `multiprocessing`'s
-forkserver, with those modules preloaded. It never runs a trial itself, nor
-touches a device: each trial is a new fork, and one trial's memory, threads or
-CUDA context never reach the next. Several ranks still go through torchrun.
+trial (docs/benchmarks/trial_overhead_cpu_2026-11-23.md), and torchrun adds its
+own interpreter and rendezvous. So every rank of a one-node trial is a fresh fork
+of a server process that imported them once: `multiprocessing`'s forkserver, with
+those modules preloaded. It never runs a trial itself, nor touches a device: each
+rank is a new fork, and one trial's memory, threads or CUDA context never reach
+the next. Several nodes still go through torchrun.
 
-    proc = start_rank(argv, env, stdout_path, stderr_path)   # Popen's face
-    proc.wait(timeout); proc.poll(); proc.pid
+    ranks = start_ranks(argv, env, logs, world_size, port, run_id)
+    ranks.wait(timeout)    # every rank ended, or the first one failed
+    ranks.returncode; ranks.first_failure; ranks.pids; ranks.members
 
-The fork runs `python -m harness.measure.rank_main ARGV` as a new process would:
-a session of its own (so stopping its process group stops what it started), the
-trial's environment, its stdout and stderr in the given files. What torch reads
-from the environment at import (not at first use, as CUDA_VISIBLE_DEVICES and the
-allocator's settings are) comes from the environment the server started with.
+Each fork runs `python -m harness.measure.rank_main ARGV` as torchrun's worker
+would: a session of its own (so stopping its process group stops what it
+started), the trial's environment with torchrun's variables (`rank_env`: what
+env:// init and harness.measure.rank_process read), its stdout, stderr and error
+file in logs/rank<i>/. What torch reads from the environment at import (not at
+first use, as CUDA_VISIBLE_DEVICES and the allocator's settings are) comes from
+the environment the server started with; OMP_NUM_THREADS is applied in the fork.
 `HARNESS_FORK_RANKS=0` turns it off (then every rank is a new interpreter).
 
 This module is imported by the tuner's process, which never imports torch: the
@@ -27,10 +31,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
-from multiprocessing import spawn
+import time
+from multiprocessing import connection, spawn
+from pathlib import Path
 from typing import Any
 
 ENV = "HARNESS_FORK_RANKS"
@@ -42,7 +49,7 @@ _context: Any = None
 
 
 def enabled() -> bool:
-    """Whether one-rank trials are forked (not on a platform without fork)."""
+    """Whether one-node trials are forked (not on a platform without fork)."""
     methods = multiprocessing.get_all_start_methods()
     return os.environ.get(ENV, "1") != "0" and "forkserver" in methods
 
@@ -73,6 +80,7 @@ class ForkedRank:
     def __init__(self, process: Any) -> None:
         self._process = process
         self.pid: int = process.pid
+        self.sentinel: int = process.sentinel  # readable once the rank has ended
 
     @property
     def returncode(self) -> int | None:
@@ -105,6 +113,92 @@ def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -
     return ForkedRank(process)
 
 
+def rank_env(env: dict[str, str], rank: int, world_size: int, logs: Path, port: int,
+             run_id: str) -> dict[str, str]:
+    """`env` with what torchrun's agent gives rank `rank` of a one-node trial
+    (torch.distributed.elastic's LocalElasticAgent._start_workers, and run.py's
+    OMP_NUM_THREADS), its error file in logs/rank<rank>/. One rank alone gets only its
+    error file, as when it runs without torchrun."""
+    env = {**env, "TORCHELASTIC_ERROR_FILE": str(logs / f"rank{rank}" / "error.json")}
+    if world_size == 1:
+        return env
+    n = str(world_size)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank), "GROUP_RANK": "0",
+        "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n, "ROLE_WORLD_SIZE": n, "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),  # env://: rank 0 hosts the store
+        "TORCHELASTIC_USE_AGENT_STORE": "False",  # there is no agent's store to join
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        # torchrun's default with several ranks on a node: they would fight for the cores
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+    })
+    return env
+
+
+def start_ranks(argv: list[str], env: dict[str, str], logs: Path, world_size: int,
+                port: int, run_id: str) -> ForkedRanks:
+    """Fork every rank of a one-node trial (see the module); their logs in logs/rank<i>/."""
+    started: dict[int, ForkedRank] = {}
+    try:
+        for rank in range(world_size):
+            folder = logs / f"rank{rank}"
+            folder.mkdir(exist_ok=True)
+            started[rank] = start_rank(argv, rank_env(env, rank, world_size, logs, port, run_id),
+                                       str(folder / "stdout.log"), str(folder / "stderr.log"))
+    except BaseException:  # no rank may outlive a launch that could not start them all
+        for proc in started.values():
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return ForkedRanks(started)
+
+
+class ForkedRanks:
+    """A trial's forked ranks, waited on as torchrun's agent would: the trial has ended
+    when every rank has, or as soon as one fails (the caller then stops the others)."""
+
+    def __init__(self, ranks: dict[int, ForkedRank]) -> None:
+        self.members = ranks
+        self.pids = {rank: p.pid for rank, p in ranks.items()}
+        self.first_failure: tuple[int, int] | None = None  # (rank, exit code), while watched
+
+    def _ended(self) -> dict[int, int]:
+        codes = {rank: p.poll() for rank, p in self.members.items()}
+        return {rank: code for rank, code in codes.items() if code is not None}
+
+    @property
+    def returncode(self) -> int | None:
+        """The first failure's exit code; else 0 once all ended cleanly; else the first
+        non-zero one (ranks the caller stopped); None while any runs."""
+        if self.first_failure is not None:
+            return self.first_failure[1]
+        ended = self._ended()
+        if len(ended) < len(self.members):
+            return None
+        return next((c for _, c in sorted(ended.items()) if c != 0), 0)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ended = self._ended()
+            failed = sorted((rank, code) for rank, code in ended.items() if code != 0)
+            if failed and self.first_failure is None:
+                self.first_failure = failed[0]  # ended in one look: the lowest rank
+            if self.first_failure is not None or len(ended) == len(self.members):
+                return self.returncode
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired("harness.measure.rank_main", timeout or 0.0)
+            running = [p.sentinel for r, p in self.members.items() if r not in ended]
+            connection.wait(running, left)  # wakes as soon as any rank ends
+
+
 _preparation_data = spawn.get_preparation_data
 
 
@@ -123,6 +217,11 @@ def _run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) ->
         os.setsid()
         os.environ.clear()
         os.environ.update(env)
+        threads = env.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:  # a new interpreter reads it at import;
+            import torch  # this one imported torch in the server (preloaded: no cost here)
+
+            torch.set_num_threads(int(threads))
         for fd, path in ((1, stdout), (2, stderr)):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(target, fd)

@@ -33,6 +33,9 @@ class Ended:
     stopped_at: float  # time.time() when the launcher stopped waiting
     stop_reason: str | None = None  # the caller's `should_stop` asked for it, and why
     logs_cut: dict[str, str] = field(default_factory=dict)  # harness.launch.log_cap's summary
+    # (rank, exit code) of the first rank seen to fail, where the launcher watched the
+    # ranks itself (forked from the rank server); torchrun's agent.log says it otherwise
+    first_failure: tuple[int, int] | None = None
 
 
 def decide(
@@ -66,7 +69,7 @@ def decide(
         if where:
             reason += f" ({'; '.join(where)})"
         return "timeout", reason, extra
-    died = _died(logs, ranks, code, single)
+    died = _died(logs, ranks, code, single, ended.first_failure)
     if died is not None:
         text, log = died
         return "failed", _with_tail(text, log, extra), extra
@@ -77,20 +80,22 @@ def decide(
             return "ok", "", extra
         return "failed", "the trial exited cleanly but wrote no record", extra
     agent = RankLog(logs, None, tail(logs / "agent.log"), None, None, None)
-    return "failed", _with_tail(f"torchrun ended ({describe_exit(code)}) and no rank "
+    what = "torchrun" if (logs / "agent.log").exists() else "the trial's ranks"
+    return "failed", _with_tail(f"{what} ended ({describe_exit(code)}) and no rank "
                                 "wrote a record", agent, extra), extra
 
 
-def _died(logs: Path, ranks: list[RankLog], code: int | None,
-          single: bool) -> tuple[str, RankLog | None] | None:
+def _died(logs: Path, ranks: list[RankLog], code: int | None, single: bool,
+          first_failure: tuple[int, int] | None) -> tuple[str, RankLog | None] | None:
     """The rank that ended without an error file (a signal, a crash in C, os._exit),
-    as torchrun's summary names it (its first observed failure)."""
+    as the launcher saw it fail first, or as torchrun's summary names it (its first
+    observed failure)."""
     if single:
         if code in (0, None):
             return None
         text = f"the trial process ended ({describe_exit(code)}) and wrote no record"
         return text, next(iter(ranks), None)
-    first = agent_root_cause(tail(logs / "agent.log", 64 * 1024))
+    first = first_failure or agent_root_cause(tail(logs / "agent.log", 64 * 1024))
     if first is None:
         return None
     rank, rank_code = first

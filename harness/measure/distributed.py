@@ -1,7 +1,8 @@
 """Small helpers for the ranks of one trial: who am I, the process group, collectives.
 
-A trial with world size N runs as N processes started by torchrun (see
-harness.launch.local), which tells each its place through environment variables.
+A trial with world size N runs as N processes (forked from the rank server, or
+started by torchrun: see harness.launch.local), each told its place through
+torchrun's environment variables (env:// init: MASTER_ADDR, MASTER_PORT).
 With one process none of these helpers touches torch.distributed: a single
 process trial never creates a process group.
 """
@@ -17,6 +18,8 @@ import torch.distributed as dist
 from harness.core.errors import HarnessError
 from harness.measure.rank_process import RankInfo
 
+COLLECTIVE_MARGIN_S = 60.0  # past the plan's timeout (see init)
+
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
@@ -25,8 +28,12 @@ def backend_for(device: torch.device) -> str:
 def init(plan: Any, device: torch.device, info: RankInfo | None = None) -> RankInfo:
     """Join the trial's process group when there is more than one rank.
 
-    A collective that waits longer than the plan's timeout raises instead of
-    hanging for ever (the launcher's own timeout usually comes first).
+    A collective that waits COLLECTIVE_MARGIN_S longer than the plan's timeout raises
+    instead of hanging for ever. The launcher's deadline (the plan's timeout, counted
+    from before the ranks started) must come first: it asks each rank where it is,
+    and a forked rank reaches its first collective within a second or two, so a
+    collective timing out at the plan's timeout would fail the waiting rank just
+    then, with an error that names it rather than the rank that hung.
     """
     info = info or RankInfo.from_env()
     if info.world_size != plan.world_size:
@@ -43,7 +50,7 @@ def init(plan: Any, device: torch.device, info: RankInfo | None = None) -> RankI
         kwargs["device_id"] = device
     dist.init_process_group(
         backend_for(device),
-        timeout=datetime.timedelta(seconds=plan.timeout_s),
+        timeout=datetime.timedelta(seconds=plan.timeout_s + COLLECTIVE_MARGIN_S),
         rank=info.rank,
         world_size=info.world_size,
         **kwargs,

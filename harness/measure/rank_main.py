@@ -2,13 +2,14 @@
 
     python -m harness.measure.rank_main PREPARED_JSON --result PATH --command CMD [--study S ...]
 
-harness.launch.local starts this (through torchrun when the plan has several ranks).
+harness.launch.local starts this: on one node each rank a fork of its rank server
+(harness.launch.rank_server) given torchrun's environment, else through torchrun.
 The first line each rank writes to its stderr names the rank; the launcher reads
 it to tell the ranks' logs apart. One process writes the record (rank 0 on one
 node; see RankInfo.writes_result), atomically; the others write nothing.
 
 Exit status: 0 when the trial ran to a record (ok, oom, diverged: the record says
-which), 1 when it raised (torchrun's error file, TORCHELASTIC_ERROR_FILE, holds the
+which), 1 when it raised (its error file, TORCHELASTIC_ERROR_FILE, holds the
 exception and its traceback), 2 for a plan this machine refuses.
 """
 

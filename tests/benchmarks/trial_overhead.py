@@ -3,9 +3,9 @@
     python tests/benchmarks/trial_overhead.py --before a758ef2 --rounds 5
 
 `harness bench` of the quickstart plan (one process) and of the ddp plan (two
-processes, gloo) on the CPU, and the quickstart plan's trials as a study runs
-them (one process preparing each through the torch-side helper and launching it;
-the first trial, which waits for the rank server's imports, left out), each running
+processes, gloo) on the CPU, and each plan's trials as a study runs them (one
+process preparing each through the torch-side helper and launching it; the first
+trial, which waits for the rank server's imports, left out), each running
 this checkout's code and, with
 `--before REV`, that revision's (from a temporary git worktree, same Python) one
 after the other, so both see the same machine. A run's overhead is the bench
@@ -116,11 +116,11 @@ def main() -> int:
                         out = Path(tmp) / f"{name[:6]}-{Path(plan).stem}-{r}"
                         runs.setdefault((f"harness bench, {label}", name), []).append(
                             bench(code, plan, out))
-            for name, code in codes.items():  # trials 2.. of a study (the first warms up)
-                label = f"in a study, {args.trials} trials, {list(PLANS)[0]}"
-                rows = study(code, list(PLANS.values())[0], Path(tmp) / f"study-{name[:6]}",
-                             args.trials)
-                runs[(label, name)] = rows[1:]
+            for label, plan in PLANS.items():  # trials 2.. of a study (the first warms up)
+                for name, code in codes.items():
+                    rows = study(code, plan, Path(tmp) / f"study-{name[:6]}-{Path(plan).stem}",
+                                 args.trials)
+                    runs[(f"in a study, {args.trials} trials, {label}", name)] = rows[1:]
         finally:
             if args.before:
                 subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT,
