@@ -36,19 +36,20 @@ def plans(study_path: str) -> list:
     return [space.plan(p) for p in space.enumerate()]
 
 
-def run_all(study_path: str, out: Path) -> list[dict]:
+def run_all(study_path: str, out: Path, remeasure: int = REMEASURE) -> list[dict]:
     records = []
     for i, plan in enumerate(plans(study_path)):
         folder = out / f"{i:02d}-b{plan.batch_size}-m{plan.micro_batch_size}-" \
                        f"{'lamb' if 'lamb' in plan.strategies else 'adamw'}"
         result = folder / "result.json"
-        for attempt in range(REMEASURE + 1):
+        for attempt in range(remeasure + 1):
             if result.is_file() and not busy(result):
                 break
             if result.is_file():  # measured beside others' work: kept aside, measured again
-                if attempt == REMEASURE:
+                if attempt == remeasure:
                     break
-                result.rename(folder / f"result-busy-{attempt}.json")
+                kept = len(list(folder.glob("result-busy-*.json")))
+                result.rename(folder / f"result-busy-{kept}.json")
                 time.sleep(QUIET_WAIT_S)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "plan.toml").write_text(plan.to_toml())
@@ -110,8 +111,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("study")
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--remeasure", type=int, default=REMEASURE,
+                   help="times a trial measured on a busy machine is measured again")
     args = p.parse_args()
-    records = run_all(args.study, args.out)
+    records = run_all(args.study, args.out, args.remeasure)
     text = table(records)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
