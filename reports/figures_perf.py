@@ -13,6 +13,7 @@ from reports.style import (
     BASELINE,
     BEST,
     COLORS,
+    REPEATS,
     STATUS_COLORS,
     TEMPLATE,
     Figure,
@@ -37,7 +38,7 @@ def measured(run: Run, ablation: bool = True) -> pd.DataFrame:
     if not len(t):
         return t
     ok = t[(t["status"] == "ok") & t["samples_per_s"].notna()]
-    return ok if ablation else ok[ok["phase"] != "ablation"]
+    return ok if ablation else ok[~ok["phase"].isin(REPEATS)]
 
 
 def pareto_front(df: pd.DataFrame) -> pd.DataFrame:
@@ -68,8 +69,8 @@ def throughput_memory(run: Run) -> Figure:
     hover = HOVER.replace("{unit}", unit)
     fig = new_figure(460, xaxis_title=f"peak memory per device ({unit})",
                      yaxis_title="samples/s", legend={"orientation": "h", "y": -0.18})
-    front = pareto_front(ok[ok["phase"] != "ablation"])
-    for name, part, color, size in (("search trials", ok[ok["phase"] != "ablation"], COLORS[0], 8),
+    front = pareto_front(ok[~ok["phase"].isin(REPEATS)])
+    for name, part, color, size in (("search trials", ok[~ok["phase"].isin(REPEATS)], COLORS[0], 8),
                                     ("ablation trials", ok[ok["phase"] == "ablation"],
                                      "#b39ddb", 7)):
         if len(part):

@@ -11,6 +11,7 @@ from reports.load import Run
 from reports.style import (
     BEST,
     PHASE_COLORS,
+    REPEATS,
     STATUS_COLORS,
     TEMPLATE,
     Figure,
@@ -79,7 +80,7 @@ def history(run: Run) -> Figure:
             customdata=[esc(i) for i in part.index],
             hovertemplate="trial %{customdata}<br>%{text}<br>%{y:.4g} samples/s<extra></extra>",
             marker={"color": PHASE_COLORS.get(str(phase), "#3366cc"), "size": 7}))
-    search = t[ok & (t["phase"] != "ablation")].assign(_x=x).sort_values("_x")
+    search = t[ok & ~t["phase"].isin(REPEATS)].assign(_x=x).sort_values("_x")
     if len(search):
         fig.add_trace(go.Scatter(x=search["_x"], y=search["samples_per_s"].cummax(),
                                  mode="lines", line={"color": BEST, "shape": "hv", "width": 2},

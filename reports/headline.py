@@ -30,6 +30,7 @@ class Headline:
     best_toml_command: str = ""
     repeats: list[float] = field(default_factory=list)  # best re-measured (ablation)
     caution: str = ""     # the re-measurements do not reproduce the best's search figure
+    basis: str = "one measurement each"  # what the speedup's two figures are
 
     @property
     def verdict(self) -> str:
@@ -44,7 +45,7 @@ class Headline:
             return "A study of one trial: there is nothing to compare it with."
         if self.speedup is not None:
             return (f"The best configuration trains {self.speedup:.2f}× as fast as the fp32 "
-                    "baseline of this study.")
+                    f"baseline of this study ({self.basis}).")
         return "The best configuration is shown below. " + " ".join(self.missing)
 
 
@@ -80,8 +81,28 @@ def headline(run: Run) -> Headline:
                          "beat it here.")
     elif b is not None:
         h.speedup = b["samples_per_s"] / base["samples_per_s"]
+        repeats = _by_repeats(run, b, base)
+        if repeats:
+            h.speedup, h.basis = repeats
         if num(base["peak_memory_bytes"]) and num(b["peak_memory_bytes"]) is not None:
             h.memory_ratio = b["peak_memory_bytes"] / base["peak_memory_bytes"]
     if b is None and counts.get("ok"):
         h.missing.append("No trial fits the memory budget, so there is no best configuration.")
     return h
+
+
+def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str] | None:
+    """The speedup as the confirmation rounds measured it (harness.tune.confirm): the
+    best's median over the baseline's, when study.json's decision names both."""
+    d = run.study.get("best_by_repeats") or {}
+    b, ref = d.get("median"), (d.get("baseline") or {}).get("median")
+    if (not b or not ref or str(d.get("best")) != str(best["trial_id"])
+            or str(d.get("baseline_id")) != str(base["trial_id"])):
+        return None
+    close = d.get("indistinguishable") or []
+    text = (f"medians over {d['n']} and {d['baseline']['n']} measurements, taken in "
+            "interleaved rounds")
+    if close:
+        text += (f"; trial(s) {', '.join(map(str, close))} could not be told apart from it "
+                 "here")
+    return b / ref, text

@@ -18,6 +18,7 @@ from optuna.distributions import CategoricalDistribution
 
 from reports.frame import strategies_of
 from reports.load import Run
+from reports.style import REPEATS
 
 EVALUATOR = "Optuna's default evaluator (PED-ANOVA)"
 
@@ -101,7 +102,7 @@ def rebuilt_study(run: Run) -> optuna.Study:
     t = run.trials
     if not len(t):
         return study
-    ok = t[(t["status"] == "ok") & (t["phase"] != "ablation") & t["samples_per_s"].notna()]
+    ok = t[(t["status"] == "ok") & ~t["phase"].isin(REPEATS) & t["samples_per_s"].notna()]
     names = sorted({n for tid in t.index for n in strategies_of(run.records[tid].get("plan"))})
     rows = []
     for tid in ok.index:

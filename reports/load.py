@@ -17,6 +17,7 @@ import pandas as pd
 
 from harness.core.errors import HarnessError
 from reports.frame import NUMERIC, flatten, short_labels
+from reports.style import REPEATS
 
 SCHEMA = 1
 
@@ -160,7 +161,7 @@ def _pick_best(run: Run) -> None:
         run.notes.append(f"study.json names best trial {given}, which has no record")
     if not len(t):
         return
-    ok = t[(t["status"] == "ok") & (t["phase"] != "ablation") & t["samples_per_s"].notna()]
+    ok = t[(t["status"] == "ok") & ~t["phase"].isin(REPEATS) & t["samples_per_s"].notna()]
     budget = run.memory_budget
     if budget is not None:
         ok = ok[~(ok["peak_memory_bytes"] > budget)]

@@ -75,7 +75,8 @@ def headline_html(run: Run, h: Headline) -> str:
     cards = [_time_to_target_card(run)] if fc.points(run) else []
     if h.speedup is not None:
         cards.append(card("speedup over fp32", f"{h.speedup:.2f}×",
-                          f"{rate(b['samples_per_s'])} vs {rate(base['samples_per_s'])} samples/s",
+                          f"{rate(b['samples_per_s'])} vs {rate(base['samples_per_s'])} samples/s"
+                          if h.basis == "one measurement each" else h.basis,
                           "good" if h.speedup >= 1 else "bad"))
     if b is not None:
         tok = f", {rate(b['tokens_per_s'])} tokens/s" if num(b["tokens_per_s"]) else ""

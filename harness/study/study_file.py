@@ -122,6 +122,10 @@ class BudgetSpec:
     n_trials: int = bounded(0, 0, 10**7)  # search trials at most (0: as many as time allows)
     ablation_share: float = bounded(0.15, 0.0, 0.95)  # of the time, for leave-one-out trials
     ablation_repeats: int = bounded(3, 0, 1000)  # runs of each ablation configuration
+    # the configurations within confirm_margin of the fastest (and the baseline) measured
+    # again this many rounds before a best is named (harness.tune.confirm); 0: off
+    confirm_repeats: int = bounded(2, 0, 1000)
+    confirm_margin: float = bounded(0.2, 0.0, 1.0)
 
     def validate(self, where: str) -> None:
         parse_duration(self.time, f"{where}.time")

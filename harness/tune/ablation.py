@@ -77,19 +77,19 @@ def run_ablation(ctx: StudyContext) -> str:
     recorded = {str(r["trial_id"]): r for r in ctx.run.store.records()}
     for job in ablation_jobs(ctx.space, best.params, best_id, repeats):
         tries = [i for i in recorded if i == job.trial_id or i.startswith(f"{job.trial_id}-retry")]
-        if any(_finished(recorded[i]) for i in tries):
+        if any(finished(recorded[i]) for i in tries):
             continue
         if tries:
             job.trial_id = f"{job.trial_id}-retry{len(tries)}"
         if ctx.clock.left() <= 0:
             return "time: the deadline came before every ablation trial ran"
         result = ctx.run_extra(job.trial_id, job.params, job.tags)
-        if not _finished(result.to_dict()):
+        if not finished(result.to_dict()):
             return f"time: {result.reason}"
     return "done"
 
 
-def _finished(record: dict[str, Any]) -> bool:
+def finished(record: dict[str, Any]) -> bool:
     """Whether an ablation record measured its configuration to the end (or found it
     cannot run): not stopped by time, not left behind by a worker that stopped."""
     tags = record.get("tags") or {}

@@ -40,13 +40,13 @@ from harness.study.study_file import Study
 from harness.tune import sampling
 from harness.tune.budget import Clock
 from harness.tune.calibration import Calibration
+from harness.tune.confirm import KEY as CONFIRMED
 from harness.tune.quiet import measure_again_if_busy
-from harness.tune.sampling import PRUNED_SLOW, outcome
+from harness.tune.sampling import PRUNED_SLOW, REFERENCE_PHASES, outcome
 from harness.tune.storage import Heartbeat, PatientStorage
 from harness.tune.trial_job import StudyRun, command_for, run_trial_job
 from harness.tune.workers import Worker
 
-REFERENCE_PHASES = ("baseline", "known-good", "search")
 RETRY_OF = "retry_of"  # user attr of a queued retry: the number of the trial it runs again
 
 
@@ -214,11 +214,16 @@ class StudyContext:
     def remember(self, record: dict[str, Any]) -> None:
         """Keep a measured configuration's record, so a repeat proposal reuses it. A
         trial stopped early for slowness is not kept: proposed again, it runs again
-        (on a shared machine one unlucky moment should not rule a configuration out)."""
+        (on a shared machine one unlucky moment should not rule a configuration out).
+        One measured twice on a busy machine is kept (harness.tune.quiet)."""
         tags = record.get("tags") or {}
         if tags.get("phase") not in REFERENCE_PHASES or tags.get("pruned") == PRUNED_SLOW:
             return
-        if outcome(record, self.study.objectives, self.run.budget_bytes).state == TrialState.FAIL:
+        # FAIL says nothing of the configuration, except a figure still flagged after it
+        # was measured again: kept, so the search does not run it over and over.
+        busy = ((record.get("metrics") or {}).get("interference") or {}).get("flagged")
+        if not busy and outcome(record, self.study.objectives,
+                                self.run.budget_bytes).state == TrialState.FAIL:
             return
         self.measured.setdefault(config_key(record["plan"]), record)
 
@@ -241,9 +246,14 @@ class StudyContext:
                    for t in self.reference_trials())
 
     def best_trial(self) -> FrozenTrial | None:
-        """The feasible trial with the highest throughput (on a Pareto front too)."""
+        """The feasible trial with the highest throughput (on a Pareto front too), or the
+        one the confirmation rounds named."""
         feasible = [t for t in self.reference_trials() if t.state == TrialState.COMPLETE
                     and all(v <= 0 for v in t.constraints.values()) and t.values]
+        chosen = (self.optuna_study.user_attrs.get(CONFIRMED) or {}).get("best")
+        named = [t for t in feasible if str(t.user_attrs.get("trial_id", t.number)) == chosen]
+        if named:  # named from repeats (harness.tune.confirm), not from one measurement
+            return named[0]
         objectives = self.study.objectives
         i = objectives.index("throughput") if "throughput" in objectives else 0
         sign = 1 if self.study.directions[i] == "maximize" else -1

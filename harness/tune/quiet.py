@@ -60,7 +60,7 @@ def wait_for_quiet(max_wait_s: float,
 
 def measure_again_if_busy(result: TrialResult, run_again: Callable[[], TrialResult],
                           budget_s: float, left_s: float, say: Callable[[str], None],
-                          wait: Callable[[float], tuple[bool, float, float]] = wait_for_quiet,
+                          wait: Callable[[float], tuple[bool, float, float]] | None = None,
                           ) -> TrialResult:
     """`result`, or when it was measured on a busy machine, the trial run again once
     the machine is quiet (or after the bounded wait), with the first figure in its tags."""
@@ -71,7 +71,7 @@ def measure_again_if_busy(result: TrialResult, run_again: Callable[[], TrialResu
     longest = max(min(MAX_WAIT_S, MAX_WAIT_SHARE * budget_s, left_s / 4), 0.0)
     say(f"trial {result.trial_id}: measured while the machine was busy ({busy}); "
         f"waiting up to {format_seconds(longest)} for it to be quiet, then measuring it again")
-    quiet, waited, share = wait(longest)
+    quiet, waited, share = (wait or wait_for_quiet)(longest)
     again = run_again()
     again.tags = {**(again.tags or {}), "remeasured": {
         "first_samples_per_s": first["metrics"].get("samples_per_s"),

@@ -33,6 +33,10 @@ from optuna.trial import TrialState
 from harness.records.result import busy_note
 from harness.study.study_file import Study
 
+# The phases whose trials the search measured (their records are the study's table);
+# confirmation and ablation trials measure those configurations again.
+REFERENCE_PHASES = ("baseline", "known-good", "search")
+
 # tags["pruned"]: why a `pruned` record was not measured to the end
 PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME = "memory", "refused", "slow", "time"
 

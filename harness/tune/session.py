@@ -20,16 +20,27 @@ import optuna
 
 from harness import __version__
 from harness.core.errors import HarnessError
+from harness.records.result import busy_note
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
 from harness.tune.ablation import run_ablation
 from harness.tune.budget import Clock
+from harness.tune.confirm import KEY as CONFIRMED
+from harness.tune.confirm import run_confirmation
 from harness.tune.context import StudyContext
+from harness.tune.estimated_start import estimated_start
 from harness.tune.progress import Progress
 from harness.tune.ready import ReadyStudy
 from harness.tune.resume import StaleTrials, recover, settle
 from harness.tune.sampling import make_sampler
 from harness.tune.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
-from harness.tune.summary import ablation_table, now, status_counts, table, write_best
+from harness.tune.summary import (
+    ablation_table,
+    confirmation_text,
+    now,
+    status_counts,
+    table,
+    write_best,
+)
 from harness.tune.trial_job import StudyRun
 from harness.tune.tuner import Tuner
 from harness.tune.workers import Worker, spawn_helpers, wait_for
@@ -80,7 +91,8 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
 
         run.nodes = Announcer(ostudy, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
-    tuner = Tuner(StudyContext(study, ready.space, ostudy, storage, run, clock), settle)
+    tuner = Tuner(StudyContext(study, ready.space, ostudy, storage, run, clock), settle,
+                  reserve_final=not args.helper)
     if hasattr(storage, "on_stale"):  # RDB: record and retry what dead workers left
         storage.on_stale = StaleTrials(tuner.ctx)
     if main:
@@ -150,10 +162,14 @@ def _search(args: argparse.Namespace, ready: ReadyStudy, tuner: Tuner, store: Ru
 
 def _ablation(args: argparse.Namespace, ostudy: optuna.Study, tuner: Tuner,
               progress: Progress) -> str:
-    if not tuner.ctx.study.budget.ablation_repeats:
+    budget = tuner.ctx.study.budget
+    if not budget.ablation_repeats and not budget.confirm_repeats:
         return "off (budget.ablation_repeats = 0)"
     if not _claim_ablation(ostudy, tuner.ctx.me, take_over=args.resume):
         return "another worker runs it"
+    if tuner.ctx.study.budget.confirm_repeats:
+        progress.line("the contenders for the best measured again, in rounds")
+        progress.line(f"confirmation: {run_confirmation(tuner.ctx)}")
     progress.line("ablation of the best configuration")
     return run_ablation(tuner.ctx)
 
@@ -198,6 +214,9 @@ def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
 def _enqueue_references(ostudy: optuna.Study, ready: ReadyStudy, size: int | None) -> None:
     for phase, params in ready.references:
         ostudy.enqueue_trial(params, user_attrs={"phase": phase})
+    if ready.study.sampler in ("auto", "tpe"):  # a grid or random search is the user's choice
+        for params in estimated_start(ready, [p for _, p in ready.references]):
+            ostudy.enqueue_trial(params, user_attrs={"phase": "search"})
     if ready.study.sampler == "grid":
         grid = ready.space.enumerate()
         random.Random(ready.study.seed).shuffle(grid)
@@ -246,6 +265,15 @@ def _started(store: RunStore, ready: ReadyStudy, clock: Clock, storage: str | No
     )
 
 
+def ready_decision(tuner: Tuner, best_id: Any) -> dict[str, Any] | None:
+    """The confirmation's decision, when it named the trial that is the best now."""
+    try:
+        decision = tuner.ctx.optuna_study.user_attrs.get(CONFIRMED)
+    except StorageUnreachable:
+        return None
+    return decision if decision and str(decision["best"]) == str(best_id) else None
+
+
 def _finish(store: RunStore, tuner: Tuner, ready: ReadyStudy, clock: Clock, stopped: str) -> bool:
     """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
     records = store.records()
@@ -256,10 +284,12 @@ def _finish(store: RunStore, tuner: Tuner, ready: ReadyStudy, clock: Clock, stop
     best_id = best.user_attrs.get("trial_id", best.number) if best else None
     baseline = next((r for r in records if (r.get("tags") or {}).get("phase") == "baseline"),
                     None)
+    decision = ready_decision(tuner, best_id)
     rate = None
     if best is not None:
         if "throughput" in ready.study.objectives:
             rate = best.values[ready.study.objectives.index("throughput")]
+            rate = decision["median"] if decision else rate
         write_best(store, ready.study.name, best_id, best.user_attrs["plan"], rate)
     store.update_info(
         finished_at=now(), best_trial_id=best_id,
@@ -267,21 +297,31 @@ def _finish(store: RunStore, tuner: Tuner, ready: ReadyStudy, clock: Clock, stop
         n_trials=len(records), stopped_because=stopped,
         wall_clock_s=round(clock.elapsed(), 1),
         calibration=tuner.ctx.calibration().as_dict(),
+        best_by_repeats=decision,
     )
     multi = len(ready.study.objectives) > 1
     print(f"\nstudy {ready.study.name}: {len(records)} trials ({status_counts(records)}) in "
           f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
     print(table(records, multi, memory_budget=ready.budget_bytes))
-    base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
-    if rate and base_rate:
-        print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "
-              f"(trial {baseline['trial_id']})")
+    if decision:
+        print(confirmation_text(decision))
+    else:
+        base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
+        if rate and base_rate:
+            print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "
+                  f"(trial {baseline['trial_id']}; one measurement each)")
     if best_id is not None:
         text = ablation_table(records, best_id)
         if text:
             print(text)
         print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")
     else:
+        busy = [r for r in records if r["status"] == "ok" and busy_note(r)]
+        if busy:
+            print(f"{len(busy)} configuration(s) ran, each measured while other processes "
+                  f"used the machine ({busy_note(busy[-1])}), so none is named best: run the "
+                  "study on a quiet machine, or set HARNESS_QUIET_SHARE=1 to accept busy "
+                  "figures (they stay marked in the records)", file=sys.stderr)
         print("no configuration ran within the budgets; nothing to write to best.toml "
               "(each record's reason says why)", file=sys.stderr)
     print(f"records: {store.trials_jsonl}")

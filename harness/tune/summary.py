@@ -10,9 +10,8 @@ from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.records.result import busy_note
 from harness.records.run_store import RunStore, write_atomic
 from harness.tune.ablation import ablation_rows
-from harness.tune.context import REFERENCE_PHASES
 from harness.tune.progress import describe_plan
-from harness.tune.sampling import may_be_best
+from harness.tune.sampling import REFERENCE_PHASES, may_be_best
 
 
 def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -89,6 +88,27 @@ def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
         else:
             lines.append(f"  {name:<24} {row['median']:.4g} [{row['min']:.4g}, "
                          f"{row['max']:.4g}], n={row['n']}")
+    return "\n".join(lines)
+
+
+def confirmation_text(decision: dict[str, Any]) -> str:
+    """The confirmation rounds' verdict (harness.tune.confirm.Decision, as stored)."""
+    lines = ["the contenders measured again (samples/s: median [min, max], n):"]
+    for trial_id, s in sorted(decision["standings"].items(), key=lambda kv: -kv[1]["median"]):
+        mark = ("best" if str(trial_id) == str(decision["best"]) else
+                "fp32 baseline" if str(trial_id) == str(decision.get("baseline_id")) else "")
+        lines.append(f"  trial {trial_id!s:<8} {s['median']:.4g} [{s['min']:.4g}, "
+                     f"{s['max']:.4g}], n={s['n']}  {mark}".rstrip())
+    base = decision.get("baseline")
+    speed = (f", {decision['median'] / base['median']:.2f}x the fp32 baseline's median"
+             if base and base["median"] else "")
+    lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} samples/s median "
+                 f"over {decision['n']} measurements{speed}")
+    close = ", ".join(map(str, decision["indistinguishable"]))
+    if close:
+        lines.append(f"  indistinguishable from it here (the medians' gap is within the spread "
+                     f"of the measurements): trial(s) {close}; best.toml names the highest "
+                     "median")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """The search: ask Optuna for a configuration, run it as a trial, record it, tell Optuna.
 
-`Tuner.search` runs search trials until the search share of the budget is spent,
-n_trials are done, or every configuration of a finite space has been measured:
+`Tuner.search` runs search trials until the time left is what the final phases
+need (harness.tune.reserve), n_trials are done, five proposals in a row did not fit
+the time left, or every configuration of a finite space has been measured:
 ask, run (harness.tune.trial_job: refused / over memory / out of time are records
 that were never launched), record, tell (StudyContext.record_then_tell: the record
 first, so a tuner stopped between the two loses nothing). Before each trial,
@@ -30,28 +31,39 @@ from harness.study.facts import StudyFacts
 from harness.study.search_space import config_key
 from harness.tune.context import RETRY_OF, Held, StudyContext
 from harness.tune.quiet import measure_again_if_busy
+from harness.tune.reserve import reserve_s
 from harness.tune.sampling import PRUNED_TIME
 from harness.tune.trial_job import command_for, run_trial_job
 
 DUPLICATE_LIMIT = 25  # proposals in a row of configurations already measured: converged
 NEIGHBOUR_LIMIT = 20_000  # spaces up to this size are listed to find unmeasured neighbours
+TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is over
 
 
 @dataclass
 class Tuner:
     ctx: StudyContext
     settle: Callable[[StudyContext], list[str]]  # harness.tune.resume.settle
+    reserve_final: bool = True  # keep what the final phases need (False: a helper worker)
     _all: list[tuple[str, dict[str, Any]]] | None = None  # a finite space's configurations
 
     def __post_init__(self) -> None:
         self.size = self.ctx.space.size()
 
+    def search_left(self) -> float:
+        """Seconds the search may still start trials: until the time left is what the
+        final phases need (harness.tune.reserve); a helper worker stops where its main
+        worker told it to (clock.search_end)."""
+        if not self.reserve_final:
+            return self.ctx.clock.search_left()
+        return self.ctx.clock.left() - reserve_s(self.ctx)
+
     def search(self) -> str:
         """Run search trials until a reason to stop; return that reason in words."""
-        ctx, streak = self.ctx, 0
+        ctx, streak, skipped = self.ctx, 0, 0
         while True:
-            if ctx.clock.search_left() <= 0:
-                return "time: the search share of the budget is spent"
+            if self.search_left() <= 0:
+                return "time: the rest of the budget is for the final measurements"
             n = ctx.study.budget.n_trials
             if n and ctx.n_reference_trials() >= n and not ctx.retries_waiting():
                 return f"n_trials: {n} search trials done"
@@ -67,8 +79,12 @@ class Tuner:
             streak = streak + 1 if duplicate else 0
             if duplicate:
                 self._enqueue_neighbour()
-            if (result.tags or {}).get("pruned") == PRUNED_TIME:
-                return f"time: {result.reason}"
+            # A configuration expected not to fit the time left is skipped (its record
+            # says so); the search goes on with ones that may fit, unless none did lately.
+            skipped = skipped + 1 if (result.tags or {}).get("pruned") == PRUNED_TIME else 0
+            if skipped >= TIME_SKIPS:
+                return (f"time: the last {skipped} configurations proposed were each "
+                        f"expected not to fit the time left ({result.reason})")
 
     def _search_trial(self, trial: optuna.Trial) -> tuple[TrialResult, bool]:
         phase = trial.user_attrs.get("phase", "search")
@@ -98,8 +114,13 @@ class Tuner:
             ctx.run.store.write_trial_files(
                 trial.number, Plan.from_dict(result.plan).to_toml(), result.command)
         else:
+            attempts: list[int] = []
+
             def attempt() -> TrialResult:
-                stop = self._slow_stop(trial, plan) if phase == "search" else None
+                # Optuna keeps the first attempt's step values: the second reports none.
+                stop = (self._slow_stop(trial, plan, report=not attempts)
+                        if phase == "search" else None)
+                attempts.append(1)
                 return run_trial_job(ctx.run, trial.number, plan, tags, ctx.calibration(),
                                      ctx.clock.deadline, should_stop=stop)
 
@@ -114,7 +135,7 @@ class Tuner:
         ctx.on_event("end", result.to_dict())
         return result, original is not None
 
-    def _slow_stop(self, trial: optuna.Trial, plan):
+    def _slow_stop(self, trial: optuna.Trial, plan, report: bool = True):
         from harness.tune.pruning import SlowTrialStop
         from harness.tune.quiet import BusyWatch
 
@@ -124,7 +145,7 @@ class Tuner:
         return SlowTrialStop(
             folder / "steps.log", plan.batch_size, ctx.best_throughput(),
             ctx.study.pruning.slower_than if single else 0.0, ctx.study.pruning.min_steps,
-            report=trial.report if single else None,
+            report=trial.report if single and report else None,
             on_step=lambda n: ctx.on_event("step", {"trial_id": trial.number, "steps": n}),
             busy=BusyWatch(),
         )

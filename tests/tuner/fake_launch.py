@@ -19,6 +19,9 @@ from harness.core.plan import Plan
 from harness.records.result import TrialResult, empty_metrics
 
 CALLS: list[dict] = []  # what was launched, in this process
+# A test's hook (in-process studies): (plan dict, rate, launch index) -> (rate, the
+# record's metrics.interference or None): a lucky measurement, a busy machine.
+TWEAK = None
 
 
 def objective(plan: Plan | dict) -> float:
@@ -53,7 +56,9 @@ def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(f"{trial_id} {os.getpid()}\n")
     total = float(os.environ.get("FAKE_TRIAL_S", "0"))
-    rate = objective(prep.plan)
+    rate, busy = objective(prep.plan), None
+    if TWEAK is not None:
+        rate, busy = TWEAK(prep.plan.to_dict(), rate, len(CALLS) - 1)
     step_s = prep.plan.batch_size / rate
     t0, status, reason = time.monotonic(), "ok", None
     steps = prep.plan.steps
@@ -75,6 +80,7 @@ def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
         metrics["memory"] = {"allocated": None, "reserved": None, "nvml_used": None,
                              "rss": peak_bytes(prep.plan), "rss_base": 150 * 2**20}
         metrics["peak_flops"] = prep.peak  # as a real trial records its MFU's denominator
+        metrics["interference"] = busy
     result = TrialResult(study=study, trial_id=trial_id, status=status, reason=reason,
                          plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
                          command=command, started_at="", duration_s=time.monotonic() - t0)

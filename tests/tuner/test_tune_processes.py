@@ -129,22 +129,36 @@ def test_quickstart_study_on_this_cpu(tmp_path):
     by how much the best wins, depend on how busy this shared machine is: no
     assertion here times anything.)"""
     out, budget = tmp_path / "run", 100
+    # Other work on this machine would flag every trial (tests/test_interference.py
+    # covers that): here the flow is under test, so busy figures count.
+    env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}
     proc = subprocess.run([sys.executable, "-m", "harness", "tune", "studies/quickstart.toml",
-                           "--out", str(out), "--budget", f"{budget}s"], cwd=ROOT,
+                           "--out", str(out), "--budget", f"{budget}s"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=budget * 3)  # a hang guard
     assert proc.returncode == 0, proc.stderr + proc.stdout
     recs = records(out)
     trials = journal_trials(out / "optuna.journal")
-    assert len(recs) == len(trials) >= 4
+    # every trial run is a record (the estimator's guesses not reached stay queued)
+    run = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
+    assert len(recs) == len(run) >= 4
     info = json.loads((out / "study.json").read_text())
     # Timestamps are written to the second: allow the one second of rounding.
     deadline = datetime.fromisoformat(info["started_at"]) + timedelta(seconds=budget + 1)
     assert all(datetime.fromisoformat(r["started_at"]) <= deadline for r in recs), \
         [(r["trial_id"], r["started_at"]) for r in recs]
-    # The selection rule, not a speed: the best is the fastest feasible trial measured,
-    # and the baseline is one of them, whatever this machine's load made of either.
-    rate = {r["trial_id"]: r["metrics"]["samples_per_s"] for r in recs if r["status"] == "ok"}
-    assert rate[info["best_trial_id"]] >= rate[info["baseline_trial_id"]]
+    # The selection rule, not a speed: the best is the highest median of the contenders
+    # measured again in rounds (or, without them, the fastest feasible trial measured),
+    # whatever this machine's load made of each.
+    decision = info.get("best_by_repeats")
+    if decision:
+        rivals = {i: s for i, s in decision["standings"].items()
+                  if i != str(decision["baseline_id"]) or i == str(decision["best"])}
+        assert decision["median"] == max(s["median"] for s in rivals.values())
+        assert str(info["best_trial_id"]) == str(decision["best"])
+    else:
+        rate = {r["trial_id"]: r["metrics"]["samples_per_s"] for r in recs
+                if r["status"] == "ok" and r["tags"]["phase"] != "ablation"}
+        assert rate[info["best_trial_id"]] == max(rate.values())
     assert (out / "best.toml").exists() and "x the fp32 baseline" in proc.stdout
 
 
@@ -154,7 +168,7 @@ TWO_NODES = {
     "workload": {"name": "gpt", "layers": 2, "heads": 2, "hidden": 32, "seq_len": 16,
                  "vocab": 64},
     "layout": {"world_sizes": [2], "nnodes": 2},
-    "budget": {"time": "4m", "n_trials": 2, "ablation_repeats": 0},
+    "budget": {"time": "4m", "n_trials": 2, "ablation_repeats": 0, "confirm_repeats": 0},
     "strategies": {"ddp": {"search": []}, "fused": {"search": []}},
 }
 
@@ -166,12 +180,13 @@ def test_trials_spanning_two_nodes(tmp_path):
     path = write_study(tmp_path, TWO_NODES)
     storage = f"journal:{tmp_path / 'shared.journal'}"
     cmd = [sys.executable, "-m", "harness", "tune", str(path), "--storage", storage, "--quiet"]
+    env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}  # the flow under test, busy or not
     leader = subprocess.Popen(cmd + ["--out", str(tmp_path / "node0"), "--rdzv-host",
                                      "127.0.0.1"], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True, env=env)
     follower = subprocess.Popen(cmd + ["--out", str(tmp_path / "node1"), "--follow",
                                        "--node-rank", "1"], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, env=env)
     assert leader.wait(timeout=300) == 0, leader.stdout.read()
     assert follower.wait(timeout=60) == 0, follower.stdout.read()
     recs = records(tmp_path / "node0")

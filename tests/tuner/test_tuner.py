@@ -85,7 +85,8 @@ def test_reaches_the_known_optimum(tmp_path, launched):
     optimum = max(measured, key=measured.get)
 
     out = tmp_path / "run"
-    path = write_study(tmp_path, budget={"ablation_repeats": 0}, pruning={"slower_than": 0})
+    path = write_study(tmp_path, budget={"ablation_repeats": 0, "confirm_repeats": 0},
+                       pruning={"slower_than": 0})
     assert tune(str(path), "--out", str(out), "--n-trials", str(KNOWN_OPTIMUM_TRIALS)) == 0
     recs = records(out)
     found = [r["trial_id"] for r in recs if key(r["plan"]) == optimum and r["status"] == "ok"]
@@ -111,7 +112,7 @@ def test_every_trial_is_a_record_with_its_tags(tmp_path, launched):
     assert sorted(by_number) == [t.number for t in trials]
     phases = [r["tags"]["phase"] for r in recs]
     assert phases[:2] == ["baseline", "known-good"]
-    assert set(phases) == {"baseline", "known-good", "search", "ablation"}
+    assert set(phases) == {"baseline", "known-good", "search", "confirm", "ablation"}
     info = json.loads((out / "study.json").read_text())
     ablation = [r for r in recs if r["tags"]["phase"] == "ablation"]
     best = info["best_trial_id"]
@@ -172,10 +173,15 @@ def test_a_trial_expected_to_overrun_is_not_started(tmp_path, launched):
     # the default overhead before calibration (10 s on a CPU) does not fit in 5 s
     assert tune(str(path), "--out", str(out), "--budget", "5s") == 1  # nothing tuned
     assert time.monotonic() - t0 < 10 and launched == []
-    (r,) = records(out)
-    assert r["tags"]["pruned"] == "time" and "not started" in r["reason"]
-    assert optuna_trials(out)[0].state == TrialState.FAIL  # says nothing of the config
-    assert "time" in json.loads((out / "study.json").read_text())["stopped_because"]
+    # each configuration proposed is skipped; after five in a row the search ends
+    recs = records(out)
+    assert len(recs) == 5
+    for r in recs:
+        assert r["tags"]["pruned"] == "time" and "not started" in r["reason"]
+    # nothing of the configuration (the estimator's guesses not reached stay queued)
+    assert {t.state for t in optuna_trials(out)} - {TrialState.WAITING} == {TrialState.FAIL}
+    stopped = json.loads((out / "study.json").read_text())["stopped_because"]
+    assert "the last 5 configurations proposed were each expected not to fit" in stopped
 
 
 

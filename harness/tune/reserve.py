@@ -1,0 +1,53 @@
+"""The time kept after the search: what the confirmation and the ablation are expected to cost.
+
+A fixed share of the budget (budget.ablation_share) left a 4-minute quickstart study
+idle for a minute at its end: its final trials took 6 s of the 60 s kept. So the
+search runs until the time left is what the final phases are expected to need:
+
+    final trials = (contenders + the baseline) x confirm_repeats       (harness.tune.confirm)
+                 + (the best + one per technique it uses) x ablation_repeats
+    reserve      = MARGIN x final trials x a launched trial's median duration so far,
+                   at most ablation_share of the budget (all of it before any trial ran)
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from harness.tune.ablation import techniques
+from harness.tune.budget import MARGIN
+from harness.tune.confirm import contenders
+
+if TYPE_CHECKING:
+    from harness.tune.context import StudyContext
+
+
+def trial_seconds(records: list[dict[str, Any]]) -> float | None:
+    """A launched trial's median duration (ok, measured, not a repeat of an earlier one)."""
+    durations = [r["duration_s"] for r in records if r["status"] == "ok" and r.get("duration_s")
+                 and "duplicate_of" not in (r.get("tags") or {})]
+    return statistics.median(durations) if durations else None
+
+
+def final_trials(ctx: StudyContext, records: list[dict[str, Any]]) -> int:
+    budget = ctx.study.budget
+    n = 0
+    if budget.confirm_repeats:
+        picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes)
+        if len(picked) >= 2:
+            n += (len(picked) + 1) * budget.confirm_repeats
+    best = ctx.best_trial()
+    if best is not None and budget.ablation_repeats:
+        n += (1 + len(techniques(ctx.space, best.params))) * budget.ablation_repeats
+    return n
+
+
+def reserve_s(ctx: StudyContext) -> float:
+    """Seconds to keep for the final phases, as the study stands now."""
+    cap = ctx.study.budget.ablation_share * ctx.clock.budget_s
+    records = ctx.run.store.records()
+    each = trial_seconds(records)
+    if each is None:
+        return cap
+    return min(cap, MARGIN * each * final_trials(ctx, records))

@@ -1,0 +1,312 @@
+"""Search strategies replayed on a recorded table: how much measuring each needs to find a best.
+
+    python tests/benchmarks/search_replay.py --out runs/replay --seeds 50 \
+        --doc docs/benchmarks/
+
+1. Record: every configuration of a study's space measured once, as a grid study
+   (no early stopping, no confirmation, no ablation): the quickstart space, and a
+   2-process space on this CPU (studies written below). `--table FOLDER` reuses a
+   recorded study instead.
+2. Replay, `--seeds` times each, against that table (a configuration's figure and
+   its cost are its record's samples/s and wall-clock seconds):
+     harness    the harness's own proposal loop: its sampler (harness.tune.sampling:
+                TPE as the study configures it), the references first (the fp32
+                baseline, the known-good configuration), then the estimator's five
+                fastest of a sample (harness.tune.estimated_start), a repeat proposal costs
+                nothing and queues the unmeasured configuration nearest the best,
+                and a trial slower than 1/slower_than of the best so far costs only
+                its warm-up and min_steps (as early stopping cuts it)
+     random     configurations in a random order, each once
+     grid       Optuna's GridSampler over the same space
+     estimator  the estimator's order: fastest predicted step time per sample first
+                (one order; its cost is the same for every seed)
+   For each: the cost (measured seconds spent) to first reach 0.97 of the table's
+   best, median and 90th percentile over seeds, and the median curve of the best
+   found against cost (written as CSV beside the markdown).
+
+The replay's truth is one measurement per configuration, noise included: it judges
+the order of the search, not the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import optuna
+import tomli_w
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = 0.97
+DISTRIBUTED = {
+    "name": "replay-2proc", "device": "cpu", "global_batch_size": 16,
+    "micro_batch_sizes": [4, 8], "warmup_steps": 2, "steps": 6,
+    "workload": {"name": "gpt", "layers": 2, "heads": 4, "hidden": 128, "seq_len": 128,
+                 "vocab": 2048},
+    "layout": {"world_sizes": [2]},
+    "strategies": {"zero": {"search": ["stage"], "values": {"stage": [1, 2, 3]}},
+                   "amp": {"search": ["dtype"], "values": {"dtype": ["bf16"]}},
+                   "fused": {"search": ["optimizer"], "values": {"optimizer": ["foreach"]}}},
+}
+
+
+def record(study_file: Path, out: Path) -> None:
+    """Every configuration once: the study as a grid, nothing cut short."""
+    table = __import__("tomllib").loads(study_file.read_text())
+    table.update(sampler="grid", seed=0)
+    table.setdefault("pruning", {})["slower_than"] = 0
+    table["budget"] = {**table.get("budget", {}), "time": "60m", "ablation_repeats": 0,
+                       "confirm_repeats": 0, "n_trials": 0}
+    grid = out.with_suffix(".toml")
+    grid.write_text(tomli_w.dumps(table))
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "harness", "tune", str(grid), "--out", str(out),
+                    "--quiet"], cwd=ROOT, check=True, timeout=3600)
+    print(f"recorded {out} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+
+
+def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
+    """(configuration key -> rate, cost, predicted rate, phase), the study, its space."""
+    from harness.study.search_space import SearchSpace
+    from harness.study.study_file import Study
+
+    study = Study.from_toml(folder / "study.toml")
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(folder / "optuna.journal")))
+    trials = optuna.load_study(study_name=study.name, storage=storage).get_trials()
+    by_number = {t.number: t for t in trials}
+    rows = {}
+    for line in (folder / "trials.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        t = by_number.get((r.get("tags") or {}).get("optuna_number"))
+        if (t is None or "duplicate_of" in r["tags"]
+                or r["tags"].get("phase") not in ("baseline", "known-good", "search")):
+            continue
+        m, p = r["metrics"], r.get("predicted") or {}
+        batch = r["plan"]["global_batch_size"]
+        rows[key(t.params)] = {
+            "params": t.params, "phase": r["tags"]["phase"],
+            "rate": (m.get("samples_per_s") or 0.0) if r["status"] == "ok" else 0.0,
+            "cost": r.get("duration_s") or 0.0, "steps": r["plan"]["steps"],
+            "warmup": r["plan"]["warmup_steps"],
+            "predicted": batch / p["step_time_s"] if p.get("step_time_s") else 0.0}
+    return rows, study, SearchSpace.of(study, study.device)
+
+
+def key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+class Replay:
+    """One search's spending: cost so far, best so far, and the curve of both."""
+
+    def __init__(self, table: dict, goal: float):
+        self.table, self.goal = table, goal
+        self.cost, self.best, self.curve, self.reached = 0.0, 0.0, [(0.0, 0.0)], None
+
+    def measure(self, k: str, fraction: float = 1.0) -> float:
+        row = self.table[k]
+        self.cost += row["cost"] * fraction
+        if fraction == 1.0 and row["rate"] > self.best:
+            self.best = row["rate"]
+            self.curve.append((self.cost, self.best))
+            if self.reached is None and self.best >= self.goal:
+                self.reached = self.cost
+        return row["rate"]
+
+
+def replay_order(table: dict, order: list[str], goal: float) -> Replay:
+    r = Replay(table, goal)
+    for k in order:
+        if r.reached is not None:
+            break
+        r.measure(k)
+    return r
+
+
+def replay_sampler(table: dict, study, space, sampler, goal: float, harness: bool) -> Replay:
+    """Ask/tell with `sampler`; with `harness`, the tuner's own rules (see the module)."""
+    r = Replay(table, goal)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ostudy = optuna.create_study(sampler=sampler, direction="maximize")
+    if harness:
+        for phase in ("baseline", "known-good"):
+            ref = next((row for row in table.values() if row["phase"] == phase), None)
+            if ref is not None:
+                ostudy.enqueue_trial(ref["params"])
+        # the estimator's guesses (harness.tune.estimated_start), from the recorded predictions
+        from harness.tune.estimated_start import SAMPLE, START
+
+        refs = [row["params"] for row in table.values() if row["phase"] != "search"]
+        pool = [k for k, row in table.items() if row["params"] not in refs]
+        if len(pool) > SAMPLE:
+            pool = random.Random(study.seed).sample(pool, SAMPLE)
+        for k in sorted(pool, key=lambda k: -table[k]["predicted"])[:START]:
+            ostudy.enqueue_trial(table[k]["params"])
+    measured: set[str] = set()
+    slower, min_steps = study.pruning.slower_than, study.pruning.min_steps
+    stale = 0
+    while r.reached is None and len(measured) < len(table) and stale < 200:
+        trial = ostudy.ask()
+        space.suggest(trial)
+        k = key(trial.params)
+        if k not in table:  # not in the recorded space (cannot happen for a full table)
+            ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
+            stale += 1
+            continue
+        if k in measured:
+            ostudy.tell(trial, table[k]["rate"])
+            stale += 1
+            if harness:
+                _enqueue_nearest(ostudy, table, measured, r.best)
+            continue
+        stale = 0
+        measured.add(k)
+        row = table[k]
+        if harness and slower and r.best and row["rate"] * slower < r.best:
+            r.measure(k, (row["warmup"] + min_steps) / (row["warmup"] + row["steps"]))
+            ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        ostudy.tell(trial, r.measure(k))
+    return r
+
+
+def _enqueue_nearest(ostudy, table, measured, best_rate) -> None:
+    best = next((row for row in table.values() if row["rate"] == best_rate), None)
+    fresh = [row["params"] for k, row in table.items() if k not in measured]
+    if best is None or not fresh:
+        return
+    def distance(p):
+        return sum(p.get(n) != best["params"].get(n) for n in p.keys() | best["params"].keys())
+    ostudy.enqueue_trial(min(fresh, key=lambda p: (distance(p), key(p))))
+
+
+def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dict, float, float]:
+    from harness.tune.sampling import make_sampler
+
+    table, study, space = load_table(folder)
+    best = max(row["rate"] for row in table.values())
+    goal = TARGET * best
+    grid_space = {}
+    for params in space.enumerate():
+        for name, value in params.items():
+            grid_space.setdefault(name, [])
+            if value not in grid_space[name]:
+                grid_space[name].append(value)
+    runs: dict[str, list[Replay]] = {"harness": [], "random": [], "grid": [], "estimator": []}
+    # The table was recorded as a grid without early stopping: the replay searches as a
+    # study does by default (its sampler "auto", the default early stopping).
+    study.sampler, study.pruning = "auto", type(study.pruning)()
+    for seed in range(seeds):
+        study.seed = seed
+        runs["harness"].append(replay_sampler(table, study, space,
+                                              make_sampler(study, len(table)), goal,
+                                              harness=True))
+        order = list(table)
+        random.Random(seed).shuffle(order)
+        runs["random"].append(replay_order(table, order, goal))
+        runs["grid"].append(_grid(table, space, grid_space, seed, goal))
+    estimated = sorted(table, key=lambda k: -table[k]["predicted"])
+    runs["estimator"] = [replay_order(table, estimated, goal)] * seeds
+    total = sum(row["cost"] for row in table.values())
+    rows = []
+    for name, rs in runs.items():
+        costs = sorted(r.reached if r.reached is not None else total for r in rs)
+        rows.append({"strategy": name, "median_s": statistics.median(costs),
+                     "p90_s": costs[min(len(costs) - 1, int(0.9 * len(costs)))],
+                     "missed": sum(r.reached is None for r in rs), "runs": len(rs)})
+    return rows, {n: [r.curve for r in rs] for n, rs in runs.items()}, table, total, best
+
+
+def _grid(table, space, grid_space, seed, goal) -> Replay:
+    """Optuna's GridSampler: conditional settings make some grid points the same
+    configuration; a point already measured costs nothing."""
+    sampler = optuna.samplers.GridSampler(grid_space, seed=seed)
+    ostudy = optuna.create_study(sampler=sampler, direction="maximize")
+    r, seen = Replay(table, goal), set()
+    while r.reached is None and len(seen) < len(table):
+        trial = ostudy.ask()
+        space.suggest(trial)
+        k = key(trial.params)
+        if k in table and k not in seen:
+            seen.add(k)
+            ostudy.tell(trial, r.measure(k))
+        else:
+            ostudy.tell(trial, table[k]["rate"] if k in table else 0.0)
+        if sampler.is_exhausted(ostudy):
+            break
+    return r
+
+
+def median_curve(curves: list[list[tuple[float, float]]], best: float, step: float,
+                 end: float) -> list[tuple[float, float]]:
+    """At each cost, the median over runs of the best found so far (as a share of the best)."""
+    out, c = [], 0.0
+    while c <= end:
+        found = [max((b for cost, b in curve if cost <= c), default=0.0) for curve in curves]
+        out.append((c, statistics.median(found) / best))
+        c += step
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("runs/replay"))
+    p.add_argument("--table", type=Path, action="append",
+                   help="a recorded grid study to replay (repeatable); default: record both")
+    p.add_argument("--seeds", type=int, default=50)
+    p.add_argument("--doc", type=Path, help="write the markdown and curves to this folder")
+    args = p.parse_args(argv)
+    tables = args.table
+    if not tables:
+        args.out.mkdir(parents=True, exist_ok=True)
+        dist = args.out / "replay-2proc-study.toml"
+        dist.write_text(tomli_w.dumps(DISTRIBUTED))
+        tables = []
+        for name, study_file in (("quickstart", ROOT / "studies" / "quickstart.toml"),
+                                 ("replay-2proc", dist)):
+            folder = args.out / f"table-{name}"
+            if not (folder / "study.json").exists():
+                record(study_file, folder)
+            tables.append(folder)
+    lines = [f"# Search strategies replayed on recorded tables, {date.today()} (issue 13)", "",
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, no GPU.", "",
+             f"    python tests/benchmarks/search_replay.py --seeds {args.seeds} --out {args.out}"
+             + (f" --doc {args.doc}" if args.doc else ""), "",
+             "Cost: the measured seconds (each trial's wall clock, as recorded) a strategy "
+             f"spends before it first measures a configuration within {TARGET} of the table's "
+             f"best; median and 90th percentile over {args.seeds} seeds.", ""]
+    curves_csv = ["table,strategy,cost_s,best_share"]
+    for folder in tables:
+        rows, curves, table, total, best = evaluate(folder, args.seeds)
+        lines += [f"## {folder.name}: {len(table)} configurations, best {best:.4g} samples/s, "
+                  f"all of them cost {total:.0f} s", "",
+                  "| strategy | median cost (s) | p90 cost (s) | missed |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {r['strategy']} | {r['median_s']:.1f} | {r['p90_s']:.1f} | "
+                  f"{r['missed']} of {r['runs']} |" for r in rows]
+        lines.append("")
+        for name, cs in curves.items():
+            for c, share in median_curve(cs, best, total / 50, total):
+                curves_csv.append(f"{folder.name},{name},{c:.2f},{share:.4f}")
+    text = "\n".join(lines)
+    print(text)
+    if args.doc:
+        args.doc.mkdir(parents=True, exist_ok=True)
+        stem = f"search_replay_cpu_{date.today()}"
+        (args.doc / f"{stem}.md").write_text(text + "\n")
+        (args.doc / f"{stem}_curves.csv").write_text("\n".join(curves_csv) + "\n")
+
+
+if __name__ == "__main__":
+    main()

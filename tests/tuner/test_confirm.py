@@ -1,0 +1,173 @@
+"""The best from repeats, and what a busy machine does to a study (fake launcher).
+
+A lucky single measurement must not be named best: the contenders are measured again
+in rounds and the best is the highest median. A trial measured while the machine was
+busy is measured again; one that stays busy is never the best. A study whose space is
+not exhausted spends its budget. The fake launcher's TWEAK makes the luck and the busy
+machine; nothing here depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.study.search_space import SearchSpace, config_key
+from harness.study.study_file import Study
+from harness.tune import confirm, quiet
+from strategies import resolved
+from tests.tuner import fake_launch
+from tests.tuner.conftest import records, study_table, tune, write_study
+
+BUSY = {"other_cpu_share": 0.5, "trial_cpu_share": 0.5, "cpus": 2,
+        "other_gpu_processes": None, "flagged": True, "threshold": 0.1}
+
+
+def key(plan: dict) -> str:
+    return config_key({**plan, "name": None})
+
+
+def ranked_space() -> list[tuple[float, str]]:
+    space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
+    rates = {key(resolved(space.plan(p)).to_dict()): fake_launch.objective(space.plan(p))
+             for p in space.enumerate()}
+    return sorted(((v, k) for k, v in rates.items()), reverse=True)
+
+
+@pytest.fixture
+def tweak():
+    yield fake_launch
+    fake_launch.TWEAK = None
+
+
+@pytest.fixture
+def no_waiting(monkeypatch):
+    monkeypatch.setattr(quiet, "wait_for_quiet", lambda longest: (True, 0.0, 0.0))
+
+
+def test_a_lucky_single_measurement_is_not_named_best(tmp_path, launched, tweak):
+    (best_rate, optimum), (_, runner_up) = ranked_space()[:2]
+    seen: set[str] = set()
+
+    def lucky(plan, rate, index):  # the runner-up's first measurement: +30%
+        k = key(resolved_plan(plan))
+        first = k == runner_up and k not in seen
+        seen.add(k)
+        return (rate * 1.3 if first else rate), None
+
+    tweak.TWEAK = lucky
+    out = tmp_path / "run"
+    path = write_study(tmp_path, sampler="grid", pruning={"slower_than": 0},
+                       budget={"ablation_repeats": 0, "confirm_repeats": 2})
+    assert tune(str(path), "--out", str(out), "--budget", "10m") == 0
+    recs = records(out)
+    search = [r for r in recs if r["tags"]["phase"] in ("baseline", "known-good", "search")
+              and r["status"] == "ok"]
+    fastest = max(search, key=lambda r: r["metrics"]["samples_per_s"])
+    assert key(resolved_plan(fastest["plan"])) == runner_up  # one measurement says so
+    rounds = [r for r in recs if r["tags"]["phase"] == "confirm"]
+    assert {r["tags"]["confirm"]["round"] for r in rounds} == {0, 1}
+    info = json.loads((out / "study.json").read_text())
+    best = next(r for r in recs if str(r["trial_id"]) == str(info["best_trial_id"]))
+    assert key(resolved_plan(best["plan"])) == optimum  # the medians say otherwise
+    decision = info["best_by_repeats"]
+    assert decision["median"] == pytest.approx(best_rate) and decision["n"] == 3
+    assert decision["baseline"] is not None  # the speedup's denominator measured again too
+
+
+def test_a_busy_measurement_is_taken_again_when_quiet(tmp_path, launched, tweak, no_waiting):
+    def busy_once(plan, rate, index):  # every configuration's first launch is busy
+        return (rate / 5, dict(BUSY)) if index % 2 == 0 else (rate, None)
+
+    tweak.TWEAK = busy_once
+    out = tmp_path / "run"
+    path = write_study(tmp_path, pruning={"slower_than": 0},
+                       budget={"ablation_repeats": 0, "confirm_repeats": 0, "n_trials": 4})
+    assert tune(str(path), "--out", str(out)) == 0
+    recs = records(out)
+    assert len(launched) == 2 * len(recs)  # each launched twice
+    for r in recs:
+        assert r["metrics"]["interference"] is None  # the record kept is the quiet one
+        assert r["tags"]["remeasured"]["first_interference"]["flagged"] is True
+        assert r["metrics"]["samples_per_s"] == pytest.approx(
+            5 * r["tags"]["remeasured"]["first_samples_per_s"])
+
+
+def test_a_configuration_measured_only_on_a_busy_machine_is_never_best(
+        tmp_path, launched, tweak, no_waiting, capsys):
+    optimum = ranked_space()[0][1]
+
+    def optimum_busy(plan, rate, index):  # the optimum, always beside other work
+        return (rate, dict(BUSY)) if key(resolved_plan(plan)) == optimum else (rate, None)
+
+    tweak.TWEAK = optimum_busy
+    out = tmp_path / "run"
+    path = write_study(tmp_path, sampler="grid", pruning={"slower_than": 0},
+                       budget={"ablation_repeats": 0, "confirm_repeats": 0})
+    assert tune(str(path), "--out", str(out), "--budget", "10m") == 0
+    recs = records(out)
+    busy = [r for r in recs if (r["metrics"].get("interference") or {}).get("flagged")]
+    assert busy and all(key(resolved_plan(r["plan"])) == optimum for r in busy)
+    info = json.loads((out / "study.json").read_text())
+    best = next(r for r in recs if str(r["trial_id"]) == str(info["best_trial_id"]))
+    assert key(resolved_plan(best["plan"])) != optimum
+    assert "~" in capsys.readouterr().out  # the summary marks it
+
+
+def test_contenders_and_the_decision():
+    def rec(trial_id, rate, phase="search", of=None):
+        tags = {"phase": phase, **({"confirm": {"of": of, "round": 0}} if of is not None else {})}
+        return {"trial_id": trial_id, "status": "ok", "tags": tags, "plan": {"name": trial_id},
+                "metrics": {"samples_per_s": rate, "peak_memory_bytes": 1}}
+
+    recs = [rec(0, 100, "baseline"), rec(1, 200), rec(2, 190), rec(3, 150),
+            rec("c1", 170, "confirm", 1), rec("c1b", 175, "confirm", 1),
+            rec("c2", 185, "confirm", 2), rec("c2b", 188, "confirm", 2),
+            rec("c0", 110, "confirm", 0)]
+    assert [r["trial_id"] for r in confirm.contenders(recs, 0.2, 0)] == [1, 2]
+    assert [r["trial_id"] for r in confirm.contenders(recs, 0.01, 0)] == [1, 2]  # two at least
+    assert [r["trial_id"] for r in confirm.contenders(recs, 0.6, 0)] == [1, 2, 3, 0]
+    table = confirm.standings(recs, ["1", "2", "0"])
+    decision = confirm.decide(table, "0")
+    # trial 1: [200, 170, 175] median 175; trial 2: [190, 185, 188] median 188
+    assert decision.best == "2" and decision.median == 188
+    # the gap (13) is within trial 1's spread (half of 200 - 170 = 15)
+    assert decision.indistinguishable == ["1"]
+    assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 2}
+
+
+def resolved_plan(plan: dict) -> dict:
+    from harness.core.plan import Plan
+
+    return resolved(Plan.from_dict(plan)).to_dict()
+
+
+def test_the_estimators_fastest_guesses_come_first():
+    from types import SimpleNamespace
+
+    from harness.core.errors import HarnessError
+    from harness.tune.estimated_start import START, estimated_start
+
+    space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
+
+    class Probe:  # predicts the fake objective; refuses micro-batch 4, checkpointing "heavy"
+        def prepare(self, plan, peaks):
+            d = plan.to_dict()
+            if d["micro_batch_size"] == 4:
+                raise HarnessError("refused here")
+            heavy = "checkpoint" in d["strategies"]
+            return SimpleNamespace(predicted={
+                "step_time_s": plan.batch_size / fake_launch.objective(plan),
+                "peak_memory_bytes": 2e9 if heavy else 1e8})
+
+    ready = SimpleNamespace(space=space, study=SimpleNamespace(seed=0), probe=Probe(),
+                            facts=SimpleNamespace(peaks={}), budget_bytes=1e9,
+                            device_type="cpu")
+    taken = [space.enumerate()[0]]
+    picked = estimated_start(ready, taken)
+    assert len(picked) == START and taken[0] not in picked
+    plans = [space.plan(p).to_dict() for p in picked]
+    assert all(p["micro_batch_size"] != 4 and "checkpoint" not in p["strategies"] for p in plans)
+    rates = [fake_launch.objective(p) for p in plans]
+    assert rates == sorted(rates, reverse=True)
