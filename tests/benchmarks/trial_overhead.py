@@ -100,7 +100,10 @@ def main() -> int:
     ap.add_argument("--before", help="a git revision to measure beside this checkout")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=5, help="trials of the study mode")
+    ap.add_argument("--processes", type=int, choices=(1, 2), help="only this plan (default both)")
     args = ap.parse_args()
+    plans = {k: v for k, v in PLANS.items()
+             if args.processes is None or k.startswith(f"{args.processes} process")}
     with tempfile.TemporaryDirectory() as tmp:
         codes = {"now": ROOT}
         if args.before:
@@ -111,12 +114,12 @@ def main() -> int:
         try:
             runs: dict[tuple[str, str], list[dict[str, float]]] = {}
             for r in range(args.rounds):
-                for label, plan in PLANS.items():
+                for label, plan in plans.items():
                     for name, code in codes.items():
                         out = Path(tmp) / f"{name[:6]}-{Path(plan).stem}-{r}"
                         runs.setdefault((f"harness bench, {label}", name), []).append(
                             bench(code, plan, out))
-            for label, plan in PLANS.items():  # trials 2.. of a study (the first warms up)
+            for label, plan in plans.items():  # trials 2.. of a study (the first warms up)
                 for name, code in codes.items():
                     rows = study(code, plan, Path(tmp) / f"study-{name[:6]}-{Path(plan).stem}",
                                  args.trials)
