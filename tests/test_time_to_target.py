@@ -132,3 +132,19 @@ def test_lr_scaling_and_warm_up():
     assert mp.strategies == {"accumulation": {}} and mp.micro_batch_size == 4
     with pytest.raises(HarnessError, match="base_batch"):
         Plan.from_dict({"name": "x", "target": {"loss": 1.0, "lr_scaling": "linear"}})
+
+
+def test_the_tuner_minimizes_time_to_target_and_never_counts_a_miss():
+    import math
+
+    from optuna.trial import TrialState
+
+    from harness.tune.sampling import outcome
+
+    hit = {"status": "ok", "metrics": {"time_to_target_s": 12.5, "peak_memory_bytes": 1}}
+    got = outcome(hit, ["time_to_loss"], 2.0)
+    assert got.state == TrialState.COMPLETE and got.values == [12.5] and got.feasible
+    miss = {"status": "failed", "reason": "validation loss 2.5 not reached",
+            "metrics": {"time_to_target_s": None, "peak_memory_bytes": 1}}
+    got = outcome(miss, ["time_to_loss"], 2.0)
+    assert got.values == [math.inf] and not got.feasible  # never the best

@@ -23,6 +23,7 @@ early for being slow is PRUNED with its step throughputs as intermediate values.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -72,14 +73,17 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
     over = lambda n: (float(n) - budget_bytes) / budget_bytes  # noqa: E731
 
     def worst(memory: float | None) -> list[float]:
-        table = {"throughput": 0.0, "memory": float(max(memory or 0, budget_bytes))}
+        table = {"throughput": 0.0, "memory": float(max(memory or 0, budget_bytes)),
+                 "time_to_loss": math.inf}
         return [table[o] for o in objectives]
 
     if status == "ok" and (m.get("interference") or {}).get("flagged"):
         return Outcome(TrialState.FAIL, None, {})
     if status == "ok":
+        # time_to_loss: an ok record reached the target (a miss is "failed", below)
         table = {"throughput": float(m.get("samples_per_s") or 0.0),
-                 "memory": float(peak or 0)}
+                 "memory": float(peak or 0),
+                 "time_to_loss": float(m.get("time_to_target_s") or math.inf)}
         return Outcome(TrialState.COMPLETE, [table[o] for o in objectives],
                        {"memory": over(peak) if peak else 0.0, "runs": 0.0})
     why = tags.get("pruned")
