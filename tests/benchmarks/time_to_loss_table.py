@@ -36,9 +36,12 @@ def plans(study_path: str) -> list:
     return [space.plan(p) for p in space.enumerate()]
 
 
-def run_all(study_path: str, out: Path, remeasure: int = REMEASURE) -> list[dict]:
+def run_all(study_path: str, out: Path, remeasure: int = REMEASURE,
+            max_batch: int = 0) -> list[dict]:
     records = []
     for i, plan in enumerate(plans(study_path)):
+        if max_batch and plan.batch_size > max_batch:
+            continue
         folder = out / f"{i:02d}-b{plan.batch_size}-m{plan.micro_batch_size}-" \
                        f"{'lamb' if 'lamb' in plan.strategies else 'adamw'}"
         result = folder / "result.json"
@@ -57,8 +60,22 @@ def run_all(study_path: str, out: Path, remeasure: int = REMEASURE) -> list[dict
             subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
                             "--out", str(folder)], check=False)
         if result.is_file():
-            records.append(json.loads(result.read_text()))
+            records.append(quietest(folder))
     return records
+
+
+def quietest(folder: Path) -> dict:
+    """Of a configuration's measurements, the fastest on a quiet machine, else the fastest
+    (others' work only ever slows a measurement)."""
+    found = [json.loads(f.read_text()) for f in [folder / "result.json",
+                                                  *sorted(folder.glob("result-busy-*.json"))]
+             if f.is_file()]
+    return min(found, key=lambda r: (bool(_seen(r).get("flagged")),
+                                     r["metrics"]["step_time_s"]["median"] or float("inf")))
+
+
+def _seen(r: dict) -> dict:
+    return (r.get("metrics") or {}).get("interference") or {}
 
 
 def busy(result: Path) -> bool:
@@ -89,7 +106,8 @@ def table(records: list[dict]) -> str:
         conv = r["metrics"]["convergence"]
         runs = conv["runs"]
         lr = runs[0].get("lr")
-        busy = (r["metrics"].get("interference") or {}).get("flagged")
+        seen = _seen(r)
+        busy = f"others {seen.get('other_cpu_share', 0):.0%}" if seen.get("flagged") else ""
         if conv["reached"]:
             steps = [x["steps_to_target"] for x in runs]
             cell_steps = f"{statistics.median(steps):g} [{min(steps)}–{max(steps)}]"
@@ -103,18 +121,20 @@ def table(records: list[dict]) -> str:
             samples = "—"
         lines.append(f"| {batch} | {opt} | {lr:.3g} | {r['plan']['micro_batch_size']} | "
                      f"{conv['step_time_s'] * 1000:.1f} ms | {cell_steps} | {samples} | "
-                     f"{cell_time} | {'yes' if busy else ''} |")
+                     f"{cell_time} | {busy} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="leave out global batches above this (0: none)")
     p.add_argument("study")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--remeasure", type=int, default=REMEASURE,
                    help="times a trial measured on a busy machine is measured again")
     args = p.parse_args()
-    records = run_all(args.study, args.out, args.remeasure)
+    records = run_all(args.study, args.out, args.remeasure, args.max_batch)
     text = table(records)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
