@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +25,18 @@ def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["status"] == "ok" and r["trial_id"] not in seen:
             seen.add(r["trial_id"])
             rows.append(r)
+    if any(r["metrics"].get("time_to_target_s") for r in rows):  # objective time_to_loss
+        return sorted(rows, key=lambda r: r["metrics"].get("time_to_target_s") or math.inf)
     return sorted(rows, key=lambda r: -(r["metrics"].get("samples_per_s") or 0))
+
+
+def _to_target(m: dict[str, Any]) -> str:
+    """' | batch 64 adamw, to target 8.4 s (176 steps)' for a record trained to a loss."""
+    conv = m.get("convergence")
+    if not conv:
+        return ""
+    return (f" | batch {conv['global_batch']} {conv['optimizer']}, to target "
+            f"{format_seconds(conv['time_to_target_s'])} ({conv['steps_to_target']:g} steps)")
 
 
 def pareto(rows: list[dict[str, Any]]) -> set[Any]:
@@ -60,7 +72,7 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
             f"{format_seconds((m.get('step_time_s') or {}).get('median')):>10} "
             f"{format_bytes(m.get('peak_memory_bytes')):>11} "
             f"{format_bytes(p.get('calibrated_peak_memory_bytes')):>11}  "
-            f"{describe_plan(r['plan'])}")
+            f"{describe_plan(r['plan'])}{_to_target(m)}")
     if multi:
         lines.append("  * on the Pareto front of throughput and peak memory")
     if over & {r["trial_id"] for r in rows[:top]}:
