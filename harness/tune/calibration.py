@@ -30,7 +30,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-DEFAULT_OVERHEAD_S = {"cpu": 10.0, "cuda": 40.0}
+# A CPU trial forked from the rank server starts in a fraction of a second, but the first
+# may wait for the server's imports (3-6 s on the 2-core CPU: docs/benchmarks/trial_overhead_*).
+DEFAULT_OVERHEAD_S = {"cpu": 5.0, "cuda": 40.0}
 # What a GPU holds for a trial beyond its tensors: on an H100 with CUDA 13 the
 # context alone was 0.5 GiB, and a small trial held 0.75 GiB beyond the allocator's
 # pool (docs/benchmarks/gpu_*); NCCL adds its buffers. Assumed until measured.

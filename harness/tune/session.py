@@ -56,8 +56,9 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
         return _run_follower(args, ready)
     from harness.launch import local, rank_server
 
-    # One-rank trials are forked from the rank server: its imports overlap the study's start.
-    if ready.launcher is local.launch and 1 in ready.study.layout.world_sizes:
+    # One-node trials' ranks are forked from the rank server: its imports overlap the
+    # study's start.
+    if ready.launcher is local.launch and ready.study.layout.nnodes == 1:
         rank_server.warm_up()
     study, store = ready.study, RunStore(ready.run_dir)
     main = not args.helper

@@ -171,3 +171,16 @@ def test_the_estimators_fastest_guesses_come_first():
     assert all(p["micro_batch_size"] != 4 and "checkpoint" not in p["strategies"] for p in plans)
     rates = [fake_launch.objective(p) for p in plans]
     assert rates == sorted(rates, reverse=True)
+
+
+def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypatch):
+    """Trials of 0.3 s each, 60 configurations: 20 s cannot measure them all, so the
+    study searches until the final phases' expected share and ends near its deadline."""
+    monkeypatch.setenv("FAKE_TRIAL_S", "0.3")
+    out = tmp_path / "run"
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 1})
+    assert tune(str(path), "--out", str(out), "--budget", "20s") == 0
+    info = json.loads((out / "study.json").read_text())
+    assert "exhausted" not in info["stopped_because"]
+    assert "converged" not in info["stopped_because"]
+    assert info["wall_clock_s"] >= 0.9 * 20, info["stopped_because"]

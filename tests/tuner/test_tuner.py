@@ -170,7 +170,7 @@ def test_a_trial_expected_to_overrun_is_not_started(tmp_path, launched):
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0})
     t0 = time.monotonic()
-    # the default overhead before calibration (10 s on a CPU) does not fit in 5 s
+    # the default overhead before calibration (5 s on a CPU) does not fit in 5 s
     assert tune(str(path), "--out", str(out), "--budget", "5s") == 1  # nothing tuned
     assert time.monotonic() - t0 < 10 and launched == []
     # each configuration proposed is skipped; after five in a row the search ends
