@@ -112,6 +112,8 @@ def _summary(s: Standing) -> dict[str, Any]:
 def run_confirmation(ctx: StudyContext) -> str:
     """Measure the contenders again and name the best; returns how it ended, in words."""
     budget = ctx.study.budget
+    if "throughput" not in ctx.study.objectives:  # time to a loss has its seeds' spread
+        return f"off: the contenders are ranked by throughput, not {ctx.study.objective}"
     records = ctx.run.store.records()
     picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes)
     if len(picked) < 2 or not budget.confirm_repeats:

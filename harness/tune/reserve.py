@@ -33,7 +33,7 @@ def trial_seconds(records: list[dict[str, Any]]) -> float | None:
 def final_trials(ctx: StudyContext, records: list[dict[str, Any]]) -> int:
     budget = ctx.study.budget
     n = 0
-    if budget.confirm_repeats:
+    if budget.confirm_repeats and "throughput" in ctx.study.objectives:
         picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes)
         if len(picked) >= 2:
             n += (len(picked) + 1) * budget.confirm_repeats
