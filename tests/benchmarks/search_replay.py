@@ -238,11 +238,13 @@ def _grid(table, space, grid_space, seed, goal) -> Replay:
         trial = ostudy.ask()
         space.suggest(trial)
         k = key(trial.params)
-        if k in table and k not in seen:
-            seen.add(k)
-            ostudy.tell(trial, r.measure(k))
-        else:
-            ostudy.tell(trial, table[k]["rate"] if k in table else 0.0)
+        value = r.measure(k) if k in table and k not in seen else (
+            table[k]["rate"] if k in table else 0.0)
+        seen.add(k)
+        try:
+            ostudy.tell(trial, value)
+        except RuntimeError:  # the grid is done: GridSampler calls study.stop() outside optimize
+            break
         if sampler.is_exhausted(ostudy):
             break
     return r
