@@ -107,6 +107,16 @@ def snapshot(cpus: list[int], pids: Callable[[], list[int]] = session_pids) -> S
     return Snapshot(time.monotonic(), machine_busy_s(cpus), processes_cpu_s(mine), tuple(mine))
 
 
+def shares(a: Snapshot, b: Snapshot, n_cpus: int) -> tuple[float, float] | None:
+    """(others', ours) share of `n_cpus` CPUs between two snapshots; None for no time."""
+    capacity = (b.at - a.at) * n_cpus
+    if capacity <= 0:
+        return None
+    ours = max(b.trial_s - a.trial_s, 0.0)
+    other = max(b.machine_s - a.machine_s - ours, 0.0)
+    return min(other / capacity, 1.0), min(ours / capacity, 1.0)
+
+
 class InterferenceMeter:
     """`start()` and `stop()` around the measured window, then `reading()`.
 
@@ -136,15 +146,11 @@ class InterferenceMeter:
         if self._start is None or self._stop is None:
             return None
         a, b = self._start, self._stop
-        seconds = b.at - a.at
-        capacity = seconds * len(self.cpus)
-        if capacity <= 0:
+        got = shares(a, b, len(self.cpus))
+        if got is None:
             return None
-        trial = max(b.trial_s - a.trial_s, 0.0)
-        other = max(b.machine_s - a.machine_s - trial, 0.0)
         ours = set(a.pids) | set(b.pids)
-        return interference(min(other / capacity, 1.0), min(trial / capacity, 1.0),
-                             len(self.cpus), _others_on_gpu(self._gpu, ours))
+        return interference(*got, len(self.cpus), _others_on_gpu(self._gpu, ours))
 
 
 def _others_on_gpu(seen: list[list[dict[str, Any]] | None],
@@ -194,7 +200,5 @@ def machine_share_of_others(seconds: float, exclude: Callable[[], list[int]]) ->
     allowed = cpus()
     a = snapshot(allowed, exclude)
     time.sleep(seconds)
-    b = snapshot(allowed, exclude)
-    capacity = (b.at - a.at) * len(allowed)
-    ours = max(b.trial_s - a.trial_s, 0.0)
-    return max(b.machine_s - a.machine_s - ours, 0.0) / capacity if capacity > 0 else 0.0
+    got = shares(a, snapshot(allowed, exclude), len(allowed))
+    return got[0] if got else 0.0

@@ -24,6 +24,7 @@ from harness.measure.interference import (
     QUIET_CPU_SHARE,
     cpus,
     machine_share_of_others,
+    shares,
     snapshot,
 )
 from harness.records.result import TrialResult, busy_note
@@ -97,9 +98,5 @@ class BusyWatch:
         self.start = snapshot(self.cpus, ours)
 
     def __call__(self) -> bool:
-        now = snapshot(self.cpus, ours)
-        capacity = (now.at - self.start.at) * len(self.cpus)
-        if capacity <= 0:
-            return False
-        mine = max(now.trial_s - self.start.trial_s, 0.0)
-        return (now.machine_s - self.start.machine_s - mine) / capacity >= QUIET_CPU_SHARE
+        got = shares(self.start, snapshot(self.cpus, ours), len(self.cpus))
+        return got is not None and got[0] >= QUIET_CPU_SHARE

