@@ -1,15 +1,22 @@
 """The search's first guesses: the configurations the estimator ranks fastest.
 
-Replayed on a recorded table of the quickstart space (tests/benchmarks/search_replay.py),
-TPE's random start-up needed about as much measuring as random search to find a
-configuration within 0.97 of the best, while the estimator's order needed a third of
-it; queuing its five fastest guesses first halved the tuner's median cost and its 90th
-percentile there (three guesses: a third off the median, none off the 90th). So after
-the references a study queues the START configurations with the highest
-predicted throughput (global batch / predicted step time) among up to SAMPLE of its
-configurations (all of a smaller space; a seeded sample of a larger one) that the
-estimator predicts to fit the memory budget. Each prediction is one request to the
-torch-side helper (about 0.1 s on the 2-core CPU), so SAMPLE bounds the cost.
+The estimator's step time separates configurations by what it models (precision,
+checkpointing, layout, batch) and ties those it does not (the fused kernels on a CPU,
+a micro-batch that changes only overheads): on the quickstart space its fastest
+prediction is shared by 15 of 60 configurations, the measured best among them. So
+after the references a study queues its TIER: every sampled configuration predicted
+within TIE of the fastest, in a seeded random order (the estimator cannot rank
+them, a measurement must), at least START of the fastest and at most CAP (half of a small space), so TPE
+still has budget to correct a wrong estimate.
+Replayed on recorded tables (tests/benchmarks/search_replay.py,
+docs/benchmarks/search_replay_cpu_*.md) this halved the tuner's median cost to
+reach 0.97 of the best on the quickstart table, where five guesses in enumeration
+order did no better than random search.
+
+Candidates are up to SAMPLE configurations (all of a smaller space; a seeded sample
+of a larger one) that the estimator predicts to fit the memory budget. Each
+prediction is one request to the torch-side helper (about 0.1 s on the 2-core CPU),
+so SAMPLE bounds the cost.
 """
 
 from __future__ import annotations
@@ -22,18 +29,19 @@ from harness.tune.calibration import Calibration
 from harness.tune.ready import ReadyStudy
 
 START = 5
-SAMPLE = 32
+CAP = 16
+TIE = 0.05  # predictions this close to the fastest are the estimator's tie
+SAMPLE = 64
 LISTABLE = 20_000  # larger spaces are not listed to sample from
 
 
 def estimated_start(ready: ReadyStudy, taken: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Up to START configurations' parameters, predicted fastest first (not in `taken`)."""
+    """The configurations to measure first, as parameters (none of `taken`)."""
     size = ready.space.size()
     if size is None or size > LISTABLE:
         return []
-    configs = [p for p in ready.space.enumerate() if p not in taken]
-    if len(configs) > SAMPLE:
-        configs = random.Random(ready.study.seed).sample(configs, SAMPLE)
+    configs = candidates([p for p in ready.space.enumerate() if p not in taken],
+                         ready.study.seed)
     fresh = Calibration.from_records([], ready.device_type)  # the defaults: nothing measured
     scored = []
     for params in configs:
@@ -45,5 +53,27 @@ def estimated_start(ready: ReadyStudy, taken: list[dict[str, Any]]) -> list[dict
         peak, step = fresh.peak_memory(predicted), predicted.get("step_time_s")
         if step and (peak is None or peak <= ready.budget_bytes):
             scored.append((plan.batch_size / step, params))
-    scored.sort(key=lambda sp: -sp[0])
-    return [params for _, params in scored[:START]]
+    return first_tier(scored, size, ready.study.seed)
+
+
+def candidates(configs: list[dict[str, Any]], seed: int | None) -> list[dict[str, Any]]:
+    """All of `configs`, or a seeded sample of SAMPLE of them."""
+    if len(configs) <= SAMPLE:
+        return configs
+    return random.Random(seed).sample(configs, SAMPLE)
+
+
+def first_tier(scored: list[tuple[float, dict[str, Any]]], size: int,
+               seed: int | None) -> list[dict[str, Any]]:
+    """From (predicted samples/s, params): the fastest START, then the rest of those
+    within TIE of the fastest, in a seeded random order, at most max(START, min(CAP,
+    size // 2)) in all."""
+    if not scored:
+        return []
+    ranked = sorted(scored, key=lambda sp: -sp[0])
+    top = ranked[0][0]
+    tier = [p for rate, p in ranked if rate >= top * (1 - TIE)]
+    random.Random(seed).shuffle(tier)
+    rest = [p for _, p in ranked if p not in tier]
+    limit = max(START, min(CAP, size // 2))
+    return (tier + rest[:max(0, START - len(tier))])[:limit]

@@ -12,14 +12,14 @@
      harness    the harness's own proposal loop: its sampler (harness.tune.sampling:
                 TPE as the study configures it), the references first (the fp32
                 baseline, the known-good configuration), then the estimator's five
-                fastest of a sample (harness.tune.estimated_start), a repeat proposal costs
+                first tier of a sample (harness.tune.estimated_start), a repeat proposal costs
                 nothing and queues the unmeasured configuration nearest the best,
                 and a trial slower than 1/slower_than of the best so far costs only
                 its warm-up and min_steps (as early stopping cuts it)
      random     configurations in a random order, each once
      grid       Optuna's GridSampler over the same space
-     estimator  the estimator's order: fastest predicted step time per sample first
-                (one order; its cost is the same for every seed)
+     estimator  the estimator's order: fastest predicted step time per sample first,
+                its ties in a random order
    For each: the cost (measured seconds spent) to first reach 0.97 of the table's
    best, median and 90th percentile over seeds, and the median curve of the best
    found against cost (written as CSV beside the markdown).
@@ -145,14 +145,14 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
             if ref is not None:
                 ostudy.enqueue_trial(ref["params"])
         # the estimator's guesses (harness.tune.estimated_start), from the recorded predictions
-        from harness.tune.estimated_start import SAMPLE, START
+        from harness.tune.estimated_start import candidates, first_tier
 
         refs = [row["params"] for row in table.values() if row["phase"] != "search"]
-        pool = [k for k, row in table.items() if row["params"] not in refs]
-        if len(pool) > SAMPLE:
-            pool = random.Random(study.seed).sample(pool, SAMPLE)
-        for k in sorted(pool, key=lambda k: -table[k]["predicted"])[:START]:
-            ostudy.enqueue_trial(table[k]["params"])
+        pool = candidates([row["params"] for row in table.values() if row["params"] not in refs],
+                          study.seed)
+        scored = [(table[key(p)]["predicted"], p) for p in pool if table[key(p)]["predicted"]]
+        for params in first_tier(scored, len(table), study.seed):
+            ostudy.enqueue_trial(params)
     measured: set[str] = set()
     slower, min_steps = study.pruning.slower_than, study.pruning.min_steps
     stale = 0
@@ -216,8 +216,11 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
         random.Random(seed).shuffle(order)
         runs["random"].append(replay_order(table, order, goal))
         runs["grid"].append(_grid(table, space, grid_space, seed, goal))
-    estimated = sorted(table, key=lambda k: -table[k]["predicted"])
-    runs["estimator"] = [replay_order(table, estimated, goal)] * seeds
+        # the estimator's order; its ties (configurations it cannot tell apart) shuffled
+        order = list(table)
+        random.Random(seed).shuffle(order)
+        runs["estimator"].append(replay_order(
+            table, sorted(order, key=lambda k: -table[k]["predicted"]), goal))
     total = sum(row["cost"] for row in table.values())
     rows = []
     for name, rs in runs.items():
