@@ -15,7 +15,14 @@ The best is the contender with the highest median over its measurements (the
 search's and the rounds'; a flagged one counts in none). It *leads* a rival when the
 gap between their medians is larger than the spread of either (half its range of
 measurements); when it does not lead every rival, those it does not lead are
-listed as indistinguishable from it here. The decision is kept in the Optuna
+listed as indistinguishable from it here.
+
+A study of time to a target loss (objective time_to_loss) is ranked by time to target
+instead, lowest median first: each round's record is that configuration's steps to
+target, taken from the cache (the maths has not changed), times the step time that
+round measured. Its spread also covers the seeds' (the fastest and the slowest seed's
+steps times each measured step time), so two configurations whose seeds overlap are
+not told apart by the step time alone. The decision is kept in the Optuna
 study's user attribute "best_by_repeats" (StudyContext.best_trial reads it) and in
 study.json.
 """
@@ -35,20 +42,39 @@ if TYPE_CHECKING:
 
 MAX_CONTENDERS = 4
 KEY = "best_by_repeats"
+# what the rounds compare, by objective: the record's figure, and whether lower is better
+FIGURES = {"throughput": ("samples_per_s", False), "time_to_loss": ("time_to_target_s", True)}
+
+
+def ranked_by(objectives: list[str]) -> str | None:
+    """The objective the rounds rank by (throughput first), or None: nothing to rank."""
+    return next((o for o in FIGURES if o in objectives), None)
+
+
+def figure(record: dict[str, Any], by: str) -> float:
+    return record["metrics"][FIGURES[by][0]]
+
+
+def seed_times(record: dict[str, Any]) -> list[float]:
+    """A time-to-target record's fastest and slowest seed, at this record's step time."""
+    spread = (record["metrics"].get("convergence") or {}).get("time_spread_s")
+    return list(spread) if spread else []
 
 
 @dataclass
 class Standing:
     trial_id: str
-    rates: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)  # one per measurement
+    seeds: list[float] = field(default_factory=list)  # time to target: each one's seeds'
 
     @property
     def median(self) -> float:
-        return statistics.median(self.rates)
+        return statistics.median(self.values)
 
     @property
     def spread(self) -> float:
-        return (max(self.rates) - min(self.rates)) / 2
+        every = self.values + self.seeds
+        return (max(every) - min(every)) / 2
 
 
 @dataclass
@@ -57,29 +83,34 @@ class Decision:
     median: float
     n: int
     indistinguishable: list[str]  # rivals it does not lead beyond the spread
-    standings: dict[str, dict[str, Any]]  # trial id -> median, min, max, n
+    standings: dict[str, dict[str, Any]]  # trial id -> median, min, max, n (seeds)
     baseline: dict[str, Any] | None = None  # the baseline's median, min, max, n
     baseline_id: str | None = None
+    objective: str = "throughput"  # or "time_to_loss": the medians are seconds to target
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def contenders(records: list[dict[str, Any]], margin: float, budget_bytes: float,
-               limit: int = MAX_CONTENDERS) -> list[dict[str, Any]]:
-    """The search's records whose throughput is within `margin` of the fastest, and the
-    two fastest in any case (fastest first, one per configuration, at most `limit`):
-    candidates for the best only."""
-    rows = [r for r in ranked(records) if may_be_best(r, budget_bytes)]
+               limit: int = MAX_CONTENDERS, by: str = "throughput") -> list[dict[str, Any]]:
+    """The search's records whose throughput (or 1 / time to target) is within `margin`
+    of the fastest, and the two fastest in any case (fastest first, one per
+    configuration, at most `limit`): candidates for the best only."""
+    lower = FIGURES[by][1]
+    rows = sorted((r for r in ranked(records) if may_be_best(r, budget_bytes)),
+                  key=lambda r: figure(r, by), reverse=not lower)
     if not rows:
         return []
-    top = rows[0]["metrics"]["samples_per_s"]
+    top = figure(rows[0], by)
+    near = ((lambda v: v * (1 - margin) <= top) if lower else
+            (lambda v: v >= top * (1 - margin)))
     # The two fastest at least: a lucky measurement far ahead of the rest is checked too.
-    return [r for i, r in enumerate(rows)
-            if i < 2 or r["metrics"]["samples_per_s"] >= top * (1 - margin)][:limit]
+    return [r for i, r in enumerate(rows) if i < 2 or near(figure(r, by))][:limit]
 
 
-def standings(records: list[dict[str, Any]], ids: list[str]) -> dict[str, Standing]:
+def standings(records: list[dict[str, Any]], ids: list[str],
+              by: str = "throughput") -> dict[str, Standing]:
     """Each trial's measurements: its own (if quiet) and its confirmation rounds'."""
     out = {i: Standing(i) for i in ids}
     for r in records:
@@ -88,34 +119,44 @@ def standings(records: list[dict[str, Any]], ids: list[str]) -> dict[str, Standi
         if of not in out or r["status"] != "ok" or not may_be_best(r, 0):
             continue
         if tags.get("phase") == "confirm" or str(r["trial_id"]) == of:
-            out[of].rates.append(r["metrics"]["samples_per_s"])
+            out[of].values.append(figure(r, by))
+            if by == "time_to_loss":
+                out[of].seeds.extend(seed_times(r))
     return out
 
 
-def decide(table: dict[str, Standing], baseline_id: str | None) -> Decision | None:
-    rivals = {i: s for i, s in table.items() if s.rates and i != baseline_id}
+def decide(table: dict[str, Standing], baseline_id: str | None,
+           by: str = "throughput") -> Decision | None:
+    rivals = {i: s for i, s in table.items() if s.values and i != baseline_id}
     if not rivals:
         return None
-    lead = max(rivals.values(), key=lambda s: s.median)
+    sign = -1 if FIGURES[by][1] else 1  # the best has the highest sign x median
+    lead = max(rivals.values(), key=lambda s: sign * s.median)
     close = [i for i, s in rivals.items() if i != lead.trial_id
-             and lead.median - s.median <= max(lead.spread, s.spread)]
-    summary = {i: _summary(s) for i, s in table.items() if s.rates}
+             and abs(lead.median - s.median) <= max(lead.spread, s.spread)]
+    summary = {i: _summary(s) for i, s in table.items() if s.values}
     base = table.get(baseline_id) if baseline_id is not None else None
-    return Decision(lead.trial_id, lead.median, len(lead.rates), sorted(close, key=str),
-                    summary, _summary(base) if base and base.rates else None, baseline_id)
+    return Decision(lead.trial_id, lead.median, len(lead.values), sorted(close, key=str),
+                    summary, _summary(base) if base and base.values else None, baseline_id,
+                    by)
 
 
 def _summary(s: Standing) -> dict[str, Any]:
-    return {"median": s.median, "min": min(s.rates), "max": max(s.rates), "n": len(s.rates)}
+    out = {"median": s.median, "min": min(s.values), "max": max(s.values), "n": len(s.values)}
+    if s.seeds:  # the fastest and slowest seed over every measurement
+        out["seeds"] = [min(s.seeds), max(s.seeds)]
+    return out
 
 
 def run_confirmation(ctx: StudyContext) -> str:
     """Measure the contenders again and name the best; returns how it ended, in words."""
     budget = ctx.study.budget
-    if "throughput" not in ctx.study.objectives:  # time to a loss has its seeds' spread
-        return f"off: the contenders are ranked by throughput, not {ctx.study.objective}"
+    by = ranked_by(ctx.study.objectives)
+    if by is None:
+        return ("off: the contenders are ranked by throughput or time to target, not "
+                f"{ctx.study.objective}")
     records = ctx.run.store.records()
-    picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes)
+    picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes, by=by)
     if len(picked) < 2 or not budget.confirm_repeats:
         return ("off (budget.confirm_repeats = 0)" if not budget.confirm_repeats else
                 "not needed: fewer than two configurations may be the best")
@@ -143,7 +184,7 @@ def run_confirmation(ctx: StudyContext) -> str:
         if ended != "done":
             break
     base_id = str(baseline["trial_id"]) if baseline is not None else None
-    decision = decide(standings(ctx.run.store.records(), list(params)), base_id)
+    decision = decide(standings(ctx.run.store.records(), list(params), by), base_id, by)
     if decision is not None:
         ctx.optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended

@@ -30,6 +30,22 @@ def describe_plan(plan: dict[str, Any]) -> str:
     return f"{layout} mb {plan.get('micro_batch_size')} | {' '.join(parts) or 'fp32 baseline'}"
 
 
+def standing(record: dict[str, Any]) -> tuple[float, str] | None:
+    """What ranks a finished trial (higher is better) and how it reads: its time to a
+    target loss where it was trained to one (objective time_to_loss), else samples/s."""
+    m = record.get("metrics") or {}
+    conv, rate = m.get("convergence") or {}, m.get("samples_per_s")
+    if m.get("time_to_target_s"):
+        lo, hi = conv.get("time_spread_s") or (None, None)
+        seeds = f" [{format_seconds(lo)}, {format_seconds(hi)}]" if lo is not None else ""
+        step = (m.get("step_time_s") or {}).get("median")
+        return -m["time_to_target_s"], (
+            f"batch {conv.get('global_batch')} {conv.get('optimizer')}: to target "
+            f"{format_seconds(m['time_to_target_s'])}{seeds} over {len(conv.get('seeds') or [])}"
+            f" seed(s), {conv.get('steps_to_target'):g} steps x {format_seconds(step)}")
+    return (rate, format_rate(rate, "samples/s")) if rate else None
+
+
 # the settings worth a glance in one line (the record has them all)
 _SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
           "checkpoint": ("every",), "zero": ("stage", "offload"), "pipeline": ("schedule",),
@@ -48,7 +64,8 @@ class Progress:
         self.console = Console(stderr=False)
         self.live_mode = self.console.is_terminal if live is None else live
         self.counts: Counter[str] = Counter()
-        self.best: tuple[float, Any, str] | None = None  # samples/s, trial id, description
+        # (rank: higher is better, trial id, description, its figure in words)
+        self.best: tuple[float, Any, str, str] | None = None
         self.current: dict[str, Any] | None = None
         self.phase = "search"
         self._live = None
@@ -82,12 +99,12 @@ class Progress:
         self.current = None
         self.counts[record["status"]] += 1
         tags = record.get("tags") or {}
-        rate = (record.get("metrics") or {}).get("samples_per_s")
-        if (self._candidate(record) and rate and tags.get("phase") != "ablation"
-                and (self.best is None or rate > self.best[0])):
-            self.best = (rate, record["trial_id"], describe_plan(record["plan"]))
+        ranks = standing(record)
+        if (self._candidate(record) and ranks and tags.get("phase") != "ablation"
+                and (self.best is None or ranks[0] > self.best[0])):
+            self.best = (ranks[0], record["trial_id"], describe_plan(record["plan"]), ranks[1])
         if not self.live_mode:
-            shown = format_rate(rate, "samples/s") if rate else (record.get("reason") or "")
+            shown = ranks[1] if ranks else (record.get("reason") or "")
             shown = shown.splitlines()[0][:100] if shown else ""
             busy = busy_note(record)
             if busy:
@@ -122,10 +139,10 @@ class Progress:
         best = None
         for r in self.store.records():
             counts[r["status"]] += 1
-            rate = (r.get("metrics") or {}).get("samples_per_s")
-            if (self._candidate(r) and rate and (r.get("tags") or {}).get("phase") != "ablation"
-                    and (best is None or rate > best[0])):
-                best = (rate, r["trial_id"], describe_plan(r["plan"]))
+            ranks = standing(r)
+            if (self._candidate(r) and ranks and (r.get("tags") or {}).get("phase") != "ablation"
+                    and (best is None or ranks[0] > best[0])):
+                best = (ranks[0], r["trial_id"], describe_plan(r["plan"]), ranks[1])
         self.counts, self.best = counts, best or self.best
 
     def _panel(self):
@@ -143,8 +160,7 @@ class Progress:
                           f"{format_seconds(max(self.clock.left(), 0))} left")
         t.add_row("trials", f"{done} done: {counts}")
         if self.best:
-            t.add_row("best", f"{format_rate(self.best[0], 'samples/s')} (trial {self.best[1]}) "
-                              f"{self.best[2]}")
+            t.add_row("best", f"{self.best[3]} (trial {self.best[1]}) {self.best[2]}")
         if self.current:
             c = self.current
             running = format_seconds(time.monotonic() - c["since"])

@@ -17,24 +17,31 @@ from typing import TYPE_CHECKING, Any
 
 from harness.tune.ablation import techniques
 from harness.tune.budget import MARGIN
-from harness.tune.confirm import contenders
+from harness.tune.confirm import contenders, ranked_by
 
 if TYPE_CHECKING:
     from harness.tune.context import StudyContext
 
 
 def trial_seconds(records: list[dict[str, Any]]) -> float | None:
-    """A launched trial's median duration (ok, measured, not a repeat of an earlier one)."""
-    durations = [r["duration_s"] for r in records if r["status"] == "ok" and r.get("duration_s")
-                 and "duplicate_of" not in (r.get("tags") or {})]
+    """A launched trial's median duration (ok, measured, not a repeat of an earlier one),
+    less its training to a target loss: the final phases take those steps from the cache."""
+    durations = [r["duration_s"] - _trained_s(r) for r in records if r["status"] == "ok"
+                 and r.get("duration_s") and "duplicate_of" not in (r.get("tags") or {})]
     return statistics.median(durations) if durations else None
+
+
+def _trained_s(record: dict[str, Any]) -> float:
+    runs = ((record.get("metrics") or {}).get("convergence") or {}).get("runs") or []
+    return sum(r.get("train_s", 0.0) + r.get("eval_s", 0.0) for r in runs if not r.get("cached"))
 
 
 def final_trials(ctx: StudyContext, records: list[dict[str, Any]]) -> int:
     budget = ctx.study.budget
     n = 0
-    if budget.confirm_repeats and "throughput" in ctx.study.objectives:
-        picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes)
+    by = ranked_by(ctx.study.objectives)
+    if budget.confirm_repeats and by:
+        picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes, by=by)
         if len(picked) >= 2:
             n += (len(picked) + 1) * budget.confirm_repeats
     best = ctx.best_trial()

@@ -105,22 +105,29 @@ def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
 
 def confirmation_text(decision: dict[str, Any]) -> str:
     """The confirmation rounds' verdict (harness.tune.confirm.Decision, as stored)."""
-    lines = ["the contenders measured again (samples/s: median [min, max], n):"]
-    for trial_id, s in sorted(decision["standings"].items(), key=lambda kv: -kv[1]["median"]):
+    timed = decision.get("objective") == "time_to_loss"  # seconds to target, lower is better
+    unit = "s to target" if timed else "samples/s"
+    lines = [f"the contenders measured again ({unit}: median [min, max], n"
+             + (", [fastest, slowest seed]):" if timed else "):")]
+    for trial_id, s in sorted(decision["standings"].items(),
+                              key=lambda kv: kv[1]["median"] * (1 if timed else -1)):
         mark = ("best" if str(trial_id) == str(decision["best"]) else
                 "fp32 baseline" if str(trial_id) == str(decision.get("baseline_id")) else "")
+        seeds = f", [{s['seeds'][0]:.4g}, {s['seeds'][1]:.4g}]" if s.get("seeds") else ""
         lines.append(f"  trial {trial_id!s:<8} {s['median']:.4g} [{s['min']:.4g}, "
-                     f"{s['max']:.4g}], n={s['n']}  {mark}".rstrip())
+                     f"{s['max']:.4g}], n={s['n']}{seeds}  {mark}".rstrip())
     base = decision.get("baseline")
-    speed = (f", {decision['median'] / base['median']:.2f}x the fp32 baseline's median"
-             if base and base["median"] else "")
-    lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} samples/s median "
+    ratio = base and base["median"] and (base["median"] / decision["median"] if timed
+                                         else decision["median"] / base["median"])
+    speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the fp32 "
+             "baseline's median" if ratio else "")
+    lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} {unit} median "
                  f"over {decision['n']} measurements{speed}")
     close = ", ".join(map(str, decision["indistinguishable"]))
     if close:
         lines.append(f"  indistinguishable from it here (the medians' gap is within the spread "
-                     f"of the measurements): trial(s) {close}; best.toml names the highest "
-                     "median")
+                     f"of the measurements{' and seeds' if timed else ''}): trial(s) {close}; "
+                     f"best.toml names the {'lowest' if timed else 'highest'} median")
     return "\n".join(lines)
 
 
