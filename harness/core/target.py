@@ -32,8 +32,9 @@ from harness.core.config import bounded
 from harness.core.errors import HarnessError
 
 KEY_VERSION = 1
-# Workload arguments that choose a kernel, not a result (gpt's attention: explicit or sdpa).
-KERNEL_ARGS = frozenset({"attention"})
+# Workload arguments that choose a kernel, not a result (gpt's attention: explicit or sdpa;
+# an hf: model's attn_implementation: eager or sdpa).
+KERNEL_ARGS = frozenset({"attention", "attn_implementation"})
 # Strategy settings that choose how an update runs, never what it computes.
 IMPLEMENTATION_SETTINGS = frozenset({"foreach", "fused", "impl"})
 

@@ -55,12 +55,12 @@ class TokenData:
         return {"source": s.source, "digest": s.digest, "train_tokens": len(s.train),
                 "validation_tokens": s.validation_tokens}
 
-    def check(self, seq_len: int, vocab: int, where: str) -> None:
+    def check(self, seq_len: int, vocab: int, where: str, vocab_key: str = "vocab") -> None:
         s = self.split
-        top = max(int(s.train.max(initial=0)), *(int(c.max(initial=0)) for c in s.validation))
+        top = self.top_id()
         if top >= vocab:
-            raise HarnessError(f"{where}.vocab: {s.source} has token ids up to {top}; "
-                               f"set vocab to at least {top + 1}")
+            raise HarnessError(f"{where}.{vocab_key}: {s.source} has token ids up to {top}; "
+                               f"set {vocab_key} to at least {top + 1}")
         if len(s.train) <= seq_len + 1:
             raise HarnessError(f"{where}.seq_len: {seq_len} is longer than the training text "
                                f"({len(s.train)} tokens); use a shorter seq_len")
@@ -68,6 +68,11 @@ class TokenData:
             longest = max((len(c) for c in s.validation), default=0)
             raise HarnessError(f"{where}.seq_len: {seq_len} + 1 tokens do not fit in a held-out "
                                f"chunk ({longest} tokens); use seq_len below {longest}")
+
+    @functools.cache  # noqa: B019 (one per data set, for the process's life)
+    def top_id(self) -> int:
+        s = self.split
+        return max(int(s.train.max(initial=0)), *(int(c.max(initial=0)) for c in s.validation))
 
     @functools.cache  # noqa: B019 (one per data set and length, for the process's life)
     def windows(self, seq_len: int) -> list[tuple[int, int]]:
@@ -88,6 +93,17 @@ class TokenData:
         chunks = self.split.validation
         return torch.stack([torch.from_numpy(chunks[c][s:s + seq_len + 1].astype(np.int64))
                             for c, s in rows])
+
+    def next_token(self, batch_size: int, index: int, seq_len: int, device: torch.device | str,
+                   held_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) for a causal LM: training batch `index` (or held-out batch
+        `index`), the targets the inputs shifted one token left."""
+        if torch.device(device).type == "meta":  # sizes only: nothing to read
+            ids = torch.empty(batch_size, seq_len, dtype=torch.int64, device="meta")
+            return ids, torch.empty_like(ids)
+        draw = self.eval_batch if held_out else self.train_batch
+        rows = draw(batch_size, index, seq_len).to(device)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
 @functools.cache

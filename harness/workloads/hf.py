@@ -10,7 +10,10 @@ In a plan:
     attn_implementation = "eager"   # the fused strategy switches it to "sdpa"
 
 Causal LMs learn next-token prediction, encoders (BERT, RoBERTa ...) masked-LM, on
-seeded synthetic tokens (harness.workloads.tokens). The model is built from its config
+seeded synthetic tokens (harness.workloads.tokens). A causal LM may train on real
+tokens instead (`data = "text"` or a token file, harness.workloads.data): the text
+corpus is bytes, so its vocab_size defaults to 256 there (the model's own tokenizer
+plays no part; a token file must hold ids below vocab_size). The model is built from its config
 in fp32 (master weights; amp casts); `hf:/folder` loads the folder's weights when
 present. The loss is computed here from the logits, the same way for the whole model
 and for a pipeline's last stage.
@@ -27,7 +30,9 @@ from torch import nn
 from harness.core.errors import HarnessError
 from harness.workloads import optional
 from harness.workloads.base import Workload
-from harness.workloads.hf_config import HFSource, load_config, model_class
+from harness.workloads.data import check_name, is_synthetic
+from harness.workloads.data import tokens as token_data
+from harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
 from harness.workloads.tokens import IGNORE, masked, next_token
 
 ATTENTION = ("eager", "sdpa")
@@ -57,8 +62,10 @@ def _building_on_meta() -> bool:
 class HFWorkload(Workload):
     """A transformers model from its config (or folder), with synthetic tokens."""
 
-    def __init__(self, source: HFSource, seq_len: int, attn_implementation: str):
+    def __init__(self, source: HFSource, seq_len: int, attn_implementation: str,
+                 data: str = "synthetic"):
         self.source = source
+        self.data = data
         self.config = source.config
         self.name = f"hf:{source.spec}"
         self.seq_len = seq_len
@@ -79,6 +86,8 @@ class HFWorkload(Workload):
         return cls.from_config(self.config, **kwargs)
 
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if not is_synthetic(self.data):
+            return token_data(self.data).next_token(batch_size, index, self.seq_len, device)
         if self.causal:
             return next_token(batch_size, index, self.seq_len, self.vocab, device)
         # Tokens below vocab - 1; the last id is the mask (the config's own when it has one).
@@ -86,6 +95,14 @@ class HFWorkload(Workload):
         mask_id = self.vocab - 1 if mask_id is None else int(mask_id)
         return masked(batch_size, index, self.seq_len, self.vocab - 1, mask_id,
                       MASK_FRACTION, device)
+
+    def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if is_synthetic(self.data):
+            return super().eval_batch(batch_size, index, device)
+        return token_data(self.data).next_token(batch_size, index, self.seq_len, device, True)
+
+    def data_info(self) -> dict[str, Any]:
+        return super().data_info() if is_synthetic(self.data) else token_data(self.data).describe()
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         ids, labels = batch
@@ -113,11 +130,13 @@ class HFWorkload(Workload):
 
 def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
     """`hf:<spec>` with its [workload] arguments: config fields, plus seq_len,
-    attn_implementation ("eager" or "sdpa") and task ("auto", "causal-lm", "masked-lm")."""
+    attn_implementation ("eager" or "sdpa"), task ("auto", "causal-lm", "masked-lm")
+    and data ("synthetic", "text" or a token file)."""
     fields = dict(args)
     seq_len = fields.pop("seq_len", 128)
     attn = fields.pop("attn_implementation", "eager")
     task = fields.pop("task", "auto")
+    data = fields.pop("data", "synthetic")
     where = f"workload 'hf:{spec}'"
     if type(seq_len) is not int or seq_len < 1:
         raise HarnessError(f"{where}: seq_len must be a whole number of 1 or more")
@@ -125,10 +144,19 @@ def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
         raise HarnessError(f"{where}: attn_implementation '{attn}' is not one of "
                            f"{', '.join(ATTENTION)}")
     optional.transformers()
+    if data == "text" and not is_folder(spec):
+        fields.setdefault("vocab_size", 256)  # the corpus is bytes
     source = load_config(spec, fields, task)
     longest = getattr(source.config, "max_position_embeddings", None)
     if longest is not None and seq_len > longest:
         raise HarnessError(f"{where}: seq_len {seq_len} is longer than the model's "
                            f"max_position_embeddings ({longest}); lower seq_len or raise "
                            "max_position_embeddings (n_positions for gpt2)")
-    return HFWorkload(source, seq_len, attn)
+    if not is_synthetic(data):
+        check_name(data, "tokens", "[workload]")
+        if source.task != "causal-lm":
+            raise HarnessError(f"{where}: data = '{data}' trains causal LMs only (next-token "
+                               "prediction); use data = 'synthetic' for a masked LM")
+        token_data(data).check(seq_len, int(source.config.vocab_size), "[workload]",
+                               "vocab_size")
+    return HFWorkload(source, seq_len, attn, data)
