@@ -48,3 +48,35 @@ def test_a_time_to_loss_page(tmp_path):
     table = fc.steps_table(run)
     assert "missed (best" in table  # lamb at batch 64: one seed missed, not a success
     assert "105 steps, 1680 samples" in table
+
+
+def test_the_confirmation_rounds_give_the_headline_its_time(tmp_path):
+    import copy
+
+    from reports.headline import headline
+
+    recs = [r for r in synthetic_records(6, ablation=False) if r["status"] == "ok"][:2]
+    recs[0]["tags"]["phase"] = "baseline"
+    recs[0]["metrics"]["convergence"] = convergence("adamw", 16, [100, 110, 120], 0.01)
+    recs[1]["metrics"]["convergence"] = convergence("lamb", 16, [90, 105, 130], 0.01)
+    for r in recs:
+        r["metrics"]["time_to_target_s"] = r["metrics"]["convergence"]["time_to_target_s"]
+    rounds = []
+    for r in recs:  # the same steps from the cache, a slower step time measured again
+        again = copy.deepcopy(r)
+        again["trial_id"] = f"confirm-{r['trial_id']}-0"
+        again["tags"] = {"phase": "confirm", "confirm": {"of": r["trial_id"], "round": 0}}
+        again["metrics"]["convergence"]["time_to_target_s"] *= 2
+        rounds.append(again)
+    decision = {"objective": "time_to_loss", "best": str(recs[1]["trial_id"]), "median": 1.2,
+                "n": 3, "indistinguishable": [], "baseline_id": str(recs[0]["trial_id"]),
+                "baseline": {"median": 1.5, "min": 1.1, "max": 2.2, "n": 3}, "standings": {}}
+    run = load_run(write_run(tmp_path / "run", recs + rounds, objective="time_to_loss",
+                             best_trial_id=recs[1]["trial_id"],
+                             baseline_trial_id=recs[0]["trial_id"], best_by_repeats=decision))
+    assert {p.trial_id for p in fc.points(run)} == {str(r["trial_id"]) for r in recs}
+    best, note = fc.fastest(run)
+    assert best.trial_id == str(recs[1]["trial_id"]) and best.time_s == 1.2  # the rounds'
+    assert "median over 3 measurements" in note and "ahead of the other" in note
+    h = headline(run)  # the baseline's time to target over the best's, not samples/s
+    assert h.speedup == 1.5 / 1.2 and h.basis.startswith("time to target: medians")
