@@ -48,11 +48,12 @@ def interleave_qkv(qkv: nn.Linear, ranks: int) -> None:
 class Tensor(Strategy):
     name = "tensor"
     summary = ("tensor parallel: GPT blocks' qkv/proj and MLP split column/row-wise (DTensor); "
-               "hf: models by their base_model_tp_plan")
+               "hf: models by their base_model_tp_plan, else the harness's plan")
     phases = (Phase.TENSOR_PARALLEL,)
     Settings = TensorSettings
-    requires = ("the gpt workload, or an hf: model with a base_model_tp_plan (Llama, Qwen2, "
-                "Mistral ...); heads divisible by layout tensor")
+    requires = ("the gpt workload, or an hf: model with separate q/k/v projections (its own "
+                "base_model_tp_plan, or the harness's plan: BERT, OPT ...; not GPT-2's fused "
+                "c_attn); heads divisible by layout tensor")
     distributed = True
 
     def space(self):
@@ -89,9 +90,8 @@ class Tensor(Strategy):
 
     def apply(self, phase, setup, settings):
         mesh = submesh(setup.mesh, "tensor", "tensor")
-        config = getattr(setup.model, "config", None)
-        if getattr(config, "base_model_tp_plan", None) is not None:  # a transformers model
-            setup.notes.append(hf_tensor.apply(setup.model, config, mesh, settings.mlp))
+        if hasattr(getattr(setup.model, "config", None), "model_type"):  # a transformers model
+            setup.notes.append(hf_tensor.apply(setup.model, mesh, settings.mlp))
             return
         blocks = getattr(setup.model, "blocks", None)
         if blocks is None:

@@ -1,6 +1,7 @@
 """Tiny Hugging Face configs (2 layers, width 32, vocab 64, 16 tokens), dropout off so
 that techniques which draw random numbers in another order (accumulation) still
-compare exactly with the fp32 run."""
+compare exactly with the fp32 run; and a small torchvision model (4 classes, 64 px: at
+32 px ResNet's last BatchNorms see one value per image and training turns chaotic)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,27 @@ TINY_HF = {
     "bert": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=2, vocab_size=64, seq_len=16, max_position_embeddings=32,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    # No base_model_tp_plan: tensor parallel by the harness's own plan.
+    "opt": dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=2,
+                vocab_size=64, seq_len=16, max_position_embeddings=32, word_embed_proj_dim=32,
+                dropout=0.0, attention_dropout=0.0),
+    "distilbert": dict(dim=32, hidden_dim=64, n_layers=2, n_heads=2, vocab_size=64, seq_len=16,
+                       max_position_embeddings=32, dropout=0.0, attention_dropout=0.0),
 }
+TINY_VISION = {"resnet18": dict(num_classes=4, image_size=64)}
+
+
+def workload_spec(key: str) -> tuple[str, dict]:
+    """(workload name, arguments) of a key of TINY_HF or TINY_VISION."""
+    if key in TINY_VISION:
+        return f"torchvision:{key}", TINY_VISION[key]
+    return f"hf:{key}", TINY_HF[key]
+
+
+def tiny(key: str):
+    from harness.workloads import load_workload
+
+    return load_workload(*workload_spec(key))
 
 
 def needs_transformers() -> None:
