@@ -23,8 +23,11 @@ def launches(log) -> list[str]:
 
 
 def journal_trials(path, name="quickstart"):
+    """The trials a worker took; the queue's leftovers (WAITING: the estimator's guesses
+    not reached when the search stopped) never ran, so they have no record."""
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
-    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    return [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
 
 
 def wait_for_records(run_dir, n, proc, timeout=60):
