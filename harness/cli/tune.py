@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ def add_tune_parser(sub: Any) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     started = time.time()
     ready = check(args, started)
+    if ready.space.left_out and not (args.check or args.helper or args.follow):
+        print(left_out_text(ready.space.left_out), file=sys.stderr)  # once, before trials
     if args.check:
         from harness.cli.tune_check import what_would_run
 
@@ -82,6 +85,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from harness.tune.session import run_session
 
     return run_session(args, ready)
+
+
+def left_out_text(left_out: list[str]) -> str:
+    """What the registry refused for this study and the search will not offer."""
+    return "\n".join(["left out of the search space (the registry refuses them here):",
+                      *(f"  - {line}" for line in left_out)])
 
 
 def check(args: argparse.Namespace, started: float) -> ReadyStudy:

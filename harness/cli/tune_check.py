@@ -99,6 +99,7 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
                      f"micro-batches {study.micro_sizes}, global batch {study.global_batch_size}"),
         ("strategies", ", ".join(study.strategies) or "none"),
         ("search space", f"{space_text}, sampler {study.sampler}"),
+        *[("left out", line) for line in space.left_out],
         ("budget", f"{_duration(budget.time)} wall clock, {trials}, "
                    f"{_duration(budget.trial_timeout)} per trial"),
         ("memory", memory),

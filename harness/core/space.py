@@ -54,15 +54,24 @@ class SettingsSpace:
     fixed: dict[str, Any] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # values this device cannot run
+    # A parallel strategy's layouts ("d1p1t2") refused for the study's workload, and why
+    # (harness.study.refusals): the search space leaves them out.
+    refused: dict[str, str] = field(default_factory=dict)
+    # Per layout key, the searched values that run there where they are fewer.
+    layout_values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"searched": {k: space_to_json(v) for k, v in self.searched.items()},
-                "fixed": self.fixed, "defaults": self.defaults, "left_out": self.left_out}
+                "fixed": self.fixed, "defaults": self.defaults, "left_out": self.left_out,
+                "refused": self.refused, "layout_values": self.layout_values}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SettingsSpace:
         return cls({k: space_from_json(v) for k, v in data["searched"].items()},
-                   dict(data["fixed"]), dict(data["defaults"]), list(data["left_out"]))
+                   dict(data["fixed"]), dict(data["defaults"]), list(data["left_out"]),
+                   dict(data.get("refused", {})),
+                   {k: {s: [_frozen(v) for v in vs] for s, vs in per.items()}
+                    for k, per in data.get("layout_values", {}).items()})
 
 
 def space_to_json(space: Space) -> dict[str, Any]:

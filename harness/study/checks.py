@@ -3,7 +3,8 @@
 Each strategy's searched settings are resolved here: the study's `search`,
 `values` and `fixed` against the strategy's own space and settings, keeping only
 values this device can run (fp16 and Triton need CUDA: on a CPU they are left
-out, unless the study asked for them by name, which is an error).
+out, unless the study asked for them by name, which is an error); the parallel
+strategies are checked layout by layout on the study's workload (harness.study.refusals).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def resolve_settings(study: Study, device_type: str) -> dict[str, SettingsSpace]
             space.searched[setting] = _runnable(strategy, setting, dist, env, given,
                                                 f"{where}.values.{setting}", space.left_out)
         out[name] = space
+    from harness.study.refusals import refuse_by_layout
+
+    refuse_by_layout(study, out, env)  # the parallel strategies, layout by layout
     return out
 
 

@@ -12,12 +12,18 @@ ablations), and listing every configuration of a finite space.
     layout                 d{data}p{pipeline}t{tensor}, only layouts that divide a
                            world size (one layout: no parameter)
     data_parallel          ddp or zero, when data > 1 and the study lists both
+                           (@{layout} where one is refused on that layout)
     micro_batch_size       only sizes where micro x data divides the global batch
                            (named micro_batch_size@data{d} when data sizes differ,
                            and @batch{g} when global batches do, since an Optuna
                            parameter keeps one set of choices)
     <strategy>             on or off, for each searched strategy
-    <strategy>.<setting>   only when that strategy is on
+    <strategy>.<setting>   only when that strategy is on (@{layout} where some of
+                           its values are refused on that layout)
+
+What the registry refuses for the study's workload is not offered
+(harness.study.refusals): layouts whose parallel strategies cannot run, values no
+layout runs; `left_out` says which and why.
 
 Pipeline and tensor parallel are on exactly when their layout axis is above 1;
 accumulation is added whenever a step takes several micro-batches.
@@ -32,6 +38,7 @@ from typing import Any
 
 import optuna
 
+from harness.core.errors import HarnessError
 from harness.core.plan import Layout, Plan
 from harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
 from harness.study.study_file import Study
@@ -74,11 +81,48 @@ class SearchSpace:
         self.optional = [s for s in names if s not in STRUCTURAL and s not in self.always]
         self.layouts = [lay for lay in study.layout.layouts()
                         if any(self.micros_for(lay, g) for g in study.global_batches)]
+        # What the registry refuses for this workload is not offered (said once, by
+        # `harness tune`): layouts a parallel strategy cannot run, values no layout runs.
+        self.left_out = [line for name in names if name in settings
+                         for line in settings[name].left_out]
+        self.layouts, self.data_parallel = self._runnable_layouts()
         self._by_key = {layout_key(lay): lay for lay in self.layouts}
         self._one_data = len({lay.data for lay in self.layouts}) == 1
         self._one_batch_micros = all(
             len({tuple(self.micros_for(lay, g)) for g in study.global_batches}) == 1
             for lay in self.layouts)
+
+    def _runnable_layouts(self) -> tuple[list[Layout], list[str]]:
+        """The layouts whose parallel strategies run here, and the data-parallel
+        strategies that run on some of them; what is left out goes in `left_out`."""
+        def refused(name: str, lay: Layout) -> str | None:
+            space = self.settings.get(name)
+            return space.refused.get(layout_key(lay)) if space else None
+
+        kept, why = [], {}
+        for lay in self.layouts:
+            axes = [r for n in AXIS_STRATEGIES.values()
+                    if getattr(lay, n) > 1 and (r := refused(n, lay))]
+            dp = [refused(n, lay) for n in self.data_parallel] if lay.data > 1 else []
+            if dp and all(dp):
+                axes += dp
+            if axes:
+                why[f"{lay.data}x{lay.pipeline}x{lay.tensor}"] = "; ".join(axes)
+            else:
+                kept.append(lay)
+        data = [n for n in self.data_parallel
+                if any(lay.data > 1 and not refused(n, lay) for lay in kept)
+                or not any(lay.data > 1 for lay in kept)]
+        self.left_out += [f"layout {k} (data x pipeline x tensor): {r}" for k, r in why.items()]
+        for n in self.data_parallel:
+            if n not in data:  # refused on every kept layout with data > 1
+                lay = next(x for x in kept if x.data > 1)
+                self.left_out.append(f"{n} on every layout with data > 1: {refused(n, lay)}")
+        if not kept:
+            raise HarnessError("no layout of the study can run here: "
+                               + " | ".join(f"{k}: {r}" for k, r in why.items())
+                               + "; change [layout] or [workload]")
+        return kept, data
 
     @classmethod
     def of(cls, study: Study, device_type: str) -> SearchSpace:
@@ -101,13 +145,16 @@ class SearchSpace:
             layout = self._by_key[ask("layout", Choice(tuple(self._by_key)))]
         strategies: dict[str, dict[str, Any]] = {}
         if layout.data > 1:
-            dp = self.data_parallel[0]
-            if len(self.data_parallel) > 1:
-                dp = ask("data_parallel", Choice(tuple(self.data_parallel)))
-            strategies[dp] = self._settings(dp, ask)
+            dps = [n for n in self.data_parallel
+                   if layout_key(layout) not in self.settings[n].refused]
+            dp = dps[0]
+            if len(dps) > 1:
+                dp = ask(self._named("data_parallel", dps != self.data_parallel, layout),
+                         Choice(tuple(dps)))
+            strategies[dp] = self._settings(dp, ask, layout)
         for axis, name in AXIS_STRATEGIES.items():
             if getattr(layout, axis) > 1:
-                strategies[name] = self._settings(name, ask)
+                strategies[name] = self._settings(name, ask, layout)
         micros = self.micros_for(layout, g)
         if not micros:
             raise NotInSpace(f"no micro-batch of {self.study.micro_sizes} x data {layout.data} "
@@ -145,15 +192,25 @@ class SearchSpace:
         out["lr"] = value(name, dist)
         return out | {name: value(name, dist) for name, dist in target.rest().items()}
 
-    def _settings(self, name: str, ask: Ask) -> dict[str, Any]:
+    def _settings(self, name: str, ask: Ask, layout: Layout | None = None) -> dict[str, Any]:
         space = self.settings[name]
         out = dict(space.fixed)
+        here = space.layout_values.get(layout_key(layout), {}) if layout else {}
         for setting, dist in space.searched.items():
+            fewer = setting in here
+            if fewer:  # some values are refused on this layout
+                dist = Choice(tuple(v for v in dist.values if v in here[setting]))
             if isinstance(dist, Choice) and len(dist.values) == 1:
                 out[setting] = dist.values[0]
             else:
-                out[setting] = ask(f"{name}.{setting}", dist)
+                out[setting] = ask(self._named(f"{name}.{setting}", fewer, layout), dist)
         return out
+
+    @staticmethod
+    def _named(name: str, per_layout: bool, layout: Layout) -> str:
+        """An Optuna parameter keeps one set of choices: one that differs on a layout
+        has its own name there."""
+        return f"{name}@{layout_key(layout)}" if per_layout else name
 
     def _plan(self, layout: Layout, micro: int, strategies: dict[str, dict[str, Any]], g: int,
               drawn: dict[str, Any]) -> Plan:
@@ -224,10 +281,11 @@ class SearchSpace:
             return lr if dist.low <= lr <= dist.high else dist.low
         if name == "layout":
             return layout_key(wanted.layout) if wanted.layout else dist.values[0]
-        if name == "data_parallel":
-            return wanted.data_parallel or dist.values[0]
         if name.startswith("micro_batch_size"):
             return wanted.micro_batch_size if wanted.micro_batch_size else dist.values[-1]
+        name = name.partition("@")[0]  # a per-layout parameter (data_parallel@d2p1t2)
+        if name == "data_parallel":
+            return wanted.data_parallel or dist.values[0]
         strategy, _, setting = name.partition(".")
         if not setting:
             return strategy in on
