@@ -22,9 +22,10 @@ KNOWN_OPTIMUM_TRIALS = 30  # seed 0 finds it at trial 8; seeds 0-11: trials 3 to
 
 
 def optuna_trials(run_dir, name="quickstart"):
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
-    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    """The trials a worker took (not the queue's leftovers, which never ran)."""
+    from tests.tuner.test_tune_processes import journal_trials
+
+    return journal_trials(run_dir / "optuna.journal", name)
 
 
 def key(plan: dict) -> str:
