@@ -9,8 +9,8 @@
     max_jobs = 4                # trials in flight at once (see below)
     sbatch = ["--exclusive"]    # anything else, passed to sbatch as written
 
-Each trial is one Slurm job (harness.launch.slurm). `max_jobs` is read and checked;
-trials run one at a time until the tuner keeps several in flight.
+Each trial is one Slurm job (harness.launch.slurm); the tuner keeps up to `max_jobs`
+of them in flight at once (harness.tune.in_flight).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     result = launch(prepared, "runs/x", "harness bench runs/x/plan.toml", cluster=spec)
     launcher = launcher_for(spec, "cuda", [8, 16], 900)   # checked: one line, exit 2
+    result = rejoin("runs/x")       # a stopped caller's job, waited for again (or None)
 
 The job has as many nodes as the trial's layout needs (harness.launch.slurm_queue.
 shape_for) and one task a node, which runs harness.launch.slurm_job.run_node: the
@@ -24,19 +25,27 @@ Here, in the caller's process, the launcher waits for the job and:
 The record gets tags["cluster"]: the launcher, job id, node list, partition, queue
 wait (not in the trial's duration_s) and the jobs tried; the job's stdout and
 stderr are copied into the trial's logs/ (slurm-<job>-<task>.out/.err).
+
+The job in flight is written down (slurm/job.json in the trial's folder) as soon as
+it is submitted, so a caller killed meanwhile loses nothing: `rejoin` waits for that
+job again (as `launch` would have) and returns the same record. The tuner's launcher
+(`launcher_for`) says how many trials it may keep in flight (`max_jobs`) and how to
+find and rejoin such jobs (`has_job`, `rejoin`): harness.tune reads those attributes.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
-import shutil
+import json
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,13 +54,22 @@ from harness.core.cluster import JOB_MARGIN_S, ClusterSpec
 from harness.core.errors import HarnessError
 from harness.core.prepared import PreparedPlan
 from harness.launch import slurm_queue as queue
-from harness.launch.slurm_record import made_here, reason_for
+from harness.launch.slurm_record import (
+    cluster_tag,
+    copy_logs,
+    made_here,
+    reason_for,
+    stderr_tail,
+)
+from harness.launch.slurm_shared import check_shared
 from harness.records.result import TrialResult, read_result
 
 STARTUP_S = 60.0  # job start -> trial start (Python, unpickling, torchrun), and stopping
 # How often the job's state is asked for (one squeue call): often at first, when short
 # trials end, then less, so as not to load the controller (nor a CPU trial beside it).
 POLL_S = (0.5, 5.0)
+
+JOB_FILE = "job.json"  # in the trial's slurm/: the jobs submitted for it (see `rejoin`)
 
 _in_flight: set[str] = set()  # jobs submitted and not yet gone: cancelled at exit
 
@@ -65,7 +83,7 @@ class Attempt:
     ran_s: float = 0.0  # from its start (as seen here) to its end
 
     def as_tag(self) -> dict[str, Any]:
-        info = self.info or queue.JobInfo("NOT_SUBMITTED")
+        info = self.info or queue.JobInfo("SUBMITTED" if self.job_id else "NOT_SUBMITTED")
         return {"job_id": self.job_id, "state": info.state, "nodes": info.nodes,
                 "queue_wait_s": info.queue_wait_s, "stopped": self.stopped}
 
@@ -81,6 +99,14 @@ def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
         return launch(prepared, out_dir, command, cluster=cluster, **kwargs)
 
     launch_on_slurm.__qualname__ = "launch"  # what `harness tune --check` shows
+    # What the tuner asks of a launcher whose trials run elsewhere (harness.tune.in_flight,
+    # harness.tune.resume): how many at once, a stopped tuner's jobs found again, and
+    # whether the compute nodes see the run folder (harness.launch.slurm_shared).
+    launch_on_slurm.max_jobs = cluster.max_jobs  # type: ignore[attr-defined]
+    launch_on_slurm.has_job = has_job  # type: ignore[attr-defined]
+    launch_on_slurm.rejoin = rejoin  # type: ignore[attr-defined]
+    launch_on_slurm.check_shared = functools.partial(  # type: ignore[attr-defined]
+        check_shared, cluster)
     return launch_on_slurm
 
 
@@ -137,22 +163,90 @@ def launch(
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
 
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    job = Job(str(out), command, study, trial_id, flags, list(args), timeout,
+              datetime.now(UTC).isoformat(timespec="seconds"), cluster.partition)
     wall_deadline = time.monotonic() + timeout + STARTUP_S if by_deadline else None
-    attempts: list[Attempt] = []
+    return _follow(prepared, job, [], wall_deadline, should_stop)
+
+
+def has_job(out_dir: str | Path) -> bool:
+    """Whether a trial's folder says a job was submitted for it (see `rejoin`)."""
+    return (Path(out_dir) / "slurm" / JOB_FILE).is_file()
+
+
+def rejoin(out_dir: str | Path, *, deadline: float | None = None,
+           should_stop: Callable[[], str | None] | None = None) -> TrialResult | None:
+    """The record of the trial whose job a stopped caller left in `out_dir`: the job
+    waited for as `launch` would have (cancelled at `deadline`, epoch seconds, if it
+    still runs then). None when there is nothing to wait for: no job was written
+    down, or it has ended and left no record (the trial must run again)."""
+    out = Path(out_dir).absolute()
+    try:
+        saved = json.loads((out / "slurm" / JOB_FILE).read_text())
+        job = Job(**saved["job"])
+        prepared = PreparedPlan.read(out / "prepared.json")
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    attempts = [Attempt(t["job_id"], queue.JobInfo(t["state"], nodes=t["nodes"] or ""),
+                        t["stopped"]) for t in saved["jobs"]]
+    last = attempts[-1]
+    if last.job_id is None:
+        return None
+    info = queue.job_info(last.job_id)
+    if info.over and not (out / "result.json").exists():
+        return None
+    last.info = None  # to be waited for
+    _in_flight.add(last.job_id)
+    wall_deadline = time.monotonic() + deadline - time.time() if deadline else None
+    return _follow(prepared, job, attempts, wall_deadline, should_stop)
+
+
+@dataclass
+class Job:
+    """What a trial's jobs are submitted with and recorded by: kept in slurm/job.json."""
+
+    out: str
+    command: str
+    study: str | None
+    trial_id: int | str | None
+    flags: dict[str, Any]
+    args: list[Any]  # run_node's
+    timeout: float
+    started_at: str
+    partition: str | None
+
+    def save(self, attempts: list[Attempt]) -> None:
+        path = Path(self.out) / "slurm" / JOB_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{JOB_FILE}.tmp")
+        tmp.write_text(json.dumps({"job": asdict(self), "jobs": [a.as_tag() for a in attempts]}))
+        os.replace(tmp, path)
+
+
+def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
+            wall_deadline: float | None,
+            should_stop: Callable[[], str | None] | None) -> TrialResult:
+    """Submit (unless the last attempt is yet to be waited for), wait, submit once more
+    when Slurm ended the job for the machine's sake; then the record."""
+    out = Path(job.out)
     with _terminated_as_interrupted():
-        for _ in range(2):  # the second only when Slurm ended the first for the machine's sake
-            attempt = _submit(out / "slurm", flags, args)
-            attempts.append(attempt)
+        while True:
+            if not attempts or attempts[-1].info is not None:
+                attempts.append(_submit(out / "slurm", job.flags, tuple(job.args)))
+                job.save(attempts)  # first, so that a caller killed now loses nothing
+            attempt = attempts[-1]
             if attempt.job_id is None:
                 break
-            _wait(attempt, timeout, wall_deadline, should_stop)
+            _wait(attempt, job.timeout, wall_deadline, should_stop)
+            job.save(attempts)
             ended = attempt.info.state if attempt.info else "UNKNOWN"
-            if attempt.stopped or ended not in queue.RETRIED or (out / "result.json").exists():
+            if (attempt.stopped or ended not in queue.RETRIED or len(attempts) >= 2
+                    or (out / "result.json").exists()):
                 break
-    record = _record(prepared, out, command, study, trial_id, started_at, attempts, timeout)
-    record.tags = {**record.tags, "cluster": _cluster_tag(cluster, attempts)}
-    _copy_logs(out, attempts)
+    record = _record(prepared, out, job.command, job.study, job.trial_id, job.started_at,
+                     attempts, job.timeout)
+    record.tags = {**record.tags, "cluster": cluster_tag(job.partition, attempts)}
+    copy_logs(out, attempts)
     record.write(out / "result.json")
     return record
 
@@ -249,49 +343,13 @@ def _record(prepared: PreparedPlan, out: Path, command: str, study: str | None,
         except (OSError, ValueError, TypeError) as e:
             return made_here(prepared, "failed", f"the record at {result_file} could not be "
                              f"read ({e})", command, study, trial_id, started_at, last.ran_s)
-    status, reason = reason_for(last, timeout, STARTUP_S, _stderr_tail(out, last.job_id))
+    status, reason = reason_for(last, timeout, STARTUP_S, stderr_tail(out, last.job_id))
     if len(attempts) > 1:
         first = attempts[0]
         reason = (f"{reason} (submitted again after job {first.job_id} ended "
                   f"{first.info.state if first.info else 'UNKNOWN'})")
     return made_here(prepared, status, reason, command, study, trial_id, started_at,
                      last.ran_s)
-
-
-def _cluster_tag(cluster: ClusterSpec, attempts: list[Attempt]) -> dict[str, Any]:
-    last = attempts[-1]
-    info = last.info or queue.JobInfo("NOT_SUBMITTED")
-    return {"launcher": "slurm", "job_id": last.job_id, "nodes": info.nodes,
-            "partition": info.partition or cluster.partition, "queue_wait_s": info.queue_wait_s,
-            "state": info.state, "jobs": [a.as_tag() for a in attempts]}
-
-
-def _job_logs(out: Path, job_id: str | None) -> list[Path]:
-    return sorted((out / "slurm").glob(f"{job_id}_*_log.*")) if job_id else []
-
-
-def _stderr_tail(out: Path, job_id: str | None, size: int = 1500) -> str | None:
-    """The end of node 0's stderr; None when the job left no output file at all."""
-    if not _job_logs(out, job_id):
-        return None
-    errs = [p for p in _job_logs(out, job_id) if p.suffix == ".err"]
-    if not errs:
-        return ""
-    with errs[0].open("rb") as f:
-        f.seek(max(0, errs[0].stat().st_size - size))
-        return f.read().decode(errors="replace").strip()
-
-
-def _copy_logs(out: Path, attempts: list[Attempt]) -> None:
-    """Each job's stdout/stderr (one pair a node) into logs/, as slurm-<job>-<task>.*."""
-    logs = out / "logs"
-    logs.mkdir(exist_ok=True)
-    for attempt in attempts:
-        for path in _job_logs(out, attempt.job_id):
-            task = path.name.split("_")[1]
-            ext = "out" if path.suffix == ".out" else "err"
-            with contextlib.suppress(OSError):
-                shutil.copyfile(path, logs / f"slurm-{attempt.job_id}-{task}.{ext}")
 
 
 def _submitit() -> Any:

@@ -1,11 +1,16 @@
-"""The record of a trial whose Slurm job left none: its status and reason in words."""
+"""What a trial's Slurm jobs leave for its record: the status and reason in words of one
+that left no record, tags["cluster"], and the jobs' stdout/stderr in the trial's logs/."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harness.core.prepared import PreparedPlan
+from harness.launch.slurm_queue import JobInfo
 from harness.records.result import TrialResult, empty_metrics
 
 if TYPE_CHECKING:
@@ -58,3 +63,39 @@ def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
         started_at=started_at or datetime.now(UTC).isoformat(timespec="seconds"),
         duration_s=duration_s,
     )
+
+
+def cluster_tag(partition: str | None, attempts: list[Attempt]) -> dict[str, Any]:
+    last = attempts[-1]
+    info = last.info or JobInfo("NOT_SUBMITTED")
+    return {"launcher": "slurm", "job_id": last.job_id, "nodes": info.nodes,
+            "partition": info.partition or partition, "queue_wait_s": info.queue_wait_s,
+            "state": info.state, "jobs": [a.as_tag() for a in attempts]}
+
+
+def job_logs(out: Path, job_id: str | None) -> list[Path]:
+    return sorted((out / "slurm").glob(f"{job_id}_*_log.*")) if job_id else []
+
+
+def stderr_tail(out: Path, job_id: str | None, size: int = 1500) -> str | None:
+    """The end of node 0's stderr; None when the job left no output file at all."""
+    if not job_logs(out, job_id):
+        return None
+    errs = [p for p in job_logs(out, job_id) if p.suffix == ".err"]
+    if not errs:
+        return ""
+    with errs[0].open("rb") as f:
+        f.seek(max(0, errs[0].stat().st_size - size))
+        return f.read().decode(errors="replace").strip()
+
+
+def copy_logs(out: Path, attempts: list[Attempt]) -> None:
+    """Each job's stdout/stderr (one pair a node) into logs/, as slurm-<job>-<task>.*."""
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    for attempt in attempts:
+        for path in job_logs(out, attempt.job_id):
+            task = path.name.split("_")[1]
+            ext = "out" if path.suffix == ".out" else "err"
+            with contextlib.suppress(OSError):
+                shutil.copyfile(path, logs / f"slurm-{attempt.job_id}-{task}.{ext}")

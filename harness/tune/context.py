@@ -9,9 +9,10 @@ status, plan and constraints, then its state). A worker that stops between the t
 loses nothing: recovery (harness.tune.resume) tells Optuna what the record says.
 The record is the authority.
 
-The trial this worker holds (`held`: from the moment it is RUNNING in the storage
-until its record is written) is remembered. When the storage gives up on an
-unreachable database (StorageUnreachable, after storage.patience), the held trial
+The trials this worker holds (`held`: from the moment each is RUNNING in the storage
+until its record is written; several when trials run as jobs in flight at once,
+harness.tune.in_flight) are remembered. When the storage gives up on an
+unreachable database (StorageUnreachable, after storage.patience), each held trial
 gets a `failed` record (tags orphan and unreachable: FAIL for Optuna) before the
 worker stops; once the database is back, recovery tells Optuna so and queues the
 configuration again. So every trial in the storage ends with exactly one record,
@@ -73,7 +74,7 @@ class StudyContext:
     me: Worker = field(default_factory=lambda: Worker.this())
     on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # config key -> record
-    held: Held | None = None
+    held: dict[int, Held] = field(default_factory=dict)  # by Optuna number
 
     def __post_init__(self) -> None:
         for r in self.run.store.records():
@@ -96,9 +97,10 @@ class StudyContext:
     def hold(self, number: int, trial_id: int | str | None = None, phase: str = "search",
              plan: dict[str, Any] | None = None) -> Held:
         """From now until its record is written, trial `number` is this worker's to record."""
-        if self.held is None or self.held.number != number:
-            self.held = Held(number, number if trial_id is None else trial_id, phase, plan)
-        return self.held
+        if number not in self.held:
+            self.held[number] = Held(number, number if trial_id is None else trial_id, phase,
+                                     plan)
+        return self.held[number]
 
     @contextlib.contextmanager
     def holding(self, number: int, trial_id: int | str | None = None, phase: str = "search",
@@ -110,8 +112,8 @@ class StudyContext:
             with self._heartbeat(number):
                 yield held
         finally:
-            if self.held is held:
-                self.held = None
+            if self.held.get(number) is held:
+                del self.held[number]
 
     def _heartbeat(self, number: int) -> contextlib.AbstractContextManager:
         if not isinstance(self.storage, PatientStorage):
@@ -125,16 +127,17 @@ class StudyContext:
                   attrs.get("plan"))
 
     def _give_up(self) -> None:
-        """PatientStorage.on_give_up: the held trial's record, before the worker stops."""
-        held, self.held = self.held, None
-        if held is None:
-            return
-        tags = {"phase": held.phase, "optuna_number": held.number, "orphan": True,
-                "unreachable": True}
-        self.run.store.append(self.failed_record(
-            held.trial_id, held.plan, held.started_at, tags,
-            "the storage became unreachable while this trial was held here, and this worker "
-            "stopped before it ended; --resume queues it to run again"))
+        """PatientStorage.on_give_up: the held trials' records, before the worker stops."""
+        for number in list(self.held):
+            held = self.held.pop(number, None)
+            if held is None:  # recorded meanwhile, in another trial's thread
+                continue
+            tags = {"phase": held.phase, "optuna_number": held.number, "orphan": True,
+                    "unreachable": True}
+            self.run.store.append(self.failed_record(
+                held.trial_id, held.plan, held.started_at, tags,
+                "the storage became unreachable while this trial was held here, and this "
+                "worker stopped before it ended; --resume queues it to run again"))
 
     def start_trial(self, params: dict[str, Any], distributions: dict[str, Any],
                     user_attrs: dict[str, Any]) -> int:
@@ -181,8 +184,7 @@ class StudyContext:
         this run folder may have told it from this record first: that is fine.)"""
         result.write(self.run.store.trial_dir(result.trial_id) / "result.json")
         self.run.store.append(result)
-        if self.held is not None and self.held.number == number:
-            self.held = None  # recorded: nothing more to write if the storage goes away
+        self.held.pop(number, None)  # recorded: nothing more to write if the storage goes away
         record = result.to_dict()
         self.remember(record)
         try:

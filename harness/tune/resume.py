@@ -26,6 +26,13 @@ failed record and queues the retry the same way.
 
 A retry is a queued trial with the user attrs {"retry_of": <first number>,
 "retry_history": [<numbers run so far>]}.
+
+A stopped worker's trial that was launched as a job that outlives it (a Slurm job:
+harness.tune.trial_job.left_a_job) is not run again: `jobs_left` claims it for
+this worker before `recover` would fail it, and the tuner waits for its job
+(`rejoin`, one of the search's first trials in flight), which gives the record it
+would have had. A job that ended without a record is failed and queued again as
+above.
 """
 
 from __future__ import annotations
@@ -37,12 +44,15 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from harness.records.result import read_result
+from harness.records.result import TrialResult, read_result
 from harness.tune.context import RETRY_OF
 from harness.tune.storage import fail_stale_trials
+from harness.tune.trial_job import left_a_job, rejoin_trial_job
 from harness.tune.workers import Worker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from harness.tune.context import StudyContext
 
 # A RUNNING trial without a worker tag this old was abandoned: its tuner died between
@@ -69,6 +79,49 @@ def recover(ctx: StudyContext) -> list[str]:
                 if note:
                     notes.append(note)
     return notes
+
+
+def jobs_left(ctx: StudyContext) -> list[FrozenTrial]:
+    """The RUNNING trials of stopped workers whose jobs may still run, claimed for this
+    worker (their owner is now this one, so `recover` leaves them alone)."""
+    if getattr(ctx.run.launcher, "has_job", None) is None:
+        return []
+    running = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    claimed = []
+    with ctx.run.store.locked("settle"):  # of several workers starting, one claims each
+        records = _by_number(ctx.run.store.records()) if running else {}
+        for t in running:
+            sid = ctx.storage_id(t.number)
+            now = ctx.storage.get_trial(sid)  # its owner as of now
+            tid = now.user_attrs.get("trial_id", now.number)
+            if (now.state == TrialState.RUNNING and now.number not in records
+                    and _abandoned(now) and left_a_job(ctx.run, tid)):
+                ctx.storage.set_trial_user_attr(sid, "worker", ctx.me.tag)
+                claimed.append(now)
+    return claimed
+
+
+def rejoin(ctx: StudyContext, t: FrozenTrial,
+           should_stop: Callable[[], str | None] | None = None) -> TrialResult:
+    """Wait for the job of trial `t` (claimed by `jobs_left`), then record it and tell
+    Optuna; a job that ended without a record fails the trial, queued again."""
+    tid, phase = t.user_attrs.get("trial_id", t.number), t.user_attrs.get("phase", "search")
+    plan = t.user_attrs.get("plan")
+    with ctx.holding(t.number, tid, phase, plan):
+        ctx.on_event("note", {"text": f"trial {tid}: launched by a tuner that stopped, and "
+                                      "its job may still run: waiting for it"})
+        ctx.on_event("start", {"trial_id": tid, "plan": plan or {}, "phase": phase,
+                               "duplicate": False})
+        result = rejoin_trial_job(ctx.run, tid, ctx.clock.deadline, should_stop)
+        if result is not None:
+            ctx.record_then_tell(result, t.number)
+        else:
+            ctx.storage.set_trial_state_values(ctx.storage_id(t.number), state=TrialState.FAIL)
+            result, note = _dead(ctx, t, "the tuner running this trial{who} stopped, and its "
+                                         "job ended without a record")
+            ctx.on_event("note", {"text": note})
+    ctx.on_event("end", result.to_dict())
+    return result
 
 
 def settle(ctx: StudyContext) -> list[str]:
@@ -144,19 +197,25 @@ class StaleTrials:
 def _record_dead(ctx: StudyContext, t: FrozenTrial, cause: str, **tags: object) -> str:
     """A failed trial (FAIL already) whose worker died: record it, queue it again, say
     so. `cause` may name the worker with {who}."""
+    return _dead(ctx, t, cause, **tags)[1]
+
+
+def _dead(ctx: StudyContext, t: FrozenTrial, cause: str,
+          **tags: object) -> tuple[TrialResult, str]:
     retry = _may_retry(ctx, t)
     owner = Worker.parse(t.user_attrs.get("worker"))
     cause = cause.format(who=f" ({owner.describe()})" if owner else "")
     words = "queued to run again" if retry else "not run again (retries spent)"
     tid = t.user_attrs.get("trial_id", t.number)
     started = t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""
-    ctx.run.store.append(ctx.failed_record(
+    record = ctx.failed_record(
         tid, t.user_attrs.get("plan"), started, {
             "phase": t.user_attrs.get("phase", "search"), "optuna_number": t.number,
-            "orphan": True, **tags}, f"{cause}; {words}"))
+            "orphan": True, **tags}, f"{cause}; {words}")
+    ctx.run.store.append(record)
     if retry:
         _queue_retry(ctx, t)
-    return f"trial {tid}: {cause}; marked failed, {words}"
+    return record, f"trial {tid}: {cause}; marked failed, {words}"
 
 
 def _may_retry(ctx: StudyContext, t: FrozenTrial) -> bool:

@@ -6,6 +6,11 @@ each study has them once. `--workers N` starts N-1 helpers after that, on the
 same storage and deadline. After the search, one worker (the one holding the
 study's ablation claim; --resume takes it over) runs the ablation and writes
 best.toml; every main process writes study.json and prints the ranked table.
+
+With a launcher whose trials run on other machines (Slurm), the main process first
+has it check that they see the run folder (one line, exit 2, nothing made when
+not), and waits for the jobs a stopped tuner left running before asking for more
+(harness.tune.resume.jobs_left).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import random
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import optuna
@@ -30,7 +36,7 @@ from harness.tune.context import StudyContext
 from harness.tune.estimated_start import estimated_start
 from harness.tune.progress import Progress
 from harness.tune.ready import ReadyStudy
-from harness.tune.resume import StaleTrials, recover, settle
+from harness.tune.resume import StaleTrials, jobs_left, recover, rejoin, settle
 from harness.tune.sampling import make_sampler
 from harness.tune.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
 from harness.tune.summary import (
@@ -65,6 +71,10 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
     remote = args.storage and not args.storage.startswith("journal:")
     spec = study.storage
     storage = make_storage(args.storage, store.root, spec) if remote else None  # before mkdir
+    if main and hasattr(ready.launcher, "check_shared"):  # trials on other machines
+        note = ready.launcher.check_shared(store.root)  # HarnessError: before mkdir too
+        if note:
+            print(note, file=sys.stderr, flush=True)
     if main:
         if not store.exists():
             store.create(study.to_toml())
@@ -139,6 +149,7 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
 def _search(args: argparse.Namespace, ready: ReadyStudy, tuner: Tuner, store: RunStore,
             clock: Clock, progress: Progress, outcome: dict[str, str]) -> list:
     """Settle what a stopped tuner left, start the helpers, search; returns the helpers."""
+    left = jobs_left(tuner.ctx)  # first: these are waited for, not failed by recover
     for note in recover(tuner.ctx):
         progress.line(note)
     helpers = []
@@ -150,7 +161,7 @@ def _search(args: argparse.Namespace, ready: ReadyStudy, tuner: Tuner, store: Ru
         progress.line(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
     _use_devices(ready.groups[0])
     try:
-        outcome["stopped"] = tuner.search()
+        outcome["stopped"] = tuner.search(first=[partial(rejoin, tuner.ctx, t) for t in left])
         progress.line(f"search ended: {outcome['stopped']}")
         if helpers:
             wait_for(helpers, clock.left() + 30)

@@ -11,16 +11,21 @@
        timeout of min(its own, time left), and `should_stop` for early stopping.
 
 Each trial's folder (runs/<study>/trials/<id>/) holds plan.toml, command.txt,
-logs/ and result.json; a trial that was not launched has no logs/.
+logs/ and result.json; a trial that was not launched has no logs/. One launched
+as a job that may outlive its tuner (a Slurm job) also has launched.json (its tags
+and prediction): the next tuner waits for that job (`rejoin_trial_job`) and gives
+the trial the record it would have had.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from harness.core.errors import HarnessError
@@ -29,13 +34,14 @@ from harness.core.units import format_bytes, format_seconds
 from harness.launch.local import launch
 from harness.launch.probe import Probe
 from harness.records.result import TrialResult, empty_metrics
-from harness.records.run_store import RunStore
+from harness.records.run_store import RunStore, write_atomic
 from harness.study.facts import StudyFacts
 from harness.tune.budget import fits, launch_timeout
 from harness.tune.calibration import Calibration
 from harness.tune.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 
 Launcher = Callable[..., TrialResult]  # harness.launch.local.launch's signature
+LAUNCHED = "launched.json"  # in a launched trial's folder: its tags and prediction
 
 
 @dataclass
@@ -101,6 +107,9 @@ def run_trial_job(
     kwargs = dict(run.launch_kwargs)
     if run.nodes is not None:  # the other nodes' followers join this trial
         kwargs.update(run.nodes.launch_kwargs(trial_id, prep, command, timeout))
+    if getattr(run.launcher, "has_job", None) is not None:  # its job may outlive us
+        # What finishes its record, for a tuner that rejoins the trial (rejoin_trial_job).
+        write_atomic(folder / LAUNCHED, json.dumps({"tags": tags, "predicted": predicted}))
     try:
         result = run.launcher(
             prep, folder, command, study=run.name, trial_id=trial_id, timeout_s=timeout,
@@ -109,6 +118,38 @@ def run_trial_job(
     finally:
         if run.nodes is not None:
             run.nodes.done(trial_id)
+    return _finished(result, folder, tags, predicted, deadline)
+
+
+def left_a_job(run: StudyRun, trial_id: int | str) -> bool:
+    """Whether trial `trial_id` was launched as a job that may outlive its tuner (the
+    launcher's `has_job`: harness.launch.slurm), so a new tuner can wait for it."""
+    has_job = getattr(run.launcher, "has_job", None)
+    folder = run.store.trial_dir(trial_id)
+    return has_job is not None and (folder / LAUNCHED).is_file() and has_job(folder)
+
+
+def rejoin_trial_job(run: StudyRun, trial_id: int | str, deadline: float,
+                     should_stop: Callable[[], str | None] | None = None
+                     ) -> TrialResult | None:
+    """The record of a trial a stopped tuner launched as a job: the job waited for
+    (launcher.rejoin) and the record finished as `run_trial_job` would have; None when
+    there is nothing to wait for (the job ended without a record)."""
+    folder = run.store.trial_dir(trial_id)
+    try:
+        launched = json.loads((folder / LAUNCHED).read_text())
+    except (OSError, ValueError):
+        return None
+    result = run.launcher.rejoin(folder, deadline=deadline, should_stop=should_stop)
+    if result is None:
+        return None
+    return _finished(result, folder, launched["tags"], launched["predicted"], deadline)
+
+
+def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
+              predicted: dict[str, Any], deadline: float) -> TrialResult:
+    """The launcher's record with the tuner's prediction and tags, in result.json."""
+    tags = dict(tags)
     result.predicted = {**(result.predicted or {}), **predicted}
     if result.status == "timeout" and time.time() >= deadline - 1.0:
         tags["deadline"] = True

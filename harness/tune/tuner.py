@@ -9,6 +9,16 @@ first, so a tuner stopped between the two loses nothing). Before each trial,
 `settle` (harness.tune.resume.settle, handed in by the session) fails and queues
 again the trials of workers that died meanwhile.
 
+Trials that run elsewhere (a launcher with `max_jobs`: Slurm jobs) are kept in
+flight up to that many at once (harness.tune.in_flight), each in its own thread;
+Optuna is asked for the next while they run (TPE's constant liar: a pending
+trial counts as a bad one, so it is not proposed again), and a configuration
+proposed while another trial runs it waits for that record instead of running
+twice. The reasons to stop are checked as each trial ends; once one holds, no
+trial starts and those in flight are waited for (each stops at the deadline).
+`first` trials (a stopped tuner's jobs that still run: harness.tune.resume) are
+waited for before new ones are asked for.
+
 Optuna is driven through ask/tell so that the harness decides what is launched,
 when a trial is stopped, and which state each trial gets (harness.tune.sampling).
 The ablation (harness.tune.ablation) and the recovery (harness.tune.resume) take
@@ -18,7 +28,8 @@ the same StudyContext (harness.tune.context); this module imports neither.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +41,7 @@ from harness.records.result import TrialResult
 from harness.study.facts import StudyFacts
 from harness.study.search_space import config_key
 from harness.tune.context import RETRY_OF, Held, StudyContext
+from harness.tune.in_flight import InFlight, max_jobs
 from harness.tune.quiet import measure_again_if_busy
 from harness.tune.reserve import reserve_s
 from harness.tune.sampling import PRUNED_TIME
@@ -49,6 +61,8 @@ class Tuner:
 
     def __post_init__(self) -> None:
         self.size = self.ctx.space.size()
+        self._pool = InFlight(1)
+        self._running: dict[str, threading.Event] = {}  # configurations in flight: set at end
 
     def search_left(self) -> float:
         """Seconds the search may still start trials: until the time left is what the
@@ -58,33 +72,58 @@ class Tuner:
             return self.ctx.clock.search_left()
         return self.ctx.clock.left() - reserve_s(self.ctx)
 
-    def search(self) -> str:
-        """Run search trials until a reason to stop; return that reason in words."""
-        ctx, streak, skipped = self.ctx, 0, 0
-        while True:
-            if self.search_left() <= 0:
-                return "time: the rest of the budget is for the final measurements"
-            n = ctx.study.budget.n_trials
-            if n and ctx.n_reference_trials() >= n and not ctx.retries_waiting():
-                return f"n_trials: {n} search trials done"
-            if self.size is not None and len(ctx.measured) >= self.size:
-                return f"search space exhausted: all {self.size} configurations measured"
-            if streak >= DUPLICATE_LIMIT:
-                return (f"converged: the sampler proposed {streak} configurations in a row "
-                        "that were already measured")
-            for note in self.settle(ctx):
-                ctx.on_event("note", {"text": note})
-            trial = ctx.optuna_study.ask()
-            result, duplicate = self._search_trial(trial)
-            streak = streak + 1 if duplicate else 0
-            if duplicate:
-                self._enqueue_neighbour()
-            # A configuration expected not to fit the time left is skipped (its record
-            # says so); the search goes on with ones that may fit, unless none did lately.
-            skipped = skipped + 1 if (result.tags or {}).get("pruned") == PRUNED_TIME else 0
-            if skipped >= TIME_SKIPS:
-                return (f"time: the last {skipped} configurations proposed were each "
-                        f"expected not to fit the time left ({result.reason})")
+    def search(self, first: Sequence[Callable[..., TrialResult]] = ()) -> str:
+        """Run search trials until a reason to stop; return that reason in words. Each of
+        `first` is called with the `should_stop` its launcher must poll."""
+        self._pool = pool = InFlight(max_jobs(self.ctx.run.launcher))
+        streak, skipped, last = 0, 0, None
+
+        def ended(outcomes: list[tuple[TrialResult, bool]]) -> None:
+            nonlocal streak, skipped, last
+            for result, duplicate in outcomes:
+                streak = streak + 1 if duplicate else 0
+                if duplicate:
+                    self._enqueue_neighbour()
+                # A configuration expected not to fit the time left is skipped (its record
+                # says so); the search goes on with ones that may fit, unless none did lately.
+                timed = (result.tags or {}).get("pruned") == PRUNED_TIME
+                skipped, last = (skipped + 1 if timed else 0), result
+
+        with pool:
+            for wait in first:
+                ended(pool.room())
+                pool.start(lambda wait=wait: (wait(pool.guard(None)), False))
+            while True:
+                why = self._why_stop(streak, skipped, last)
+                if why is not None:
+                    ended(pool.drain())  # what ends now no longer changes why
+                    return why
+                done = pool.room()
+                if done:  # something ended: the reasons to stop first
+                    ended(done)
+                    continue
+                for note in self.settle(self.ctx):
+                    self.ctx.on_event("note", {"text": note})
+                trial = self.ctx.optuna_study.ask()
+                pool.start(lambda trial=trial: self._search_trial(trial))
+                ended(pool.ended())
+
+    def _why_stop(self, streak: int, skipped: int, last: TrialResult | None) -> str | None:
+        ctx = self.ctx
+        if skipped >= TIME_SKIPS:
+            return (f"time: the last {skipped} configurations proposed were each "
+                    f"expected not to fit the time left ({last.reason if last else ''})")
+        if self.search_left() <= 0:
+            return "time: the rest of the budget is for the final measurements"
+        n = ctx.study.budget.n_trials
+        if n and ctx.n_reference_trials() >= n and not ctx.retries_waiting():
+            return f"n_trials: {n} search trials done"
+        if self.size is not None and len(ctx.measured) >= self.size:
+            return f"search space exhausted: all {self.size} configurations measured"
+        if streak >= DUPLICATE_LIMIT:
+            return (f"converged: the sampler proposed {streak} configurations in a row "
+                    "that were already measured")
+        return None
 
     def _search_trial(self, trial: optuna.Trial) -> tuple[TrialResult, bool]:
         phase = trial.user_attrs.get("phase", "search")
@@ -104,7 +143,34 @@ class Tuner:
         if retry_of is not None:
             tags[RETRY_OF] = retry_of
         key = _resolved_key(ctx.run.facts, plan)
-        original = ctx.measured.get(key) if phase == "search" else None
+        original, claim = self._measured_or_claim(key) if phase == "search" else (None, None)
+        try:
+            return self._measure(trial, phase, plan, tags, original)
+        finally:
+            if claim is not None:  # those waiting for this configuration find its record
+                self._running.pop(key, None)
+                claim.set()
+
+    def _measured_or_claim(self, key: str) -> tuple[dict[str, Any] | None, Any]:
+        """(the record of configuration `key` measured before, None), or (None, this
+        trial's claim on it: an Event set when it ends). A configuration in flight in
+        another trial is waited for: its record, not a second job (unless it ended
+        without one that counts: then this trial runs it)."""
+        while True:
+            found = self.ctx.measured.get(key)
+            if found is not None:
+                return found, None
+            mine = threading.Event()
+            other = self._running.setdefault(key, mine)
+            if other is mine:
+                return None, mine
+            other.wait()
+            if self._pool.stopping.is_set():
+                raise KeyboardInterrupt("the tuner is stopping")
+
+    def _measure(self, trial: optuna.Trial, phase: str, plan: Plan, tags: dict[str, Any],
+                 original: dict[str, Any] | None) -> tuple[TrialResult, bool]:
+        ctx = self.ctx
         ctx.on_event("start", {"trial_id": trial.number, "plan": plan.to_dict(),
                                "phase": phase, "duplicate": original is not None})
         trial.set_user_attr("plan", plan.to_dict())
@@ -122,7 +188,7 @@ class Tuner:
                         if phase == "search" else None)
                 attempts.append(1)
                 return run_trial_job(ctx.run, trial.number, plan, tags, ctx.calibration(),
-                                     ctx.clock.deadline, should_stop=stop)
+                                     ctx.clock.deadline, should_stop=self._pool.guard(stop))
 
             result = measure_again_if_busy(
                 attempt(), attempt, ctx.clock.budget_s, ctx.clock.left(),
@@ -164,7 +230,8 @@ class Tuner:
         waiting = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if waiting:
             return  # one is queued already
-        fresh = [(k, p) for k, p in self._all if k not in ctx.measured]
+        fresh = [(k, p) for k, p in self._all if k not in ctx.measured
+                 and k not in self._running]
         if not fresh:
             return
         def distance(params: dict[str, Any]) -> int:

@@ -1,6 +1,6 @@
 """A study whose [cluster] says launcher = "slurm": every launched trial is a job of the
-local Slurm, through the tuner as it is (one trial at a time), and it ends with a best
-plan and a report; a partition Slurm does not have stops it before anything runs."""
+local Slurm (two in flight at once), and it ends with a best plan and a report; a
+partition Slurm does not have stops it before anything runs."""
 
 from __future__ import annotations
 

@@ -1,0 +1,122 @@
+"""Studies on the local Slurm with trials in flight at once, resumed, and checked for storage.
+
+Each `harness tune` runs as its own process with a timeout. The trials' workload
+(tests/slurm/meet_workload.py) makes the tests independent of timing: two jobs that
+must meet inside their first step can only both finish if they ran at once, and a
+gate holds a job while its tuner is killed. HARNESS_QUIET_SHARE=1: two jobs on this
+one 2-CPU node compete, and a trial measured again would be a job more to count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from tests.slurm.conftest import queued
+from tests.slurm.test_slurm_study import STUDY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env() -> dict[str, str]:  # at call time: the fixture has set SLURM_CONF
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_QUIET_SHARE": "1"}
+
+
+def study_file(folder: Path, partition: str, meet_dir: Path, **workload) -> Path:
+    table = {**STUDY, "cluster": {"launcher": "slurm", "partition": partition, "max_jobs": 2}}
+    table["budget"] = {**STUDY["budget"], "n_trials": 2, "confirm_repeats": 0,
+                       "trial_timeout": "90s"}
+    table["workload"] = {"name": "tests.slurm.meet_workload:build", "meet_dir": str(meet_dir),
+                         **workload}
+    path = folder / "study.toml"
+    path.write_text(tomli_w.dumps(table))
+    return path
+
+
+def tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "tune", *args, "--quiet"], cwd=ROOT,
+                          env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+
+
+def launched(run: Path) -> list[dict]:
+    return [r for r in records(run) if "cluster" in (r.get("tags") or {})]
+
+
+@pytest.mark.timeout(300)
+def test_max_jobs_2_keeps_two_trials_in_flight(slurm_partition, tmp_path):
+    run, met = tmp_path / "run", tmp_path / "met"
+    done = tune(str(study_file(tmp_path, slurm_partition, met, meet=2)), "--out", str(run))
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = launched(run)
+    # Each job's first step waited until both had started it: both ok means both ran at once.
+    assert len(jobs) == 2 and all(r["status"] == "ok" for r in jobs), jobs
+    assert sorted(p.name for p in met.iterdir()) == sorted(
+        r["tags"]["cluster"]["job_id"] for r in jobs)
+    assert (run / "best.toml").exists()
+
+
+@pytest.mark.timeout(420)
+def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
+    run, met, gate = tmp_path / "run", tmp_path / "met", tmp_path / "go"
+    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(gate), wait_s=200)
+    tuner = subprocess.Popen([sys.executable, "-m", "harness", "tune", str(study), "--out",
+                              str(run), "--quiet"], cwd=ROOT, env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        give_up = time.monotonic() + 180
+        while not (met.exists() and len(list(met.iterdir())) == 2):  # both in their first step
+            assert tuner.poll() is None and time.monotonic() < give_up, "no two jobs started"
+            time.sleep(0.5)
+        tuner.send_signal(signal.SIGKILL)  # as a lost login session: no clean-up at all
+        tuner.wait(timeout=30)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    seen = sorted(p.name for p in met.iterdir())
+    assert sorted(line.split()[0] for line in queued()) == seen  # the jobs outlived it
+    assert not (run / "trials.jsonl").exists() or not records(run)
+    gate.write_text("go\n")
+
+    done = tune("--resume", "--out", str(run))
+    assert done.returncode == 0, done.stdout + done.stderr
+    recs = records(run)
+    # Each trial has one record, from the job the killed tuner submitted: none run again.
+    assert sorted(r["tags"]["cluster"]["job_id"] for r in recs if "cluster" in r["tags"]) == seen
+    assert all(r["status"] == "ok" and not r["tags"].get("orphan") for r in recs), recs
+    assert len({r["trial_id"] for r in recs}) == len(recs) == 2
+    for r in recs:
+        logs = run / "trials" / str(r["trial_id"]) / "logs"
+        assert (logs / f"slurm-{r['tags']['cluster']['job_id']}-0.out").exists()
+    assert (run / "best.toml").exists()
+
+
+@pytest.mark.timeout(180)
+def test_a_run_folder_the_compute_nodes_cannot_see_is_one_line_and_exit_2(
+        slurm_partition, tmp_path):
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("needs unshare -m (a mount namespace) to hide a folder from the node")
+    private = tmp_path / "private"  # a tmpfs only the tuner sees: a login node's own disk
+    private.mkdir()
+    study = study_file(tmp_path, slurm_partition, tmp_path / "met", meet=1)
+    script = (f"mount -t tmpfs none {private} && exec {sys.executable} -m harness tune "
+              f"{study} --out {private / 'run'} --quiet")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "is not shared with the compute nodes" in err, err
+    assert not (tmp_path / "met").exists()  # no trial ran
