@@ -27,20 +27,30 @@ REMEASURE = 3
 QUIET_WAIT_S = 20
 
 
-def plans(study_path: str) -> list:
+def plans(study_path: str, seeds: list[int] | None = None) -> list:
+    """The study's grid; `seeds` in place of its [target].seeds (a seed is part of the
+    cache's key, so fewer seeds take the others' steps from it all the same)."""
+    import dataclasses
+
     from harness.study.search_space import SearchSpace
     from harness.study.study_file import Study
 
     study = Study.from_toml(study_path)
     space = SearchSpace.of(study, study.device)
-    return [space.plan(p) for p in space.enumerate()]
+    out = [space.plan(p) for p in space.enumerate()]
+    if seeds:
+        out = [p.replace(target=dataclasses.replace(p.target, seeds=seeds)) for p in out]
+    return out
 
 
 def run_all(study_path: str, out: Path, remeasure: int = REMEASURE,
-            max_batch: int = 0) -> list[dict]:
+            max_batch: int = 0, only: set[int] | None = None,
+            seeds: list[int] | None = None, timeout: str = "") -> list[dict]:
     records = []
-    for i, plan in enumerate(plans(study_path)):
+    for i, plan in enumerate(plans(study_path, seeds)):
         if max_batch and plan.batch_size > max_batch:
+            continue
+        if only and plan.batch_size not in only:
             continue
         folder = out / f"{i:02d}-b{plan.batch_size}-m{plan.micro_batch_size}-" \
                        f"{'lamb' if 'lamb' in plan.strategies else 'adamw'}"
@@ -58,7 +68,8 @@ def run_all(study_path: str, out: Path, remeasure: int = REMEASURE,
             (folder / "plan.toml").write_text(plan.to_toml())
             print(f"[{i}] {folder.name}", flush=True)
             subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
-                            "--out", str(folder)], check=False)
+                            "--out", str(folder), *(["--timeout", timeout] if timeout else [])],
+                           check=False)
         if result.is_file():
             records.append(quietest(folder))
     return records
@@ -129,12 +140,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--max-batch", type=int, default=0,
                    help="leave out global batches above this (0: none)")
+    p.add_argument("--batches", default="",
+                   help="run (and tabulate) only these global batches, e.g. 512 or 16,512")
+    p.add_argument("--seeds", default="", help="these seeds instead of the study's, e.g. 0,1")
+    p.add_argument("--timeout", default="",
+                   help="each trial's limit in seconds instead of the study's trial_timeout")
     p.add_argument("study")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--remeasure", type=int, default=REMEASURE,
                    help="times a trial measured on a busy machine is measured again")
     args = p.parse_args()
-    records = run_all(args.study, args.out, args.remeasure, args.max_batch)
+    only = {int(b) for b in args.batches.split(",") if b.strip()}
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    records = run_all(args.study, args.out, args.remeasure, args.max_batch, only, seeds,
+                      args.timeout)
     text = table(records)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
