@@ -14,8 +14,9 @@ Here, in the caller's process, the launcher waits for the job and:
 - stops it (scancel) when the trial runs past its timeout counted from the job's
   start, plus STARTUP_S for the job to start the trial and stop it: the trial's
   own launcher normally stops it first and records where its ranks were. When the
-  caller's timeout is below the plan's own (the study's deadline is near), it
-  counts from the submission, queue included;
+  caller's timeout is below the plan's own (the study's deadline is near), the
+  trial must end by then, queue included: the job's launcher stops it at that
+  moment, and the job is cancelled DEADLINE_GRACE_S later if it still runs;
 - stops it when `should_stop` gives a reason (a `pruned` record);
 - submits it once more when Slurm ended it for the machine's sake (preempted, a
   node failed), and says so in the record;
@@ -65,6 +66,7 @@ from harness.launch.slurm_shared import check_shared
 from harness.records.result import TrialResult, read_result
 
 STARTUP_S = 60.0  # job start -> trial start (Python, unpickling, torchrun), and stopping
+DEADLINE_GRACE_S = 15.0  # for a job's launcher to stop its trial at the caller's deadline
 # How often the job's state is asked for (one squeue call): often at first, when short
 # trials end, then less, so as not to load the controller (nor a CPU trial beside it).
 POLL_S = (0.5, 5.0)
@@ -157,15 +159,16 @@ def launch(
     (out / "plan.toml").write_text(plan.to_toml())  # the re-run's, even if no job runs
     name = f"{study or plan.name}-{trial_id}" if trial_id is not None else plan.name
     flags = queue.job_flags(cluster, shape, minutes, name)
+    ends_at = time.time() + timeout if by_deadline else None  # the caller's deadline
     args = (str(out / "prepared.json"), str(out), command, study, trial_id, shape.nodes,
             timeout, str(Path(progress_file).absolute()) if progress_file else None,
-            str(out / "slurm"))
+            str(out / "slurm"), ends_at)
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
 
     job = Job(str(out), command, study, trial_id, flags, list(args), timeout,
               datetime.now(UTC).isoformat(timespec="seconds"), cluster.partition)
-    wall_deadline = time.monotonic() + timeout + STARTUP_S if by_deadline else None
+    wall_deadline = time.monotonic() + timeout + DEADLINE_GRACE_S if by_deadline else None
     return _follow(prepared, job, [], wall_deadline, should_stop)
 
 

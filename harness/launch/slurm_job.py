@@ -27,9 +27,10 @@ RDZV_WAIT_S = 300.0  # for node 0 to write it (nodes start within seconds of eac
 
 def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
              trial_id: int | str | None, nnodes: int, timeout_s: float,
-             progress_file: str | None, job_dir: str) -> str:
+             progress_file: str | None, job_dir: str, ends_at: float | None = None) -> str:
     """Run this node's part of the trial; returns its record's status (node 0's says
-    the trial's, the others' whether their ranks finished)."""
+    the trial's, the others' whether their ranks finished). `ends_at` (epoch seconds):
+    the study's deadline, which the trial must not outlast whenever the job started."""
     import submitit
 
     from harness.core.prepared import PreparedPlan
@@ -41,6 +42,8 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     node = env.node
     endpoint = _endpoint(Path(job_dir), node, env.job_id) if nnodes > 1 else None
     prepared = PreparedPlan.read(prepared_file)
+    if ends_at is not None:  # time in the queue came out of the trial's share
+        timeout_s = max(1.0, min(timeout_s, ends_at - time.time()))
     if prepared.device_type == "cuda":  # this node's GPUs, not the preparing machine's
         prepared.env = {**prepared.env, "gpus": node_gpus()}
     result = local.launch(

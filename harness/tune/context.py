@@ -202,8 +202,13 @@ class StudyContext:
         trial.set_user_attr("status", record["status"])
         if record.get("plan"):
             trial.set_user_attr("plan", record["plan"])
-        sampling.tell(self.optuna_study, trial, outcome(record, self.study.objectives,
-                                                        self.run.budget_bytes))
+        try:
+            sampling.tell(self.optuna_study, trial, outcome(record, self.study.objectives,
+                                                            self.run.budget_bytes))
+        except ValueError:  # Study.tell's word for a trial told meanwhile, by another worker
+            if not self.storage.get_trial(self.storage_id(number)).state.is_finished():
+                raise
+            raise UpdateFinishedTrialError(f"trial {number} was told meanwhile") from None
 
     def failed_record(self, trial_id: int | str, plan: dict[str, Any] | None, started_at: str,
                       tags: dict[str, Any], reason: str) -> TrialResult:

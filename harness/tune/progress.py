@@ -66,7 +66,7 @@ class Progress:
         self.counts: Counter[str] = Counter()
         # (rank: higher is better, trial id, description, its figure in words)
         self.best: tuple[float, Any, str, str] | None = None
-        self.current: dict[str, Any] | None = None
+        self.running: dict[Any, dict[str, Any]] = {}  # by trial id: several in flight on Slurm
         self.phase = "search"
         self._live = None
 
@@ -87,16 +87,16 @@ class Progress:
     def event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "start":
             self.phase = data.get("phase", self.phase)
-            self.current = {**data, "since": time.monotonic(), "steps": 0}
-        elif kind == "step" and self.current is not None:
-            self.current["steps"] = data["steps"]
+            self.running[data["trial_id"]] = {**data, "since": time.monotonic(), "steps": 0}
+        elif kind == "step" and data.get("trial_id") in self.running:
+            self.running[data["trial_id"]]["steps"] = data["steps"]
         elif kind == "end":
             self._ended(data)
         elif kind == "note":
             self.line(data["text"])
 
     def _ended(self, record: dict[str, Any]) -> None:
-        self.current = None
+        self.running.pop(record["trial_id"], None)
         self.counts[record["status"]] += 1
         tags = record.get("tags") or {}
         ranks = standing(record)
@@ -161,8 +161,7 @@ class Progress:
         t.add_row("trials", f"{done} done: {counts}")
         if self.best:
             t.add_row("best", f"{self.best[3]} (trial {self.best[1]}) {self.best[2]}")
-        if self.current:
-            c = self.current
+        for c in list(self.running.values()):
             running = format_seconds(time.monotonic() - c["since"])
             t.add_row("running", f"trial {c['trial_id']} for {running}, {c['steps']} steps "
                                  f"measured | {describe_plan(c['plan'])}")

@@ -74,6 +74,8 @@ def recover(ctx: StudyContext) -> list[str]:
     with ctx.run.store.locked("settle"):
         records = _by_number(ctx.run.store.records())
         for t in running:
+            if t.user_attrs.get("worker") == ctx.me.tag:
+                continue  # this worker's own: its thread records and tells it (in_flight)
             if t.number in records or _abandoned(t):
                 note = _settle_one(ctx, t, records.get(t.number))
                 if note:

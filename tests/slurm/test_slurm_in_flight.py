@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,24 @@ def test_a_run_folder_the_compute_nodes_cannot_see_is_one_line_and_exit_2(
     err = done.stderr.strip()
     assert len(err.splitlines()) == 1 and "is not shared with the compute nodes" in err, err
     assert not (tmp_path / "met").exists()  # no trial ran
+
+
+@pytest.mark.timeout(420)
+def test_the_quickstart_study_on_slurm_with_max_jobs_2_ends_with_a_best_plan_and_a_report(
+        slurm_partition, tmp_path):
+    # The 3-minute study, shortened: the two references (at once), then one
+    # round of the ablation (the whole 3 minutes were run by hand: see the commit log).
+    table = tomllib.loads((ROOT / "studies" / "quickstart.toml").read_text())
+    table["cluster"] = {"launcher": "slurm", "partition": slurm_partition, "max_jobs": 2}
+    table["budget"] |= {"n_trials": 2, "confirm_repeats": 0, "ablation_repeats": 1}
+    study, run = tmp_path / "quickstart.toml", tmp_path / "run"
+    study.write_text(tomli_w.dumps(table))
+    done = tune(str(study), "--out", str(run), "--budget", "3m", timeout=360)
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = launched(run)
+    assert {r["tags"]["phase"] for r in jobs} >= {"baseline", "ablation"}, jobs
+    assert len({r["tags"]["cluster"]["job_id"] for r in jobs}) == len(jobs)
+    assert (run / "best.toml").exists()
+    report = subprocess.run([sys.executable, "-m", "harness", "report", str(run)], cwd=ROOT,
+                            env=env(), capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and list(run.glob("*.html")), report.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -65,13 +66,23 @@ def test_sigterm_stops_every_trial_in_flight_and_records_none(tmp_path, monkeypa
 
 
 def test_an_error_in_one_trial_stops_the_others_and_is_raised():
-    release = threading.Event()
+    stopped = []
+
+    def until_stopped():  # as a launcher polls its job: should_stop at every poll
+        stop = pool.guard(None)
+        try:
+            while True:
+                stop()
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            stopped.append(True)
+            raise
+
     with pytest.raises(ZeroDivisionError), InFlight(2) as pool:
-        pool.start(lambda: release.wait(30) or pool.guard(None)())
+        pool.start(until_stopped)
         pool.start(lambda: 1 / 0)
         pool.drain()
-    assert pool.stopping.is_set() and not pool.running
-    release.set()
+    assert pool.stopping.is_set() and not pool.running and stopped == [True]
 
 
 def test_a_limit_of_one_runs_each_trial_here():
