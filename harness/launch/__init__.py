@@ -5,7 +5,8 @@ a trial's processes (`procs`), bounded log files (`log_cap`), what the ranks lef
 behind (`rank_logs`) and the record of a trial that left none (`verdict`), the
 tuner's client of its torch-side helper (`probe`), and the Slurm launcher (`slurm`:
 one trial as one job through submitit; what Slurm is asked, `slurm_queue`; what runs
-in the job, `slurm_job`; a record the job left none of, `slurm_record`).
+in the job, `slurm_job`; what the job leaves for the record, `slurm_record`; whether
+the compute nodes see the run folder, `slurm_shared`).
 It runs in the tuner's process, so it imports no torch at module level; it may
 import harness.measure (the torch-free parts at module level), harness.core,
 harness.study and harness.records, never harness.tune or harness.cli.
