@@ -69,23 +69,40 @@ def test_max_jobs_2_keeps_two_trials_in_flight(slurm_partition, tmp_path):
     assert (run / "best.toml").exists()
 
 
-@pytest.mark.timeout(420)
-def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
-    run, met, gate = tmp_path / "run", tmp_path / "met", tmp_path / "go"
-    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(gate), wait_s=200)
+def stopped_with_two_jobs_held(study: Path, run: Path, met: Path, sig: int) -> int:
+    """Start the tuner, wait until both its jobs are held in their first step, send `sig`;
+    its exit code."""
     tuner = subprocess.Popen([sys.executable, "-m", "harness", "tune", str(study), "--out",
                               str(run), "--quiet"], cwd=ROOT, env=env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         give_up = time.monotonic() + 180
-        while not (met.exists() and len(list(met.iterdir())) == 2):  # both in their first step
+        while not (met.exists() and len(list(met.iterdir())) == 2):
             assert tuner.poll() is None and time.monotonic() < give_up, "no two jobs started"
             time.sleep(0.5)
-        tuner.send_signal(signal.SIGKILL)  # as a lost login session: no clean-up at all
-        tuner.wait(timeout=30)
+        tuner.send_signal(sig)
+        return tuner.wait(timeout=120)
     finally:
         if tuner.poll() is None:
             tuner.kill()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_cancels_every_job_in_flight(slurm_partition, tmp_path):
+    run, met = tmp_path / "run", tmp_path / "met"
+    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(tmp_path / "never"),
+                       wait_s=200)
+    assert stopped_with_two_jobs_held(study, run, met, signal.SIGINT) == 130
+    assert not queued()  # both cancelled before the tuner ended
+    assert not (run / "trials.jsonl").exists() or not records(run)  # --resume settles them
+
+
+@pytest.mark.timeout(420)
+def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
+    run, met, gate = tmp_path / "run", tmp_path / "met", tmp_path / "go"
+    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(gate), wait_s=200)
+    # SIGKILL, as a lost login session: no clean-up at all
+    assert stopped_with_two_jobs_held(study, run, met, signal.SIGKILL) == -signal.SIGKILL
     seen = sorted(p.name for p in met.iterdir())
     assert sorted(line.split()[0] for line in queued()) == seen  # the jobs outlived it
     assert not (run / "trials.jsonl").exists() or not records(run)
