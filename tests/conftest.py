@@ -13,3 +13,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
+    """The README's main job, for real: `harness tune studies/quickstart.toml` on this CPU
+    with a one-minute budget (trials in their own processes), run once per session and
+    shared by the tests that check the study (tests/tuner/test_tune_processes.py) and
+    the report drawn from it (tests/reports/test_chromium.py)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    out, budget = tmp_path_factory.mktemp("quickstart") / "run", 60
+    # Other work on this machine would flag every trial (tests/test_interference.py
+    # covers that): here the flow is under test, so busy figures count.
+    env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "harness", "tune", "studies/quickstart.toml",
+                           "--out", str(out), "--budget", f"{budget}s"],
+                          cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=budget * 4)  # a hang guard
+    return SimpleNamespace(out=out, budget=budget, proc=proc)

@@ -4,8 +4,9 @@
     result.json, logs/}, best.toml, optuna.journal
 
 `synthetic_records` makes a study of any size from a toy performance model (schema-1
-TrialResult dicts with the tags the tuner writes, leave-one-out trials included);
-`real_study` turns a few real `harness bench` runs into such a folder.
+TrialResult dicts with the tags the tuner writes, leave-one-out trials included). A
+real study's folder for the report tests is the session's quickstart study
+(tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import copy
 import json
 import math
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,67 +216,3 @@ def write_journal(path: Path, name: str, recs: list[dict]) -> None:
             values=[m["samples_per_s"], m["peak_memory_bytes"]] if ok else None,
             state=state.COMPLETE if ok else (state.PRUNED if r["status"] == "pruned"
                                              else state.FAIL)))
-
-
-TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 64, "vocab": 256}
-REAL = [("baseline", {}, 8), ("fused", {"fused": {}}, 8),
-        ("fused-lamb", {"fused": {}, "lamb": {}}, 8),
-        ("amp-checkpoint", {"amp": {"dtype": "bf16"}, "checkpoint": {}}, 4)]
-
-
-def _bench(out: Path, name: str, strategies: dict, mbs: int, workload: str = "gpt",
-           extra: dict | None = None) -> subprocess.Popen:
-    args = [sys.executable, "-m", "harness", "bench", "--workload", workload,
-            "--micro-batch-size", str(mbs), "--steps", "4", "--warmup-steps", "1",
-            "--device", "cpu", "--out", str(out / name)]
-    for k, v in {**TINY, **(extra or {})}.items():
-        args += ["--arg", f"{k}={v}"]
-    for k, settings in strategies.items():
-        args += ["--strategy", k + (":" + ",".join(f"{a}={b}" for a, b in settings.items())
-                                    if settings else "")]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-
-
-def _wait(name: str, proc: subprocess.Popen) -> None:
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, f"harness bench {name} failed: {err[-2000:]}"
-
-
-def real_study(root: Path, name: str = "real-small") -> Path:
-    """A study of real `harness bench` records (plus an injected out-of-memory trial and
-    synthetic leave-one-out trials of the best), written as the tuner writes its folder."""
-    benches = root / "bench"
-    jobs = [(n, (benches, n, s, mbs)) for n, s, mbs in REAL]
-    jobs.append(("oom", (benches, "oom", {"amp": {"dtype": "bf16"}}, 16,
-                         "tests.faulty_workload:build", {"oom_rank": 0})))
-    running = [(n, _bench(*args)) for n, args in jobs]  # at once: most of a run is start-up
-    for n, proc in running:
-        _wait(n, proc)
-    recs, rng = [], random.Random(0)
-    for i, (n, _) in enumerate(jobs):
-        r = json.loads((benches / n / "result.json").read_text())
-        r.update(study=name, trial_id=i, tags={"phase": "baseline" if i == 0 else "search",
-                                               "optuna_number": i})
-        recs.append(r)
-    best = best_of(recs)
-    tid = len(recs)
-    for without in [None, *sorted(best["plan"]["strategies"])]:
-        for rep in range(3):
-            # a repeat is a measured record of that configuration (the best itself, or a
-            # search trial that is the best without this technique), with +-5% noise
-            strategies = {k: v for k, v in best["plan"]["strategies"].items() if k != without}
-            same = [r for r in recs if r["status"] == "ok" and r["plan"]["strategies"].keys()
-                    == strategies.keys() and r["plan"]["micro_batch_size"]
-                    == best["plan"]["micro_batch_size"]]
-            r = copy.deepcopy(same[0] if same else best)
-            r["plan"]["strategies"] = copy.deepcopy(strategies)
-            f = rng.uniform(0.95, 1.05) * (1 if same else 0.8)
-            m = r["metrics"]
-            m["samples_per_s"] *= f
-            m["step_times_s"] = [x / f for x in m.get("step_times_s", [])]
-            r.update(trial_id=tid, tags={"phase": "ablation", "ablation": {
-                "of": best["trial_id"], "without": without, "repeat": rep}})
-            recs.append(r)
-            tid += 1
-    return write_run(root / name, recs, name=name, device="cpu", memory_budget_bytes=None)

@@ -12,7 +12,7 @@ from reports.compare import build_compare
 from reports.load import load_run
 from reports.report import build_report
 from tests.reports.chromium import BINARY, Chromium
-from tests.reports.runs import real_study, synthetic_records, write_run
+from tests.reports.runs import synthetic_records, write_run
 from tests.reports.test_report import HOSTILE, hostile_run
 
 pytestmark = pytest.mark.skipif(
@@ -29,8 +29,10 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    return real_study(tmp_path_factory.mktemp("real"))
+def real(quickstart_study):
+    """A real study's folder: the README's quickstart, run once for the session."""
+    assert quickstart_study.proc.returncode == 0, quickstart_study.proc.stderr
+    return quickstart_study.out
 
 
 def _open(browser, page: str, path):
@@ -45,16 +47,20 @@ def _open(browser, page: str, path):
 
 
 @pytest.mark.slow
-def test_real_small_study_renders_offline(browser, real, tmp_path):
+def test_real_quickstart_study_renders_offline(browser, real, tmp_path):
     run = load_run(real)
-    assert len(run.trials) >= 8 and (run.trials["phase"] == "ablation").any()
+    assert len(run.trials) >= 3
     seen = _open(browser, build_report(run), tmp_path / "report.html")
-    # Real measurements: on this CPU the fp32 baseline is sometimes the fastest, and
-    # then there is no technique to turn off and the effects figure says so instead.
-    if run.records[run.best_id]["plan"]["strategies"]:
+    # Real measurements: on this CPU the fp32 baseline is sometimes the fastest (no
+    # technique to turn off), and on a busy machine a one-minute study may not reach its
+    # leave-one-out trials; then the effects figure says why instead of drawing.
+    ablated = ((run.trials["phase"] == "ablation") & (run.trials["status"] == "ok")).any()
+    if run.records[run.best_id]["plan"]["strategies"] and ablated:
         assert seen.plots == 8
     else:
-        assert seen.plots == 7 and "uses no technique, so there was nothing" in seen.text
+        assert seen.plots == 7
+        assert ("uses no technique, so there was nothing" in seen.text
+                or "No leave-one-out trial" in seen.text)
     assert "Headline" in seen.text and "What each technique bought" in seen.text
     shot = browser.visit(tmp_path / "report.html", screenshot=True).screenshot
     assert shot and shot.startswith(b"\x89PNG") and len(shot) > 50_000
@@ -65,7 +71,7 @@ def test_compare_of_two_runs_renders_offline(browser, real, tmp_path):
     other = write_run(tmp_path / "cluster-b", synthetic_records(40, study="cluster-b"))
     seen = _open(browser, build_compare([load_run(real), load_run(other)]),
                  tmp_path / "compare.html")
-    assert seen.plots == 3 and "real-small" in seen.text and "cluster-b" in seen.text
+    assert seen.plots == 3 and "quickstart" in seen.text and "cluster-b" in seen.text
 
 
 def test_hostile_record_text_renders_as_text(browser, tmp_path):
@@ -112,7 +118,7 @@ SORT = """(() => { const t = document.getElementById('trial-table');
 
 def test_trial_table_sorts_and_filters(browser, tmp_path):
     run = load_run(write_run(tmp_path / "s", synthetic_records(40)))
-    _open(browser, build_report(run), tmp_path / "r.html")
+    assert _open(browser, build_report(run), tmp_path / "r.html").plots == 8  # effects too
     got = json.loads(browser.evaluate(SORT))
     assert got["first"] == pytest.approx(got["max"])   # descending after two clicks
     assert got["last"] is None   # trials without a figure go last (NaN, null in JSON)

@@ -125,19 +125,13 @@ def test_two_tuners_sharing_a_storage_from_separate_folders(tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_study_on_this_cpu(tmp_path):
-    """The real thing: trials in their own processes. No trial starts after the
-    budget's deadline, every trial is a record, and the best chosen is at least as
-    fast as the fp32 baseline measured beside it. (How long the whole run takes, and
+def test_quickstart_study_on_this_cpu(quickstart_study):
+    """The real thing (tests/conftest.py): trials in their own processes. No trial starts
+    after the budget's deadline, every trial is a record, and the best chosen is at least
+    as fast as the fp32 baseline measured beside it. (How long the whole run takes, and
     by how much the best wins, depend on how busy this shared machine is: no
     assertion here times anything.)"""
-    out, budget = tmp_path / "run", 100
-    # Other work on this machine would flag every trial (tests/test_interference.py
-    # covers that): here the flow is under test, so busy figures count.
-    env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "harness", "tune", "studies/quickstart.toml",
-                           "--out", str(out), "--budget", f"{budget}s"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=budget * 3)  # a hang guard
+    out, budget, proc = quickstart_study.out, quickstart_study.budget, quickstart_study.proc
     assert proc.returncode == 0, proc.stderr + proc.stdout
     recs = records(out)
     trials = journal_trials(out / "optuna.journal")
