@@ -96,7 +96,7 @@ class Tuner:
             while True:
                 why = self._why_stop(streak, skipped, last)
                 if why is not None:
-                    ended(pool.drain())  # what ends now no longer changes why
+                    pool.drain()  # recorded; what ends now changes neither why nor the queue
                     return why
                 done = pool.room()
                 if done:  # something ended: the reasons to stop first
