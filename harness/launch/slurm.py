@@ -198,7 +198,9 @@ def rejoin(out_dir: str | Path, *, deadline: float | None = None,
     info = queue.job_info(last.job_id)
     if info.over and not (out / "result.json").exists():
         return None
-    last.info = None  # to be waited for
+    # To be waited for; its timeout here counts from now (the job's own launcher stops
+    # the trial on time: this is the backstop for a node that hangs).
+    last.info = None
     _in_flight.add(last.job_id)
     wall_deadline = time.monotonic() + deadline - time.time() if deadline else None
     return _follow(prepared, job, attempts, wall_deadline, should_stop)
