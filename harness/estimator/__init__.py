@@ -53,7 +53,7 @@ from harness.estimator.activations import ActivationParts
 from harness.estimator.estimate import estimate
 from harness.estimator.facts import ModelFacts, Param
 from harness.estimator.lm import lm_outside_block_terms, logits_bytes
-from harness.estimator.phases import rebuild_moment, step_phases
+from harness.estimator.phases import blocks_moment, step_phases
 from harness.estimator.pipeline import bubble_fraction, in_flight
 from harness.estimator.result import COMPONENTS, Estimate
 from harness.estimator.settings import Parallelism, Settings, checkpointed_blocks
@@ -83,6 +83,7 @@ __all__ = [
     "attention_kind",
     "block_activation_terms",
     "block_backward_working_bytes",
+    "blocks_moment",
     "bubble_fraction",
     "checkpointed_blocks",
     "estimate",
@@ -91,7 +92,6 @@ __all__ = [
     "lm_outside_block_terms",
     "logits_bytes",
     "rank_state",
-    "rebuild_moment",
     "shard_numel",
     "split_by_tensor",
     "step_phases",

@@ -22,8 +22,9 @@ from harness.workloads.base import TransformerShape
 class ActivationParts:
     """The activation side of an estimate, and what the moments of a step need."""
 
-    memory: dict[str, int]  # activations, other_activations, logits, backward_working,
-    # recompute, autocast_weight_copies
+    memory: dict[str, int]  # activations, other_activations, logits (the working set
+    # at the start of backward: the loss's), backward_working (a block's), recompute,
+    # autocast_weight_copies
     assumptions: list[str]
     block_terms: dict[str, int] = field(default_factory=dict)
     # Autocast's weight copies live in its cache until forward ends; after that
@@ -38,8 +39,9 @@ class ActivationParts:
     stored: list[int] = field(default_factory=list)
     checkpointed: list[int] = field(default_factory=list)
     recompute_flops_per_sample: float = 0.0
-    # For a pipeline's stages: of other_activations, what the first stage keeps
-    # (the last keeps the rest); the residual stream a stage hands on; the logits
+    # Of other_activations, what is kept before the blocks (the first pipeline
+    # stage's; the rest is freed by the time backward reaches the blocks); the
+    # residual stream a pipeline stage hands on; the logits
     # the head returns; what the loss keeps of one micro-batch until its backward.
     outside_first: int = 0
     stage_output: int = 0
@@ -145,10 +147,11 @@ def transformer_activations(
     else:
         assert trace is not None, "a transformer that is no language model is traced"
         memory["other_activations"] = trace.other_activations
-        memory["backward_working"] = max(memory["backward_working"], trace.largest_saved)
+        memory["logits"] = trace.head_working
+        parts.outside_first = trace.other_before
         parts.assumptions.append(
-            "Outside the blocks (embedding, head, loss) what autograd saves is traced on "
-            "fake tensors."
+            "Outside the blocks (embedding, head, loss) what autograd saves, and the "
+            "gradients the head's and loss's backward hold, are traced on fake tensors."
         )
     if trace is not None:
         memory["autocast_weight_copies"] = trace.weight_copies
@@ -171,16 +174,20 @@ def traced_activations(trace: Trace, batch: int) -> ActivationParts:
         memory={
             "activations": trace.activations,
             "other_activations": trace.other_activations,
+            "logits": trace.head_working,
             "recompute": trace.recompute,
-            "backward_working": trace.largest_saved,
+            "backward_working": trace.block_working,
             "autocast_weight_copies": trace.weight_copies,
         },
         assumptions=[
             "Activations are counted by tracing one forward pass on fake tensors: what "
             "autograd saves, once per storage, parameters, buffers and autocast weight "
-            "copies apart. Backward's working set is taken as the largest saved tensor "
-            "(the gradients of an op's output and input, while what follows is freed)."
+            "copies apart. Backward's working set is read off the traced graph: the "
+            "gradients one op's backward receives and makes (after the blocks: the "
+            "head's and loss's, at the start of backward; in a block: with the gradient "
+            "of the block's output, which its residual connection holds)."
         ],
+        outside_first=trace.other_before,
         copies_kept=trace.weight_copies_kept,
         copies_rebuilt=trace.weight_copies_rebuilt,
         stored=trace.stored_by_block,

@@ -5,22 +5,32 @@ from __future__ import annotations
 from harness.estimator.activations import ActivationParts
 
 
-def rebuild_moment(
-    stored: list[int], params: list[int], checkpointed: list[int], trainable: int, held: int
+def blocks_moment(
+    stored: list[int],
+    params: list[int],
+    checkpointed: list[int],
+    rebuilt: int,
+    trainable: int,
+    held: int,
 ) -> int:
-    """Activations and gradients alive when a checkpointed block is rebuilt, at most.
+    """Activations and gradients alive while backward runs through a block, at most.
 
-    Backward runs the blocks last to first. When it rebuilds checkpointed block
-    j, the blocks after j are done (their activations freed, their gradients
-    made, and j's own come in its backward), the blocks up to j still keep
-    theirs (`stored`). Early blocks see more gradients, late ones more
-    activations: the largest over j counts. `held`: gradients kept from earlier
-    micro-steps.
+    Backward runs the blocks last to first. In block j's backward the blocks
+    after j are done (their activations freed, their gradients made, and j's
+    own come now), the blocks up to j still keep theirs (`stored`); a
+    checkpointed block j is rebuilt first, its tensors (`rebuilt`) made again.
+    Early blocks see more gradients, late ones more activations: the largest
+    over j counts. The gradients outside the blocks are counted as made already
+    (those of the layers before the blocks come last: an upper bound). `held`:
+    gradients kept from earlier micro-steps.
     """
+    ckpt = set(checkpointed)
     return max(
         (
-            sum(stored[: j + 1]) + max(held, trainable - sum(params[:j]))
-            for j in checkpointed
+            sum(stored[: j + 1])
+            + (rebuilt if j in ckpt else 0)
+            + max(held, trainable - sum(params[:j]))
+            for j in range(len(stored))
         ),
         default=0,
     )
@@ -41,8 +51,9 @@ def step_phases(
     set_to_none=True) unless earlier micro-steps made them or DDP's buckets hold
     them (`grads_held`); `block_gradients` are each block's, made in its
     backward. The loss's transient comes first in backward and is gone before
-    any block's. FSDP's gathered parameters and a pipeline's buffers live
-    through forward and backward, unreduced gradients through backward.
+    any block's, and so is what the head and loss saved. FSDP's gathered
+    parameters and a pipeline's buffers live through forward and backward,
+    unreduced gradients through backward.
     `through_step`: of the pipeline's buffers, those still alive at the optimizer
     step (its receive buffers, the last stage's logits); `merged`: the logits
     the last stage merges (one more copy) when the schedule ends.
@@ -61,20 +72,21 @@ def step_phases(
         "forward_end": copies + saved + parts.loss_forward,
         "backward_start": kept + saved + max(memory["logits"], memory["backward_working"] + comm),
     }
-    if memory["recompute"]:
-        phases["checkpoint_recompute"] = (
+    if parts.stored:
+        # In a block's backward the head and loss are done: of what was saved outside
+        # the blocks only what came before them is kept.
+        phases["backward_blocks"] = (
             kept
-            + parts.copies_rebuilt
-            + memory["other_activations"]
+            + parts.outside_first
             + memory["gathered_parameters"]
             + memory["pipeline_buffers"]
-            + memory["recompute"]
             + memory["backward_working"]
             + comm
-            + rebuild_moment(
+            + blocks_moment(
                 parts.stored,
                 block_gradients,
                 parts.checkpointed,
+                memory["recompute"] + parts.copies_rebuilt,
                 memory["gradients"],
                 grads_held,
             )

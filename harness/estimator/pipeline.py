@@ -95,6 +95,7 @@ def stage_activations(
         memory=memory,
         stored=stored,
         checkpointed=ckpt,
+        outside_first=parts.outside_first * counts[0] if first else 0,
         loss_forward=parts.loss_forward if last else 0,
     )
     return stage, kept, logits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,15 @@ def is_parameter_copy(t: torch.Tensor, param_ids: set[int]) -> bool:
             return False
         node = node.next_functions[0][0]
     return False
+
+
+# Where forward made an autograd node: (i, blocks finished) inside block i,
+# (None, blocks finished) outside the blocks.
+Place = tuple[int | None, int]
+
+
+def _bytes(t: Any) -> int:
+    return math.prod(t.shape) * t.dtype.itemsize
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -143,8 +153,11 @@ class SavedTensors:
 
     `owners` and `copies` (autocast's weight copies) map a storage to its bytes
     and the blocks that saved it (None: outside the blocks); parameters and
-    buffers are left out. `block_inputs` keeps each block's first inputs and
-    their storages' sizes. Use `pack` as the saved-tensors hook, inside `hooked`.
+    buffers are left out; `before` holds the storages saved outside the blocks
+    before the first one ran. `block_inputs` keeps each block's first inputs and
+    their storages' sizes. `places` maps each autograd node to where forward
+    made it (`tag`); `block_outputs` each block's output bytes. Use `pack` as the
+    saved-tensors hook, inside `hooked`.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -159,6 +172,21 @@ class SavedTensors:
         self.held: list[torch.Tensor] = []  # keeps storages alive so their keys stay unique
         self.owners: dict[int, tuple[int, set[int | None]]] = {}  # storage -> (bytes, savers)
         self.copies: dict[int, tuple[int, set[int | None]]] = {}
+        self.before: set[int] = set()
+        self.done = 0  # blocks finished so far
+        self.places: dict[Any, Place] = {}
+        self.block_outputs: dict[int, int] = {}
+
+    def tag(self, roots: Any, place: Place) -> None:
+        """Give `place` to the autograd nodes behind `roots` that have none yet:
+        forward runs in order, so those are the ones made since the last tag."""
+        stack = [t.grad_fn for t in tensors(roots) if t.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            if node in self.places:
+                continue
+            self.places[node] = place
+            stack.extend(n for n, _ in node.next_functions if n is not None)
 
     def hooked(self) -> list[Any]:
         """Register the hooks that follow which block runs; returns their handles."""
@@ -166,14 +194,18 @@ class SavedTensors:
         for i, block in enumerate(self.blocks):
 
             def pre(_m: nn.Module, args: Any, kwargs: Any, i: int = i) -> None:
+                self.tag((args, kwargs), (None, self.done))  # made outside, before block i
                 self.current.append(i)
                 sizes = {
                     storage_key(x): x.untyped_storage().nbytes() for x in tensors((args, kwargs))
                 }
                 self.block_inputs.setdefault(i, (args, kwargs, sizes))
 
-            def post(_m: nn.Module, _args: Any, _out: Any) -> None:
+            def post(_m: nn.Module, _args: Any, out: Any, i: int = i) -> None:
                 self.current.pop()
+                self.tag(out, (i, self.done))
+                self.done += 1
+                self.block_outputs.setdefault(i, sum(_bytes(t) for t in tensors(out)))
 
             handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(block.register_forward_hook(post))
@@ -191,4 +223,6 @@ class SavedTensors:
         )
         entry = table.setdefault(key, (t.untyped_storage().nbytes(), set()))
         entry[1].add(self.current[-1] if self.current else None)
+        if not self.current and not self.done:
+            self.before.add(key)
         return t

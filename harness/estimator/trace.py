@@ -9,6 +9,7 @@ import torch
 
 from harness.estimator.saved import SavedTensors, TraceOps, model_and_batch
 from harness.estimator.settings import checkpointed_blocks
+from harness.estimator.working import working_by_place
 from harness.workloads.base import Workload
 
 
@@ -18,11 +19,16 @@ class Trace:
 
     activations: int  # saved by the blocks (by the whole model when it has none)
     other_activations: int  # saved outside the blocks (embedding, head, loss)
+    other_before: int  # of which saved before the first block (the embedding's, a stem's)
     recompute: int  # the largest checkpointed block's own saved tensors, its input aside
     weight_copies: int  # autocast's 16-bit copies of parameters that backward needs
     weight_copies_kept: int  # of which saved outside checkpointed blocks
     weight_copies_rebuilt: int  # the largest checkpointed block's, made again when rebuilt
-    largest_saved: int  # the largest single saved storage (backward's working set)
+    largest_saved: int  # the largest single saved storage
+    head_working: int  # backward's working set in the ops after the blocks (head, loss)
+    # ... in one block's ops, with the gradient of its output, which a residual
+    # connection holds until the block's own is added (the whole model's without blocks)
+    block_working: int
     checkpointed: list[int]  # indices of the checkpointed blocks
     stored_by_block: list[int]  # bytes each block keeps (a checkpointed one: its input)
     recompute_flops: float  # forward FLOPs of the checkpointed blocks, per micro-batch
@@ -79,13 +85,19 @@ def _trace(
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t))
         stack.enter_context(ops)
         stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp and fake))
-        saved.held.append(workload.loss(model, batch))  # the graph, alive until we are done
+        loss = workload.loss(model, batch)
+        saved.held.append(loss)  # the graph, alive until we are done
+        saved.tag(loss, (None, saved.done))
     for h in handles:
         h.remove()
 
     blocks = saved.blocks
     ckpt = set(checkpointed_blocks(len(blocks), every))
-    activations, other, by_block = _tally(saved, ckpt)
+    activations, other, before, by_block = _tally(saved, ckpt)
+    stem_working, in_blocks, head_working = working_by_place(saved.places, saved.done)
+    block_working = (
+        in_blocks + max(saved.block_outputs.values(), default=0) if saved.done else stem_working
+    )
     # A rebuilt block's own tensors; its input is kept already.
     inputs = saved.block_inputs
     per_block = {
@@ -97,6 +109,7 @@ def _trace(
     return Trace(
         activations=activations,
         other_activations=other,
+        other_before=before,
         recompute=max(per_block.values(), default=0),
         weight_copies=sum(n for n, _ in copies),
         weight_copies_kept=sum(n for n, who in copies if who - ckpt),
@@ -104,6 +117,8 @@ def _trace(
             (sum(n for n, who in copies if i in who) for i in ckpt), default=0
         ),
         largest_saved=max((n for n, _ in saved.owners.values()), default=0),
+        head_working=head_working,
+        block_working=block_working,
         checkpointed=sorted(ckpt),
         stored_by_block=[by_block.get(i, 0) for i in range(len(blocks))],
         recompute_flops=_recompute_flops(saved, ckpt, mode, notes),
@@ -112,13 +127,14 @@ def _trace(
     )
 
 
-def _tally(saved: SavedTensors, ckpt: set[int]) -> tuple[int, int, dict[int, int]]:
-    """Bytes kept by the blocks and outside them, and by the first block keeping them.
+def _tally(saved: SavedTensors, ckpt: set[int]) -> tuple[int, int, int, dict[int, int]]:
+    """Bytes kept by the blocks, outside them, outside before them, and by the first
+    block keeping them.
 
     A tensor saved only inside checkpointed blocks is not kept; a checkpointed
     block keeps its inputs instead.
     """
-    activations = other = 0
+    activations = other = before = 0
     kept: set[int] = set()
     by_block: dict[int, int] = {}
     for key, (n, who) in saved.owners.items():
@@ -133,13 +149,14 @@ def _tally(saved: SavedTensors, ckpt: set[int]) -> tuple[int, int, dict[int, int
                 by_block[in_blocks[0]] = by_block.get(in_blocks[0], 0) + n
         else:
             other += n
+            before += n if key in saved.before else 0
     for i in sorted(ckpt):
         for key, n in saved.block_inputs.get(i, ((), {}, {}))[2].items():
             if key not in kept and key not in saved.excluded:
                 kept.add(key)
                 activations += n
                 by_block[i] = by_block.get(i, 0) + n
-    return activations, other, by_block
+    return activations, other, before, by_block
 
 
 def _recompute_flops(saved: SavedTensors, ckpt: set[int], mode, notes: list[str]) -> float:

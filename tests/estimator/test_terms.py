@@ -9,9 +9,9 @@ from torch import nn
 from harness.estimator import (
     PAPER,
     block_activation_terms,
+    blocks_moment,
     estimate,
     korthikanti_bytes,
-    rebuild_moment,
     widths_for,
 )
 from harness.workloads.base import TransformerShape
@@ -117,13 +117,17 @@ def test_checkpointing_every_block_keeps_only_block_inputs():
     assert extra == pytest.approx(4 * block_fwd * b)
 
 
-def test_rebuilding_an_early_block_meets_the_most_gradients():
-    # Three checkpointed blocks keeping 1 byte each, 10 bytes of parameters each,
-    # 5 more outside. Rebuilding block 0 meets every gradient but its own
-    # predecessors' (none): 1 + 35; block 2 meets 3 bytes of activations + 15.
-    assert rebuild_moment([1, 1, 1], [10, 10, 10], [0, 1, 2], 35, held=0) == 36
-    assert rebuild_moment([100, 1, 1], [10, 10, 10], [2], 35, held=0) == 102 + 15
-    assert rebuild_moment([1, 1, 1], [10, 10, 10], [2], 35, held=35) == 3 + 35  # accumulation
+def test_backward_through_an_early_block_meets_the_most_gradients():
+    # Three blocks keeping 1 byte each, 10 bytes of parameters each, 5 more outside.
+    # Block 0's backward meets every gradient but its predecessors' (none): 1 + 35;
+    # block 2's meets 3 bytes of activations + 15.
+    assert blocks_moment([1, 1, 1], [10, 10, 10], [], 0, 35, held=0) == 36
+    # An early block that keeps much (a ResNet's first stage) meets the gradients of
+    # all the later ones, checkpointed or not.
+    assert blocks_moment([100, 1, 1], [10, 10, 10], [2], 0, 35, held=0) == 100 + 35
+    # A checkpointed block is rebuilt (50 bytes) before its backward.
+    assert blocks_moment([1, 1, 1], [10, 10, 10], [2], 50, 35, held=0) == 3 + 50 + 15
+    assert blocks_moment([1, 1, 1], [10, 10, 10], [2], 0, 35, held=35) == 3 + 35  # accumulation
 
 
 def test_sdpa_setting_removes_s_squared_terms_from_the_estimate():
