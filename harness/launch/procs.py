@@ -20,7 +20,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -148,3 +150,23 @@ def stop(started: list[Any], launch_id: str, grace_s: float) -> None:
     for p in started:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=grace_s)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """In the main thread, SIGTERM raises KeyboardInterrupt while the block runs, as
+    Ctrl-C would: whatever the block started (a Slurm job, trials in threads) is
+    stopped on the way out instead of left to run its time. Elsewhere it does nothing
+    (only the main thread may set a signal handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -42,10 +42,8 @@ import functools
 import io
 import json
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +52,7 @@ from typing import Any
 from harness.core.cluster import JOB_MARGIN_S, ClusterSpec
 from harness.core.errors import HarnessError
 from harness.core.prepared import PreparedPlan
+from harness.launch import procs
 from harness.launch import slurm_queue as queue
 from harness.launch.slurm_record import (
     cluster_tag,
@@ -234,7 +233,7 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
     """Submit (unless the last attempt is yet to be waited for), wait, submit once more
     when Slurm ended the job for the machine's sake; then the record."""
     out = Path(job.out)
-    with _terminated_as_interrupted():
+    with procs.sigterm_as_interrupt():
         while True:
             if not attempts or attempts[-1].info is not None:
                 attempts.append(_submit(out / "slurm", job.flags, tuple(job.args)))
@@ -254,25 +253,6 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
     copy_logs(out, attempts)
     record.write(out / "result.json")
     return record
-
-
-@contextlib.contextmanager
-def _terminated_as_interrupted() -> Iterator[None]:
-    """While a job is out, SIGTERM (the tuner's own job ending, scancel, a parent tuner
-    stopping its helpers) is a KeyboardInterrupt, as Ctrl-C: the job is cancelled on the
-    way out, not left to run its time."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    before = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def _submit(folder: Path, flags: dict[str, Any], args: tuple) -> Attempt:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from harness.launch import procs
 
 STOP_PATIENCE_S = 120.0  # for the running trials to cancel their jobs (scancel, then gone)
 
@@ -54,7 +55,7 @@ class InFlight:
     def __enter__(self) -> InFlight:
         self._stack = contextlib.ExitStack()
         if self.threaded:
-            self._stack.enter_context(_terminated_as_interrupted())
+            self._stack.enter_context(procs.sigterm_as_interrupt())
         return self
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> None:
@@ -137,21 +138,3 @@ class InFlight:
         for thread in list(self._threads.values()):
             thread.join(max(0.0, give_up - time.monotonic()))
         self._threads.clear()
-
-
-@contextlib.contextmanager
-def _terminated_as_interrupted() -> Iterator[None]:
-    """SIGTERM as Ctrl-C while trials run in threads (their launchers cannot catch it
-    there): the main thread stops them all, so no job is left to run its time."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    before = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
