@@ -32,6 +32,11 @@ class ActivationParts:
     # rebuilt block makes its own again.
     copies_kept: int | None = None
     copies_rebuilt: int = 0
+    # Of the kept copies, those each block keeps, freed in its backward (empty: all
+    # of them alive through backward, an upper bound).
+    block_copies: list[int] = field(default_factory=list)
+    # Each block's backward working set (empty: memory["backward_working"] for each).
+    block_working: list[int] = field(default_factory=list)
     # Counted from the parameters (2 bytes each), not traced: a rank recounts its own.
     copies_counted: bool = False
     loss_forward: int = 0  # the language-model loss's transient in forward
@@ -157,6 +162,7 @@ def transformer_activations(
         memory["autocast_weight_copies"] = trace.weight_copies
         parts.copies_kept = trace.weight_copies_kept
         parts.copies_rebuilt = trace.weight_copies_rebuilt
+        parts.block_copies = trace.weight_copies_by_block
     elif amp and not par.fsdp_mixed:  # FSDP's 16-bit parameters: autocast casts nothing
         h, f = shape.hidden, shape.ffn_hidden
         block_params = facts.block_parameters or 4 * h * h + 2 * h * f
@@ -190,6 +196,8 @@ def traced_activations(trace: Trace, batch: int) -> ActivationParts:
         outside_first=trace.other_before,
         copies_kept=trace.weight_copies_kept,
         copies_rebuilt=trace.weight_copies_rebuilt,
+        block_copies=trace.weight_copies_by_block,
+        block_working=trace.working_by_block,
         stored=trace.stored_by_block,
         checkpointed=trace.checkpointed,
         recompute_flops_per_sample=trace.recompute_flops / batch,

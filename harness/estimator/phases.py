@@ -12,6 +12,7 @@ def blocks_moment(
     rebuilt: int,
     trainable: int,
     held: int,
+    working: list[int] | None = None,
 ) -> int:
     """Activations and gradients alive while backward runs through a block, at most.
 
@@ -22,7 +23,9 @@ def blocks_moment(
     Early blocks see more gradients, late ones more activations: the largest
     over j counts. The gradients outside the blocks are counted as made already
     (those of the layers before the blocks come last: an upper bound). `held`:
-    gradients kept from earlier micro-steps.
+    gradients kept from earlier micro-steps; `working`: each block's backward
+    working set. Within block j all of this is counted at once, though its own
+    tensors are freed as its gradients come: an upper bound.
     """
     ckpt = set(checkpointed)
     return max(
@@ -30,6 +33,7 @@ def blocks_moment(
             sum(stored[: j + 1])
             + (rebuilt if j in ckpt else 0)
             + max(held, trainable - sum(params[:j]))
+            + (working[j] if working else 0)
             for j in range(len(stored))
         ),
         default=0,
@@ -70,25 +74,31 @@ def step_phases(
     )
     phases = {
         "forward_end": copies + saved + parts.loss_forward,
-        "backward_start": kept + saved + max(memory["logits"], memory["backward_working"] + comm),
+        # A model with blocks meets their working sets in `backward_blocks`.
+        "backward_start": kept + saved + max(
+            memory["logits"], (0 if parts.stored else memory["backward_working"]) + comm
+        ),
     }
     if parts.stored:
         # In a block's backward the head and loss are done: of what was saved outside
-        # the blocks only what came before them is kept.
+        # the blocks only what came before them is kept; of autocast's copies, those
+        # of the blocks done are freed.
+        block_copies = parts.block_copies or [0] * len(parts.stored)
         phases["backward_blocks"] = (
             kept
+            - sum(block_copies)
             + parts.outside_first
             + memory["gathered_parameters"]
             + memory["pipeline_buffers"]
-            + memory["backward_working"]
             + comm
             + blocks_moment(
-                parts.stored,
+                [n + c for n, c in zip(parts.stored, block_copies, strict=True)],
                 block_gradients,
                 parts.checkpointed,
                 memory["recompute"] + parts.copies_rebuilt,
                 memory["gradients"],
                 grads_held,
+                parts.block_working or [memory["backward_working"]] * len(parts.stored),
             )
         )
     if merged:

@@ -96,6 +96,8 @@ def stage_activations(
         stored=stored,
         checkpointed=ckpt,
         outside_first=parts.outside_first * counts[0] if first else 0,
+        block_copies=[],  # all of the stage's copies counted through backward
+        block_working=[parts.block_working[i] for i in blocks] if parts.block_working else [],
         loss_forward=parts.loss_forward if last else 0,
     )
     return stage, kept, logits

@@ -76,7 +76,7 @@ def _moments(parts: ActivationParts, facts: ModelFacts, params: list[Param], sta
         parts = dataclasses.replace(parts, memory=dict(parts.memory))
     if par.fsdp_mixed:  # the gathered parameters are 16-bit already: autocast casts nothing
         parts.memory["autocast_weight_copies"] = 0
-        parts.copies_kept, parts.copies_rebuilt = None, 0
+        parts.copies_kept, parts.copies_rebuilt, parts.block_copies = None, 0, []
     elif parts.copies_counted:  # this rank's parameters, as it holds them
         blocks = [sum(p.numel for p in params if p.block == i) for c in chunks for i in c]
         count_copies(parts, sum(p.numel for p in params), max(blocks, default=0),

@@ -24,11 +24,15 @@ class Trace:
     weight_copies: int  # autocast's 16-bit copies of parameters that backward needs
     weight_copies_kept: int  # of which saved outside checkpointed blocks
     weight_copies_rebuilt: int  # the largest checkpointed block's, made again when rebuilt
+    weight_copies_by_block: list[int]  # of the kept ones, those each block keeps (the first
+    # block to save one keeps it until its backward)
     largest_saved: int  # the largest single saved storage
     head_working: int  # backward's working set in the ops after the blocks (head, loss)
     # ... in one block's ops, with the gradient of its output, which a residual
-    # connection holds until the block's own is added (the whole model's without blocks)
+    # connection holds until the block's own is added: the largest block's (the whole
+    # model's without blocks), and each block's
     block_working: int
+    working_by_block: list[int]
     checkpointed: list[int]  # indices of the checkpointed blocks
     stored_by_block: list[int]  # bytes each block keeps (a checkpointed one: its input)
     recompute_flops: float  # forward FLOPs of the checkpointed blocks, per micro-batch
@@ -95,9 +99,10 @@ def _trace(
     ckpt = set(checkpointed_blocks(len(blocks), every))
     activations, other, before, by_block = _tally(saved, ckpt)
     stem_working, in_blocks, head_working = working_by_place(saved.places, saved.done)
-    block_working = (
-        in_blocks + max(saved.block_outputs.values(), default=0) if saved.done else stem_working
-    )
+    working = [
+        in_blocks.get(i, 0) + saved.block_outputs.get(i, 0) for i in range(len(blocks))
+    ]
+    block_working = max(working) if saved.done else stem_working
     # A rebuilt block's own tensors; its input is kept already.
     inputs = saved.block_inputs
     per_block = {
@@ -116,9 +121,11 @@ def _trace(
         weight_copies_rebuilt=max(
             (sum(n for n, who in copies if i in who) for i in ckpt), default=0
         ),
+        weight_copies_by_block=_copies_by_block(saved, ckpt),
         largest_saved=max((n for n, _ in saved.owners.values()), default=0),
         head_working=head_working,
         block_working=block_working,
+        working_by_block=working if saved.done else [],
         checkpointed=sorted(ckpt),
         stored_by_block=[by_block.get(i, 0) for i in range(len(blocks))],
         recompute_flops=_recompute_flops(saved, ckpt, mode, notes),
@@ -157,6 +164,16 @@ def _tally(saved: SavedTensors, ckpt: set[int]) -> tuple[int, int, int, dict[int
                 activations += n
                 by_block[i] = by_block.get(i, 0) + n
     return activations, other, before, by_block
+
+
+def _copies_by_block(saved: SavedTensors, ckpt: set[int]) -> list[int]:
+    """Autocast's weight copies kept by each block only (none outside the blocks)."""
+    out = [0] * len(saved.blocks)
+    for n, who in saved.copies.values():
+        live = who - ckpt
+        if live and None not in live:
+            out[min(live)] += n
+    return out
 
 
 def _recompute_flops(saved: SavedTensors, ckpt: set[int], mode, notes: list[str]) -> float:

@@ -43,14 +43,17 @@ def node_working(node: Any) -> int:
     return received + made
 
 
-def working_by_place(places: dict[Any, Place], blocks: int) -> tuple[int, int, int]:
-    """The largest working set outside the blocks before them, in them, and after
-    them (all of it `before` when there are no blocks)."""
-    before = inside = after = 0
+def working_by_place(
+    places: dict[Any, Place], blocks: int
+) -> tuple[int, dict[int, int], int]:
+    """The largest working set outside the blocks before them, in each block, and
+    after them (all of it `before` when there are no blocks)."""
+    before = after = 0
+    inside: dict[int, int] = {}
     for node, (block, done) in places.items():
         n = node_working(node)
         if block is not None:
-            inside = max(inside, n)
+            inside[block] = max(inside.get(block, 0), n)
         elif blocks and done == blocks:
             after = max(after, n)
         else:  # before the blocks, or between two
