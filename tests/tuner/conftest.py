@@ -59,6 +59,12 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
             if line.strip()]
 
 
+def measured(record: dict[str, Any]) -> bool:
+    """The trial ran and was measured: to the end, or until it was stopped early for
+    being slow (a retried configuration may be, once the search found faster ones)."""
+    return record["status"] == "ok" or (record.get("tags") or {}).get("pruned") == "slow"
+
+
 def same_configuration(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Two records' plans are one configuration (names and filled-in defaults aside)."""
     from harness.core.plan import Plan

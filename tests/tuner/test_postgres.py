@@ -17,7 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.pg_server import PASSWORD, postgres  # noqa: F401  (the fixture)
-from tests.tuner.conftest import records, same_configuration, tune_process, write_study
+from tests.tuner.conftest import measured, records, same_configuration, tune_process, write_study
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 # Grace is 5 heartbeats: a live worker on a loaded CI machine must not look dead.
@@ -105,7 +105,7 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
     assert dead["status"] == "failed" and dead["tags"]["stale"], dead
     assert "no heartbeat for 5s" in dead["reason"] and "queued to run again" in dead["reason"]
     retried = [r for r in recs if r["tags"].get("retry_of") == running[0]]
-    assert len(retried) == 1 and retried[0]["status"] == "ok", retried  # once, by another
+    assert len(retried) == 1 and measured(retried[0]), retried  # once, by another
     assert same_configuration(retried[0]["plan"], dead["plan"])
     ran = launches(log)
     assert max(Counter(t for t, _ in ran).values()) == 1  # no trial launched twice

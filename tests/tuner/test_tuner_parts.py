@@ -84,7 +84,8 @@ def test_calibration_from_measured_trials():
     assert cal.peak_memory({"peak_memory_bytes": 1000}) == 2300
     assert cal.trial_seconds({"step_time_s": 0.1}, 10, "cpu") == pytest.approx(5 + 10 * 0.3)
     fresh = Calibration()
-    assert fresh.trial_seconds({"step_time_s": 1.0}, 4, "cpu") == 9.0  # default overhead (5 s on a CPU)
+    # the default overhead: 5 s on a CPU
+    assert fresh.trial_seconds({"step_time_s": 1.0}, 4, "cpu") == 9.0
 
 
 def test_calibration_on_a_gpu_counts_the_cuda_context():
