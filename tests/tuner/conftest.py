@@ -20,6 +20,8 @@ from tests.tuner import fake_launch
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "studies" / "quickstart.toml"
 FAKE = "tests.tuner.fake_launch:launch"
+# a budget table for tests of the search alone: no confirmation rounds, no ablation
+SEARCH_ONLY = {"ablation_repeats": 0, "confirm_repeats": 0}
 
 
 def study_table(**changes: Any) -> dict[str, Any]:

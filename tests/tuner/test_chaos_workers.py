@@ -15,7 +15,14 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from tests.tuner.conftest import measured, records, same_configuration, tune_process, write_study
+from tests.tuner.conftest import (
+    SEARCH_ONLY,
+    measured,
+    records,
+    same_configuration,
+    tune_process,
+    write_study,
+)
 from tests.tuner.test_tune_processes import journal_trials, launches, wait_for_records
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
@@ -23,7 +30,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
 def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
     out, log = tmp_path / "run", tmp_path / "launches.log"
-    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 10})
+    path = write_study(tmp_path, budget={**SEARCH_ONLY, "n_trials": 10})
     main = tune_process(str(path), "--out", str(out), "--budget", "3m", "--workers", "2",
                         "--quiet", env={"FAKE_TRIAL_S": "1.5", "FAKE_LOG": str(log)})
     end, running, helper = time.monotonic() + 90, [], None
@@ -61,7 +68,7 @@ def test_chaos_run_folder_stops_taking_writes_mid_study(tmp_path):
     trial cannot write its folder. (Tests run as root, so permissions cannot stop a
     write; a file in the way can.)"""
     out = tmp_path / "run"
-    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 8})
+    path = write_study(tmp_path, budget={**SEARCH_ONLY, "n_trials": 8})
     env = {"FAKE_TRIAL_S": "0.4"}
     proc = tune_process(str(path), "--out", str(out), "--budget", "3m", env=env)
     wait_for_records(out, 2, proc)

@@ -17,7 +17,14 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.pg_server import PASSWORD, postgres  # noqa: F401  (the fixture)
-from tests.tuner.conftest import measured, records, same_configuration, tune_process, write_study
+from tests.tuner.conftest import (
+    SEARCH_ONLY,
+    measured,
+    records,
+    same_configuration,
+    tune_process,
+    write_study,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 # Grace is 5 heartbeats: a live worker on a loaded CI machine must not look dead.
@@ -67,7 +74,7 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
     each, one database); one is killed mid-trial: another notices its silence, records
     the trial failed and runs it again."""
     log = tmp_path / "launches.log"
-    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 16},
+    path = write_study(tmp_path, budget={**SEARCH_ONLY, "n_trials": 16},
                        storage=FAST_HEARTBEAT)
 
     def worker(i):
@@ -117,7 +124,7 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
 @pytest.mark.parametrize("down_s", [3])
 def test_chaos_postgres_restarted_mid_study_loses_nothing(tmp_path, postgres, down_s):  # noqa: F811
     out = tmp_path / "run"
-    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 10},
+    path = write_study(tmp_path, budget={**SEARCH_ONLY, "n_trials": 10},
                        storage=FAST_HEARTBEAT)
     proc = tune_process(str(path), "--out", str(out), "--budget", "3m",
                         "--storage", postgres.url, env={"FAKE_TRIAL_S": "0.5"})
@@ -136,7 +143,7 @@ def test_chaos_postgres_restarted_mid_study_loses_nothing(tmp_path, postgres, do
 
 def test_chaos_postgres_gone_too_long_stops_clearly_then_resumes(tmp_path, postgres):  # noqa: F811
     out = tmp_path / "run"
-    path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 12},
+    path = write_study(tmp_path, budget={**SEARCH_ONLY, "n_trials": 12},
                        storage={**FAST_HEARTBEAT, "patience": "4s"})
     env = {"FAKE_TRIAL_S": "0.5"}
     proc = tune_process(str(path), "--out", str(out), "--budget", "3m", "--storage",
