@@ -50,7 +50,8 @@ def wait_for_records(run_dir, n, proc, timeout=60):
 
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     out, log = tmp_path / "run", tmp_path / "launches.log"
-    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 10})
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
+                                         "n_trials": 10})
     env = {"FAKE_TRIAL_S": "0.6", "FAKE_LOG": str(log)}
     first = tune_process(str(path), "--out", str(out), "--budget", "10m", env=env)
     wait_for_records(out, 5, first)
@@ -93,7 +94,8 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
 
 def test_two_workers_on_one_storage_duplicate_no_trial(tmp_path):
     out, log = tmp_path / "run", tmp_path / "launches.log"
-    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 12})
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
+                                         "n_trials": 12})
     # trials long enough that the helper (a new process importing torch) gets some
     env = {"FAKE_TRIAL_S": "1.0", "FAKE_LOG": str(log)}
     proc = tune_process(str(path), "--out", str(out), "--budget", "2m", "--workers", "2",
@@ -114,7 +116,8 @@ def test_two_workers_on_one_storage_duplicate_no_trial(tmp_path):
 def test_two_tuners_sharing_a_storage_from_separate_folders(tmp_path):
     """As on two machines: one storage (here a journal file), a run folder each."""
     journal, log = tmp_path / "shared.journal", tmp_path / "launches.log"
-    path = write_study(tmp_path, budget={"ablation_repeats": 1, "n_trials": 8})
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
+                                         "n_trials": 8})
     env = {"FAKE_TRIAL_S": "0.3", "FAKE_LOG": str(log)}
     procs = [tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "2m",
                           "--storage", f"journal:{journal}", "--quiet", env=env)
