@@ -36,7 +36,7 @@ from harness.launch.probe import Probe
 from harness.records.result import TrialResult, empty_metrics
 from harness.records.run_store import RunStore, write_atomic
 from harness.study.facts import StudyFacts
-from harness.tune.budget import fits, launch_timeout
+from harness.tune.budget import MARGIN, fits, launch_timeout
 from harness.tune.calibration import Calibration
 from harness.tune.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 
@@ -100,8 +100,8 @@ def run_trial_job(
     if not fits(expected, left):
         tags["pruned"] = PRUNED_TIME
         return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
-            f"not started: expected to take {format_seconds(expected)}, and "
-            f"{format_seconds(max(left, 0))} of the budget is left"))
+            f"not started: expected to take {format_seconds(expected)} ({MARGIN}x that "
+            f"must fit), and {format_seconds(max(left, 0))} of the budget is left"))
 
     timeout = launch_timeout(prep.plan.timeout_s, left)
     kwargs = dict(run.launch_kwargs)

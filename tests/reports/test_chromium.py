@@ -52,7 +52,7 @@ def test_real_quickstart_study_renders_offline(browser, real, tmp_path):
     assert len(run.trials) >= 3
     seen = _open(browser, build_report(run), tmp_path / "report.html")
     # Real measurements: on this CPU the fp32 baseline is sometimes the fastest (no
-    # technique to turn off), and on a busy machine a one-minute study may not reach its
+    # technique to turn off), and on a busy machine a 45-second study may not reach its
     # leave-one-out trials; then the effects figure says why instead of drawing.
     ablated = ((run.trials["phase"] == "ablation") & (run.trials["status"] == "ok")).any()
     if run.records[run.best_id]["plan"]["strategies"] and ablated:
