@@ -65,7 +65,7 @@ def test_fuzz_mutated_quickstart(changes):
     write_and_check(mutate(changes))
 
 
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=200)  # each passes the checks and goes deeper: 40 ms apiece
 @given(changes=edits)
 def test_fuzz_nearly_valid_quickstart(changes):
     write_and_check(mutate(changes))
