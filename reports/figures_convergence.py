@@ -196,9 +196,11 @@ def speedup(run: Run, best_id: str, base_id: str) -> tuple[float, str] | None:
     d = repeated(run)
     if d and str(d.get("best")) == best_id and str(d.get("baseline_id")) == base_id \
             and (d.get("baseline") or {}).get("median"):
+        noise = ("; its lead over the baseline is within the spread of those measurements "
+                 "and seeds" if d.get("baseline_within_spread") else "")
         return d["baseline"]["median"] / d["median"], (
             f"time to target: medians over {d['n']} and {d['baseline']['n']} measurements, "
-            "taken in interleaved rounds")
+            f"taken in interleaved rounds{noise}")
     times = [((run.records.get(i) or {}).get("metrics") or {}).get("time_to_target_s")
              for i in (best_id, base_id)]
     if not all(times):

@@ -108,4 +108,6 @@ def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str]
     if close:
         text += (f"; trial(s) {', '.join(map(str, close))} could not be told apart from it "
                  "here")
+    if d.get("baseline_within_spread"):
+        text += "; its lead over the baseline is within the spread of those measurements"
     return b / ref, text

@@ -87,6 +87,7 @@ class Decision:
     baseline: dict[str, Any] | None = None  # the baseline's median, min, max, n
     baseline_id: str | None = None
     objective: str = "throughput"  # or "time_to_loss": the medians are seconds to target
+    baseline_within_spread: bool = False  # the best does not lead the baseline beyond it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,13 +133,16 @@ def decide(table: dict[str, Standing], baseline_id: str | None,
         return None
     sign = -1 if FIGURES[by][1] else 1  # the best has the highest sign x median
     lead = max(rivals.values(), key=lambda s: sign * s.median)
-    close = [i for i, s in rivals.items() if i != lead.trial_id
-             and abs(lead.median - s.median) <= max(lead.spread, s.spread)]
+    def within(s: Standing) -> bool:
+        return abs(lead.median - s.median) <= max(lead.spread, s.spread)
+
+    close = [i for i, s in rivals.items() if i != lead.trial_id and within(s)]
     summary = {i: _summary(s) for i, s in table.items() if s.values}
     base = table.get(baseline_id) if baseline_id is not None else None
+    measured_base = base is not None and bool(base.values)
     return Decision(lead.trial_id, lead.median, len(lead.values), sorted(close, key=str),
-                    summary, _summary(base) if base and base.values else None, baseline_id,
-                    by)
+                    summary, _summary(base) if measured_base else None, baseline_id, by,
+                    measured_base and within(base))
 
 
 def _summary(s: Standing) -> dict[str, Any]:

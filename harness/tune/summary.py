@@ -121,6 +121,9 @@ def confirmation_text(decision: dict[str, Any]) -> str:
                                          else decision["median"] / base["median"])
     speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the fp32 "
              "baseline's median" if ratio else "")
+    if ratio and decision.get("baseline_within_spread"):
+        speed += (f" (within the spread of the measurements{' and seeds' if timed else ''}: "
+                  "a lead this machine did not show beyond its noise)")
     lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} {unit} median "
                  f"over {decision['n']} measurements{speed}")
     close = ", ".join(map(str, decision["indistinguishable"]))

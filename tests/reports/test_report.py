@@ -130,3 +130,20 @@ def test_a_damaged_journal_falls_back_to_the_records(tmp_path):
     page = build_report(load_run(run_dir))
     assert "Rebuilt from the records" in page
     assert page.count('class="plotly-graph-div"') == 8  # importances still drawn
+
+
+@pytest.mark.parametrize("within", [False, True])
+def test_the_headline_takes_the_confirmation_rounds_medians(tmp_path, within):
+    recs = [r for r in synthetic_records(8, ablation=False) if r["status"] == "ok"][:2]
+    recs[0]["tags"]["phase"] = "baseline"
+    base, best = (str(r["trial_id"]) for r in recs)
+    decision = {"objective": "throughput", "best": best, "median": 300.0, "n": 3,
+                "indistinguishable": [], "baseline_id": base, "standings": {},
+                "baseline": {"median": 200.0, "min": 190.0, "max": 210.0, "n": 3},
+                "baseline_within_spread": within}  # as harness.tune.confirm.decide writes it
+    run = load_run(write_run(tmp_path / "run", recs, best_trial_id=recs[1]["trial_id"],
+                             baseline_trial_id=recs[0]["trial_id"], best_by_repeats=decision))
+    h = headline(run)
+    assert h.speedup == pytest.approx(1.5)
+    assert "medians over 3 and 3 measurements" in h.basis
+    assert ("its lead over the baseline is within the spread" in h.basis) == within

@@ -4,6 +4,8 @@ miss shown as the loss it reached, and two times within the seeds' spread said t
 
 from __future__ import annotations
 
+import json
+
 from reports import figures_convergence as fc
 from reports.load import load_run
 from reports.report import build_report
@@ -80,3 +82,10 @@ def test_the_confirmation_rounds_give_the_headline_its_time(tmp_path):
     assert "median over 3 measurements" in note and "ahead of the other" in note
     h = headline(run)  # the baseline's time to target over the best's, not samples/s
     assert h.speedup == 1.5 / 1.2 and h.basis.startswith("time to target: medians")
+    assert "within the spread" not in h.basis
+    decision["baseline_within_spread"] = True  # as harness.tune.confirm.decide says it
+    (tmp_path / "run" / "study.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "run" / "study.json").read_text()),
+         "best_by_repeats": decision}))
+    assert "its lead over the baseline is within the spread" in headline(
+        load_run(tmp_path / "run")).basis

@@ -15,7 +15,7 @@ import pytest
 
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
-from harness.tune import confirm, quiet
+from harness.tune import confirm, quiet, summary
 from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, study_table, tune, write_study
@@ -135,6 +135,13 @@ def test_contenders_and_the_decision():
     # the gap (13) is within trial 1's spread (half of 200 - 170 = 15)
     assert decision.indistinguishable == ["1"]
     assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 2}
+    assert not decision.baseline_within_spread  # 188 against 105: a lead beyond the noise
+    text = summary.confirmation_text(decision.as_dict())
+    assert "1.79x the fp32 baseline's median" in text and "did not show" not in text
+    # a baseline whose measurements reach the best's: the lead is said to be noise
+    near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180])}, "0")
+    assert near.best == "2" and near.baseline_within_spread
+    assert "a lead this machine did not show" in summary.confirmation_text(near.as_dict())
 
 
 def resolved_plan(plan: dict) -> dict:
