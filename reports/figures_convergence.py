@@ -191,16 +191,8 @@ def _confirmed(run: Run, hits: list[Point]) -> tuple[Point, str] | None:
 
 
 def speedup(run: Run, best_id: str, base_id: str) -> tuple[float, str] | None:
-    """A time-to-loss study's speedup: the fp32 baseline's time to target over the best's
-    (the rounds' medians where they measured both), and what it rests on."""
-    d = repeated(run)
-    if d and str(d.get("best")) == best_id and str(d.get("baseline_id")) == base_id \
-            and (d.get("baseline") or {}).get("median"):
-        noise = ("; its lead over the baseline is within the spread of those measurements "
-                 "and seeds" if d.get("baseline_within_spread") else "")
-        return d["baseline"]["median"] / d["median"], (
-            f"time to target: medians over {d['n']} and {d['baseline']['n']} measurements, "
-            f"taken in interleaved rounds{noise}")
+    """A time-to-loss study's speedup from one measurement each: the fp32 baseline's time
+    to target over the best's (the rounds' medians are reports.headline's)."""
     times = [((run.records.get(i) or {}).get("metrics") or {}).get("time_to_target_s")
              for i in (best_id, base_id)]
     if not all(times):

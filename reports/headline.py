@@ -83,8 +83,9 @@ def headline(run: Run) -> Headline:
     elif b is not None:
         h.speedup = b["samples_per_s"] / base["samples_per_s"]
         # a study of time to a target loss: how much sooner the best reaches it
-        repeats = (fc.speedup(run, str(b["trial_id"]), str(base["trial_id"]))
-                   if fc.ranks_by_time(run) else _by_repeats(run, b, base))
+        repeats = _by_repeats(run, b, base) or (
+            fc.speedup(run, str(b["trial_id"]), str(base["trial_id"]))
+            if fc.ranks_by_time(run) else None)
         if repeats:
             h.speedup, h.basis = repeats
         if num(base["peak_memory_bytes"]) and num(b["peak_memory_bytes"]) is not None:
@@ -96,18 +97,21 @@ def headline(run: Run) -> Headline:
 
 def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str] | None:
     """The speedup as the confirmation rounds measured it (harness.tune.confirm): the
-    best's median over the baseline's, when study.json's decision names both."""
+    best's median over the baseline's (throughput), or the baseline's time to target over
+    the best's (time_to_loss), when study.json's decision names both."""
     d = run.study.get("best_by_repeats") or {}
     b, ref = d.get("median"), (d.get("baseline") or {}).get("median")
     if (not b or not ref or str(d.get("best")) != str(best["trial_id"])
             or str(d.get("baseline_id")) != str(base["trial_id"])):
         return None
+    timed = d.get("objective") == "time_to_loss"
     close = d.get("indistinguishable") or []
-    text = (f"medians over {d['n']} and {d['baseline']['n']} measurements, taken in "
-            "interleaved rounds")
+    text = (f"{'time to target: ' if timed else ''}medians over {d['n']} and "
+            f"{d['baseline']['n']} measurements, taken in interleaved rounds")
     if close:
         text += (f"; trial(s) {', '.join(map(str, close))} could not be told apart from it "
                  "here")
     if d.get("baseline_within_spread"):
-        text += "; its lead over the baseline is within the spread of those measurements"
-    return b / ref, text
+        text += ("; its lead over the baseline is within the spread of those measurements"
+                 + (" and seeds" if timed else ""))
+    return (ref / b if timed else b / ref), text
