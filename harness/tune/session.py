@@ -179,7 +179,7 @@ def _ablation(args: argparse.Namespace, ostudy: optuna.Study, tuner: Tuner,
         return "off (budget.ablation_repeats = 0)"
     if not _claim_ablation(ostudy, tuner.ctx.me, take_over=args.resume):
         return "another worker runs it"
-    if tuner.ctx.study.budget.confirm_repeats:
+    if budget.confirm_repeats:
         progress.line("the contenders for the best measured again, in rounds")
         progress.line(f"confirmation: {run_confirmation(tuner.ctx)}")
     progress.line("ablation of the best configuration")
