@@ -96,7 +96,7 @@ def headline(run: Run) -> Headline:
 
 
 def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str] | None:
-    """The speedup as the confirmation rounds measured it (harness.tune.confirm): the
+    """The speedup as the confirmation rounds measured it (harness.tune.final.confirmation): the
     best's median over the baseline's (throughput), or the baseline's time to target over
     the best's (time_to_loss), when study.json's decision names both."""
     d = run.study.get("best_by_repeats") or {}

@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.units import parse_duration
-from harness.tune.ready import ReadyStudy
+from harness.tune.checked_study import CheckedStudy
 
 MAX_WORKERS = 256  # tuner processes on one machine
 
@@ -35,7 +35,7 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
                    help="peak memory per device: a size (70GiB) or a fraction of the "
                         "device's memory (0.9)")
-    p.add_argument("--storage", metavar="URL",  # the variable is harness.tune.storage.STORAGE_ENV
+    p.add_argument("--storage", metavar="URL",  # harness.tune.recovery.storage.STORAGE_ENV
                    default=os.environ.get("HARNESS_STORAGE"),
                    help="Optuna storage shared by workers: an RDB URL (postgresql://...), "
                         "redis://..., or journal:PATH (default: $HARNESS_STORAGE, else "
@@ -93,7 +93,7 @@ def left_out_text(left_out: list[str]) -> str:
                       *(f"  - {line}" for line in left_out)])
 
 
-def check(args: argparse.Namespace, started: float) -> ReadyStudy:
+def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     """The study and the flags checked as a run would; nothing created or launched.
 
     What needs torch (the strategy registry, the device) is asked of the tuner's
@@ -105,7 +105,7 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
     from harness.study.search_space import NotInSpace, SearchSpace
     from harness.study.study_file import memory_spec
     from harness.tune.budget import memory_budget_bytes
-    from harness.tune.reference_fit import largest_fitting_micro
+    from harness.tune.search.reference_batch import largest_fitting_micro
 
     if not 1 <= args.workers <= MAX_WORKERS:
         raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "
@@ -154,13 +154,14 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
         if (args.resume or args.helper) and not store.exists():
             raise HarnessError(f"--resume: {run_dir} holds no study (no study.toml); "
                                "start it without --resume")
-        if not (args.resume or args.helper) and store.exists():
+        # --check changes nothing: it says so in its "run folder" line instead
+        if not (args.resume or args.helper or args.check) and store.exists():
             raise HarnessError(f"{run_dir} already holds study '{study.name}'; pass --resume "
                                "to continue it, or --out DIR to start a new one")
     launcher = _launcher(args.launcher, study, facts.device_type)
     groups: list[str | None] = [None]
     if args.workers > 1:
-        from harness.tune.workers import device_groups
+        from harness.tune.recovery.workers import device_groups
 
         cuda = facts.device_count if facts.device_type == "cuda" else 0
         groups = device_groups(args.workers, max(study.layout.world_sizes), cuda)
@@ -175,7 +176,7 @@ def check(args: argparse.Namespace, started: float) -> ReadyStudy:
             for (phase, params), fixed_micro in zip(references, given_micro, strict=True)]
         if len(references) == 2 and references[1][1] == references[0][1]:
             references.pop()
-    return ReadyStudy(study, space, facts, probe, run_dir, budget_bytes, references, launcher,
+    return CheckedStudy(study, space, facts, probe, run_dir, budget_bytes, references, launcher,
                       groups, started)
 
 

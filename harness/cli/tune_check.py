@@ -49,7 +49,7 @@ def check_run_folder(run_dir: Path, given: bool) -> None:
 
 
 def _storage(args: argparse.Namespace, ready: Any) -> str:
-    from harness.tune.storage import describe_storage
+    from harness.tune.recovery.storage import describe_storage
 
     text = describe_storage(args.storage, ready.run_dir)
     if args.storage and "://" in args.storage and not args.storage.startswith("redis://"):
@@ -60,8 +60,8 @@ def _storage(args: argparse.Namespace, ready: Any) -> str:
 
 
 def what_would_run(args: argparse.Namespace, ready: Any) -> str:
-    """What `harness tune` would run with these flags (ready: a checked ReadyStudy,
-    harness.tune.ready)."""
+    """What `harness tune` would run with these flags (ready: a checked CheckedStudy,
+    harness.tune.checked_study)."""
     from harness.core.errors import one_line
     from harness.core.units import format_bytes
     from harness.study.study_file import memory_spec
@@ -86,6 +86,9 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
     launcher = ready.launcher
     state = ("holds the study; --resume continues it" if args.resume or args.helper
              else "a follower's logs" if args.follow
+             else (f"already holds study '{study.name}'; a run would need --resume to "
+                   "continue it, or --out DIR to start a new one")
+             if (ready.run_dir / "study.toml").exists()
              else "exists; the study's files go in it" if ready.run_dir.exists()
              else "new; not created yet")
     kind, number = memory_spec(budget.memory)

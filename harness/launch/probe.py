@@ -24,7 +24,7 @@ from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.core.prepared import PreparedPlan
 from harness.launch.local import import_path
-from harness.study.facts import StudyFacts
+from harness.study.machine_facts import MachineFacts
 
 
 class ProbeCrashed(RuntimeError):
@@ -41,16 +41,16 @@ class Probe:
         """{"cuda": how many CUDA devices are visible here}."""
         return self._ask({"op": "devices"})
 
-    def study_facts(self, study: Any) -> StudyFacts:
+    def study_facts(self, study: Any) -> MachineFacts:
         """`study` (harness.study.study_file.Study) checked against the registry and
         this machine; its [known_good] comes back normalised."""
-        facts = StudyFacts.from_json(self._ask({"op": "study", "study": study.to_dict()}))
+        facts = MachineFacts.from_json(self._ask({"op": "study", "study": study.to_dict()}))
         study.known_good = facts.known_good
         return facts
 
     def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None) -> PreparedPlan:
         """The plan checked, resolved and estimated; HarnessError when refused here.
-        `peaks`: the study's fixed peaks (StudyFacts.peaks), used where they hold the
+        `peaks`: the study's fixed peaks (MachineFacts.peaks), used where they hold the
         plan's dtype."""
         request = {"op": "prepare", "plan": plan.to_dict(), "peaks": peaks or {}}
         return PreparedPlan.from_dict(self._ask(request))

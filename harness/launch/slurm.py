@@ -100,9 +100,8 @@ def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
         return launch(prepared, out_dir, command, cluster=cluster, **kwargs)
 
     launch_on_slurm.__qualname__ = "launch"  # what `harness tune --check` shows
-    # What the tuner asks of a launcher whose trials run elsewhere (harness.tune.in_flight,
-    # harness.tune.resume): how many at once, a stopped tuner's jobs found again, and
-    # whether the compute nodes see the run folder (harness.launch.slurm_shared).
+    # What the tuner asks of a launcher whose trials run elsewhere: how many at once,
+    # a stopped tuner's jobs found again, whether compute nodes see the run folder.
     launch_on_slurm.max_jobs = cluster.max_jobs  # type: ignore[attr-defined]
     launch_on_slurm.has_job = has_job  # type: ignore[attr-defined]
     launch_on_slurm.rejoin = rejoin  # type: ignore[attr-defined]

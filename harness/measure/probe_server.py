@@ -8,7 +8,7 @@ of each plan, happen here. One JSON request a line on stdin, one JSON answer a
 line on stdout:
 
     {"op": "devices"}                   {"ok": {"cuda": <visible CUDA devices>}}
-    {"op": "study", "study": {...}}     {"ok": StudyFacts}   (harness.study.facts)
+    {"op": "study", "study": {...}}     {"ok": MachineFacts}   (harness.study.machine_facts)
     {"op": "prepare", "plan": {...},    {"ok": PreparedPlan} (harness.core.prepared)
      "peaks": {...}}                    (the study's fixed peaks by compute dtype)
 
@@ -52,7 +52,7 @@ def study_facts(table: dict[str, Any]) -> dict[str, Any]:
     from harness.measure.memory import device_memory_bytes
     from harness.measure.prepare import study_peaks
     from harness.study.checks import check_study, resolve_settings
-    from harness.study.facts import StudyFacts
+    from harness.study.machine_facts import MachineFacts
     from harness.study.study_file import Study
     from harness.workloads import load_workload
 
@@ -62,7 +62,7 @@ def study_facts(table: dict[str, Any]) -> dict[str, Any]:
     settings = resolve_settings(study, device_type)
     runtime = RuntimeEnv.detect(device_type)
     workload = load_workload(study.workload, study.workload_args)
-    facts = StudyFacts(
+    facts = MachineFacts(
         device_type=device_type, device_name=runtime.device_name,
         device_count=runtime.device_count, device_memory_bytes=device_memory_bytes(device_type),
         settings=settings, defaults={s.name: s.defaults() for s in strategies.all_strategies()},

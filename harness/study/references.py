@@ -3,7 +3,7 @@
     baseline     plain fp32: no technique, the largest world size (data parallel
                  where the layouts allow, with DDP if the study lists it), the
                  largest micro-batch (the least accumulation) predicted to fit the
-                 memory budget (harness.tune.reference_fit lowers it)
+                 memory budget (harness.tune.search.reference_batch lowers it)
     known-good   the study's [known_good], or else the techniques usually good on
                  this device (GOOD_BY_DEVICE) at their default settings
 

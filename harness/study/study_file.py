@@ -16,7 +16,7 @@ checked whole before anything runs; a mistake is a HarnessError naming the key:
     time = "3m"
     [strategies.fused]
     search = ["attention", "optimizer"]
-    [storage]                          # workers on an RDB storage (harness.tune.storage)
+    [storage]                          # workers on an RDB storage (harness.tune.recovery.storage)
     heartbeat = "60s"
     [cluster]                          # trials as Slurm jobs (harness.core.cluster)
     launcher = "slurm"
@@ -123,7 +123,7 @@ class BudgetSpec:
     ablation_share: float = bounded(0.15, 0.0, 0.95)  # of the time, for leave-one-out trials
     ablation_repeats: int = bounded(3, 0, 1000)  # runs of each ablation configuration
     # the configurations within confirm_margin of the fastest (and the baseline) measured
-    # again this many rounds before a best is named (harness.tune.confirm); 0: off
+    # again this many rounds before a best is named (harness.tune.final.confirmation); 0: off
     confirm_repeats: int = bounded(2, 0, 1000)
     confirm_margin: float = bounded(0.2, 0.0, 1.0)
 

@@ -60,7 +60,7 @@ def launch_timeout(trial_timeout_s: float, left_s: float) -> float:
 
 def memory_budget_bytes(value: str | float, device_memory_bytes: int) -> int:
     """`value` as bytes per device: a size, or a fraction of the device's memory
-    (`device_memory_bytes`, from the study's facts: harness.study.facts)."""
+    (`device_memory_bytes`, from the study's facts: harness.study.machine_facts)."""
     kind, number = memory_spec(value)
     if kind == "fraction":
         return int(number * device_memory_bytes)

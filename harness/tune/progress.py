@@ -13,7 +13,7 @@ from typing import Any
 from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.records.result import busy_note
 from harness.tune.budget import Clock
-from harness.tune.sampling import may_be_best
+from harness.tune.search.sampling import may_be_best
 
 
 def describe_plan(plan: dict[str, Any]) -> str:

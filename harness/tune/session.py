@@ -10,7 +10,7 @@ best.toml; every main process writes study.json and prints the ranked table.
 With a launcher whose trials run on other machines (Slurm), the main process first
 has it check that they see the run folder (one line, exit 2, nothing made when
 not), and waits for the jobs a stopped tuner left running before asking for more
-(harness.tune.resume.jobs_left).
+(harness.tune.recovery.resume.jobs_left).
 """
 
 from __future__ import annotations
@@ -28,18 +28,12 @@ from harness import __version__
 from harness.core.errors import HarnessError
 from harness.records.result import busy_note
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
-from harness.tune.ablation import run_ablation
 from harness.tune.budget import Clock
-from harness.tune.confirm import KEY as CONFIRMED
-from harness.tune.confirm import run_confirmation
-from harness.tune.context import StudyContext
-from harness.tune.estimated_start import estimated_start
-from harness.tune.progress import Progress
-from harness.tune.ready import ReadyStudy
-from harness.tune.resume import StaleTrials, jobs_left, recover, rejoin, settle
-from harness.tune.sampling import make_sampler
-from harness.tune.storage import STORAGE_ENV, StorageUnreachable, describe_storage, make_storage
-from harness.tune.summary import (
+from harness.tune.checked_study import CheckedStudy
+from harness.tune.final.ablation import run_ablation
+from harness.tune.final.confirmation import KEY as CONFIRMED
+from harness.tune.final.confirmation import run_confirmation
+from harness.tune.final.summary import (
     ablation_table,
     confirmation_text,
     now,
@@ -47,12 +41,23 @@ from harness.tune.summary import (
     table,
     write_best,
 )
-from harness.tune.trial_job import StudyRun
-from harness.tune.tuner import Tuner
-from harness.tune.workers import Worker, spawn_helpers, wait_for
+from harness.tune.progress import Progress
+from harness.tune.recovery.resume import StaleTrials, jobs_left, recover, rejoin, settle
+from harness.tune.recovery.storage import (
+    STORAGE_ENV,
+    StorageUnreachable,
+    describe_storage,
+    make_storage,
+)
+from harness.tune.recovery.workers import Worker, spawn_helpers, wait_for
+from harness.tune.search.first_guesses import estimated_start
+from harness.tune.search.loop import Tuner
+from harness.tune.search.sampling import make_sampler
+from harness.tune.trial_job import TrialRunner
+from harness.tune.tuner_state import TunerState
 
 
-def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
+def run_session(args: argparse.Namespace, ready: CheckedStudy) -> int:
     import os
 
     # Taken out of the environment: the trials this process launches do not need it.
@@ -86,23 +91,23 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
         ready.facts.peaks = fixed
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     size = ready.space.size()
-    ostudy, created = _open(storage, study, make_sampler(study, size))
+    optuna_study, created = _open(storage, study, make_sampler(study, size))
     if created:
-        _enqueue_references(ostudy, ready, size)
+        _enqueue_references(optuna_study, ready, size)
     if args.helper:
         clock = Clock(time.time(), args.search_until, args.deadline_at)
     else:
         clock = Clock.start(study.budget.time_s, study.budget.ablation_share, ready.started)
-    run = StudyRun(study.name, store, ready.budget_bytes, ready.facts, ready.probe,
+    run = TrialRunner(study.name, store, ready.budget_bytes, ready.facts, ready.probe,
                    ready.launcher)
     if study.layout.nnodes > 1:
         import socket
 
-        from harness.tune.follower import Announcer
+        from harness.tune.recovery.follower import Announcer
 
-        run.nodes = Announcer(ostudy, args.rdzv_host or socket.gethostname(),
+        run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
-    tuner = Tuner(StudyContext(study, ready.space, ostudy, storage, run, clock), settle,
+    tuner = Tuner(TunerState(study, ready.space, optuna_study, storage, run, clock), settle,
                   reserve_final=not args.helper)
     if hasattr(storage, "on_stale"):  # RDB: record and retry what dead workers left
         storage.on_stale = StaleTrials(tuner.ctx)
@@ -121,7 +126,7 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
             try:
                 helpers = _search(args, ready, tuner, store, clock, progress, outcome)
                 if main:
-                    outcome["ablation"] = _ablation(args, ostudy, tuner, progress)
+                    outcome["ablation"] = _ablation(args, optuna_study, tuner, progress)
             except StorageUnreachable as e:
                 outcome["stopped"], outcome["ablation"] = str(e), "not run"
                 raise
@@ -146,7 +151,7 @@ def run_session(args: argparse.Namespace, ready: ReadyStudy) -> int:
     return 0 if found else 1  # 1: nothing was tuned, every trial failed or did not fit
 
 
-def _search(args: argparse.Namespace, ready: ReadyStudy, tuner: Tuner, store: RunStore,
+def _search(args: argparse.Namespace, ready: CheckedStudy, tuner: Tuner, store: RunStore,
             clock: Clock, progress: Progress, outcome: dict[str, str]) -> list:
     """Settle what a stopped tuner left, start the helpers, search; returns the helpers."""
     left = jobs_left(tuner.ctx)  # first: these are waited for, not failed by recover
@@ -172,12 +177,12 @@ def _search(args: argparse.Namespace, ready: ReadyStudy, tuner: Tuner, store: Ru
     return helpers
 
 
-def _ablation(args: argparse.Namespace, ostudy: optuna.Study, tuner: Tuner,
+def _ablation(args: argparse.Namespace, optuna_study: optuna.Study, tuner: Tuner,
               progress: Progress) -> str:
     budget = tuner.ctx.study.budget
     if not budget.ablation_repeats and not budget.confirm_repeats:
         return "off (budget.ablation_repeats = 0)"
-    if not _claim_ablation(ostudy, tuner.ctx.me, take_over=args.resume):
+    if not _claim_ablation(optuna_study, tuner.ctx.me, take_over=args.resume):
         return "another worker runs it"
     if budget.confirm_repeats:
         progress.line("the contenders for the best measured again, in rounds")
@@ -186,25 +191,25 @@ def _ablation(args: argparse.Namespace, ostudy: optuna.Study, tuner: Tuner,
     return run_ablation(tuner.ctx)
 
 
-def _run_follower(args: argparse.Namespace, ready: ReadyStudy) -> int:
-    """On node K > 0: join the trials node 0's tuner launches (harness.tune.follower)."""
-    from harness.tune.follower import follow
+def _run_follower(args: argparse.Namespace, ready: CheckedStudy) -> int:
+    """On node K > 0: join the trials node 0's tuner launches (harness.tune.recovery.follower)."""
+    from harness.tune.recovery.follower import follow
 
     study, store = ready.study, RunStore(ready.run_dir)
     storage = make_storage(args.storage, store.root, study.storage)
     store.root.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     clock = Clock.start(study.budget.time_s, 0.0, ready.started)
-    ostudy = None
-    while ostudy is None and clock.left() > 0:  # node 0's tuner may not have made it yet
+    optuna_study = None
+    while optuna_study is None and clock.left() > 0:  # node 0's tuner may not have made it yet
         try:
-            ostudy = optuna.load_study(study_name=study.name, storage=storage)
+            optuna_study = optuna.load_study(study_name=study.name, storage=storage)
         except KeyError:
             time.sleep(1.0)
-    if ostudy is None:
+    if optuna_study is None:
         raise HarnessError(f"no study '{study.name}' appeared in the storage within the budget")
     with Progress(f"{study.name} (node {args.node_rank})", clock, quiet=args.quiet) as progress:
-        why = follow(ostudy, store, args.node_rank, study.layout.nnodes, clock.deadline,
+        why = follow(optuna_study, store, args.node_rank, study.layout.nnodes, clock.deadline,
                      ready.launcher, say=progress.line)
         progress.line(f"follower ended: {why}")
     return 0
@@ -223,28 +228,28 @@ def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
         return loaded, False
 
 
-def _enqueue_references(ostudy: optuna.Study, ready: ReadyStudy, size: int | None) -> None:
+def _enqueue_references(optuna_study: optuna.Study, ready: CheckedStudy, size: int | None) -> None:
     for phase, params in ready.references:
-        ostudy.enqueue_trial(params, user_attrs={"phase": phase})
+        optuna_study.enqueue_trial(params, user_attrs={"phase": phase})
     if ready.study.sampler in ("auto", "tpe"):  # a grid or random search is the user's choice
         for params in estimated_start(ready, [p for _, p in ready.references]):
-            ostudy.enqueue_trial(params, user_attrs={"phase": "search"})
+            optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
     if ready.study.sampler == "grid":
         grid = ready.space.enumerate()
         random.Random(ready.study.seed).shuffle(grid)
         for params in grid:
             if all(params != p for _, p in ready.references):
-                ostudy.enqueue_trial(params, user_attrs={"phase": "search"})
+                optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 
 
-def _claim_ablation(ostudy: optuna.Study, me: Worker, take_over: bool) -> bool:
+def _claim_ablation(optuna_study: optuna.Study, me: Worker, take_over: bool) -> bool:
     """Last writer wins, after a pause long enough for every claim to land."""
-    owner = Worker.parse(ostudy.user_attrs.get("ablation_owner"))
+    owner = Worker.parse(optuna_study.user_attrs.get("ablation_owner"))
     if owner is not None and owner != me and owner.alive() and not take_over:
         return False
-    ostudy.set_user_attr("ablation_owner", me.tag)
+    optuna_study.set_user_attr("ablation_owner", me.tag)
     time.sleep(1.0)
-    return ostudy.user_attrs.get("ablation_owner") == me.tag
+    return optuna_study.user_attrs.get("ablation_owner") == me.tag
 
 
 def _use_devices(group: str | None) -> None:
@@ -255,14 +260,14 @@ def _use_devices(group: str | None) -> None:
 
 
 def _helper_argv(args: argparse.Namespace, store: RunStore, clock: Clock,
-                 ready: ReadyStudy) -> list[str]:
+                 ready: CheckedStudy) -> list[str]:
     argv = [str(store.study_toml), "--out", str(store.root), "--helper",
             "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
             "--memory-budget", str(ready.budget_bytes)]
     return argv + (["--launcher", args.launcher] if args.launcher else [])
 
 
-def _started(store: RunStore, ready: ReadyStudy, clock: Clock, storage: str | None) -> None:
+def _started(store: RunStore, ready: CheckedStudy, clock: Clock, storage: str | None) -> None:
     s = ready.study
     previous = store.read_info()
     sessions = previous.get("sessions", []) + [{"started_at": now(), "budget_s": clock.budget_s}]
@@ -286,7 +291,7 @@ def ready_decision(tuner: Tuner, best_id: Any) -> dict[str, Any] | None:
     return decision if decision and str(decision["best"]) == str(best_id) else None
 
 
-def _finish(store: RunStore, tuner: Tuner, ready: ReadyStudy, clock: Clock, stopped: str) -> bool:
+def _finish(store: RunStore, tuner: Tuner, ready: CheckedStudy, clock: Clock, stopped: str) -> bool:
     """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
     records = store.records()
     try:

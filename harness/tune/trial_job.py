@@ -35,27 +35,27 @@ from harness.launch.local import launch
 from harness.launch.probe import Probe
 from harness.records.result import TrialResult, empty_metrics
 from harness.records.run_store import RunStore, write_atomic
-from harness.study.facts import StudyFacts
+from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
-from harness.tune.calibration import Calibration
-from harness.tune.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
+from harness.tune.search.correction import Calibration
+from harness.tune.search.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 
 Launcher = Callable[..., TrialResult]  # harness.launch.local.launch's signature
 LAUNCHED = "launched.json"  # in a launched trial's folder: its tags and prediction
 
 
 @dataclass
-class StudyRun:
+class TrialRunner:
     """What every trial of one study shares."""
 
     name: str
     store: RunStore
     budget_bytes: int
-    facts: StudyFacts  # the device; its env goes into records made without a trial
+    facts: MachineFacts  # the device; its env goes into records made without a trial
     probe: Probe  # prepares each plan (torch runs there, never in the tuner)
     launcher: Launcher = launch
     launch_kwargs: dict[str, Any] = field(default_factory=dict)
-    nodes: Any = None  # harness.tune.follower.Announcer, for trials spanning several nodes
+    nodes: Any = None  # harness.tune.recovery.follower.Announcer, for trials spanning several nodes
 
 
 def command_for(store: RunStore, trial_id: int | str) -> str:
@@ -63,7 +63,7 @@ def command_for(store: RunStore, trial_id: int | str) -> str:
 
 
 def run_trial_job(
-    run: StudyRun,
+    run: TrialRunner,
     trial_id: int | str,
     plan: Plan,
     tags: dict[str, Any],
@@ -121,7 +121,7 @@ def run_trial_job(
     return _finished(result, folder, tags, predicted, deadline)
 
 
-def left_a_job(run: StudyRun, trial_id: int | str) -> bool:
+def left_a_job(run: TrialRunner, trial_id: int | str) -> bool:
     """Whether trial `trial_id` was launched as a job that may outlive its tuner (the
     launcher's `has_job`: harness.launch.slurm), so a new tuner can wait for it."""
     has_job = getattr(run.launcher, "has_job", None)
@@ -129,7 +129,7 @@ def left_a_job(run: StudyRun, trial_id: int | str) -> bool:
     return has_job is not None and (folder / LAUNCHED).is_file() and has_job(folder)
 
 
-def rejoin_trial_job(run: StudyRun, trial_id: int | str, deadline: float,
+def rejoin_trial_job(run: TrialRunner, trial_id: int | str, deadline: float,
                      should_stop: Callable[[], str | None] | None = None
                      ) -> TrialResult | None:
     """The record of a trial a stopped tuner launched as a job: the job waited for
@@ -161,7 +161,7 @@ def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
     return result
 
 
-def _not_run(run: StudyRun, trial_id: int | str, plan: Plan, predicted: dict | None,
+def _not_run(run: TrialRunner, trial_id: int | str, plan: Plan, predicted: dict | None,
              command: str, tags: dict[str, Any], reason: str) -> TrialResult:
     result = TrialResult(
         study=run.name, trial_id=trial_id, status="pruned", reason=reason,

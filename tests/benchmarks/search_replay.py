@@ -9,10 +9,10 @@
    recorded study instead.
 2. Replay, `--seeds` times each, against that table (a configuration's figure and
    its cost are its record's samples/s and wall-clock seconds):
-     harness    the harness's own proposal loop: its sampler (harness.tune.sampling:
+     harness    the harness's own proposal loop: its sampler (harness.tune.search.sampling:
                 TPE as the study configures it), the references first (the fp32
                 baseline, the known-good configuration), then the estimator's five
-                first tier of a sample (harness.tune.estimated_start), a repeat proposal costs
+                first tier of a sample (harness.tune.search.first_guesses), a repeat proposal costs
                 nothing and queues the unmeasured configuration nearest the best,
                 and a trial slower than 1/slower_than of the best so far costs only
                 its warm-up and min_steps (as early stopping cuts it)
@@ -138,61 +138,61 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
     """Ask/tell with `sampler`; with `harness`, the tuner's own rules (see the module)."""
     r = Replay(table, goal)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ostudy = optuna.create_study(sampler=sampler, direction="maximize")
+    optuna_study = optuna.create_study(sampler=sampler, direction="maximize")
     if harness:
         for phase in ("baseline", "known-good"):
             ref = next((row for row in table.values() if row["phase"] == phase), None)
             if ref is not None:
-                ostudy.enqueue_trial(ref["params"])
-        # the estimator's guesses (harness.tune.estimated_start), from the recorded predictions
-        from harness.tune.estimated_start import candidates, first_tier
+                optuna_study.enqueue_trial(ref["params"])
+        # the estimator's guesses (harness.tune.search.first_guesses), from the recorded predictions
+        from harness.tune.search.first_guesses import candidates, first_tier
 
         refs = [row["params"] for row in table.values() if row["phase"] != "search"]
         pool = candidates([row["params"] for row in table.values() if row["params"] not in refs],
                           study.seed)
         scored = [(table[key(p)]["predicted"], p) for p in pool if table[key(p)]["predicted"]]
         for params in first_tier(scored, len(table), study.seed):
-            ostudy.enqueue_trial(params)
+            optuna_study.enqueue_trial(params)
     measured: set[str] = set()
     slower, min_steps = study.pruning.slower_than, study.pruning.min_steps
     stale = 0
     while r.reached is None and len(measured) < len(table) and stale < 200:
-        trial = ostudy.ask()
+        trial = optuna_study.ask()
         space.suggest(trial)
         k = key(trial.params)
         if k not in table:  # not in the recorded space (cannot happen for a full table)
-            ostudy.tell(trial, state=optuna.trial.TrialState.FAIL)
+            optuna_study.tell(trial, state=optuna.trial.TrialState.FAIL)
             stale += 1
             continue
         if k in measured:
-            ostudy.tell(trial, table[k]["rate"])
+            optuna_study.tell(trial, table[k]["rate"])
             stale += 1
             if harness:
-                _enqueue_nearest(ostudy, table, measured, r.best)
+                _enqueue_nearest(optuna_study, table, measured, r.best)
             continue
         stale = 0
         measured.add(k)
         row = table[k]
         if harness and slower and r.best and row["rate"] * slower < r.best:
             r.measure(k, (row["warmup"] + min_steps) / (row["warmup"] + row["steps"]))
-            ostudy.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            optuna_study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
-        ostudy.tell(trial, r.measure(k))
+        optuna_study.tell(trial, r.measure(k))
     return r
 
 
-def _enqueue_nearest(ostudy, table, measured, best_rate) -> None:
+def _enqueue_nearest(optuna_study, table, measured, best_rate) -> None:
     best = next((row for row in table.values() if row["rate"] == best_rate), None)
     fresh = [row["params"] for k, row in table.items() if k not in measured]
     if best is None or not fresh:
         return
     def distance(p):
         return sum(p.get(n) != best["params"].get(n) for n in p.keys() | best["params"].keys())
-    ostudy.enqueue_trial(min(fresh, key=lambda p: (distance(p), key(p))))
+    optuna_study.enqueue_trial(min(fresh, key=lambda p: (distance(p), key(p))))
 
 
 def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dict, float, float]:
-    from harness.tune.sampling import make_sampler
+    from harness.tune.search.sampling import make_sampler
 
     table, study, space = load_table(folder)
     best = max(row["rate"] for row in table.values())
@@ -235,20 +235,20 @@ def _grid(table, space, grid_space, seed, goal) -> Replay:
     """Optuna's GridSampler: conditional settings make some grid points the same
     configuration; a point already measured costs nothing."""
     sampler = optuna.samplers.GridSampler(grid_space, seed=seed)
-    ostudy = optuna.create_study(sampler=sampler, direction="maximize")
+    optuna_study = optuna.create_study(sampler=sampler, direction="maximize")
     r, seen = Replay(table, goal), set()
     while r.reached is None and len(seen) < len(table):
-        trial = ostudy.ask()
+        trial = optuna_study.ask()
         space.suggest(trial)
         k = key(trial.params)
         value = r.measure(k) if k in table and k not in seen else (
             table[k]["rate"] if k in table else 0.0)
         seen.add(k)
         try:
-            ostudy.tell(trial, value)
+            optuna_study.tell(trial, value)
         except RuntimeError:  # the grid is done: GridSampler calls study.stop() outside optimize
             break
-        if sampler.is_exhausted(ostudy):
+        if sampler.is_exhausted(optuna_study):
             break
     return r
 

@@ -140,7 +140,7 @@ def test_the_headline_takes_the_confirmation_rounds_medians(tmp_path, within):
     decision = {"objective": "throughput", "best": best, "median": 300.0, "n": 3,
                 "indistinguishable": [], "baseline_id": base, "standings": {},
                 "baseline": {"median": 200.0, "min": 190.0, "max": 210.0, "n": 3},
-                "baseline_within_spread": within}  # as harness.tune.confirm.decide writes it
+                "baseline_within_spread": within}  # as confirmation.decide writes it
     run = load_run(write_run(tmp_path / "run", recs, best_trial_id=recs[1]["trial_id"],
                              baseline_trial_id=recs[0]["trial_id"], best_by_repeats=decision))
     h = headline(run)

@@ -83,7 +83,7 @@ def test_the_confirmation_rounds_give_the_headline_its_time(tmp_path):
     h = headline(run)  # the baseline's time to target over the best's, not samples/s
     assert h.speedup == 1.5 / 1.2 and h.basis.startswith("time to target: medians")
     assert "within the spread" not in h.basis
-    decision["baseline_within_spread"] = True  # as harness.tune.confirm.decide says it
+    decision["baseline_within_spread"] = True  # as harness.tune.final.confirmation.decide says it
     (tmp_path / "run" / "study.json").write_text(json.dumps(
         {**json.loads((tmp_path / "run" / "study.json").read_text()),
          "best_by_repeats": decision}))

@@ -15,7 +15,8 @@ import pytest
 
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
-from harness.tune import confirm, quiet, summary
+from harness.tune.final import confirmation as confirm
+from harness.tune.final import quiet, summary
 from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, study_table, tune, write_study
@@ -154,7 +155,7 @@ def test_the_estimators_fastest_guesses_come_first():
     from types import SimpleNamespace
 
     from harness.core.errors import HarnessError
-    from harness.tune.estimated_start import START, estimated_start
+    from harness.tune.search.first_guesses import START, estimated_start
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from harness.cli.main import main
-from harness.tune import confirm
+from harness.tune.final import confirmation as confirm
 from tests.tuner import fake_launch, fake_target
 from tests.tuner.conftest import records, study_table, write_study
 

@@ -1,7 +1,7 @@
-"""The search's first guesses (harness.tune.estimated_start.first_tier): the estimator's
+"""The search's first guesses (harness.tune.search.first_guesses.first_tier): the estimator's
 ties are measured, in a seeded order, within a share of the space."""
 
-from harness.tune.estimated_start import CAP, START, candidates, first_tier
+from harness.tune.search.first_guesses import CAP, START, candidates, first_tier
 
 
 def _scored(rates):

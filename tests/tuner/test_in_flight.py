@@ -13,7 +13,7 @@ import pytest
 from harness.cli.main import main
 from harness.core.plan import Plan
 from harness.study.search_space import config_key
-from harness.tune.in_flight import InFlight
+from harness.tune.search.jobs_in_flight import InFlight
 from strategies import resolved
 from tests.tuner import fake_jobs
 from tests.tuner.conftest import records, write_study

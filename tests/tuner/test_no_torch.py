@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from tests.tuner.conftest import FAKE, QUICKSTART, ROOT
 
 TUNER_MODULES = ["harness.cli.main", "harness.cli.tune", "harness.cli.tune_check",
-                 "harness.tune.session", "harness.tune.tuner", "harness.tune.trial_job",
-                 "harness.tune.ablation", "harness.tune.resume", "harness.tune.storage",
+                 "harness.tune.session", "harness.tune.search.loop", "harness.tune.trial_job",
+                 "harness.tune.final.ablation", "harness.tune.recovery.resume",
+                 "harness.tune.recovery.storage",
                  "harness.launch.local", "harness.launch.probe", "harness.study.search_space",
                  "harness.records.run_store"]
 
@@ -20,8 +23,11 @@ TUNER_MODULES = ["harness.cli.main", "harness.cli.tune", "harness.cli.tune_check
 BLOCKED = "import sys; sys.modules['torch'] = None\n"
 
 
-def run_python(code: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+def run_python(code: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python -c code` in `cwd`, with the checkout importable (harness, tests)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -36,18 +42,21 @@ def test_tuner_modules_import_without_torch():
 
 def test_a_whole_study_runs_with_torch_unimportable_in_the_tuner(tmp_path):
     """--check, a search and the ablation, trials prepared by the helper: the tuner's
-    own process could not have imported torch (it would have raised)."""
+    own process could not have imported torch (it would have raised). It runs in a
+    folder of its own, so what the user's runs left in the checkout's runs/ has no say."""
     run = tmp_path / "run"
     code = BLOCKED + textwrap.dedent(f"""
         from harness.cli.main import main
-        assert main(["tune", {str(QUICKSTART)!r}, "--check"]) == 0
+        assert main(["tune", {str(QUICKSTART)!r}, "--check"]) == 0  # runs/quickstart, here
+        assert main(["tune", {str(QUICKSTART)!r}, "--check", "--out", {str(run)!r}]) == 0
         code = main(["tune", {str(QUICKSTART)!r}, "--budget", "20s", "--n-trials", "4",
                      "--out", {str(run)!r}, "--launcher", {FAKE!r}, "--quiet"])
         print("exit", code)
     """)
-    done = run_python(code)
+    done = run_python(code, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "exit 0" in done.stdout
+    assert not (tmp_path / "runs").exists(), "--check made the default run folder"
     records = [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
     assert records and any(r["status"] == "ok" for r in records)
     # The plans were prepared (checked, resolved, estimated) by the helper, with torch.

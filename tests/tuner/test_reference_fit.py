@@ -7,10 +7,10 @@ import types
 import strategies  # noqa: F401  (registers)
 from harness.core.errors import HarnessError
 from harness.study import references
-from harness.study.facts import StudyFacts
+from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
-from harness.tune.reference_fit import largest_fitting_micro
+from harness.tune.search.reference_batch import largest_fitting_micro
 from tests.tuner.conftest import study_table
 
 GIB = 2**30
@@ -31,7 +31,7 @@ class FakeProbe:
 
 def _setup(device_type="cuda"):
     space = SearchSpace(Study.from_dict(study_table()), device_type, {})
-    facts = StudyFacts(device_type, "dev", 1, 80 * GIB)
+    facts = MachineFacts(device_type, "dev", 1, 80 * GIB)
     return space, facts, space.params_for(references.baseline(space))
 
 

@@ -135,18 +135,18 @@ def test_layouts_need_their_strategies():
 
 
 def test_the_tuner_fills_in_settings_as_the_trial_will():
-    """The tuner writes a plan's settings out in full without torch (StudyFacts.resolved,
+    """The tuner writes a plan's settings out in full without torch (MachineFacts.resolved,
     from the probe's defaults) to spot a configuration measured before; that must give
     what strategies.resolved gives in the trial, or repeats would run twice (or worse,
     two different configurations would share one record)."""
     from harness.measure.probe_server import study_facts
-    from harness.study.facts import StudyFacts
+    from harness.study.machine_facts import MachineFacts
     from strategies import resolved
 
     table = study_table()
     table.update(WIDE)
     study = Study.from_dict(table)
-    facts = StudyFacts.from_json(study_facts(study.to_dict()))
+    facts = MachineFacts.from_json(study_facts(study.to_dict()))
     space = wide_space()
     plans = [space.plan(p) for p in space.enumerate()]
     assert len(plans) > 50

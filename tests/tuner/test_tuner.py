@@ -209,8 +209,8 @@ def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_pat
     with its worker, when the other settles what dead workers left (seen in CI)."""
     import datetime as dt
 
-    from harness.tune import resume
-    from harness.tune.workers import Worker
+    from harness.tune.recovery import resume
+    from harness.tune.recovery.workers import Worker
 
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 2})

@@ -15,10 +15,10 @@ from harness.study import references
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
-from harness.tune.calibration import Calibration
-from harness.tune.sampling import outcome
-from harness.tune.storage import redact
-from harness.tune.trial_job import StudyRun, run_trial_job
+from harness.tune.recovery.storage import redact
+from harness.tune.search.correction import Calibration
+from harness.tune.search.sampling import outcome
+from harness.tune.trial_job import TrialRunner, run_trial_job
 from tests.tuner import fake_launch
 from tests.tuner.conftest import study_table
 
@@ -116,13 +116,13 @@ def test_clock_and_budgets():
     assert memory_budget_bytes(0.5, 80 * GIB) == 40 * GIB
 
 
-def study_run(store: RunStore) -> StudyRun:
+def study_run(store: RunStore) -> TrialRunner:
     """What a study's trials share, with the facts and the helper `harness tune` uses."""
     from harness.launch.probe import shared
 
     probe = shared()
     facts = probe.study_facts(Study.from_dict(study_table()))
-    return StudyRun("s", store, 100 * GIB, facts, probe, fake_launch.launch)
+    return TrialRunner("s", store, 100 * GIB, facts, probe, fake_launch.launch)
 
 
 def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
@@ -192,8 +192,8 @@ def test_storage_password_is_redacted():
 def test_a_trial_over_the_memory_budget_is_marked_and_never_shown_as_best(capsys):
     """A GPU's device-held peak can pass the budget although its prediction did not:
     the trial ran, the table marks it, and the progress never calls it the best."""
+    from harness.tune.final.summary import table
     from harness.tune.progress import Progress
-    from harness.tune.summary import table
 
     def measured(trial_id, rate, peak):
         r = record("ok", {"phase": "search"}, peak=peak, rate=rate)

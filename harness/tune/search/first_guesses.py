@@ -26,8 +26,8 @@ import random
 from typing import Any
 
 from harness.core.errors import HarnessError
-from harness.tune.calibration import Calibration
-from harness.tune.ready import ReadyStudy
+from harness.tune.checked_study import CheckedStudy
+from harness.tune.search.correction import Calibration
 
 START = 5
 CAP = 16
@@ -36,7 +36,7 @@ SAMPLE = 64
 LISTABLE = 20_000  # larger spaces are not listed to sample from
 
 
-def estimated_start(ready: ReadyStudy, taken: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The configurations to measure first, as parameters (none of `taken`)."""
     size = ready.space.size()
     if size is None or size > LISTABLE:

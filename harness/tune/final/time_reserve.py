@@ -4,7 +4,7 @@ A fixed share of the budget (budget.ablation_share) left a 4-minute quickstart s
 idle for a minute at its end: its final trials took 6 s of the 60 s kept. So the
 search runs until the time left is what the final phases are expected to need:
 
-    final trials = (contenders + the baseline) x confirm_repeats       (harness.tune.confirm)
+    final trials = (contenders + the baseline) x confirm_repeats  (confirmation.py)
                  + (the best + one per technique it uses) x ablation_repeats
     reserve      = MARGIN x final trials x a launched trial's median duration so far,
                    at most ablation_share of the budget (all of it before any trial ran)
@@ -15,12 +15,12 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from harness.tune.ablation import techniques
 from harness.tune.budget import MARGIN
-from harness.tune.confirm import contenders, ranked_by
+from harness.tune.final.ablation import techniques
+from harness.tune.final.confirmation import contenders, ranked_by
 
 if TYPE_CHECKING:
-    from harness.tune.context import StudyContext
+    from harness.tune.tuner_state import TunerState
 
 
 def trial_seconds(records: list[dict[str, Any]]) -> float | None:
@@ -36,7 +36,7 @@ def _trained_s(record: dict[str, Any]) -> float:
     return sum(r.get("train_s", 0.0) + r.get("eval_s", 0.0) for r in runs if not r.get("cached"))
 
 
-def final_trials(ctx: StudyContext, records: list[dict[str, Any]]) -> int:
+def final_trials(ctx: TunerState, records: list[dict[str, Any]]) -> int:
     budget = ctx.study.budget
     n = 0
     by = ranked_by(ctx.study.objectives)
@@ -50,7 +50,7 @@ def final_trials(ctx: StudyContext, records: list[dict[str, Any]]) -> int:
     return n
 
 
-def reserve_s(ctx: StudyContext) -> float:
+def reserve_s(ctx: TunerState) -> float:
     """Seconds to keep for the final phases, as the study stands now."""
     cap = ctx.study.budget.ablation_share * ctx.clock.budget_s
     records = ctx.run.store.records()

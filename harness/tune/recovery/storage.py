@@ -19,7 +19,7 @@ Optuna's defaults, set in the study's [storage] table (harness.study.storage_spe
                  file (put it in PGPASSWORD or ~/.pgpass to keep it off the
                  command line altogether)
 
-PatientStorage also tells the tuner (harness.tune.context) which trial it holds
+PatientStorage also tells the tuner (harness.tune.tuner_state) which trial it holds
 from the moment the trial is RUNNING, so that a worker that gives up on the
 database leaves a record for it: a trial Optuna's ask() creates is born tagged
 with its worker (`stamp`), and a queued trial ask() claims is reported
@@ -76,7 +76,7 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
                            "db, sqlite:///file.db), redis://..., or journal:PATH")
     spec = spec or StorageSpec()
     # Optuna warns on every ask() that heartbeats are meant for Study.optimize; the
-    # tuner drives them itself (Heartbeat below, and harness.tune.resume.settle).
+    # tuner drives them itself (Heartbeat below, and harness.tune.recovery.resume.settle).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed",
                             category=UserWarning)
     try:
@@ -157,7 +157,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
                  say: Callable[[str], None]):
         self.backend, self.shown, self.patience_s, self.say = backend, shown, patience_s, say
         self.gave_up: str | None = None
-        # Set by the tuner (harness.tune.context, harness.tune.resume):
+        # Set by the tuner (harness.tune.tuner_state, harness.tune.recovery.resume):
         self.stamp: dict[str, Any] = {}  # user attrs that a trial ask() creates is born with
         self.on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
         self.on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
@@ -261,7 +261,7 @@ def _is_connection_error(e: BaseException) -> bool:
 
 def fail_stale_trials(study: optuna.Study, storage: BaseStorage) -> None:
     """Fail the trials whose worker stopped beating (RDB storages); the storage's on_stale
-    hook records and retries each (harness.tune.resume.StaleTrials)."""
+    hook records and retries each (harness.tune.recovery.resume.StaleTrials)."""
     if isinstance(storage, PatientStorage):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

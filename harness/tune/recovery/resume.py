@@ -2,7 +2,7 @@
 
 `recover` runs when a tuner starts (--resume too); `settle` runs it before each
 trial the tuner asks for, after failing the trials whose heartbeats stopped.
-Every trial is written record first, then Optuna (harness.tune.context), so the
+Every trial is written record first, then Optuna (harness.tune.tuner_state), so the
 record is the authority. A RUNNING trial is settled when
 
     its record is in trials.jsonl       (whoever its owner, however young) Optuna is
@@ -15,7 +15,7 @@ record is the authority. A RUNNING trial is settled when
                                         trial FAIL, and the configuration queued
                                         to run again (storage.retries times)
 
-A worker is gone when its process (harness.tune.workers.Worker) no longer runs on
+A worker is gone when its process (harness.tune.recovery.workers.Worker) no longer runs on
 this host. One on another host is taken to run; a trial with no owner tag is left
 alone for its first minute (another worker may have just asked for it; the
 tuner's storage tags the trials ask() creates as it creates them, so this is
@@ -45,15 +45,15 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.records.result import TrialResult, read_result
-from harness.tune.context import RETRY_OF
-from harness.tune.storage import fail_stale_trials
+from harness.tune.recovery.storage import fail_stale_trials
+from harness.tune.recovery.workers import Worker
 from harness.tune.trial_job import left_a_job, rejoin_trial_job
-from harness.tune.workers import Worker
+from harness.tune.tuner_state import RETRY_OF
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from harness.tune.context import StudyContext
+    from harness.tune.tuner_state import TunerState
 
 # A RUNNING trial without a worker tag this old was abandoned: its tuner died between
 # Optuna's ask and the tag (milliseconds). Younger, it may be another worker's that
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 UNTAGGED_GRACE_S = 60
 
 
-def recover(ctx: StudyContext) -> list[str]:
+def recover(ctx: TunerState) -> list[str]:
     """Settle the trials that stopped workers left RUNNING; returns what was done, in
     words. Workers sharing the run folder take turns (a lock), and each trial is
     claimed in the storage first, so a trial is settled, recorded and retried once."""
@@ -83,7 +83,7 @@ def recover(ctx: StudyContext) -> list[str]:
     return notes
 
 
-def jobs_left(ctx: StudyContext) -> list[FrozenTrial]:
+def jobs_left(ctx: TunerState) -> list[FrozenTrial]:
     """The RUNNING trials of stopped workers whose jobs may still run, claimed for this
     worker (their owner is now this one, so `recover` leaves them alone)."""
     if getattr(ctx.run.launcher, "has_job", None) is None:
@@ -103,7 +103,7 @@ def jobs_left(ctx: StudyContext) -> list[FrozenTrial]:
     return claimed
 
 
-def rejoin(ctx: StudyContext, t: FrozenTrial,
+def rejoin(ctx: TunerState, t: FrozenTrial,
            should_stop: Callable[[], str | None] | None = None) -> TrialResult:
     """Wait for the job of trial `t` (claimed by `jobs_left`), then record it and tell
     Optuna; a job that ended without a record fails the trial, queued again."""
@@ -126,7 +126,7 @@ def rejoin(ctx: StudyContext, t: FrozenTrial,
     return result
 
 
-def settle(ctx: StudyContext) -> list[str]:
+def settle(ctx: TunerState) -> list[str]:
     """Before each trial: fail (and retry) the trials of workers that died."""
     fail_stale_trials(ctx.optuna_study, ctx.storage)  # RDB heartbeats: calls StaleTrials
     return recover(ctx)
@@ -137,7 +137,7 @@ def _by_number(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
                                                   int)}
 
 
-def _recorded(ctx: StudyContext, running: list[FrozenTrial]) -> bool:
+def _recorded(ctx: TunerState, running: list[FrozenTrial]) -> bool:
     numbers = {t.number for t in running}
     return any(n in numbers for n in _by_number(ctx.run.store.records()))
 
@@ -151,7 +151,7 @@ def _abandoned(t: FrozenTrial) -> bool:
     return age > UNTAGGED_GRACE_S
 
 
-def _settle_one(ctx: StudyContext, t: FrozenTrial, record: dict | None) -> str | None:
+def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | None:
     store = ctx.run.store
     tid = t.user_attrs.get("trial_id", t.number)
     note = None
@@ -186,7 +186,7 @@ class StaleTrials:
     """The storage's stale-trial callback: Optuna has failed `trial` (no heartbeat for
     storage.grace); record it as failed and queue its configuration again."""
 
-    def __init__(self, ctx: StudyContext):
+    def __init__(self, ctx: TunerState):
         self.ctx = ctx
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
@@ -196,13 +196,13 @@ class StaleTrials:
         self.ctx.on_event("note", {"text": note})
 
 
-def _record_dead(ctx: StudyContext, t: FrozenTrial, cause: str, **tags: object) -> str:
+def _record_dead(ctx: TunerState, t: FrozenTrial, cause: str, **tags: object) -> str:
     """A failed trial (FAIL already) whose worker died: record it, queue it again, say
     so. `cause` may name the worker with {who}."""
     return _dead(ctx, t, cause, **tags)[1]
 
 
-def _dead(ctx: StudyContext, t: FrozenTrial, cause: str,
+def _dead(ctx: TunerState, t: FrozenTrial, cause: str,
           **tags: object) -> tuple[TrialResult, str]:
     retry = _may_retry(ctx, t)
     owner = Worker.parse(t.user_attrs.get("worker"))
@@ -220,7 +220,7 @@ def _dead(ctx: StudyContext, t: FrozenTrial, cause: str,
     return record, f"trial {tid}: {cause}; marked failed, {words}"
 
 
-def _may_retry(ctx: StudyContext, t: FrozenTrial) -> bool:
+def _may_retry(ctx: TunerState, t: FrozenTrial) -> bool:
     """Whether the failed trial's configuration runs again: not when it ran
     storage.retries + 1 times already, nor for an ablation trial (the ablation runs its
     own again)."""
@@ -229,7 +229,7 @@ def _may_retry(ctx: StudyContext, t: FrozenTrial) -> bool:
     return len(t.user_attrs.get("retry_history", [])) < ctx.study.storage.retries
 
 
-def _queue_retry(ctx: StudyContext, t: FrozenTrial) -> None:
+def _queue_retry(ctx: TunerState, t: FrozenTrial) -> None:
     ctx.optuna_study.enqueue_trial(t.params, user_attrs={
         "phase": t.user_attrs.get("phase", "search"),
         RETRY_OF: t.user_attrs.get(RETRY_OF, t.number),

@@ -23,7 +23,7 @@ target, taken from the cache (the maths has not changed), times the step time th
 round measured. Its spread also covers the seeds' (the fastest and the slowest seed's
 steps times each measured step time), so two configurations whose seeds overlap are
 not told apart by the step time alone. The decision is kept in the Optuna
-study's user attribute "best_by_repeats" (StudyContext.best_trial reads it) and in
+study's user attribute "best_by_repeats" (TunerState.best_trial reads it) and in
 study.json.
 """
 
@@ -33,12 +33,12 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.tune.ablation import finished
-from harness.tune.sampling import may_be_best
-from harness.tune.summary import ranked
+from harness.tune.final.ablation import finished
+from harness.tune.final.summary import ranked
+from harness.tune.search.sampling import may_be_best
 
 if TYPE_CHECKING:
-    from harness.tune.context import StudyContext
+    from harness.tune.tuner_state import TunerState
 
 MAX_CONTENDERS = 4
 KEY = "best_by_repeats"
@@ -152,7 +152,7 @@ def _summary(s: Standing) -> dict[str, Any]:
     return out
 
 
-def run_confirmation(ctx: StudyContext) -> str:
+def run_confirmation(ctx: TunerState) -> str:
     """Measure the contenders again and name the best; returns how it ended, in words."""
     budget = ctx.study.budget
     by = ranked_by(ctx.study.objectives)
@@ -194,7 +194,7 @@ def run_confirmation(ctx: StudyContext) -> str:
     return ended
 
 
-def _params_of(ctx: StudyContext, record: dict[str, Any]) -> dict[str, Any] | None:
+def _params_of(ctx: TunerState, record: dict[str, Any]) -> dict[str, Any] | None:
     """The Optuna parameters of a recorded trial (what the ablation and this re-run)."""
     number = (record.get("tags") or {}).get("optuna_number")
     if number is None:

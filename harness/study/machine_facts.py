@@ -17,7 +17,7 @@ from harness.core.space import SettingsSpace
 
 
 @dataclass
-class StudyFacts:
+class MachineFacts:
     device_type: str  # "cpu" or "cuda"
     device_name: str
     device_count: int  # CUDA devices visible here (1 on a CPU)
@@ -47,7 +47,7 @@ class StudyFacts:
                 "peaks": self.peaks}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StudyFacts:
+    def from_json(cls, data: dict[str, Any]) -> MachineFacts:
         return cls(data["device_type"], data["device_name"], data["device_count"],
                    data["device_memory_bytes"],
                    {k: SettingsSpace.from_json(v) for k, v in data["settings"].items()},

@@ -10,9 +10,9 @@ from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.records.result import busy_note
 from harness.records.run_store import RunStore, write_atomic
-from harness.tune.ablation import ablation_rows
+from harness.tune.final.ablation import ablation_rows
 from harness.tune.progress import describe_plan
-from harness.tune.sampling import REFERENCE_PHASES, may_be_best
+from harness.tune.search.sampling import REFERENCE_PHASES, may_be_best
 
 
 def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -104,7 +104,7 @@ def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
 
 
 def confirmation_text(decision: dict[str, Any]) -> str:
-    """The confirmation rounds' verdict (harness.tune.confirm.Decision, as stored)."""
+    """The confirmation rounds' verdict (harness.tune.final.confirmation.Decision, as stored)."""
     timed = decision.get("objective") == "time_to_loss"  # seconds to target, lower is better
     unit = "s to target" if timed else "samples/s"
     lines = [f"the contenders measured again ({unit}: median [min, max], n"

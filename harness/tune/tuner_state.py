@@ -1,17 +1,18 @@
-"""What the search, the ablation and the recovery of one study share: StudyContext.
+"""What the search, the ablation and the recovery of one study share: TunerState.
 
-harness.tune.tuner (the search), harness.tune.ablation and harness.tune.resume each
-take the StudyContext of their `harness tune` process; none of them imports another.
+harness.tune.search.loop (the search), harness.tune.final.ablation and
+harness.tune.recovery.resume each take the TunerState of their `harness tune`
+process; none of them imports another.
 
 Every trial is written in one order (`record_then_tell`): the record first
 (trials/<id>/result.json, then a line in trials.jsonl), then Optuna (the trial's
 status, plan and constraints, then its state). A worker that stops between the two
-loses nothing: recovery (harness.tune.resume) tells Optuna what the record says.
+loses nothing: recovery (harness.tune.recovery.resume) tells Optuna what the record says.
 The record is the authority.
 
 The trials this worker holds (`held`: from the moment each is RUNNING in the storage
 until its record is written; several when trials run as jobs in flight at once,
-harness.tune.in_flight) are remembered. When the storage gives up on an
+harness.tune.search.jobs_in_flight) are remembered. When the storage gives up on an
 unreachable database (StorageUnreachable, after storage.patience), each held trial
 gets a `failed` record (tags orphan and unreachable: FAIL for Optuna) before the
 worker stops; once the database is back, recovery tells Optuna so and queues the
@@ -38,15 +39,15 @@ from optuna.trial import FrozenTrial, TrialState
 from harness.records.result import TrialResult, empty_metrics
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
-from harness.tune import sampling
 from harness.tune.budget import Clock
-from harness.tune.calibration import Calibration
-from harness.tune.confirm import KEY as CONFIRMED
-from harness.tune.quiet import measure_again_if_busy
-from harness.tune.sampling import PRUNED_SLOW, REFERENCE_PHASES, outcome
-from harness.tune.storage import Heartbeat, PatientStorage
-from harness.tune.trial_job import StudyRun, command_for, run_trial_job
-from harness.tune.workers import Worker
+from harness.tune.final.confirmation import KEY as CONFIRMED
+from harness.tune.recovery.storage import Heartbeat, PatientStorage
+from harness.tune.recovery.workers import Worker
+from harness.tune.search import sampling
+from harness.tune.search.busy_machine import measure_again_if_busy
+from harness.tune.search.correction import Calibration
+from harness.tune.search.sampling import PRUNED_SLOW, REFERENCE_PHASES, outcome
+from harness.tune.trial_job import TrialRunner, command_for, run_trial_job
 
 RETRY_OF = "retry_of"  # user attr of a queued retry: the number of the trial it runs again
 
@@ -64,12 +65,12 @@ class Held:
 
 
 @dataclass
-class StudyContext:
+class TunerState:
     study: Study
     space: SearchSpace
     optuna_study: optuna.Study
     storage: BaseStorage  # the object make_storage returned (PatientStorage for an RDB)
-    run: StudyRun
+    run: TrialRunner
     clock: Clock
     me: Worker = field(default_factory=lambda: Worker.this())
     on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
@@ -154,7 +155,7 @@ class StudyContext:
         """Run one trial outside the sampler's asking (the confirmation's and the
         ablation's): RUNNING in the storage with its configuration and this worker as
         owner (never handed out by ask()), run, measured again if the machine was busy
-        (harness.tune.quiet), recorded, then Optuna told."""
+        (harness.tune.search.busy_machine), recorded, then Optuna told."""
         plan = self.space.plan(params)
         used = self.space.distributions(params)
         phase = tags["phase"]
@@ -222,7 +223,7 @@ class StudyContext:
         """Keep a measured configuration's record, so a repeat proposal reuses it. A
         trial stopped early for slowness is not kept: proposed again, it runs again
         (on a shared machine one unlucky moment should not rule a configuration out).
-        One measured twice on a busy machine is kept (harness.tune.quiet)."""
+        One measured twice on a busy machine is kept (harness.tune.search.busy_machine)."""
         tags = record.get("tags") or {}
         if tags.get("phase") not in REFERENCE_PHASES or tags.get("pruned") == PRUNED_SLOW:
             return
@@ -259,7 +260,7 @@ class StudyContext:
                     and all(v <= 0 for v in t.constraints.values()) and t.values]
         chosen = (self.optuna_study.user_attrs.get(CONFIRMED) or {}).get("best")
         named = [t for t in feasible if str(t.user_attrs.get("trial_id", t.number)) == chosen]
-        if named:  # named from repeats (harness.tune.confirm), not from one measurement
+        if named:  # named from repeats (harness.tune.final.confirmation), not from one measurement
             return named[0]
         objectives = self.study.objectives
         i = objectives.index("throughput") if "throughput" in objectives else 0

@@ -5,7 +5,7 @@ at the largest micro-batch, the least accumulation. On a GPU that is often more
 than fp32 activations fit in (GPT-2 small at 64 x 1024 tokens wants ~110 GiB), and
 a baseline refused for memory leaves the study with nothing to compare against.
 So each is moved down to the largest micro-batch whose prediction, corrected as
-before any trial (harness.tune.calibration), is within the budget.
+before any trial (harness.tune.search.correction), is within the budget.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.errors import HarnessError
-from harness.study.facts import StudyFacts
+from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
-from harness.tune.calibration import Calibration
+from harness.tune.search.correction import Calibration
 
 
 def largest_fitting_micro(
-    space: SearchSpace, params: dict[str, Any], probe: Any, facts: StudyFacts,
+    space: SearchSpace, params: dict[str, Any], probe: Any, facts: MachineFacts,
     budget_bytes: float,
 ) -> dict[str, Any]:
     """`params` with its micro-batch lowered until the predicted peak fits; unchanged

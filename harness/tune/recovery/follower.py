@@ -36,15 +36,15 @@ POLL_S = 0.5
 class Announcer:
     """The leader's side: say which trial the followers must join, and when it is over."""
 
-    def __init__(self, ostudy: optuna.Study, host: str, nnodes: int):
-        self.ostudy, self.host, self.nnodes = ostudy, host, nnodes
+    def __init__(self, optuna_study: optuna.Study, host: str, nnodes: int):
+        self.optuna_study, self.host, self.nnodes = optuna_study, host, nnodes
 
     def launch_kwargs(self, trial_id: Any, prepared: PreparedPlan, command: str,
                       timeout_s: float) -> dict[str, Any]:
         from harness.measure.rank_process import free_port
 
         endpoint = f"{self.host}:{free_port('0.0.0.0')}"
-        self.ostudy.set_user_attr(KEY, {
+        self.optuna_study.set_user_attr(KEY, {
             "trial_id": str(trial_id), "endpoint": endpoint,
             "prepared": prepared.to_dict(),
             "command": command, "timeout_s": timeout_s, "done": False,
@@ -52,21 +52,21 @@ class Announcer:
         return {"nnodes": self.nnodes, "node_rank": 0, "rdzv_endpoint": endpoint}
 
     def done(self, trial_id: Any) -> None:
-        current = self.ostudy.user_attrs.get(KEY) or {}
+        current = self.optuna_study.user_attrs.get(KEY) or {}
         if current.get("trial_id") == str(trial_id):
-            self.ostudy.set_user_attr(KEY, {**current, "done": True})
+            self.optuna_study.set_user_attr(KEY, {**current, "done": True})
 
     def finished(self) -> None:
-        self.ostudy.set_user_attr(KEY, {"finished": True})
+        self.optuna_study.set_user_attr(KEY, {"finished": True})
 
 
-def follow(ostudy: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
+def follow(optuna_study: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
            deadline: float, launcher: Callable[..., Any],
            say: Callable[[str], None] = print) -> str:
     """Join each trial the leader announces, until it finishes or the deadline."""
     seen: set[tuple[str, str]] = set()  # (trial, endpoint): a trial measured again is new
     while time.time() < deadline:
-        info = ostudy.user_attrs.get(KEY) or {}
+        info = optuna_study.user_attrs.get(KEY) or {}
         if info.get("finished"):
             return "the tuner on node 0 finished"
         trial_id = info.get("trial_id")
@@ -77,7 +77,8 @@ def follow(ostudy: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
             result = launcher(
                 PreparedPlan.from_dict(info["prepared"]), store.trial_dir(trial_id),
                 info["command"],
-                study=ostudy.study_name, trial_id=trial_id, nnodes=nnodes, node_rank=node_rank,
+                study=optuna_study.study_name, trial_id=trial_id, nnodes=nnodes,
+                node_rank=node_rank,
                 rdzv_endpoint=info["endpoint"],
                 timeout_s=max(1.0, min(info["timeout_s"], deadline - time.time())),
             )

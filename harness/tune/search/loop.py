@@ -1,28 +1,28 @@
 """The search: ask Optuna for a configuration, run it as a trial, record it, tell Optuna.
 
 `Tuner.search` runs search trials until the time left is what the final phases
-need (harness.tune.reserve), n_trials are done, five proposals in a row did not fit
+need (harness.tune.final.time_reserve), n_trials are done, five proposals in a row did not fit
 the time left, or every configuration of a finite space has been measured:
 ask, run (harness.tune.trial_job: refused / over memory / out of time are records
-that were never launched), record, tell (StudyContext.record_then_tell: the record
+that were never launched), record, tell (TunerState.record_then_tell: the record
 first, so a tuner stopped between the two loses nothing). Before each trial,
-`settle` (harness.tune.resume.settle, handed in by the session) fails and queues
+`settle` (harness.tune.recovery.resume.settle, handed in by the session) fails and queues
 again the trials of workers that died meanwhile.
 
 Trials that run elsewhere (a launcher with `max_jobs`: Slurm jobs) are kept in
-flight up to that many at once (harness.tune.in_flight), each in its own thread;
+flight up to that many at once (harness.tune.search.jobs_in_flight), each in its own thread;
 Optuna is asked for the next while they run (TPE's constant liar: a pending
 trial counts as a bad one, so it is not proposed again), and a configuration
 proposed while another trial runs it waits for that record instead of running
 twice. The reasons to stop are checked as each trial ends; once one holds, no
 trial starts and those in flight are waited for (each stops at the deadline).
-`first` trials (a stopped tuner's jobs that still run: harness.tune.resume) are
+`first` trials (a stopped tuner's jobs that still run: harness.tune.recovery.resume) are
 waited for before new ones are asked for.
 
 Optuna is driven through ask/tell so that the harness decides what is launched,
-when a trial is stopped, and which state each trial gets (harness.tune.sampling).
-The ablation (harness.tune.ablation) and the recovery (harness.tune.resume) take
-the same StudyContext (harness.tune.context); this module imports neither.
+when a trial is stopped, and which state each trial gets (harness.tune.search.sampling).
+The ablation (harness.tune.final.ablation) and the recovery (harness.tune.recovery.resume) take
+the same TunerState (harness.tune.tuner_state); this module imports neither.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from optuna.trial import TrialState
 
 from harness.core.plan import Plan
 from harness.records.result import TrialResult
-from harness.study.facts import StudyFacts
+from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import config_key
-from harness.tune.context import RETRY_OF, Held, StudyContext
-from harness.tune.in_flight import InFlight, max_jobs
-from harness.tune.quiet import measure_again_if_busy
-from harness.tune.reserve import reserve_s
-from harness.tune.sampling import PRUNED_TIME
+from harness.tune.final.time_reserve import reserve_s
+from harness.tune.search.busy_machine import measure_again_if_busy
+from harness.tune.search.jobs_in_flight import InFlight, max_jobs
+from harness.tune.search.sampling import PRUNED_TIME
 from harness.tune.trial_job import command_for, run_trial_job
+from harness.tune.tuner_state import RETRY_OF, Held, TunerState
 
 DUPLICATE_LIMIT = 25  # proposals in a row of configurations already measured: converged
 NEIGHBOUR_LIMIT = 20_000  # spaces up to this size are listed to find unmeasured neighbours
@@ -54,8 +54,8 @@ TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is ove
 
 @dataclass
 class Tuner:
-    ctx: StudyContext
-    settle: Callable[[StudyContext], list[str]]  # harness.tune.resume.settle
+    ctx: TunerState
+    settle: Callable[[TunerState], list[str]]  # harness.tune.recovery.resume.settle
     reserve_final: bool = True  # keep what the final phases need (False: a helper worker)
     _all: list[tuple[str, dict[str, Any]]] | None = None  # a finite space's configurations
 
@@ -66,7 +66,7 @@ class Tuner:
 
     def search_left(self) -> float:
         """Seconds the search may still start trials: until the time left is what the
-        final phases need (harness.tune.reserve); a helper worker stops where its main
+        final phases need (harness.tune.final.time_reserve); a helper worker stops where its main
         worker told it to (clock.search_end)."""
         if not self.reserve_final:
             return self.ctx.clock.search_left()
@@ -202,8 +202,8 @@ class Tuner:
         return result, original is not None
 
     def _slow_stop(self, trial: optuna.Trial, plan, report: bool = True):
-        from harness.tune.pruning import SlowTrialStop
-        from harness.tune.quiet import BusyWatch
+        from harness.tune.search.busy_machine import BusyWatch
+        from harness.tune.search.slow_trials import SlowTrialStop
 
         ctx = self.ctx
         single = len(ctx.study.objectives) == 1
@@ -241,7 +241,7 @@ class Tuner:
         ctx.optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 
 
-def _resolved_key(facts: StudyFacts, plan: Plan) -> str:
+def _resolved_key(facts: MachineFacts, plan: Plan) -> str:
     """A plan's configuration as the trial will run it (every setting filled in)."""
     return config_key(facts.resolved(plan))
 

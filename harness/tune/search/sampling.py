@@ -15,7 +15,7 @@ nothing about the configuration: stopped by the study's deadline, not started
 for lack of time, left running by a tuner that was killed or that stopped when
 the storage went away (tag "orphan", with "stale" or "unreachable"), or measured
 while other processes used the machine (metrics.interference.flagged, after the
-tuner measured it again: harness.tune.quiet): such a figure is the machine's, so
+tuner measured it again: harness.tune.search.busy_machine): such a figure is the machine's, so
 it is never the best nor the bar that prunes others, and the configuration may be
 proposed and measured again. A trial stopped
 early for being slow is PRUNED with its step throughputs as intermediate values.

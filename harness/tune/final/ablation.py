@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from harness.study.search_space import SearchSpace
 
 if TYPE_CHECKING:
-    from harness.tune.context import StudyContext
+    from harness.tune.tuner_state import TunerState
 
 
 @dataclass
@@ -59,11 +59,11 @@ def ablation_jobs(space: SearchSpace, best_params: dict[str, Any], best_id: int 
     return jobs
 
 
-def run_ablation(ctx: StudyContext) -> str:
+def run_ablation(ctx: TunerState) -> str:
     """Run the ablation of the best trial so far; returns how it ended, in words.
 
-    Each trial is written as a search trial is (StudyContext.run_extra): RUNNING in
-    the storage, run, recorded, then Optuna told, so recovery (harness.tune.resume)
+    Each trial is written as a search trial is (TunerState.run_extra): RUNNING in
+    the storage, run, recorded, then Optuna told, so recovery (harness.tune.recovery.resume)
     settles an ablation trial as any other. On
     --resume a trial already recorded is not run again; one that never finished
     (not started for lack of time, stopped at the deadline, or its worker gone)

@@ -7,7 +7,7 @@ machine's, not the configuration's: the tuner waits for the machine to be quiet
 children left out), at most a bounded wait, then runs the trial once more under the
 same id. The record kept is the second; its tags keep the first figure. If the
 second is flagged too, the record stays flagged: Optuna is told FAIL (never the
-best, never the bar that prunes others: harness.tune.sampling), and the sampler may
+best, never the bar that prunes others: harness.tune.search.sampling), and the sampler may
 propose the configuration again later.
 """
 

@@ -7,16 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.launch.probe import Probe
-from harness.study.facts import StudyFacts
+from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 
 
 @dataclass
-class ReadyStudy:
+class CheckedStudy:
     study: Study
     space: SearchSpace
-    facts: StudyFacts  # the device and the strategies' spaces, from the probe
+    facts: MachineFacts  # the device and the strategies' spaces, from the probe
     probe: Probe  # the torch-side helper that prepares each trial's plan
     run_dir: Path
     budget_bytes: int

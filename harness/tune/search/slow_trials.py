@@ -6,7 +6,7 @@ the new steps, reports each step's throughput to Optuna as an intermediate value
 (single-objective studies), and once `min_steps` are in, stops the trial when the
 median throughput so far is below the best completed trial's divided by
 `slower_than`, unless other processes were competing for the machine meanwhile
-(`busy`, harness.tune.quiet.BusyWatch): then it runs to the end, and its flagged
+(`busy`, harness.tune.search.busy_machine.BusyWatch): then it runs to the end, and its flagged
 record is measured again. A factor of 2 by default: on a shared CPU the spread between
 repeats of one configuration is tens of percent, so only a clear loss is cut.
 """
