@@ -256,11 +256,18 @@ def test_the_calibration_process_answers_every_dtype_asked(cache_dir) -> None:
 
 def test_the_cpu_peak_cache_is_keyed_by_instruction_set(monkeypatch) -> None:
     """One CPU model name comes with AVX2 on one day and AVX-512 BF16 on the next (seen
-    here): the measured peak of one must not stand for the other."""
+    here): the measured peak of one must not stand for the other. Both instruction sets
+    are faked, so the test holds whatever this machine's CPU has."""
     from harness.core import device
 
-    avx512 = peak_calibration._cache_key(CPU, "AMD EPYC", "bf16")
-    monkeypatch.setattr(device, "cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(device, "cpu_flags", lambda: ["avx2"])
-    assert peak_calibration._cache_key(CPU, "AMD EPYC", "bf16") != avx512
-    assert "AVX2" in peak_calibration._cache_key(CPU, "AMD EPYC", "bf16")
+    def key_on(capability: str, flags: list[str]) -> str:
+        monkeypatch.setattr(device, "cpu_capability", lambda: capability)
+        monkeypatch.setattr(device, "cpu_flags", lambda: flags)
+        return peak_calibration._cache_key(CPU, "AMD EPYC", "bf16")
+
+    avx512 = key_on("AVX512", ["avx2", "avx512f", "avx512_bf16"])
+    avx2 = key_on("AVX2", ["avx2"])
+    assert avx2 != avx512
+    assert "AVX2" in avx2 and "AVX512" in avx512 and "avx512_bf16" in avx512
+    # the flags alone tell them apart too (torch may name both "AVX2", e.g. ATEN_CPU_CAPABILITY)
+    assert key_on("AVX2", ["avx2", "avx512f", "avx512_bf16"]) != avx2

@@ -133,6 +133,12 @@ def test_an_existing_run_folder_needs_resume(tmp_path, capsys):
     capsys.readouterr()
     assert tune(str(path), "--out", str(out)) == 2
     assert "--resume" in capsys.readouterr().err
+    # --check changes nothing, so it does not refuse: it says what a run would need
+    before = sorted(out.rglob("*"))
+    assert tune(str(path), "--out", str(out), "--check") == 0
+    printed = capsys.readouterr().out
+    assert f"{out} (already holds study 'quickstart'; a run would need --resume" in printed
+    assert sorted(out.rglob("*")) == before
 
 
 def test_durations_and_sizes():
