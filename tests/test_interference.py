@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from harness.core.plan import Plan
-from harness.measure.interference import (
+from harness.core.interference import (
     QUIET_CPU_SHARE,
     InterferenceMeter,
     _others_on_gpu,
@@ -24,6 +23,7 @@ from harness.measure.interference import (
     interference,
     machine_share_of_others,
 )
+from harness.core.plan import Plan
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
 from harness.records.result import busy_note

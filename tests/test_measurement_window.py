@@ -17,8 +17,8 @@ from harness.measure import distributed, timing, trial_loop
 from harness.measure.prepare import prepare
 from harness.measure.rank_process import RankInfo
 from harness.measure.ranks import StepLoss, agree_losses, combine, loss_rows, read_losses
-from harness.measure.step_log import STEP_LOG_ENV, read_steps
 from harness.measure.trial_loop import measure, run_trial
+from harness.records.step_log import STEP_LOG_ENV, read_steps
 from tests.tiny import TINY_GPT
 
 # A fixed peak, so that preparing the plan calibrates nothing.

@@ -63,13 +63,15 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
+from harness.core.ports import free_port
 from harness.core.prepared import PreparedPlan
 from harness.launch import procs, rank_server
+from harness.launch.launcher import Launcher
 from harness.launch.log_cap import LogCap
 from harness.launch.verdict import Ended, decide
-from harness.measure.rank_process import NODE_RANK_ENV, free_port
-from harness.measure.step_log import STEP_LOG_ENV
+from harness.measure.rank_process import NODE_RANK_ENV
 from harness.records.result import TrialResult, empty_metrics, read_result
+from harness.records.step_log import STEP_LOG_ENV
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
 POLL_S = 0.25  # how often a waiting launch asks `should_stop` (and looks at its logs)
@@ -144,7 +146,7 @@ def launch(
     whether its ranks finished.
 
     For the tuner: with `progress_file`, rank 0 appends each measured step's time
-    to it (harness.measure.step_log); `should_stop` is called while the trial runs and,
+    to it (harness.records.step_log); `should_stop` is called while the trial runs and,
     when it returns a reason, the trial is stopped and recorded as `pruned` with it.
     """
     plan = prepared.plan
@@ -211,6 +213,19 @@ def launch(
         extra["node_rank"] = node_rank
     return _made_here(prepared, status, reason, extra, command, study, trial_id, started_at,
                       duration, result_file if node_rank == 0 else None)
+
+
+class LocalLauncher(Launcher):
+    """`launch` above as the tuner's Launcher: the trial's processes on this machine,
+    one trial at a time, nothing that outlives the caller (the Launcher defaults)."""
+
+    def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
+               **kwargs: Any) -> TrialResult:
+        return launch(prepared, out_dir, command, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return "harness.launch.local:launch"
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> Any:

@@ -74,7 +74,7 @@ def _endpoint(job_dir: Path, node: int, job_id: str) -> str:
     """Node 0 picks a free port on itself and writes host:port; the others read it."""
     path = job_dir / f"{job_id}_{RDZV_FILE}"
     if node == 0:
-        from harness.measure.rank_process import free_port
+        from harness.core.ports import free_port
 
         host = socket.gethostname()
         tmp = path.with_name(f".{path.name}.tmp")

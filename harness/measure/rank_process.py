@@ -145,10 +145,3 @@ def append_output(fds: tuple[int, ...] = (1, 2)) -> None:
         with contextlib.suppress(OSError):
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS may hand it out again later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from harness.core.errors import HarnessError
+from harness.core.interference import InterferenceMeter, combine_ranks, session_pids
 from harness.measure import distributed
 from harness.measure.env import capture_env
-from harness.measure.interference import InterferenceMeter, combine_ranks, session_pids
 from harness.measure.loader import step_feed
 from harness.measure.memory import MemoryTracker
 from harness.measure.nvml import NvmlSampler, compute_processes
@@ -35,9 +35,9 @@ from harness.measure.peak_calibration import forget_measured_peak
 from harness.measure.prepare import Prepared
 from harness.measure.rank_process import RankInfo
 from harness.measure.ranks import StepLoss, combine, rank_figures, read_losses, step_loss
-from harness.measure.step_log import step_writer
 from harness.measure.timing import WindowTimer, step_time_stats
 from harness.records.result import TrialResult, empty_metrics
+from harness.records.step_log import step_writer
 from strategies import compose
 
 

@@ -8,6 +8,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ def empty_metrics() -> dict[str, Any]:
         "memory": {"allocated": None, "reserved": None, "nvml_used": None, "rss": None},
         "energy_j_per_sample": None,
         "loss": {"first": None, "last": None, "finite": None},
-        # who else used the machine during the measured steps (harness.measure.interference)
+        # who else used the machine during the measured steps (harness.core.interference)
         "interference": None,
     }
 
@@ -47,10 +48,29 @@ class TrialResult:
     started_at: str = ""
     duration_s: float = 0.0
     schema: int = SCHEMA_VERSION
-    # Beyond schema 1's keys: where the trial came from in a study, e.g.
-    # {"phase": "baseline" | "known-good" | "search" | "ablation",
-    #  "ablation": {"of": <trial_id>, "without": "<strategy>", "repeat": <i>}}
+    # Beyond schema 1's keys: where the trial came from in a study and what happened to
+    # it (phase, optuna_number, pruned, deadline, orphan, ...): every key, its type and
+    # its meaning are harness.records.tags.Tags; read a stored record's with tags_of.
     tags: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def not_measured(cls, status: Status, reason: str, *, study: str | None,
+                     trial_id: int | str | None, plan: dict[str, Any],
+                     predicted: dict[str, Any] | None, env: dict[str, Any] | None = None,
+                     command: str = "", started_at: str | None = None,
+                     duration_s: float = 0.0, tags: dict[str, Any] | None = None,
+                     metrics: dict[str, Any] | None = None) -> TrialResult:
+        """The record of a trial that measured nothing: not launched (pruned), or
+        launched and left no record of its own (failed, timeout, stopped). Its metrics
+        are unmeasured (`metrics`: the few that are known, e.g. an exit code);
+        `started_at` None: now."""
+        return cls(
+            study=study, trial_id=trial_id, status=status, reason=reason, plan=plan,
+            predicted=predicted, metrics={**empty_metrics(), **(metrics or {})},
+            env=env if env is not None else {}, command=command,
+            started_at=(datetime.now(UTC).isoformat(timespec="seconds")
+                        if started_at is None else started_at),
+            duration_s=duration_s, tags=tags if tags is not None else {})
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(dataclasses.asdict(self))
@@ -94,16 +114,3 @@ def _json_safe(obj: Any) -> Any:
         return [_json_safe(v) for v in obj]
     return obj
 
-
-def busy_note(record: dict[str, Any]) -> str | None:
-    """Why a record's measurement is not to be trusted, when its trial was flagged as
-    measured beside other work (metrics.interference, harness.measure.interference):
-    "others used 54% of the CPUs; 1 other process on the GPU". None when it was quiet."""
-    seen = (record.get("metrics") or {}).get("interference") or {}
-    if not seen.get("flagged"):
-        return None
-    parts = [f"others used {seen.get('other_cpu_share') or 0:.0%} of the CPUs"]
-    gpus = seen.get("other_gpu_processes") or []
-    if gpus:
-        parts.append(f"{len(gpus)} other process{'es' if len(gpus) > 1 else ''} on the GPU")
-    return "; ".join(parts)

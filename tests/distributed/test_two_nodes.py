@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness.measure.rank_process import free_port
+from harness.core.ports import free_port
 from tests.distributed.launch_helpers import (
     ROOT,
     assert_nothing_left,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from harness.measure.step_log import read_steps
+from harness.records.step_log import read_steps
 from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan, launch_plan
 
 

@@ -41,7 +41,7 @@ class Announcer:
 
     def launch_kwargs(self, trial_id: Any, prepared: PreparedPlan, command: str,
                       timeout_s: float) -> dict[str, Any]:
-        from harness.measure.rank_process import free_port
+        from harness.core.ports import free_port
 
         endpoint = f"{self.host}:{free_port('0.0.0.0')}"
         self.optuna_study.set_user_attr(KEY, {

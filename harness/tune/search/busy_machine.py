@@ -1,7 +1,7 @@
 """A trial measured while the machine was busy is measured again once it is quiet.
 
 Each record says whether other processes competed with its measured steps
-(metrics.interference, harness.measure.interference). A flagged figure is the busy
+(metrics.interference, harness.core.interference). A flagged figure is the busy
 machine's, not the configuration's: the tuner waits for the machine to be quiet
 (others below QUIET_CPU_SHARE of the CPUs, sampled every POLL_S, this tuner and its
 children left out), at most a bounded wait, then runs the trial once more under the
@@ -19,14 +19,14 @@ from collections.abc import Callable
 
 import psutil
 
-from harness.core.units import format_seconds
-from harness.measure.interference import (
+from harness.core.interference import (
     QUIET_CPU_SHARE,
     cpus,
     machine_share_of_others,
     shares,
     snapshot,
 )
+from harness.core.units import format_seconds
 from harness.records.result import TrialResult, busy_note
 
 POLL_S = 2.0

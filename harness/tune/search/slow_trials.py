@@ -1,7 +1,7 @@
 """Stopping a running trial that is clearly slower than the best so far.
 
 While a trial runs, its rank 0 appends each measured step's time to a file
-(harness.measure.step_log). `SlowTrialStop` is the launcher's `should_stop`: it reads
+(harness.records.step_log). `SlowTrialStop` is the launcher's `should_stop`: it reads
 the new steps, reports each step's throughput to Optuna as an intermediate value
 (single-objective studies), and once `min_steps` are in, stops the trial when the
 median throughput so far is below the best completed trial's divided by
@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.measure.step_log import read_steps
+from harness.records.step_log import read_steps
 
 
 class SlowTrialStop:
