@@ -1,4 +1,4 @@
-"""The README's example: a plain nn.Module trained by the harness, no subclass."""
+"""docs/models.md's example: a plain nn.Module trained by the harness, no subclass."""
 
 import torch
 from torch import nn
