@@ -22,6 +22,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from harness.core.units import format_seconds
+from harness.records.tags import tags_of
 from reports.load import Run
 from reports.style import COLORS, REPEATS, Figure, esc, new_figure
 
@@ -48,7 +49,7 @@ def points(run: Run) -> list[Point]:
     for tid, rec in run.records.items():
         conv = (rec.get("metrics") or {}).get("convergence")
         if (not isinstance(conv, dict) or not conv.get("runs")
-                or (rec.get("tags") or {}).get("phase") in REPEATS):
+                or tags_of(rec).get("phase") in REPEATS):
             continue
         spread = conv.get("time_spread_s")
         out.append(Point(str(tid), str(conv.get("optimizer")), int(conv.get("global_batch") or 0),

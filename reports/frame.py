@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from harness.records.result import busy_note
+from harness.records.predicates import busy_note
 
 NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "step_time_p90", "step_n", "mfu", "tflops_per_device", "peak_memory_bytes",

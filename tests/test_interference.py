@@ -26,7 +26,7 @@ from harness.core.interference import (
 from harness.core.plan import Plan
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
-from harness.records.result import busy_note
+from harness.records.predicates import busy_note
 from harness.tune.search import busy_machine as quiet
 
 PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",

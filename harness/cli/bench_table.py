@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.result import busy_note
+from harness.records.predicates import busy_note
 
 
 def _table(rows: list[tuple[str, str]]) -> str:

@@ -11,9 +11,9 @@ from collections import Counter
 from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.result import busy_note
+from harness.records.predicates import busy_note, may_be_best
+from harness.records.tags import tags_of
 from harness.tune.budget import Clock
-from harness.tune.search.sampling import may_be_best
 
 
 def describe_plan(plan: dict[str, Any]) -> str:
@@ -98,7 +98,7 @@ class Progress:
     def _ended(self, record: dict[str, Any]) -> None:
         self.running.pop(record["trial_id"], None)
         self.counts[record["status"]] += 1
-        tags = record.get("tags") or {}
+        tags = tags_of(record)
         ranks = standing(record)
         if (self._candidate(record) and ranks and tags.get("phase") != "ablation"
                 and (self.best is None or ranks[0] > self.best[0])):
@@ -140,7 +140,7 @@ class Progress:
         for r in self.store.records():
             counts[r["status"]] += 1
             ranks = standing(r)
-            if (self._candidate(r) and ranks and (r.get("tags") or {}).get("phase") != "ablation"
+            if (self._candidate(r) and ranks and tags_of(r).get("phase") != "ablation"
                     and (best is None or ranks[0] > best[0])):
                 best = (ranks[0], r["trial_id"], describe_plan(r["plan"]), ranks[1])
         self.counts, self.best = counts, best or self.best

@@ -26,8 +26,9 @@ import optuna
 
 from harness import __version__
 from harness.core.errors import HarnessError
-from harness.records.result import busy_note
+from harness.records.predicates import busy_note
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
+from harness.records.tags import tags_of
 from harness.tune.budget import Clock
 from harness.tune.checked_study import CheckedStudy
 from harness.tune.final.ablation import run_ablation
@@ -299,7 +300,7 @@ def _finish(store: RunStore, tuner: Tuner, ready: CheckedStudy, clock: Clock, st
     except StorageUnreachable:
         best = None  # the records are all there is; --resume finishes the study
     best_id = best.user_attrs.get("trial_id", best.number) if best else None
-    baseline = next((r for r in records if (r.get("tags") or {}).get("phase") == "baseline"),
+    baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"),
                     None)
     decision = ready_decision(tuner, best_id)
     rate = None

@@ -35,10 +35,10 @@ from harness.launch.local import launch
 from harness.launch.probe import Probe
 from harness.records.result import TrialResult, empty_metrics
 from harness.records.run_store import RunStore, write_atomic
+from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
 from harness.tune.search.correction import Calibration
-from harness.tune.search.sampling import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 
 Launcher = Callable[..., TrialResult]  # harness.launch.local.launch's signature
 LAUNCHED = "launched.json"  # in a launched trial's folder: its tags and prediction

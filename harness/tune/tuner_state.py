@@ -36,7 +36,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from harness.records.predicates import is_reference
 from harness.records.result import TrialResult, empty_metrics
+from harness.records.tags import PRUNED_SLOW, REFERENCE_PHASES, tags_of
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
 from harness.tune.budget import Clock
@@ -46,7 +48,7 @@ from harness.tune.recovery.workers import Worker
 from harness.tune.search import sampling
 from harness.tune.search.busy_machine import measure_again_if_busy
 from harness.tune.search.correction import Calibration
-from harness.tune.search.sampling import PRUNED_SLOW, REFERENCE_PHASES, outcome
+from harness.tune.search.sampling import outcome
 from harness.tune.trial_job import TrialRunner, command_for, run_trial_job
 
 RETRY_OF = "retry_of"  # user attr of a queued retry: the number of the trial it runs again
@@ -224,8 +226,7 @@ class TunerState:
         trial stopped early for slowness is not kept: proposed again, it runs again
         (on a shared machine one unlucky moment should not rule a configuration out).
         One measured twice on a busy machine is kept (harness.tune.search.busy_machine)."""
-        tags = record.get("tags") or {}
-        if tags.get("phase") not in REFERENCE_PHASES or tags.get("pruned") == PRUNED_SLOW:
+        if not is_reference(record) or tags_of(record).get("pruned") == PRUNED_SLOW:
             return
         # FAIL says nothing of the configuration, except a figure still flagged after it
         # was measured again: kept, so the search does not run it over and over.

@@ -46,6 +46,8 @@ from typing import Any
 import optuna
 import tomli_w
 
+from harness.records.tags import tags_of
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = 0.97
 DISTRIBUTED = {
@@ -88,7 +90,7 @@ def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
     rows = {}
     for line in (folder / "trials.jsonl").read_text().splitlines():
         r = json.loads(line)
-        t = by_number.get((r.get("tags") or {}).get("optuna_number"))
+        t = by_number.get(tags_of(r).get("optuna_number"))
         if (t is None or "duplicate_of" in r["tags"]
                 or r["tags"].get("phase") not in ("baseline", "known-good", "search")):
             continue

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import tomli_w
 
+from harness.records.tags import tags_of
+
 
 def run(cmd: list[str], timeout: float) -> float:
     t0 = time.monotonic()
@@ -54,7 +56,7 @@ def best_of(folder: Path) -> tuple[dict, float]:
 def memory_errors(recs: list[dict]) -> tuple[list[float], list[float]]:
     raw, calibrated = [], []
     for r in recs:
-        if r["status"] != "ok" or (r.get("tags") or {}).get("duplicate_of") is not None:
+        if r["status"] != "ok" or tags_of(r).get("duplicate_of") is not None:
             continue
         measured, p = r["metrics"]["peak_memory_bytes"], r.get("predicted") or {}
         if measured and p.get("peak_memory_bytes"):

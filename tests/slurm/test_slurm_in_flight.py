@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from harness.records.tags import tags_of
 from tests.slurm.conftest import queued
 from tests.slurm.test_slurm_study import STUDY
 
@@ -53,7 +54,7 @@ def records(run: Path) -> list[dict]:
 
 
 def launched(run: Path) -> list[dict]:
-    return [r for r in records(run) if "cluster" in (r.get("tags") or {})]
+    return [r for r in records(run) if "cluster" in tags_of(r)]
 
 
 @pytest.mark.timeout(300)

@@ -15,6 +15,7 @@ import pytest
 import tomli_w
 
 from harness.cli.main import main
+from harness.records.tags import PRUNED_SLOW, tags_of
 from tests.tuner import fake_launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 def measured(record: dict[str, Any]) -> bool:
     """The trial ran and was measured: to the end, or until it was stopped early for
     being slow (a retried configuration may be, once the search found faster ones)."""
-    return record["status"] == "ok" or (record.get("tags") or {}).get("pruned") == "slow"
+    return record["status"] == "ok" or tags_of(record).get("pruned") == PRUNED_SLOW
 
 
 def same_configuration(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -14,6 +14,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from harness.records.tags import tags_of
+
 
 def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "trials.jsonl").read_text().splitlines()]
@@ -22,7 +24,7 @@ def records(folder: Path) -> list[dict]:
 def errors(recs: list[dict], predicted: str, measured) -> list[float]:
     out = []
     for r in recs:
-        if r["status"] != "ok" or (r.get("tags") or {}).get("duplicate_of") is not None:
+        if r["status"] != "ok" or tags_of(r).get("duplicate_of") is not None:
             continue
         want, got = measured(r), (r.get("predicted") or {}).get(predicted)
         if want and got:
@@ -40,7 +42,7 @@ def table(folder: Path) -> str:
     recs = records(folder)
     info = json.loads((folder / "study.json").read_text())
     best = next(r for r in recs if r["trial_id"] == info["best_trial_id"])
-    base = next(r for r in recs if (r.get("tags") or {}).get("phase") == "baseline")
+    base = next(r for r in recs if tags_of(r).get("phase") == "baseline")
     peak = lambda r: r["metrics"]["peak_memory_bytes"]  # noqa: E731
     step = lambda r: r["metrics"]["step_time_s"]["median"]  # noqa: E731
     mem_raw = errors(recs, "peak_memory_bytes", peak)

@@ -20,6 +20,8 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness.records.predicates import finished
+from harness.records.tags import tags_of
 from harness.study.search_space import SearchSpace
 
 if TYPE_CHECKING:
@@ -89,13 +91,6 @@ def run_ablation(ctx: TunerState) -> str:
     return "done"
 
 
-def finished(record: dict[str, Any]) -> bool:
-    """Whether an ablation record measured its configuration to the end (or found it
-    cannot run): not stopped by time, not left behind by a worker that stopped."""
-    tags = record.get("tags") or {}
-    return tags.get("pruned") != "time" and not tags.get("deadline") and not tags.get("orphan")
-
-
 def ablation_rows(records: list[dict[str, Any]], of: int | str) -> list[dict[str, Any]]:
     """One row per configuration of the ablation of trial `of` (the best itself first,
     then each technique left out): its statuses, and the throughput median, min, max
@@ -103,7 +98,7 @@ def ablation_rows(records: list[dict[str, Any]], of: int | str) -> list[dict[str
     rows: dict[str | None, list[float]] = {}
     statuses: dict[str | None, list[str]] = {}
     for r in records:
-        tag = (r.get("tags") or {}).get("ablation") or {}
+        tag = tags_of(r).get("ablation") or {}
         if str(tag.get("of")) != str(of):
             continue
         key = tag.get("without")

@@ -33,9 +33,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.tune.final.ablation import finished
-from harness.tune.final.summary import ranked
-from harness.tune.search.sampling import may_be_best
+from harness.records.predicates import finished, may_be_best, ranked
+from harness.records.tags import tags_of
 
 if TYPE_CHECKING:
     from harness.tune.tuner_state import TunerState
@@ -115,7 +114,7 @@ def standings(records: list[dict[str, Any]], ids: list[str],
     """Each trial's measurements: its own (if quiet) and its confirmation rounds'."""
     out = {i: Standing(i) for i in ids}
     for r in records:
-        tags = r.get("tags") or {}
+        tags = tags_of(r)
         of = str((tags.get("confirm") or {}).get("of", r["trial_id"]))
         if of not in out or r["status"] != "ok" or not may_be_best(r, 0):
             continue
@@ -164,7 +163,7 @@ def run_confirmation(ctx: TunerState) -> str:
     if len(picked) < 2 or not budget.confirm_repeats:
         return ("off (budget.confirm_repeats = 0)" if not budget.confirm_repeats else
                 "not needed: fewer than two configurations may be the best")
-    baseline = next((r for r in records if (r.get("tags") or {}).get("phase") == "baseline"
+    baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"
                      and may_be_best(r, ctx.run.budget_bytes)), None)
     ids = [str(r["trial_id"]) for r in picked]
     if baseline is not None and str(baseline["trial_id"]) not in ids:
@@ -196,7 +195,7 @@ def run_confirmation(ctx: TunerState) -> str:
 
 def _params_of(ctx: TunerState, record: dict[str, Any]) -> dict[str, Any] | None:
     """The Optuna parameters of a recorded trial (what the ablation and this re-run)."""
-    number = (record.get("tags") or {}).get("optuna_number")
+    number = tags_of(record).get("optuna_number")
     if number is None:
         return None
     return dict(ctx.optuna_study.trials[number].params)

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Any
 
 from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.result import busy_note
+from harness.records.predicates import busy_note, may_be_best, ranked
 from harness.records.run_store import RunStore, write_atomic
 from harness.tune.final.ablation import ablation_rows
 from harness.tune.progress import describe_plan
-from harness.tune.search.sampling import REFERENCE_PHASES, may_be_best
-
-
-def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Measured configurations (duplicates once), fastest first."""
-    seen, rows = set(), []
-    for r in records:
-        tags = r.get("tags") or {}
-        if tags.get("phase") not in REFERENCE_PHASES or "duplicate_of" in tags:
-            continue
-        if r["status"] == "ok" and r["trial_id"] not in seen:
-            seen.add(r["trial_id"])
-            rows.append(r)
-    if any(r["metrics"].get("time_to_target_s") for r in rows):  # objective time_to_loss
-        return sorted(rows, key=lambda r: r["metrics"].get("time_to_target_s") or math.inf)
-    return sorted(rows, key=lambda r: -(r["metrics"].get("samples_per_s") or 0))
 
 
 def _to_target(m: dict[str, Any]) -> str:

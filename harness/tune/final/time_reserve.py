@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from harness.records.tags import tags_of
 from harness.tune.budget import MARGIN
 from harness.tune.final.ablation import techniques
 from harness.tune.final.confirmation import contenders, ranked_by
@@ -27,7 +28,7 @@ def trial_seconds(records: list[dict[str, Any]]) -> float | None:
     """A launched trial's median duration (ok, measured, not a repeat of an earlier one),
     less its training to a target loss: the final phases take those steps from the cache."""
     durations = [r["duration_s"] - _trained_s(r) for r in records if r["status"] == "ok"
-                 and r.get("duration_s") and "duplicate_of" not in (r.get("tags") or {})]
+                 and r.get("duration_s") and "duplicate_of" not in tags_of(r)]
     return statistics.median(durations) if durations else None
 
 

@@ -45,6 +45,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.records.result import TrialResult, read_result
+from harness.records.tags import tags_of
 from harness.tune.recovery.storage import fail_stale_trials
 from harness.tune.recovery.workers import Worker
 from harness.tune.trial_job import left_a_job, rejoin_trial_job
@@ -133,7 +134,7 @@ def settle(ctx: TunerState) -> list[str]:
 
 
 def _by_number(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {n: r for r in records if isinstance(n := (r.get("tags") or {}).get("optuna_number"),
+    return {n: r for r in records if isinstance(n := tags_of(r).get("optuna_number"),
                                                   int)}
 
 
@@ -168,7 +169,7 @@ def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | N
         except UpdateFinishedTrialError:  # another worker told it
             return None
         ctx.remember(record)
-        if (record.get("tags") or {}).get("unreachable"):  # its worker could not queue it
+        if tags_of(record).get("unreachable"):  # its worker could not queue it
             retry = _may_retry(ctx, t)
             if retry:
                 _queue_retry(ctx, t)

@@ -27,7 +27,8 @@ from harness.core.interference import (
     snapshot,
 )
 from harness.core.units import format_seconds
-from harness.records.result import TrialResult, busy_note
+from harness.records.predicates import busy_note
+from harness.records.result import TrialResult
 
 POLL_S = 2.0
 MAX_WAIT_S = 60.0  # the longest wait for quiet before measuring again anyway

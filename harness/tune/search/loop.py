@@ -38,12 +38,12 @@ from optuna.trial import TrialState
 
 from harness.core.plan import Plan
 from harness.records.result import TrialResult
+from harness.records.tags import PRUNED_TIME, tags_of
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import config_key
 from harness.tune.final.time_reserve import reserve_s
 from harness.tune.search.busy_machine import measure_again_if_busy
 from harness.tune.search.jobs_in_flight import InFlight, max_jobs
-from harness.tune.search.sampling import PRUNED_TIME
 from harness.tune.trial_job import command_for, run_trial_job
 from harness.tune.tuner_state import RETRY_OF, Held, TunerState
 
@@ -251,6 +251,6 @@ def _repeat_record(original: dict[str, Any], number: int, tags: dict) -> TrialRe
     copy = TrialResult.from_dict(json.loads(json.dumps(original)))
     copy.trial_id = number
     copy.duration_s = 0.0
-    kept = {k: v for k, v in (original.get("tags") or {}).items() if k == "pruned"}
+    kept = {k: v for k, v in tags_of(original).items() if k == "pruned"}
     copy.tags = {**kept, **tags, "duplicate_of": original.get("trial_id")}
     return copy

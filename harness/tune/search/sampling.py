@@ -31,15 +31,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from harness.records.result import busy_note
+from harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
 from harness.study.study_file import Study
-
-# The phases whose trials the search measured (their records are the study's table);
-# confirmation and ablation trials measure those configurations again.
-REFERENCE_PHASES = ("baseline", "known-good", "search")
-
-# tags["pruned"]: why a `pruned` record was not measured to the end
-PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME = "memory", "refused", "slow", "time"
 
 
 @dataclass
@@ -54,17 +47,9 @@ class Outcome:
             v <= 0 for v in self.constraints.values())
 
 
-def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
-    """An ok trial within the memory budget, measured on a quiet machine: a candidate for
-    the study's best."""
-    if record["status"] != "ok" or busy_note(record):
-        return False
-    return not budget_bytes or outcome(record, ["throughput"], budget_bytes).feasible
-
-
 def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) -> Outcome:
     """The Optuna state, values and constraints of a stored record."""
-    status, tags = record["status"], record.get("tags") or {}
+    status, tags = record["status"], tags_of(record)
     m = record.get("metrics") or {}
     peak = m.get("peak_memory_bytes")
     predicted = record.get("predicted") or {}

@@ -1,0 +1,71 @@
+"""What a stored record says about its trial: the questions the tuner, its summary and
+the report ask of records (plain dicts, as trials.jsonl holds them).
+
+    busy_note     measured while other work used the machine: why its figure is not its own
+    is_reference  a trial of the search (baseline, known-good, search), not a repeat
+    finished      measured to the end, or found unable to run: not cut short by time or
+                  left behind by a worker that stopped
+    may_be_best   ok, quiet, within the memory budget: a candidate for the study's best
+    ranked        the search's measured configurations (duplicates once), fastest first
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
+
+
+def busy_note(record: dict[str, Any]) -> str | None:
+    """Why a record's measurement is not to be trusted, when its trial was flagged as
+    measured beside other work (metrics.interference, harness.core.interference):
+    "others used 54% of the CPUs; 1 other process on the GPU". None when it was quiet."""
+    seen = (record.get("metrics") or {}).get("interference") or {}
+    if not seen.get("flagged"):
+        return None
+    parts = [f"others used {seen.get('other_cpu_share') or 0:.0%} of the CPUs"]
+    gpus = seen.get("other_gpu_processes") or []
+    if gpus:
+        parts.append(f"{len(gpus)} other process{'es' if len(gpus) > 1 else ''} on the GPU")
+    return "; ".join(parts)
+
+
+def is_reference(record: dict[str, Any]) -> bool:
+    """A trial the search measured (phase baseline, known-good or search); confirmation
+    and ablation trials measure those configurations again."""
+    return tags_of(record).get("phase") in REFERENCE_PHASES
+
+
+def finished(record: dict[str, Any]) -> bool:
+    """Whether a record measured its configuration to the end (or found it cannot run):
+    not stopped by time, not left behind by a worker that stopped."""
+    tags = tags_of(record)
+    return (tags.get("pruned") != PRUNED_TIME and not tags.get("deadline")
+            and not tags.get("orphan"))
+
+
+def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
+    """An ok trial within the memory budget, measured on a quiet machine: a candidate for
+    the study's best. (The trials Optuna holds feasible: its `memory` constraint,
+    harness.tune.search.sampling, is (peak - budget) / budget <= 0.)"""
+    if record["status"] != "ok" or busy_note(record):
+        return False
+    if not budget_bytes:
+        return True
+    peak = (record.get("metrics") or {}).get("peak_memory_bytes")
+    return not peak or (float(peak) - budget_bytes) / budget_bytes <= 0
+
+
+def ranked(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Measured configurations (duplicates once), fastest first."""
+    seen, rows = set(), []
+    for r in records:
+        if not is_reference(r) or "duplicate_of" in tags_of(r):
+            continue
+        if r["status"] == "ok" and r["trial_id"] not in seen:
+            seen.add(r["trial_id"])
+            rows.append(r)
+    if any(r["metrics"].get("time_to_target_s") for r in rows):  # objective time_to_loss
+        return sorted(rows, key=lambda r: r["metrics"].get("time_to_target_s") or math.inf)
+    return sorted(rows, key=lambda r: -(r["metrics"].get("samples_per_s") or 0))
