@@ -70,7 +70,7 @@ from harness.launch.launcher import Launcher
 from harness.launch.log_cap import LogCap
 from harness.launch.verdict import Ended, decide
 from harness.measure.rank_process import NODE_RANK_ENV
-from harness.records.result import TrialResult, empty_metrics, read_result
+from harness.records.result import TrialResult, read_result
 from harness.records.step_log import STEP_LOG_ENV
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
@@ -276,19 +276,10 @@ def _made_here(
     prepared: PreparedPlan, status: str, reason: str, extra: dict, command: str, study: str | None,
     trial_id: int | str | None, started_at: str, duration: float, write_to: Path | None,
 ) -> TrialResult:
-    result = TrialResult(
-        study=study,
-        trial_id=trial_id,
-        status=status,  # type: ignore[arg-type]
-        reason=reason,
-        plan=prepared.plan.to_dict(),
-        predicted=prepared.predicted,
-        metrics={**empty_metrics(), **extra},
-        env=prepared.env,
-        command=command,
-        started_at=started_at,
-        duration_s=duration,
-    )
+    result = TrialResult.not_measured(
+        status, reason, study=study, trial_id=trial_id,  # type: ignore[arg-type]
+        plan=prepared.plan.to_dict(), predicted=prepared.predicted, env=prepared.env,
+        command=command, started_at=started_at, duration_s=duration, metrics=extra)
     if write_to is not None:
         result.write(write_to)
     return result

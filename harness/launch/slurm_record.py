@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.core.prepared import PreparedPlan
 from harness.launch.slurm_queue import JobInfo
-from harness.records.result import TrialResult, empty_metrics
+from harness.records.result import TrialResult
 
 if TYPE_CHECKING:
     from harness.launch.slurm import Attempt
@@ -56,13 +55,10 @@ def reason_for(attempt: Attempt, timeout: float, startup_s: float,
 def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
               study: str | None, trial_id: int | str | None, started_at: str | None,
               duration_s: float) -> TrialResult:
-    return TrialResult(
-        study=study, trial_id=trial_id, status=status,  # type: ignore[arg-type]
-        reason=reason, plan=prepared.plan.to_dict(), predicted=prepared.predicted,
-        metrics=empty_metrics(), env=prepared.env, command=command,
-        started_at=started_at or datetime.now(UTC).isoformat(timespec="seconds"),
-        duration_s=duration_s,
-    )
+    return TrialResult.not_measured(
+        status, reason, study=study, trial_id=trial_id,  # type: ignore[arg-type]
+        plan=prepared.plan.to_dict(), predicted=prepared.predicted, env=prepared.env,
+        command=command, started_at=started_at or None, duration_s=duration_s)
 
 
 def cluster_tag(partition: str | None, attempts: list[Attempt]) -> dict[str, Any]:

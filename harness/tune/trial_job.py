@@ -24,7 +24,6 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_seconds
 from harness.launch.local import launch
 from harness.launch.probe import Probe
-from harness.records.result import TrialResult, empty_metrics
+from harness.records.result import TrialResult
 from harness.records.run_store import RunStore, write_atomic
 from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 from harness.study.machine_facts import MachineFacts
@@ -163,12 +162,8 @@ def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
 
 def _not_run(run: TrialRunner, trial_id: int | str, plan: Plan, predicted: dict | None,
              command: str, tags: dict[str, Any], reason: str) -> TrialResult:
-    result = TrialResult(
-        study=run.name, trial_id=trial_id, status="pruned", reason=reason,
-        plan=plan.to_dict(), predicted=predicted, metrics=empty_metrics(),
-        env=run.facts.env, command=command,
-        started_at=datetime.now(UTC).isoformat(timespec="seconds"), duration_s=0.0,
-        tags=tags,
-    )
+    result = TrialResult.not_measured(
+        "pruned", reason, study=run.name, trial_id=trial_id, plan=plan.to_dict(),
+        predicted=predicted, env=run.facts.env, command=command, tags=tags)
     result.write(run.store.trial_dir(trial_id) / "result.json")
     return result

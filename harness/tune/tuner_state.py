@@ -37,7 +37,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.records.predicates import is_reference
-from harness.records.result import TrialResult, empty_metrics
+from harness.records.result import TrialResult
 from harness.records.tags import PRUNED_SLOW, REFERENCE_PHASES, tags_of
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
@@ -216,10 +216,10 @@ class TunerState:
     def failed_record(self, trial_id: int | str, plan: dict[str, Any] | None, started_at: str,
                       tags: dict[str, Any], reason: str) -> TrialResult:
         """The record of a trial that never ended (its worker died or stopped)."""
-        return TrialResult(
-            study=self.run.name, trial_id=trial_id, status="failed", reason=reason,
-            plan=plan or {}, predicted=None, metrics=empty_metrics(),
-            command=command_for(self.run.store, trial_id), started_at=started_at, tags=tags)
+        return TrialResult.not_measured(
+            "failed", reason, study=self.run.name, trial_id=trial_id, plan=plan or {},
+            predicted=None, command=command_for(self.run.store, trial_id),
+            started_at=started_at, tags=tags)
 
     def remember(self, record: dict[str, Any]) -> None:
         """Keep a measured configuration's record, so a repeat proposal reuses it. A
