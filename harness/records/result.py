@@ -36,6 +36,19 @@ def empty_metrics() -> dict[str, Any]:
 
 @dataclass
 class TrialResult:
+    """One trial's record: what was run (plan, command, env), what was predicted, what
+    was measured (metrics, every key of schema 1; null where unmeasured), and how it
+    ended (status, reason). On disk a plain JSON object (to_dict / from_dict).
+
+    `tags`, beyond schema 1: where the trial came from in a study and what happened to
+    it. The keys a record may carry (phase, optuna_number, pruned, deadline, orphan,
+    unreachable, stale, retry_of, duplicate_of, remeasured, confirm, ablation,
+    cluster), their values and meanings are harness.records.tags.Tags; a stored
+    record's are read with tags_of, and the questions asked of records (finished,
+    may_be_best, ...) are harness.records.predicates. A trial that measured nothing
+    gets its record from `not_measured`.
+    """
+
     study: str | None
     trial_id: int | str | None
     status: Status
@@ -48,10 +61,7 @@ class TrialResult:
     started_at: str = ""
     duration_s: float = 0.0
     schema: int = SCHEMA_VERSION
-    # Beyond schema 1's keys: where the trial came from in a study and what happened to
-    # it (phase, optuna_number, pruned, deadline, orphan, ...): every key, its type and
-    # its meaning are harness.records.tags.Tags; read a stored record's with tags_of.
-    tags: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, Any] = field(default_factory=dict)  # harness.records.tags.Tags
 
     @classmethod
     def not_measured(cls, status: Status, reason: str, *, study: str | None,
