@@ -1,15 +1,15 @@
 """The study's clock and its memory budget.
 
-The wall-clock budget ends the study: the search phase ends when the share kept
-for ablation begins, the ablation phase at the deadline. A trial is started only
-when the calibrated estimator expects it to end in time (with a margin of 25%
-for the spread of trial times), and a running trial is
-stopped at the deadline (its launch timeout is the smaller of its own timeout
-and the time left), so the study ends within the budget plus the few seconds it
-takes to stop a trial and write the last records.
+One rule ends the search, for every worker: a search trial starts while the time
+left is more than what the final phases are expected to need (the reserve,
+harness.tune.final.time_reserve), and only when the corrected estimator expects it
+to end in time (MARGIN: 25% for the spread of trial times). The reserve is at most
+`reserve_cap_s`, budget.ablation_share of the main worker's budget; helper workers
+get the main worker's clock (--deadline-at, --search-until), so all keep the same.
+A running trial is stopped at the deadline (its launch timeout is the smaller of
+its own timeout and the time left).
 
-Times are wall-clock seconds since the epoch, so several workers (processes
-started by `--workers N`) can share one deadline.
+Times are wall-clock seconds since the epoch, so several workers can share them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from harness.study.study_file import memory_spec
 @dataclass
 class Clock:
     started: float  # time.time() when the study (this session) began
-    search_end: float  # no search trial starts that is expected to end after this
+    search_end: float  # the deadline less the reserve's cap (budget.ablation_share)
     deadline: float  # nothing runs after this
 
     @classmethod
@@ -39,7 +39,13 @@ class Clock:
         return self.deadline - (time.time() if now is None else now)
 
     def search_left(self, now: float | None = None) -> float:
+        """Seconds until the reserve's cap begins (the search may go on past it)."""
         return self.search_end - (time.time() if now is None else now)
+
+    @property
+    def reserve_cap_s(self) -> float:
+        """The most the final phases may keep of the time left."""
+        return self.deadline - self.search_end
 
     def elapsed(self, now: float | None = None) -> float:
         return (time.time() if now is None else now) - self.started

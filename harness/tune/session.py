@@ -1,24 +1,27 @@
-"""One `harness tune` process: open the study, search, ablate, write the results.
+"""One `harness tune` process: open the study, run it, finish it.
 
-The first process to create the Optuna study enqueues the references (the fp32
-baseline, then the known-good configuration; every configuration for a grid), so
-each study has them once. `--workers N` starts N-1 helpers after that, on the
-same storage and deadline. After the search, one worker (the one holding the
-study's ablation claim; --resume takes it over) runs the ablation and writes
-best.toml; every main process writes study.json and prints the ranked table.
+    open_study   the run folder and the Optuna study (the first process to create it
+                 queues the references, then the estimator's first guesses, or the
+                 whole grid), the clock, and the TunerState every stage shares
+    run_study    what a stopped tuner left is settled (harness.tune.recovery), the
+                 helper workers start (--workers N), the search runs
+                 (harness.tune.search), then on the main worker the final phases
+                 (harness.tune.final.phases)
+    finish       helpers stopped, followers released; on the main worker study.json,
+                 best.toml and the summary (harness.tune.final.results)
 
-With a launcher whose trials run on other machines (Slurm), the main process first
-has it check that they see the run folder (one line, exit 2, nothing made when
-not), and waits for the jobs a stopped tuner left running before asking for more
-(harness.tune.recovery.resume.jobs_left).
+Node K > 0 of a multi-node study runs a follower instead (harness.tune.recovery.follower).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -26,31 +29,23 @@ import optuna
 
 from harness import __version__
 from harness.core.errors import HarnessError
-from harness.records.predicates import busy_note
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
-from harness.records.tags import tags_of
 from harness.tune.budget import Clock
 from harness.tune.checked_study import CheckedStudy
-from harness.tune.final.ablation import run_ablation
-from harness.tune.final.confirmation import KEY as CONFIRMED
-from harness.tune.final.confirmation import run_confirmation
-from harness.tune.final.summary import (
-    ablation_table,
-    confirmation_text,
-    now,
-    status_counts,
-    table,
-    write_best,
-)
+from harness.tune.final.phases import run_final_phases
+from harness.tune.final.results import write_results
+from harness.tune.final.summary import now
 from harness.tune.progress import Progress
+from harness.tune.recovery.follower import Announcer, run_follower
 from harness.tune.recovery.resume import StaleTrials, jobs_left, recover, rejoin, settle
 from harness.tune.recovery.storage import (
     STORAGE_ENV,
+    PatientStorage,
     StorageUnreachable,
     describe_storage,
     make_storage,
 )
-from harness.tune.recovery.workers import Worker, spawn_helpers, wait_for
+from harness.tune.recovery.workers import spawn_helpers, wait_for
 from harness.tune.search.first_guesses import estimated_start
 from harness.tune.search.loop import Tuner
 from harness.tune.search.sampling import make_sampler
@@ -58,162 +53,125 @@ from harness.tune.trial_job import TrialRunner
 from harness.tune.tuner_state import TunerState
 
 
-def run_session(args: argparse.Namespace, ready: CheckedStudy) -> int:
-    import os
+@dataclass
+class Outcome:
+    """How this process's study went, for study.json's `stopped_because`."""
 
+    stopped: str = "interrupted"  # why the search ended
+    final: str = "interrupted"  # how the final phases (the ablation last) ended
+    helpers: list[subprocess.Popen] = field(default_factory=list)
+
+
+def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
+    """0, or 1 when nothing was tuned (every trial failed or did not fit)."""
     # Taken out of the environment: the trials this process launches do not need it.
     from_env = os.environ.pop(STORAGE_ENV, None)
     args.storage = args.storage or from_env
     if args.follow:
-        return _run_follower(args, ready)
+        return run_follower(args, checked)
+    tuner = open_study(args, checked)
+    outcome = Outcome()
+    try:
+        run_study(args, checked, tuner, outcome)
+    finally:  # also on Ctrl-C: helpers stopped, followers released, the study's files
+        found = finish(args, tuner, outcome)
+    return 0 if found else 1
+
+
+def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
     from harness.launch import local, rank_server
 
     # One-node trials' ranks are forked from the rank server: its imports overlap the
     # study's start.
-    if ready.launcher is local.launch and ready.study.layout.nnodes == 1:
+    if isinstance(checked.launcher, local.LocalLauncher) and checked.study.layout.nnodes == 1:
         rank_server.warm_up()
-    study, store = ready.study, RunStore(ready.run_dir)
+    study, store = checked.study, RunStore(checked.run_dir)
     main = not args.helper
     remote = args.storage and not args.storage.startswith("journal:")
-    spec = study.storage
-    storage = make_storage(args.storage, store.root, spec) if remote else None  # before mkdir
-    if main and hasattr(ready.launcher, "check_shared"):  # trials on other machines
-        note = ready.launcher.check_shared(store.root)  # HarnessError: before mkdir too
+    storage = make_storage(args.storage, store.root, study.storage) if remote else None
+    if main:  # before mkdir: trials on other machines must see the run folder
+        note = checked.launcher.check_shared(store.root)  # HarnessError: nothing made
         if note:
             print(note, file=sys.stderr, flush=True)
-    if main:
         if not store.exists():
             store.create(study.to_toml())
         else:
             write_atomic(store.study_toml, study.to_toml())
-    storage = storage or make_storage(args.storage, store.root, spec)
+    storage = storage or make_storage(args.storage, store.root, study.storage)
     fixed = store.read_info().get("peaks")
     if fixed:  # resumed, or a helper worker: the MFU denominators the study started with
-        ready.facts.peaks = fixed
+        checked.facts.peaks = fixed
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    size = ready.space.size()
+    size = checked.space.size()
     optuna_study, created = _open(storage, study, make_sampler(study, size))
     if created:
-        _enqueue_references(optuna_study, ready, size)
-    if args.helper:
+        _enqueue_first(optuna_study, checked)
+    if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
         clock = Clock(time.time(), args.search_until, args.deadline_at)
     else:
-        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, ready.started)
-    run = TrialRunner(study.name, store, ready.budget_bytes, ready.facts, ready.probe,
-                   ready.launcher)
+        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, checked.started)
+    run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.probe,
+                      checked.launcher)
     if study.layout.nnodes > 1:
         import socket
 
-        from harness.tune.recovery.follower import Announcer
-
         run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
-    tuner = Tuner(TunerState(study, ready.space, optuna_study, storage, run, clock), settle,
-                  reserve_final=not args.helper)
-    if hasattr(storage, "on_stale"):  # RDB: record and retry what dead workers left
+    tuner = Tuner(TunerState(study, checked.space, optuna_study, storage, run, clock), settle)
+    if isinstance(storage, PatientStorage):  # RDB: record and retry what dead workers left
         storage.on_stale = StaleTrials(tuner.ctx)
     if main:
-        _started(store, ready, clock, args.storage)
-
-    helpers: list = []
-    outcome = {"stopped": "interrupted", "ablation": "interrupted"}
-    found = True
-    try:
-        with Progress(study.name, clock, quiet=args.quiet, store=store,
-                      memory_budget=ready.budget_bytes) as progress:
-            tuner.ctx.on_event = progress.event
-            if hasattr(storage, "say") and not args.quiet:  # quiet: stderr still says
-                storage.say = progress.line
-            try:
-                helpers = _search(args, ready, tuner, store, clock, progress, outcome)
-                if main:
-                    outcome["ablation"] = _ablation(args, optuna_study, tuner, progress)
-            except StorageUnreachable as e:
-                outcome["stopped"], outcome["ablation"] = str(e), "not run"
-                raise
-            except OSError as e:
-                if not store.holds(e.filename):
-                    raise
-                outcome["stopped"], outcome["ablation"] = "the run folder cannot be written", \
-                    "not run"
-                raise RunFolderUnwritable(store, e) from None
-    finally:  # also on Ctrl-C: helpers stopped, followers released, the study's files
-        for p in helpers:
-            if p.poll() is None:
-                p.terminate()
-        if run.nodes is not None:
-            run.nodes.finished()
-        if main:
-            try:
-                found = _finish(store, tuner, ready, clock,
-                                f"{outcome['stopped']}; ablation: {outcome['ablation']}")
-            except OSError as e:  # the folder went unwritable: the records are what's left
-                print(f"could not write the study's summary: {e}", file=sys.stderr)
-    return 0 if found else 1  # 1: nothing was tuned, every trial failed or did not fit
+        _started(store, checked, clock, args.storage)
+    return tuner
 
 
-def _search(args: argparse.Namespace, ready: CheckedStudy, tuner: Tuner, store: RunStore,
-            clock: Clock, progress: Progress, outcome: dict[str, str]) -> list:
-    """Settle what a stopped tuner left, start the helpers, search; returns the helpers."""
-    left = jobs_left(tuner.ctx)  # first: these are waited for, not failed by recover
-    for note in recover(tuner.ctx):
-        progress.line(note)
-    helpers = []
-    if len(ready.groups) > 1:
-        # The storage URL goes through the environment: a password in argv shows in `ps`.
-        env = {STORAGE_ENV: args.storage} if args.storage else {}
-        helpers = spawn_helpers(_helper_argv(args, store, clock, ready), ready.groups,
-                                store.root / "workers", env)
-        progress.line(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
-    _use_devices(ready.groups[0])
-    try:
-        outcome["stopped"] = tuner.search(first=[partial(rejoin, tuner.ctx, t) for t in left])
-        progress.line(f"search ended: {outcome['stopped']}")
-        if helpers:
-            wait_for(helpers, clock.left() + 30)
-    except BaseException:
-        for p in helpers:
-            p.terminate()
-        raise
-    return helpers
-
-
-def _ablation(args: argparse.Namespace, optuna_study: optuna.Study, tuner: Tuner,
-              progress: Progress) -> str:
-    budget = tuner.ctx.study.budget
-    if not budget.ablation_repeats and not budget.confirm_repeats:
-        return "off (budget.ablation_repeats = 0)"
-    if not _claim_ablation(optuna_study, tuner.ctx.me, take_over=args.resume):
-        return "another worker runs it"
-    if budget.confirm_repeats:
-        progress.line("the contenders for the best measured again, in rounds")
-        progress.line(f"confirmation: {run_confirmation(tuner.ctx)}")
-    progress.line("ablation of the best configuration")
-    return run_ablation(tuner.ctx)
-
-
-def _run_follower(args: argparse.Namespace, ready: CheckedStudy) -> int:
-    """On node K > 0: join the trials node 0's tuner launches (harness.tune.recovery.follower)."""
-    from harness.tune.recovery.follower import follow
-
-    study, store = ready.study, RunStore(ready.run_dir)
-    storage = make_storage(args.storage, store.root, study.storage)
-    store.root.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    clock = Clock.start(study.budget.time_s, 0.0, ready.started)
-    optuna_study = None
-    while optuna_study is None and clock.left() > 0:  # node 0's tuner may not have made it yet
+def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
+              outcome: Outcome) -> None:
+    ctx = tuner.ctx
+    store = ctx.run.store
+    with Progress(ctx.study.name, ctx.clock, quiet=args.quiet, store=store,
+                  memory_budget=checked.budget_bytes) as progress:
+        ctx.on_event = progress.event
+        if isinstance(ctx.storage, PatientStorage) and not args.quiet:  # quiet: stderr says
+            ctx.storage.say = progress.line
         try:
-            optuna_study = optuna.load_study(study_name=study.name, storage=storage)
-        except KeyError:
-            time.sleep(1.0)
-    if optuna_study is None:
-        raise HarnessError(f"no study '{study.name}' appeared in the storage within the budget")
-    with Progress(f"{study.name} (node {args.node_rank})", clock, quiet=args.quiet) as progress:
-        why = follow(optuna_study, store, args.node_rank, study.layout.nnodes, clock.deadline,
-                     ready.launcher, say=progress.line)
-        progress.line(f"follower ended: {why}")
-    return 0
+            left = jobs_left(ctx)  # first: these are waited for, not failed by recover
+            for note in recover(ctx):
+                progress.line(note)
+            outcome.helpers = _start_helpers(args, checked, ctx, progress.line)
+            if checked.groups[0] is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = checked.groups[0]  # this worker's share
+            outcome.stopped = tuner.search(first=[partial(rejoin, ctx, t) for t in left])
+            progress.line(f"search ended: {outcome.stopped}")
+            if outcome.helpers:
+                wait_for(outcome.helpers, ctx.clock.left() + 30)
+            if not args.helper:
+                outcome.final = run_final_phases(ctx, args.resume, progress.line)
+        except StorageUnreachable as e:
+            outcome.stopped, outcome.final = str(e), "not run"
+            raise
+        except OSError as e:
+            if not store.holds(e.filename):
+                raise
+            outcome.stopped, outcome.final = "the run folder cannot be written", "not run"
+            raise RunFolderUnwritable(store, e) from None
+
+
+def finish(args: argparse.Namespace, tuner: Tuner, outcome: Outcome) -> bool:
+    """Stop the helpers, release the followers; the main worker writes the study's files.
+    False when nothing ran ok."""
+    for p in outcome.helpers:
+        if p.poll() is None:
+            p.terminate()
+    if tuner.ctx.run.nodes is not None:
+        tuner.ctx.run.nodes.finished()
+    if args.helper:
+        return True
+    try:
+        return write_results(tuner.ctx, f"{outcome.stopped}; ablation: {outcome.final}")
+    except OSError as e:  # the folder went unwritable: the records are what's left
+        print(f"could not write the study's summary: {e}", file=sys.stderr)
+        return True
 
 
 def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
@@ -229,118 +187,49 @@ def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
         return loaded, False
 
 
-def _enqueue_references(optuna_study: optuna.Study, ready: CheckedStudy, size: int | None) -> None:
-    for phase, params in ready.references:
+def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy) -> None:
+    """The references, then the estimator's first guesses (TPE) or the whole grid."""
+    references = [p for _, p in checked.references]
+    for phase, params in checked.references:
         optuna_study.enqueue_trial(params, user_attrs={"phase": phase})
-    if ready.study.sampler in ("auto", "tpe"):  # a grid or random search is the user's choice
-        for params in estimated_start(ready, [p for _, p in ready.references]):
+    if checked.study.sampler in ("auto", "tpe"):  # a grid or random search is the user's
+        for params in estimated_start(checked, references):
             optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
-    if ready.study.sampler == "grid":
-        grid = ready.space.enumerate()
-        random.Random(ready.study.seed).shuffle(grid)
+    if checked.study.sampler == "grid":
+        grid = checked.space.enumerate()
+        random.Random(checked.study.seed).shuffle(grid)
         for params in grid:
-            if all(params != p for _, p in ready.references):
+            if all(params != p for p in references):
                 optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 
 
-def _claim_ablation(optuna_study: optuna.Study, me: Worker, take_over: bool) -> bool:
-    """Last writer wins, after a pause long enough for every claim to land."""
-    owner = Worker.parse(optuna_study.user_attrs.get("ablation_owner"))
-    if owner is not None and owner != me and owner.alive() and not take_over:
-        return False
-    optuna_study.set_user_attr("ablation_owner", me.tag)
-    time.sleep(1.0)
-    return optuna_study.user_attrs.get("ablation_owner") == me.tag
-
-
-def _use_devices(group: str | None) -> None:
-    import os
-
-    if group is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = group  # this worker's trials' share
-
-
-def _helper_argv(args: argparse.Namespace, store: RunStore, clock: Clock,
-                 ready: CheckedStudy) -> list[str]:
+def _start_helpers(args: argparse.Namespace, checked: CheckedStudy, ctx: TunerState,
+                   say: Any) -> list[subprocess.Popen]:
+    """--workers N: N-1 helper processes on the same storage, deadline and reserve."""
+    if len(checked.groups) <= 1:
+        return []
+    store, clock = ctx.run.store, ctx.clock
     argv = [str(store.study_toml), "--out", str(store.root), "--helper",
             "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
-            "--memory-budget", str(ready.budget_bytes)]
-    return argv + (["--launcher", args.launcher] if args.launcher else [])
+            "--memory-budget", str(checked.budget_bytes)]
+    argv += ["--launcher", args.launcher] if args.launcher else []
+    # The storage URL goes through the environment: a password in argv shows in `ps`.
+    env = {STORAGE_ENV: args.storage} if args.storage else {}
+    helpers = spawn_helpers(argv, checked.groups, store.root / "workers", env)
+    say(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
+    return helpers
 
 
-def _started(store: RunStore, ready: CheckedStudy, clock: Clock, storage: str | None) -> None:
-    s = ready.study
+def _started(store: RunStore, checked: CheckedStudy, clock: Clock, storage: str | None) -> None:
+    s = checked.study
     previous = store.read_info()
     sessions = previous.get("sessions", []) + [{"started_at": now(), "budget_s": clock.budget_s}]
     store.update_info(
         name=s.name, objective=s.objective, directions=s.directions,
-        budget_s=clock.budget_s, memory_budget_bytes=ready.budget_bytes,
-        device=ready.device_type, started_at=previous.get("started_at") or now(),
+        budget_s=clock.budget_s, memory_budget_bytes=checked.budget_bytes,
+        device=checked.device_type, started_at=previous.get("started_at") or now(),
         finished_at=None, storage=describe_storage(storage, store.root),
         harness_version=__version__, best_trial_id=previous.get("best_trial_id"),
         baseline_trial_id=previous.get("baseline_trial_id"), n_trials=len(store.records()),
-        stopped_because=None, sessions=sessions, peaks=ready.facts.peaks,
+        stopped_because=None, sessions=sessions, peaks=checked.facts.peaks,
     )
-
-
-def ready_decision(tuner: Tuner, best_id: Any) -> dict[str, Any] | None:
-    """The confirmation's decision, when it named the trial that is the best now."""
-    try:
-        decision = tuner.ctx.optuna_study.user_attrs.get(CONFIRMED)
-    except StorageUnreachable:
-        return None
-    return decision if decision and str(decision["best"]) == str(best_id) else None
-
-
-def _finish(store: RunStore, tuner: Tuner, ready: CheckedStudy, clock: Clock, stopped: str) -> bool:
-    """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
-    records = store.records()
-    try:
-        best = tuner.ctx.best_trial()
-    except StorageUnreachable:
-        best = None  # the records are all there is; --resume finishes the study
-    best_id = best.user_attrs.get("trial_id", best.number) if best else None
-    baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"),
-                    None)
-    decision = ready_decision(tuner, best_id)
-    rate = None
-    if best is not None:
-        if "throughput" in ready.study.objectives:
-            rate = best.values[ready.study.objectives.index("throughput")]
-            rate = decision["median"] if decision else rate
-        write_best(store, ready.study.name, best_id, best.user_attrs["plan"], rate)
-    store.update_info(
-        finished_at=now(), best_trial_id=best_id,
-        baseline_trial_id=baseline["trial_id"] if baseline else None,
-        n_trials=len(records), stopped_because=stopped,
-        wall_clock_s=round(clock.elapsed(), 1),
-        calibration=tuner.ctx.calibration().as_dict(),
-        best_by_repeats=decision,
-    )
-    multi = len(ready.study.objectives) > 1
-    print(f"\nstudy {ready.study.name}: {len(records)} trials ({status_counts(records)}) in "
-          f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
-    print(table(records, multi, memory_budget=ready.budget_bytes))
-    if decision:
-        print(confirmation_text(decision))
-    else:
-        base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
-        if rate and base_rate:
-            print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "
-                  f"(trial {baseline['trial_id']}; one measurement each)")
-    if best_id is not None:
-        text = ablation_table(records, best_id)
-        if text:
-            print(text)
-        print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")
-    else:
-        busy = [r for r in records if r["status"] == "ok" and busy_note(r)]
-        if busy:
-            print(f"{len(busy)} configuration(s) ran, each measured while other processes "
-                  f"used the machine ({busy_note(busy[-1])}), so none is named best: run the "
-                  "study on a quiet machine, or set HARNESS_QUIET_SHARE=1 to accept busy "
-                  "figures (they stay marked in the records)", file=sys.stderr)
-        print("no configuration ran within the budgets; nothing to write to best.toml "
-              "(each record's reason says why)", file=sys.stderr)
-    print(f"records: {store.trials_jsonl}")
-    return best_id is not None

@@ -4,7 +4,8 @@
        the tuner's torch-side helper: harness.launch.probe); a refused plan is a
        `pruned` record with the reasons, never launched;
     2. the estimator predicts it (the same helper, once: the prepared plan is
-       what the ranks read), corrected by the study's calibration; over the
+       what the ranks read), corrected from the study's measured trials
+       (harness.tune.search.correction); over the
        memory budget: a `pruned` record with the prediction, never launched;
     3. expected to end after the deadline: a `pruned` record, not started;
     4. otherwise launched in its own processes (harness.launch.local), with a hard
@@ -25,21 +26,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_seconds
-from harness.launch.local import launch
+from harness.launch.launcher import Launcher
+from harness.launch.local import LocalLauncher
 from harness.launch.probe import Probe
 from harness.records.result import TrialResult
 from harness.records.run_store import RunStore, write_atomic
 from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
-from harness.tune.search.correction import Calibration
+from harness.tune.search.correction import Correction
 
-Launcher = Callable[..., TrialResult]  # harness.launch.local.launch's signature
+if TYPE_CHECKING:
+    from harness.tune.recovery.follower import Announcer
+
 LAUNCHED = "launched.json"  # in a launched trial's folder: its tags and prediction
 
 
@@ -52,9 +56,9 @@ class TrialRunner:
     budget_bytes: int
     facts: MachineFacts  # the device; its env goes into records made without a trial
     probe: Probe  # prepares each plan (torch runs there, never in the tuner)
-    launcher: Launcher = launch
+    launcher: Launcher = field(default_factory=LocalLauncher)
     launch_kwargs: dict[str, Any] = field(default_factory=dict)
-    nodes: Any = None  # harness.tune.recovery.follower.Announcer, for trials spanning several nodes
+    nodes: Announcer | None = None  # for trials spanning several nodes
 
 
 def command_for(store: RunStore, trial_id: int | str) -> str:
@@ -66,7 +70,7 @@ def run_trial_job(
     trial_id: int | str,
     plan: Plan,
     tags: dict[str, Any],
-    calibration: Calibration,
+    correction: Correction,
     deadline: float,
     should_stop: Callable[[], str | None] | None = None,
     steps_file_name: str = "steps.log",
@@ -83,17 +87,17 @@ def run_trial_job(
         return _not_run(run, trial_id, plan, None, command, tags,
                         f"not launched: this configuration cannot run here: {e}")
     predicted = dict(prep.predicted or {})
-    peak = calibration.peak_memory(predicted)
+    peak = correction.peak_memory(predicted)
     n_steps = prep.plan.warmup_steps + prep.plan.steps
-    expected = calibration.trial_seconds(predicted, n_steps, run.facts.device_type)
+    expected = correction.trial_seconds(predicted, n_steps, run.facts.device_type)
     predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,
-                     calibration=calibration.as_dict())
+                     calibration=correction.as_dict())  # the record's key
     if peak is not None and peak > run.budget_bytes:
         tags["pruned"] = PRUNED_MEMORY
         return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
             f"not launched: predicted peak memory {format_bytes(peak)} per device "
-            f"(estimator {format_bytes(predicted.get('peak_memory_bytes'))}, calibrated on "
-            f"{calibration.n_memory} measured trial(s)) is over the memory budget "
+            f"(estimator {format_bytes(predicted.get('peak_memory_bytes'))}, corrected by "
+            f"{correction.n_memory} measured trial(s)) is over the memory budget "
             f"{format_bytes(run.budget_bytes)}"))
     left = deadline - time.time()
     if not fits(expected, left):
@@ -106,11 +110,11 @@ def run_trial_job(
     kwargs = dict(run.launch_kwargs)
     if run.nodes is not None:  # the other nodes' followers join this trial
         kwargs.update(run.nodes.launch_kwargs(trial_id, prep, command, timeout))
-    if getattr(run.launcher, "has_job", None) is not None:  # its job may outlive us
+    if run.launcher.may_leave_jobs:  # its job may outlive us
         # What finishes its record, for a tuner that rejoins the trial (rejoin_trial_job).
         write_atomic(folder / LAUNCHED, json.dumps({"tags": tags, "predicted": predicted}))
     try:
-        result = run.launcher(
+        result = run.launcher.launch(
             prep, folder, command, study=run.name, trial_id=trial_id, timeout_s=timeout,
             progress_file=folder / steps_file_name, should_stop=should_stop, **kwargs,
         )
@@ -123,9 +127,9 @@ def run_trial_job(
 def left_a_job(run: TrialRunner, trial_id: int | str) -> bool:
     """Whether trial `trial_id` was launched as a job that may outlive its tuner (the
     launcher's `has_job`: harness.launch.slurm), so a new tuner can wait for it."""
-    has_job = getattr(run.launcher, "has_job", None)
     folder = run.store.trial_dir(trial_id)
-    return has_job is not None and (folder / LAUNCHED).is_file() and has_job(folder)
+    return (run.launcher.may_leave_jobs and (folder / LAUNCHED).is_file()
+            and run.launcher.has_job(folder))
 
 
 def rejoin_trial_job(run: TrialRunner, trial_id: int | str, deadline: float,

@@ -10,25 +10,16 @@ status, plan and constraints, then its state). A worker that stops between the t
 loses nothing: recovery (harness.tune.recovery.resume) tells Optuna what the record says.
 The record is the authority.
 
-The trials this worker holds (`held`: from the moment each is RUNNING in the storage
-until its record is written; several when trials run as jobs in flight at once,
-harness.tune.search.jobs_in_flight) are remembered. When the storage gives up on an
-unreachable database (StorageUnreachable, after storage.patience), each held trial
-gets a `failed` record (tags orphan and unreachable: FAIL for Optuna) before the
-worker stops; once the database is back, recovery tells Optuna so and queues the
-configuration again. So every trial in the storage ends with exactly one record,
-whatever moment the database goes away. (PatientStorage reports the trial that
-ask() takes before ask() returns, and tags a trial that ask() creates with its
-worker as it is created.)
+The trials this worker holds (RUNNING here, no record yet) are `held`
+(harness.tune.recovery.held): a worker that loses the storage records them first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import optuna
@@ -42,28 +33,16 @@ from harness.records.tags import PRUNED_SLOW, REFERENCE_PHASES, tags_of
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
 from harness.tune.budget import Clock
-from harness.tune.final.confirmation import KEY as CONFIRMED
+from harness.tune.recovery.held import Held, HeldTrials
 from harness.tune.recovery.storage import Heartbeat, PatientStorage
 from harness.tune.recovery.workers import Worker
 from harness.tune.search import sampling
-from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.search.correction import Calibration
+from harness.tune.search.correction import Correction
 from harness.tune.search.sampling import outcome
-from harness.tune.trial_job import TrialRunner, command_for, run_trial_job
+from harness.tune.trial_job import TrialRunner, command_for
 
+BEST_BY_REPEATS = "best_by_repeats"  # user attr: the confirmation rounds' decision (final/)
 RETRY_OF = "retry_of"  # user attr of a queued retry: the number of the trial it runs again
-
-
-@dataclass
-class Held:
-    """The trial this worker holds: RUNNING in the storage, no record yet."""
-
-    number: int
-    trial_id: int | str
-    phase: str = "search"
-    plan: dict[str, Any] | None = None
-    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(
-        timespec="seconds"))
 
 
 @dataclass
@@ -77,7 +56,7 @@ class TunerState:
     me: Worker = field(default_factory=lambda: Worker.this())
     on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # config key -> record
-    held: dict[int, Held] = field(default_factory=dict)  # by Optuna number
+    held: HeldTrials = field(default_factory=HeldTrials)  # RUNNING here, no record yet
 
     def __post_init__(self) -> None:
         for r in self.run.store.records():
@@ -96,27 +75,12 @@ class TunerState:
         """The storage's id of trial `number` (what heartbeats and states are set on)."""
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
-    # --- the trial this worker holds ----------------------------------------------------
-    def hold(self, number: int, trial_id: int | str | None = None, phase: str = "search",
-             plan: dict[str, Any] | None = None) -> Held:
-        """From now until its record is written, trial `number` is this worker's to record."""
-        if number not in self.held:
-            self.held[number] = Held(number, number if trial_id is None else trial_id, phase,
-                                     plan)
-        return self.held[number]
-
-    @contextlib.contextmanager
+    # --- the trials this worker holds (harness.tune.recovery.held) -------------------
     def holding(self, number: int, trial_id: int | str | None = None, phase: str = "search",
-                plan: dict[str, Any] | None = None) -> Iterator[Held]:
-        """Hold trial `number` (`hold`) while the block runs; meanwhile its heartbeat
-        beats (RDB storages), until Optuna is told."""
-        held = self.hold(number, trial_id, phase, plan)
-        try:
-            with self._heartbeat(number):
-                yield held
-        finally:
-            if self.held.get(number) is held:
-                del self.held[number]
+                plan: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Held]:
+        """Hold trial `number` while the block runs; meanwhile its heartbeat beats (RDB
+        storages), until Optuna is told."""
+        return self.held.holding(number, trial_id, phase, plan, self._heartbeat(number))
 
     def _heartbeat(self, number: int) -> contextlib.AbstractContextManager:
         if not isinstance(self.storage, PatientStorage):
@@ -126,21 +90,13 @@ class TunerState:
     def _claimed(self, trial: FrozenTrial) -> None:
         """PatientStorage.on_claim: ask() has taken this queued trial."""
         attrs = trial.user_attrs
-        self.hold(trial.number, attrs.get("trial_id"), attrs.get("phase", "search"),
-                  attrs.get("plan"))
+        self.held.hold(trial.number, attrs.get("trial_id"), attrs.get("phase", "search"),
+                       attrs.get("plan"))
 
     def _give_up(self) -> None:
         """PatientStorage.on_give_up: the held trials' records, before the worker stops."""
-        for number in list(self.held):
-            held = self.held.pop(number, None)
-            if held is None:  # recorded meanwhile, in another trial's thread
-                continue
-            tags = {"phase": held.phase, "optuna_number": held.number, "orphan": True,
-                    "unreachable": True}
-            self.run.store.append(self.failed_record(
-                held.trial_id, held.plan, held.started_at, tags,
-                "the storage became unreachable while this trial was held here, and this "
-                "worker stopped before it ended; --resume queues it to run again"))
+        self.held.give_up(lambda held, tags, reason: self.run.store.append(self.failed_record(
+            held.trial_id, held.plan, held.started_at, tags, reason)))
 
     def start_trial(self, params: dict[str, Any], distributions: dict[str, Any],
                     user_attrs: dict[str, Any]) -> int:
@@ -152,32 +108,6 @@ class TunerState:
         return self.storage.get_trial_number_from_id(
             self.storage.create_new_trial(self.study_id, template_trial=template))
 
-    def run_extra(self, trial_id: str, params: dict[str, Any], tags: dict[str, Any]
-                  ) -> TrialResult:
-        """Run one trial outside the sampler's asking (the confirmation's and the
-        ablation's): RUNNING in the storage with its configuration and this worker as
-        owner (never handed out by ask()), run, measured again if the machine was busy
-        (harness.tune.search.busy_machine), recorded, then Optuna told."""
-        plan = self.space.plan(params)
-        used = self.space.distributions(params)
-        phase = tags["phase"]
-        number = self.start_trial({k: params[k] for k in used}, used, {
-            "phase": phase, "trial_id": trial_id, "plan": plan.to_dict()})
-        with self.holding(number, trial_id, phase, plan.to_dict()):
-            self.on_event("start", {"trial_id": trial_id, "plan": plan.to_dict(),
-                                    "phase": phase, "duplicate": False})
-
-            def attempt() -> TrialResult:
-                return run_trial_job(self.run, trial_id, plan, {**tags, "optuna_number": number},
-                                     self.calibration(), self.clock.deadline)
-
-            result = measure_again_if_busy(
-                attempt(), attempt, self.clock.budget_s, self.clock.left(),
-                say=lambda text: self.on_event("note", {"text": text}))
-            self.record_then_tell(result, number)
-        self.on_event("end", result.to_dict())
-        return result
-
     # --- records, then Optuna ---------------------------------------------------------
     def record_then_tell(self, result: TrialResult, number: int,
                          trial: optuna.Trial | None = None) -> bool:
@@ -187,7 +117,7 @@ class TunerState:
         this run folder may have told it from this record first: that is fine.)"""
         result.write(self.run.store.trial_dir(result.trial_id) / "result.json")
         self.run.store.append(result)
-        self.held.pop(number, None)  # recorded: nothing more to write if the storage goes away
+        self.held.recorded(number)
         record = result.to_dict()
         self.remember(record)
         try:
@@ -237,8 +167,8 @@ class TunerState:
         self.measured.setdefault(config_key(record["plan"]), record)
 
     # --- what the study knows so far ----------------------------------------------------
-    def calibration(self) -> Calibration:
-        return Calibration.from_records(self.run.store.records(), self.run.facts.device_type)
+    def correction(self) -> Correction:
+        return Correction.from_records(self.run.store.records(), self.run.facts.device_type)
 
     def reference_trials(self) -> list[FrozenTrial]:
         return [t for t in self.optuna_study.get_trials(deepcopy=False)
@@ -259,7 +189,7 @@ class TunerState:
         one the confirmation rounds named."""
         feasible = [t for t in self.reference_trials() if t.state == TrialState.COMPLETE
                     and all(v <= 0 for v in t.constraints.values()) and t.values]
-        chosen = (self.optuna_study.user_attrs.get(CONFIRMED) or {}).get("best")
+        chosen = (self.optuna_study.user_attrs.get(BEST_BY_REPEATS) or {}).get("best")
         named = [t for t in feasible if str(t.user_attrs.get("trial_id", t.number)) == chosen]
         if named:  # named from repeats (harness.tune.final.confirmation), not from one measurement
             return named[0]

@@ -16,7 +16,8 @@ import pytest
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
 from harness.tune.final import confirmation as confirm
-from harness.tune.final import quiet, summary
+from harness.tune.final import summary
+from harness.tune.search import busy_machine as quiet
 from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, study_table, tune, write_study

@@ -16,7 +16,7 @@ from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
 from harness.tune.recovery.storage import redact
-from harness.tune.search.correction import Calibration
+from harness.tune.search.correction import Correction
 from harness.tune.search.sampling import outcome
 from harness.tune.trial_job import TrialRunner, run_trial_job
 from tests.tuner import fake_launch
@@ -72,7 +72,7 @@ def test_calibration_from_measured_trials():
                 "predicted": {"peak_memory_bytes": predicted_peak,
                               "step_time_s": predicted_step}}
 
-    cal = Calibration.from_records([
+    cal = Correction.from_records([
         measured(500, 300, 100, 0.2, 0.1, 7.0),
         measured(700, 300, 200, 0.3, 0.1, 8.0),
         measured(900, 300, 300, 0.4, 0.1, 9.0),
@@ -83,7 +83,7 @@ def test_calibration_from_measured_trials():
     assert cal.overhead_s == pytest.approx(5.0)
     assert cal.peak_memory({"peak_memory_bytes": 1000}) == 2300
     assert cal.trial_seconds({"step_time_s": 0.1}, 10, "cpu") == pytest.approx(5 + 10 * 0.3)
-    fresh = Calibration()
+    fresh = Correction()
     # the default overhead: 5 s on a CPU
     assert fresh.trial_seconds({"step_time_s": 1.0}, 4, "cpu") == 9.0
 
@@ -99,10 +99,10 @@ def test_calibration_on_a_gpu_counts_the_cuda_context():
                 "plan": {"warmup_steps": 1, "steps": 1},
                 "predicted": {"peak_memory_bytes": predicted_peak, "step_time_s": 0.1}}
 
-    assert Calibration.from_records([], "cuda").peak_memory({"peak_memory_bytes": GIB}) == 2 * GIB
-    cal = Calibration.from_records([measured(5 * GIB, GIB, 2 * GIB)], "cuda")
+    assert Correction.from_records([], "cuda").peak_memory({"peak_memory_bytes": GIB}) == 2 * GIB
+    cal = Correction.from_records([measured(5 * GIB, GIB, 2 * GIB)], "cuda")
     assert cal.runtime_bytes == GIB and cal.memory_ratio == 2.0
-    no_nvml = Calibration.from_records([measured(5 * GIB, None, 5 * GIB)], "cuda")
+    no_nvml = Correction.from_records([measured(5 * GIB, None, 5 * GIB)], "cuda")
     assert no_nvml.runtime_bytes == 0 and no_nvml.memory_ratio == 1.0
 
 
@@ -118,11 +118,12 @@ def test_clock_and_budgets():
 
 def study_run(store: RunStore) -> TrialRunner:
     """What a study's trials share, with the facts and the helper `harness tune` uses."""
+    from harness.launch.launcher import FunctionLauncher
     from harness.launch.probe import shared
 
     probe = shared()
     facts = probe.study_facts(Study.from_dict(study_table()))
-    return TrialRunner("s", store, 100 * GIB, facts, probe, fake_launch.launch)
+    return TrialRunner("s", store, 100 * GIB, facts, probe, FunctionLauncher(fake_launch.launch))
 
 
 def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
@@ -132,7 +133,7 @@ def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
     store = RunStore(tmp_path / "run")
     store.create("")
     run = study_run(store)
-    quick = Calibration(overhead_s=0.1)
+    quick = Correction(overhead_s=0.1)
     t0 = time.monotonic()
     result = run_trial_job(run, 0, plan, {"phase": "search"}, quick, time.time() + 3.0)
     assert time.monotonic() - t0 < 6
@@ -151,7 +152,7 @@ def test_a_plan_this_machine_refuses_is_not_launched(tmp_path):
     store.create("")
     fake_launch.CALLS.clear()
     run = study_run(store)
-    result = run_trial_job(run, 3, plan, {}, Calibration(), time.time() + 60)
+    result = run_trial_job(run, 3, plan, {}, Correction(), time.time() + 60)
     assert fake_launch.CALLS == [] and result.status == "pruned"
     assert result.tags["pruned"] == "refused" and "cannot run here" in result.reason
     assert outcome(result.to_dict(), ["throughput"], GIB).constraints["runs"] == 1

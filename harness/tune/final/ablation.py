@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from harness.records.predicates import finished
 from harness.records.tags import tags_of
 from harness.study.search_space import SearchSpace
+from harness.tune.final.extra_trial import attempt_id, run_extra
 
 if TYPE_CHECKING:
     from harness.tune.tuner_state import TunerState
@@ -64,12 +65,8 @@ def ablation_jobs(space: SearchSpace, best_params: dict[str, Any], best_id: int 
 def run_ablation(ctx: TunerState) -> str:
     """Run the ablation of the best trial so far; returns how it ended, in words.
 
-    Each trial is written as a search trial is (TunerState.run_extra): RUNNING in
-    the storage, run, recorded, then Optuna told, so recovery (harness.tune.recovery.resume)
-    settles an ablation trial as any other. On
-    --resume a trial already recorded is not run again; one that never finished
-    (not started for lack of time, stopped at the deadline, or its worker gone)
-    runs again under a new id, `<id>-retry<k>`.
+    Each trial runs as harness.tune.final.extra_trial runs it (recorded, then Optuna
+    told; on --resume, one that never finished runs again as `<id>-retry<k>`).
     """
     best = ctx.best_trial()
     repeats = ctx.study.budget.ablation_repeats
@@ -78,14 +75,12 @@ def run_ablation(ctx: TunerState) -> str:
     best_id = best.user_attrs.get("trial_id", best.number)
     recorded = {str(r["trial_id"]): r for r in ctx.run.store.records()}
     for job in ablation_jobs(ctx.space, best.params, best_id, repeats):
-        tries = [i for i in recorded if i == job.trial_id or i.startswith(f"{job.trial_id}-retry")]
-        if any(finished(recorded[i]) for i in tries):
+        trial_id = attempt_id(recorded, job.trial_id)
+        if trial_id is None:
             continue
-        if tries:
-            job.trial_id = f"{job.trial_id}-retry{len(tries)}"
         if ctx.clock.left() <= 0:
             return "time: the deadline came before every ablation trial ran"
-        result = ctx.run_extra(job.trial_id, job.params, job.tags)
+        result = run_extra(ctx, trial_id, job.params, job.tags)
         if not finished(result.to_dict()):
             return f"time: {result.reason}"
     return "done"

@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harness.records.predicates import finished, may_be_best, ranked
+from harness.records.predicates import may_be_best, ranked
 from harness.records.tags import tags_of
-
-if TYPE_CHECKING:
-    from harness.tune.tuner_state import TunerState
+from harness.tune.final.extra_trial import attempt_id, run_extra
+from harness.tune.tuner_state import BEST_BY_REPEATS, TunerState
 
 MAX_CONTENDERS = 4
-KEY = "best_by_repeats"
+KEY = BEST_BY_REPEATS
 # what the rounds compare, by objective: the record's figure, and whether lower is better
 FIGURES = {"throughput": ("samples_per_s", False), "time_to_loss": ("time_to_target_s", True)}
 
@@ -174,16 +173,13 @@ def run_confirmation(ctx: TunerState) -> str:
     for rnd in range(budget.confirm_repeats):
         for of, p in params.items():
             trial_id = f"confirm-{of}-{rnd}"
-            # on --resume: a round's trial recorded is not run again; one that never
-            # finished (the deadline, a worker gone) runs again as <id>-retry<k>
-            tries = [i for i in recorded if i == trial_id or i.startswith(f"{trial_id}-retry")]
-            if p is None or any(finished(recorded[i]) for i in tries):
+            run_id = attempt_id(recorded, trial_id) if p is not None else None
+            if run_id is None:
                 continue
             if ctx.clock.left() <= 0:
                 ended = "time: the deadline came before every round ran"
                 break
-            ctx.run_extra(f"{trial_id}-retry{len(tries)}" if tries else trial_id, p,
-                          {"phase": "confirm", "confirm": {"of": of, "round": rnd}})
+            run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}})
         if ended != "done":
             break
     base_id = str(baseline["trial_id"]) if baseline is not None else None

@@ -7,7 +7,8 @@ search runs until the time left is what the final phases are expected to need:
     final trials = (contenders + the baseline) x confirm_repeats  (confirmation.py)
                  + (the best + one per technique it uses) x ablation_repeats
     reserve      = MARGIN x final trials x a launched trial's median duration so far,
-                   at most ablation_share of the budget (all of it before any trial ran)
+                   at most clock.reserve_cap_s: ablation_share of the budget (all of
+                   it before any trial ran)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def final_trials(ctx: TunerState, records: list[dict[str, Any]]) -> int:
 
 def reserve_s(ctx: TunerState) -> float:
     """Seconds to keep for the final phases, as the study stands now."""
-    cap = ctx.study.budget.ablation_share * ctx.clock.budget_s
+    cap = ctx.clock.reserve_cap_s  # the same on every worker: the main worker's clock
     records = ctx.run.store.records()
     each = trial_seconds(records)
     if each is None:

@@ -20,14 +20,21 @@ folder (trials/<id>/logs/node<K>/). When the tuner ends it announces
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from typing import Any
 
 import optuna
 
+from harness.core.errors import HarnessError
 from harness.core.prepared import PreparedPlan
+from harness.launch.launcher import Launcher
 from harness.records.run_store import RunStore
+from harness.tune.budget import Clock
+from harness.tune.checked_study import CheckedStudy
+from harness.tune.progress import Progress
+from harness.tune.recovery.storage import make_storage
 
 KEY = "rendezvous"
 POLL_S = 0.5
@@ -61,7 +68,7 @@ class Announcer:
 
 
 def follow(optuna_study: optuna.Study, store: RunStore, node_rank: int, nnodes: int,
-           deadline: float, launcher: Callable[..., Any],
+           deadline: float, launcher: Launcher,
            say: Callable[[str], None] = print) -> str:
     """Join each trial the leader announces, until it finishes or the deadline."""
     seen: set[tuple[str, str]] = set()  # (trial, endpoint): a trial measured again is new
@@ -74,7 +81,7 @@ def follow(optuna_study: optuna.Study, store: RunStore, node_rank: int, nnodes: 
         if trial_id and not info.get("done") and key not in seen:
             seen.add(key)
             say(f"trial {trial_id}: joining at {info['endpoint']}")
-            result = launcher(
+            result = launcher.launch(
                 PreparedPlan.from_dict(info["prepared"]), store.trial_dir(trial_id),
                 info["command"],
                 study=optuna_study.study_name, trial_id=trial_id, nnodes=nnodes,
@@ -85,3 +92,25 @@ def follow(optuna_study: optuna.Study, store: RunStore, node_rank: int, nnodes: 
             say(f"trial {trial_id}: {result.status} on node {node_rank}")
         time.sleep(POLL_S)
     return "deadline"
+
+
+def run_follower(args: argparse.Namespace, checked: CheckedStudy) -> int:
+    """`harness tune --follow` on node K > 0: join the trials node 0's tuner launches."""
+    study, store = checked.study, RunStore(checked.run_dir)
+    storage = make_storage(args.storage, store.root, study.storage)
+    store.root.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    clock = Clock.start(study.budget.time_s, 0.0, checked.started)
+    optuna_study = None
+    while optuna_study is None and clock.left() > 0:  # node 0's tuner may not have made it yet
+        try:
+            optuna_study = optuna.load_study(study_name=study.name, storage=storage)
+        except KeyError:
+            time.sleep(1.0)
+    if optuna_study is None:
+        raise HarnessError(f"no study '{study.name}' appeared in the storage within the budget")
+    with Progress(f"{study.name} (node {args.node_rank})", clock, quiet=args.quiet) as progress:
+        why = follow(optuna_study, store, args.node_rank, study.layout.nnodes, clock.deadline,
+                     checked.launcher, say=progress.line)
+        progress.line(f"follower ended: {why}")
+    return 0

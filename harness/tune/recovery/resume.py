@@ -25,7 +25,11 @@ Optuna fails a trial without a heartbeat for storage.grace, and `StaleTrials`
 failed record and queues the retry the same way.
 
 A retry is a queued trial with the user attrs {"retry_of": <first number>,
-"retry_history": [<numbers run so far>]}.
+"retry_history": [<numbers run so far>]}. (Optuna's RetryFailedTrialCallback is not
+used: it copies every user attribute of the dead trial, its dead worker's tag among
+them, and a retry asked by a live worker would look abandoned to the others until
+that worker tags it. Optuna's heartbeat is: PatientStorage is its BaseHeartbeat, and
+`settle` calls optuna's fail_stale_trials.)
 
 A stopped worker's trial that was launched as a job that outlives it (a Slurm job:
 harness.tune.trial_job.left_a_job) is not run again: `jobs_left` claims it for
@@ -87,7 +91,7 @@ def recover(ctx: TunerState) -> list[str]:
 def jobs_left(ctx: TunerState) -> list[FrozenTrial]:
     """The RUNNING trials of stopped workers whose jobs may still run, claimed for this
     worker (their owner is now this one, so `recover` leaves them alone)."""
-    if getattr(ctx.run.launcher, "has_job", None) is None:
+    if not ctx.run.launcher.may_leave_jobs:
         return []
     running = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     claimed = []

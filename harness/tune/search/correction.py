@@ -17,11 +17,13 @@ own correction, a median over the study's ok trials:
     overhead_s     a trial's duration beyond its steps: starting processes,
                    building the model, compiling
 
-    calibrated peak = runtime + memory_ratio x predicted peak
+    corrected peak  = runtime + memory_ratio x predicted peak
     expected trial  = overhead_s + (warm-up + steps) x step_ratio x predicted step
 
 Before any trial is measured the corrections are 1 and 0, and the overhead a
-default per device.
+default per device. (In the record and study.json these figures sit under the older
+keys `calibration` and `calibrated_peak_memory_bytes`; in the code, "calibration"
+means only the measurement of a device's peak FLOPs: harness.measure.calibrate.)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ DEFAULT_RUNTIME_BYTES = {"cpu": 0.0, "cuda": 1024.0**3}
 
 
 @dataclass
-class Calibration:
+class Correction:
     runtime_bytes: float = 0.0
     memory_ratio: float = 1.0
     step_ratio: float = 1.0
@@ -49,7 +51,7 @@ class Calibration:
     n_time: int = 0
 
     @classmethod
-    def from_records(cls, records: list[dict[str, Any]], device_type: str = "cpu") -> Calibration:
+    def from_records(cls, records: list[dict[str, Any]], device_type: str = "cpu") -> Correction:
         runtime, mem, step, over = [], [], [], []
         for r in records:
             if r.get("status") != "ok" or not r.get("predicted"):

@@ -27,7 +27,7 @@ from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.tune.checked_study import CheckedStudy
-from harness.tune.search.correction import Calibration
+from harness.tune.search.correction import Correction
 
 START = 5
 CAP = 16
@@ -43,7 +43,7 @@ def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]]) -> list[di
         return []
     configs = candidates([p for p in ready.space.enumerate() if p not in taken],
                          ready.study.seed)
-    fresh = Calibration.from_records([], ready.device_type)  # the defaults: nothing measured
+    fresh = Correction.from_records([], ready.device_type)  # the defaults: nothing measured
     scored = []
     for params in configs:
         plan = ready.space.plan(params)

@@ -42,10 +42,11 @@ from harness.records.tags import PRUNED_TIME, tags_of
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import config_key
 from harness.tune.final.time_reserve import reserve_s
+from harness.tune.recovery.held import Held
 from harness.tune.search.busy_machine import measure_again_if_busy
 from harness.tune.search.jobs_in_flight import InFlight, max_jobs
 from harness.tune.trial_job import command_for, run_trial_job
-from harness.tune.tuner_state import RETRY_OF, Held, TunerState
+from harness.tune.tuner_state import RETRY_OF, TunerState
 
 DUPLICATE_LIMIT = 25  # proposals in a row of configurations already measured: converged
 NEIGHBOUR_LIMIT = 20_000  # spaces up to this size are listed to find unmeasured neighbours
@@ -56,7 +57,6 @@ TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is ove
 class Tuner:
     ctx: TunerState
     settle: Callable[[TunerState], list[str]]  # harness.tune.recovery.resume.settle
-    reserve_final: bool = True  # keep what the final phases need (False: a helper worker)
     _all: list[tuple[str, dict[str, Any]]] | None = None  # a finite space's configurations
 
     def __post_init__(self) -> None:
@@ -66,10 +66,8 @@ class Tuner:
 
     def search_left(self) -> float:
         """Seconds the search may still start trials: until the time left is what the
-        final phases need (harness.tune.final.time_reserve); a helper worker stops where its main
-        worker told it to (clock.search_end)."""
-        if not self.reserve_final:
-            return self.ctx.clock.search_left()
+        final phases need (harness.tune.final.time_reserve). One rule for every worker:
+        helpers read the same records and the main worker's clock."""
         return self.ctx.clock.left() - reserve_s(self.ctx)
 
     def search(self, first: Sequence[Callable[..., TrialResult]] = ()) -> str:
@@ -187,7 +185,7 @@ class Tuner:
                 stop = (self._slow_stop(trial, plan, report=not attempts)
                         if phase == "search" else None)
                 attempts.append(1)
-                return run_trial_job(ctx.run, trial.number, plan, tags, ctx.calibration(),
+                return run_trial_job(ctx.run, trial.number, plan, tags, ctx.correction(),
                                      ctx.clock.deadline, should_stop=self._pool.guard(stop))
 
             result = measure_again_if_busy(

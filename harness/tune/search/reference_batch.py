@@ -15,7 +15,7 @@ from typing import Any
 from harness.core.errors import HarnessError
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
-from harness.tune.search.correction import Calibration
+from harness.tune.search.correction import Correction
 
 
 def largest_fitting_micro(
@@ -28,7 +28,7 @@ def largest_fitting_micro(
     name = next((k for k in params if k.startswith("micro_batch_size")), None)
     if name is None:
         return params
-    calibration = Calibration.from_records([], facts.device_type)
+    correction = Correction.from_records([], facts.device_type)
     sizes = [m for m in space.micros_for(space.plan(params).layout) if m <= params[name]]
     for micro in sorted(sizes, reverse=True):
         candidate = {**params, name: micro}
@@ -36,7 +36,7 @@ def largest_fitting_micro(
             prepared = probe.prepare(space.plan(candidate), facts.peaks)
         except HarnessError:
             return params
-        peak = calibration.peak_memory(prepared.predicted)
+        peak = correction.peak_memory(prepared.predicted)
         if peak is None or peak <= budget_bytes:
             return candidate
     return params

@@ -1,0 +1,83 @@
+"""The study's end, written by its main worker: study.json, best.toml, and the summary printed."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from harness.records.predicates import busy_note
+from harness.records.tags import tags_of
+from harness.tune.final.summary import (
+    ablation_table,
+    confirmation_text,
+    now,
+    status_counts,
+    table,
+    write_best,
+)
+from harness.tune.recovery.storage import StorageUnreachable
+from harness.tune.tuner_state import BEST_BY_REPEATS, TunerState
+
+
+def confirmed_decision(ctx: TunerState, best_id: Any) -> dict[str, Any] | None:
+    """The confirmation's decision, when it named the trial that is the best now."""
+    try:
+        decision = ctx.optuna_study.user_attrs.get(BEST_BY_REPEATS)
+    except StorageUnreachable:
+        return None
+    return decision if decision and str(decision["best"]) == str(best_id) else None
+
+
+def write_results(ctx: TunerState, stopped: str) -> bool:
+    """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
+    store, study, clock = ctx.run.store, ctx.study, ctx.clock
+    records = store.records()
+    try:
+        best = ctx.best_trial()
+    except StorageUnreachable:
+        best = None  # the records are all there is; --resume finishes the study
+    best_id = best.user_attrs.get("trial_id", best.number) if best else None
+    baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"),
+                    None)
+    decision = confirmed_decision(ctx, best_id)
+    rate = None
+    if best is not None:
+        if "throughput" in study.objectives:
+            rate = best.values[study.objectives.index("throughput")]
+            rate = decision["median"] if decision else rate
+        write_best(store, study.name, best_id, best.user_attrs["plan"], rate)
+    store.update_info(
+        finished_at=now(), best_trial_id=best_id,
+        baseline_trial_id=baseline["trial_id"] if baseline else None,
+        n_trials=len(records), stopped_because=stopped,
+        wall_clock_s=round(clock.elapsed(), 1),
+        calibration=ctx.correction().as_dict(),  # study.json's key
+        best_by_repeats=decision,
+    )
+    multi = len(study.objectives) > 1
+    print(f"\nstudy {study.name}: {len(records)} trials ({status_counts(records)}) in "
+          f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
+    print(table(records, multi, memory_budget=ctx.run.budget_bytes))
+    if decision:
+        print(confirmation_text(decision))
+    else:
+        base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
+        if rate and base_rate:
+            print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "
+                  f"(trial {baseline['trial_id']}; one measurement each)")
+    if best_id is not None:
+        text = ablation_table(records, best_id)
+        if text:
+            print(text)
+        print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")
+    else:
+        busy = [r for r in records if r["status"] == "ok" and busy_note(r)]
+        if busy:
+            print(f"{len(busy)} configuration(s) ran, each measured while other processes "
+                  f"used the machine ({busy_note(busy[-1])}), so none is named best: run the "
+                  "study on a quiet machine, or set HARNESS_QUIET_SHARE=1 to accept busy "
+                  "figures (they stay marked in the records)", file=sys.stderr)
+        print("no configuration ran within the budgets; nothing to write to best.toml "
+              "(each record's reason says why)", file=sys.stderr)
+    print(f"records: {store.trials_jsonl}")
+    return best_id is not None
