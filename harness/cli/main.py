@@ -83,7 +83,6 @@ def plan_from_args(args: argparse.Namespace):
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
-    import functools
 
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.cli.bench_table import estimate_table, result_table
@@ -107,7 +106,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise HarnessError("--node-rank and --rdzv-endpoint are for the local launcher: "
                                "a Slurm job gets all of its nodes at once")
         slurm.check(cluster, prepared.device_type, plan.world_size, plan.timeout_s, args.nnodes)
-        launch = functools.partial(slurm.launch, cluster=cluster)
+        launch = slurm.SlurmLauncher(cluster).launch
     else:
         check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint,
                     visible_gpus(prepared))

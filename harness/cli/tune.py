@@ -226,16 +226,18 @@ def _default(probe: Any):
 
 
 def _launcher(spec: str | None, study: Any, device_type: str):
-    """harness.launch.local.launch; the Slurm launcher (`slurm`, or the study's
-    cluster.launcher), checked against Slurm; or a user's `package.module:function` of
-    the same signature."""
+    """The study's Launcher (harness.launch.launcher): LocalLauncher; the SlurmLauncher
+    (`slurm`, or the study's cluster.launcher), checked against Slurm; or a user's
+    `package.module:function` of harness.launch.local.launch's signature, wrapped in a
+    FunctionLauncher (or a Launcher instance, taken as it is)."""
     import dataclasses
     import importlib
     import os
     import sys
 
     from harness.core.cluster import ClusterSpec
-    from harness.launch.local import launch
+    from harness.launch.launcher import as_launcher
+    from harness.launch.local import LocalLauncher, launch
 
     if spec in ("local", "slurm"):  # kept in the study: --resume runs where it started
         study.cluster = dataclasses.replace(study.cluster or ClusterSpec(), launcher=spec)
@@ -243,7 +245,7 @@ def _launcher(spec: str | None, study: Any, device_type: str):
     if spec in (None, "local", "slurm"):
         cluster = study.cluster
         if cluster is None or cluster.launcher == "local":
-            return launch
+            return LocalLauncher()
         from harness.launch.slurm import launcher_for
 
         return launcher_for(cluster, device_type, study.layout.world_sizes,
@@ -259,4 +261,4 @@ def _launcher(spec: str | None, study: Any, device_type: str):
         raise HarnessError(f"--launcher {spec!r}: cannot import {module_name} ({e})") from None
     if not callable(fn):
         raise HarnessError(f"--launcher {spec!r}: {module_name} has no function {attr}")
-    return fn
+    return LocalLauncher() if fn is launch else as_launcher(fn)

@@ -109,8 +109,7 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
         ("first trials", ", ".join(phase for phase, _ in ready.references)),
         ("run folder", f"{ready.run_dir} ({state})"),
         ("storage", _storage(args, ready)),
-        ("launcher", f"{getattr(launcher, '__module__', '?')}:"
-                     f"{getattr(launcher, '__qualname__', '?')}"),
+        ("launcher", launcher.name),
     ]
     lines = [f"harness tune --check: study '{study.name}' is ready to run (nothing was "
              "created or launched)"]

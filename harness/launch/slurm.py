@@ -30,15 +30,15 @@ stderr are copied into the trial's logs/ (slurm-<job>-<task>.out/.err).
 The job in flight is written down (slurm/job.json in the trial's folder) as soon as
 it is submitted, so a caller killed meanwhile loses nothing: `rejoin` waits for that
 job again (as `launch` would have) and returns the same record. The tuner's launcher
-(`launcher_for`) says how many trials it may keep in flight (`max_jobs`) and how to
-find and rejoin such jobs (`has_job`, `rejoin`): harness.tune reads those attributes.
+(`launcher_for`: a SlurmLauncher, harness.launch.launcher's seam) says how many trials
+it may keep in flight (`max_jobs`) and how to find and rejoin such jobs (`has_job`,
+`rejoin`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import io
 import json
 import os
@@ -54,7 +54,9 @@ from harness.core.errors import HarnessError
 from harness.core.prepared import PreparedPlan
 from harness.launch import procs
 from harness.launch import slurm_queue as queue
+from harness.launch.launcher import Launcher
 from harness.launch.slurm_record import (
+    Attempt,
     cluster_tag,
     copy_logs,
     made_here,
@@ -75,39 +77,43 @@ JOB_FILE = "job.json"  # in the trial's slurm/: the jobs submitted for it (see `
 _in_flight: set[str] = set()  # jobs submitted and not yet gone: cancelled at exit
 
 
-@dataclass
-class Attempt:
-    job_id: str | None  # None: sbatch refused it
-    info: queue.JobInfo | None = None  # as it left the queue
-    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned or never
-    why: str | None = None  # should_stop's reason, or sbatch's refusal
-    ran_s: float = 0.0  # from its start (as seen here) to its end
+class SlurmLauncher(Launcher):
+    """The tuner's Launcher for trials run as Slurm jobs of `cluster`: `launch` below,
+    up to [cluster] max_jobs at once (each call waits on its own job: thread safe), a
+    stopped tuner's jobs found (`has_job`) and waited for again (`rejoin`), and whether
+    the compute nodes see the run folder (harness.launch.slurm_shared.check_shared)."""
 
-    def as_tag(self) -> dict[str, Any]:
-        info = self.info or queue.JobInfo("SUBMITTED" if self.job_id else "NOT_SUBMITTED")
-        return {"job_id": self.job_id, "state": info.state, "nodes": info.nodes,
-                "queue_wait_s": info.queue_wait_s, "stopped": self.stopped}
+    may_leave_jobs = True
+
+    def __init__(self, cluster: ClusterSpec):
+        self.cluster = cluster
+        self.max_jobs = cluster.max_jobs
+
+    def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
+               **kwargs: Any) -> TrialResult:
+        return launch(prepared, out_dir, command, cluster=self.cluster, **kwargs)
+
+    def has_job(self, folder: str | Path) -> bool:
+        return has_job(folder)
+
+    def rejoin(self, folder: str | Path, deadline: float | None = None,
+               should_stop: Callable[[], str | None] | None = None) -> TrialResult | None:
+        return rejoin(folder, deadline=deadline, should_stop=should_stop)
+
+    def check_shared(self, run_dir: str | Path) -> str | None:
+        return check_shared(self.cluster, Path(run_dir))
+
+    @property
+    def name(self) -> str:  # what `harness tune --check` shows
+        return "harness.launch.slurm:launch"
 
 
 def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
-                 trial_timeout_s: float) -> Callable[..., TrialResult]:
+                 trial_timeout_s: float) -> SlurmLauncher:
     """The launcher for a study's trials, once Slurm has said it would take the largest
     of their jobs (sbatch --test-only); else a HarnessError naming the cause."""
     check(cluster, device_type, max(world_sizes), trial_timeout_s)
-
-    def launch_on_slurm(prepared: PreparedPlan, out_dir: str | Path, command: str,
-                        **kwargs: Any) -> TrialResult:
-        return launch(prepared, out_dir, command, cluster=cluster, **kwargs)
-
-    launch_on_slurm.__qualname__ = "launch"  # what `harness tune --check` shows
-    # What the tuner asks of a launcher whose trials run elsewhere: how many at once,
-    # a stopped tuner's jobs found again, whether compute nodes see the run folder.
-    launch_on_slurm.max_jobs = cluster.max_jobs  # type: ignore[attr-defined]
-    launch_on_slurm.has_job = has_job  # type: ignore[attr-defined]
-    launch_on_slurm.rejoin = rejoin  # type: ignore[attr-defined]
-    launch_on_slurm.check_shared = functools.partial(  # type: ignore[attr-defined]
-        check_shared, cluster)
-    return launch_on_slurm
+    return SlurmLauncher(cluster)
 
 
 def check(cluster: ClusterSpec, device_type: str, world_size: int, timeout_s: float,

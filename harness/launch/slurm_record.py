@@ -1,19 +1,34 @@
-"""What a trial's Slurm jobs leave for its record: the status and reason in words of one
-that left no record, tags["cluster"], and the jobs' stdout/stderr in the trial's logs/."""
+"""What a trial's Slurm jobs leave for its record: each job tried (`Attempt`), the status
+and reason in words of one that left no record, tags["cluster"], and the jobs'
+stdout/stderr in the trial's logs/."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.core.prepared import PreparedPlan
 from harness.launch.slurm_queue import JobInfo
 from harness.records.result import TrialResult
 
-if TYPE_CHECKING:
-    from harness.launch.slurm import Attempt
+
+@dataclass
+class Attempt:
+    """One job submitted for a trial (harness.launch.slurm), as it went."""
+
+    job_id: str | None  # None: sbatch refused it
+    info: JobInfo | None = None  # as it left the queue
+    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned or never
+    why: str | None = None  # should_stop's reason, or sbatch's refusal
+    ran_s: float = 0.0  # from its start (as seen here) to its end
+
+    def as_tag(self) -> dict[str, Any]:
+        info = self.info or JobInfo("SUBMITTED" if self.job_id else "NOT_SUBMITTED")
+        return {"job_id": self.job_id, "state": info.state, "nodes": info.nodes,
+                "queue_wait_s": info.queue_wait_s, "stopped": self.stopped}
 
 
 def reason_for(attempt: Attempt, timeout: float, startup_s: float,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.launch.launcher import Launcher
 from harness.launch.probe import Probe
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
@@ -21,7 +22,7 @@ class CheckedStudy:
     run_dir: Path
     budget_bytes: int
     references: list[tuple[str, dict[str, Any]]]  # (phase, params) enqueued first
-    launcher: Any  # harness.launch.local.launch, or a user's function of its signature
+    launcher: Launcher  # LocalLauncher, SlurmLauncher, or a user's function (FunctionLauncher)
     groups: list[str | None]  # CUDA_VISIBLE_DEVICES per worker (None: all, or a CPU)
     started: float
 

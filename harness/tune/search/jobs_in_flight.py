@@ -25,14 +25,15 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.launch import procs
+from harness.launch.launcher import Launcher
 
 STOP_PATIENCE_S = 120.0  # for the running trials to cancel their jobs (scancel, then gone)
 
 
-def max_jobs(launcher: Any) -> int:
+def max_jobs(launcher: Launcher) -> int:
     """Trials the launcher may have in flight at once: its `max_jobs` (the Slurm
-    launcher's [cluster] max_jobs), else 1."""
-    return max(1, int(getattr(launcher, "max_jobs", 1) or 1))
+    launcher's [cluster] max_jobs; 1 for the local one), at least 1."""
+    return max(1, int(launcher.max_jobs or 1))
 
 
 class InFlight:
