@@ -1,5 +1,5 @@
 """Predicted against measured peak memory: the estimator's error, and the tuner's
-calibrated prediction where the records hold one."""
+prediction corrected by the tuner where the records hold one."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def memory_prediction(run: Run) -> Figure:
                       "measured peak memory.")
     cpu = (raw["device_kind"] == "cpu").any() if len(raw) else False
     series = [("estimator", raw, "predicted_memory_bytes", "measured_for_estimate", "#3366cc"),
-              ("calibrated by the tuner", cal, "calibrated_memory_bytes", "peak_memory_bytes",
+              ("corrected by the tuner", cal, "calibrated_memory_bytes", "peak_memory_bytes",
                "#dc7633")]
     series = [s for s in series if len(s[1])]
     div, unit = memory_unit([v for _, d, x, y, _ in series for v in (*d[x], *d[y])])
@@ -52,7 +52,7 @@ def memory_prediction(run: Run) -> Figure:
     fig.update_xaxes(range=[0, top])
     fig.update_yaxes(range=[0, top])
     note = (" On a CPU the estimator is compared with the process RSS above its start (the "
-            "Python runtime and libraries are not the model's); the calibrated prediction, "
+            "Python runtime and libraries are not the model's); the corrected prediction, "
             "with the whole peak." if cpu else "")
     return Figure("memory", TITLE, fig, caption="Points under the dotted line were "
                   "over-predicted. " + " ".join(words) + note)

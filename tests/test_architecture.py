@@ -14,7 +14,8 @@ docs/architecture.md draws the same table.
 
 The tuner's process never imports torch: the modules it loads (TORCH_FREE_*, and what
 they import at module level, parents included) import neither torch nor triton at
-module level. What needs torch runs in the torch-side helper (harness.measure.probe_server)
+module level. What needs torch runs in the torch-side helper
+(harness.measure.torch_helper_server)
 or in a trial's own processes, and is imported there inside a function.
 """
 

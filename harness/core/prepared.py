@@ -7,7 +7,7 @@
                     and the environment a record made without the trial carries
 
 It is made once per trial, by whoever checks the plan: `harness bench` in its own
-process, the tuner through its torch-side helper (harness.launch.probe). The
+process, the tuner through its torch-side helper (harness.launch.torch_helper). The
 launcher writes it beside plan.toml, and every rank reads it instead of checking,
 estimating and counting FLOPs again. Plain data: no torch here.
 """

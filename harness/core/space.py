@@ -4,7 +4,7 @@ A strategy declares its searchable settings with these (strategies.base
 re-exports them); a study narrows them (harness.study.checks); the search space
 turns them into Optuna distributions. They cross a process boundary as JSON
 (`space_to_json`, `space_from_json`): the tuner gets them from its torch-side
-helper (harness.launch.probe).
+helper (harness.launch.torch_helper).
 """
 
 from __future__ import annotations

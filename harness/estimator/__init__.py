@@ -45,7 +45,7 @@ activations), `phases` (the moments of a step), `rank` (one rank's memory),
 `estimate`, which puts them together.
 
 It imports harness.core, harness.workloads and strategies (torch: it runs in the
-tuner's torch-side helper, harness.measure.probe_server, and in `harness bench` /
+tuner's torch-side helper, harness.measure.torch_helper_server, and in `harness bench` /
 `harness estimate`), never the tuner, the launcher or the trial loop.
 """
 

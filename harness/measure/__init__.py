@@ -4,7 +4,7 @@
 memory, NVML, peak FLOP/s (`peaks` the datasheet, `peak_calibration` the measured
 figure, `peak_choice` the one MFU uses), combining the ranks' figures (`ranks`),
 the step log the tuner reads (`step_log`), the environment record (`env`), and the
-tuner's torch-side helper (`probe_server`). It may import harness.core,
+tuner's torch-side helper (torch_helper_server). It may import harness.core,
 harness.study, harness.estimator, harness.workloads, harness.records and strategies;
 never harness.launch, harness.tune or harness.cli, which sit above it.
 """

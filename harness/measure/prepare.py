@@ -7,13 +7,14 @@
     from_prepared(p, rank)   in each rank: the workload and device again, without
                              estimating, counting FLOPs or looking up peaks again
 
-`harness bench` and the tuner's torch-side helper (harness.measure.probe_server)
+`harness bench` and the tuner's torch-side helper (harness.measure.torch_helper_server)
 call `prepare`; the ranks call `from_prepared`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,27 +56,48 @@ class Prepared:
 
 
 def prepare(
-    plan: Plan, local_rank: int = 0, peaks: dict[str, dict[str, Any]] | None = None
+    plan: Plan, local_rank: int = 0, peaks: dict[str, dict[str, Any]] | None = None,
+    phases: dict[str, float] | None = None,
 ) -> Prepared:
     """Everything that can refuse a plan, before anything runs (HarnessError).
 
     `local_rank` picks this rank's device on a node with several. `peaks`: a study's
     fixed peaks (PeakChoice records by compute dtype, see `study_peaks`); a dtype
-    not among them is looked up (and, on a cache miss, calibrated) here."""
+    not among them is looked up (and, on a cache miss, calibrated) here. `phases`,
+    if given, gets the seconds of each step: `check` (device, workload, the plan
+    against the registry), `peaks`, `flops`, `estimate`."""
+    lap = _Laps(phases)
     device = resolve_device(plan.device, local_rank)
     runtime = RuntimeEnv.detect(device.type)
     workload = load_workload(plan.workload, plan.workload_args)
     validate(plan, runtime)
     plan = resolved(plan)
+    lap("check")
     dtype = autocast_dtype_name(plan.strategies)
     if peaks and dtype in peaks:
         peak = PeakChoice.from_record(peaks[dtype])
     else:
         peak = peak_for_workload(device, runtime.device_name, dtype, workload)
+    lap("peaks")
     flops = flops_per_sample(plan, workload)
+    lap("flops")
     predicted = estimate(plan, workload, runtime, peak.used.flops, flops).to_record()
+    lap("estimate")
     return Prepared(plan, workload, device, runtime, predicted, peak, flops,
                     workload.tokens_per_sample)
+
+
+class _Laps:
+    """Seconds since the last lap, into `phases` (when there is one) under each name."""
+
+    def __init__(self, phases: dict[str, float] | None) -> None:
+        self.phases, self.t = phases, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.phases is not None:
+            self.phases[name] = now - self.t
+        self.t = now
 
 
 _FLOPS: dict[str, float] = {}  # this process's counts, by workload and its arguments

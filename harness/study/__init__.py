@@ -3,7 +3,7 @@ device (`defaults`), the conditional search space from Optuna parameters to a Pl
 (`search_space`), the two reference configurations every study starts with
 (`references`), and the facts about this machine a study needs (`facts`), which
 `checks` works out against the strategy registry in the tuner's torch-side helper
-(harness.measure.probe_server). It imports harness.core; strategies and
+(harness.measure.torch_helper_server). It imports harness.core; strategies and
 harness.workloads only inside the functions of `checks` that helper runs. The tuner
 (harness.tune) and the command line import it; it imports neither.
 """

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.launch.launcher import Launcher
-from harness.launch.probe import Probe
+from harness.launch.torch_helper import TorchHelper
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
@@ -18,7 +18,7 @@ class CheckedStudy:
     study: Study
     space: SearchSpace
     facts: MachineFacts  # the device and the strategies' spaces, from the probe
-    probe: Probe  # the torch-side helper that prepares each trial's plan
+    torch_helper: TorchHelper  # the torch-side helper that prepares each trial's plan
     run_dir: Path
     budget_bytes: int
     references: list[tuple[str, dict[str, Any]]]  # (phase, params) enqueued first

@@ -110,7 +110,7 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
         clock = Clock(time.time(), args.search_until, args.deadline_at)
     else:
         clock = Clock.start(study.budget.time_s, study.budget.ablation_share, checked.started)
-    run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.probe,
+    run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.torch_helper,
                       checked.launcher)
     if study.layout.nnodes > 1:
         import socket

@@ -1,7 +1,7 @@
 """One trial of a study, from plan to record: check, predict, launch or not.
 
     1. the plan is checked against this machine (strategies.reasons_against, in
-       the tuner's torch-side helper: harness.launch.probe); a refused plan is a
+       the tuner's torch-side helper: harness.launch.torch_helper); a refused plan is a
        `pruned` record with the reasons, never launched;
     2. the estimator predicts it (the same helper, once: the prepared plan is
        what the ranks read), corrected from the study's measured trials
@@ -33,7 +33,7 @@ from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_seconds
 from harness.launch.launcher import Launcher
 from harness.launch.local import LocalLauncher
-from harness.launch.probe import Probe
+from harness.launch.torch_helper import TorchHelper
 from harness.records.result import TrialResult
 from harness.records.run_store import RunStore, write_atomic
 from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
@@ -55,7 +55,7 @@ class TrialRunner:
     store: RunStore
     budget_bytes: int
     facts: MachineFacts  # the device; its env goes into records made without a trial
-    probe: Probe  # prepares each plan (torch runs there, never in the tuner)
+    torch_helper: TorchHelper  # prepares each plan (torch runs there, never in the tuner)
     launcher: Launcher = field(default_factory=LocalLauncher)
     launch_kwargs: dict[str, Any] = field(default_factory=dict)
     nodes: Announcer | None = None  # for trials spanning several nodes
@@ -81,7 +81,7 @@ def run_trial_job(
     folder = run.store.write_trial_files(trial_id, plan.to_toml(), command)
     tags = dict(tags)
     try:
-        prep = run.probe.prepare(plan, run.facts.peaks)
+        prep = run.torch_helper.prepare(plan, run.facts.peaks)
     except HarnessError as e:
         tags["pruned"] = PRUNED_REFUSED
         return _not_run(run, trial_id, plan, None, command, tags,

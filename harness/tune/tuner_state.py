@@ -80,7 +80,8 @@ class TunerState:
                 plan: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Held]:
         """Hold trial `number` while the block runs; meanwhile its heartbeat beats (RDB
         storages), until Optuna is told."""
-        return self.held.holding(number, trial_id, phase, plan, self._heartbeat(number))
+        return self.held.holding(number, trial_id, phase, plan,
+                                 lambda: self._heartbeat(number))
 
     def _heartbeat(self, number: int) -> contextlib.AbstractContextManager:
         if not isinstance(self.storage, PatientStorage):

@@ -58,7 +58,7 @@ import json, sys, time, tomllib
 from pathlib import Path
 from harness.core.plan import Plan
 from harness.launch.local import launch
-from harness.launch.probe import shared
+from harness.launch.torch_helper import shared
 plan_file, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 plan = Plan.from_dict(tomllib.loads(Path(plan_file).read_text()), where=plan_file)
 plan = plan.replace(device="cpu")

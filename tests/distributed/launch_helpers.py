@@ -53,8 +53,8 @@ def survivors(out_dir: Path) -> list[psutil.Process]:
     for p in found.values():
         try:
             cmdline = " ".join(p.cmdline())
-            if "harness.measure.probe_server" in cmdline:
-                continue  # this process's torch-side helper (harness.launch.probe), no trial's
+            if "harness.measure.torch_helper_server" in cmdline:
+                continue  # this process's torch-side helper, no trial's
             if p.ppid() == os.getpid() and ("multiprocessing.forkserver" in cmdline
                                             or "multiprocessing.resource_tracker" in cmdline):
                 continue  # the rank server itself (harness.launch.rank_server), not a rank

@@ -160,7 +160,7 @@ def test_the_estimators_fastest_guesses_come_first():
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
-    class Probe:  # predicts the fake objective; refuses micro-batch 4, checkpointing "heavy"
+    class TorchHelper:  # predicts the fake objective; refuses micro-batch 4, checkpointing "heavy"
         def prepare(self, plan, peaks):
             d = plan.to_dict()
             if d["micro_batch_size"] == 4:
@@ -170,7 +170,7 @@ def test_the_estimators_fastest_guesses_come_first():
                 "step_time_s": plan.batch_size / fake_launch.objective(plan),
                 "peak_memory_bytes": 2e9 if heavy else 1e8})
 
-    ready = SimpleNamespace(space=space, study=SimpleNamespace(seed=0), probe=Probe(),
+    ready = SimpleNamespace(space=space, study=SimpleNamespace(seed=0), torch_helper=TorchHelper(),
                             facts=SimpleNamespace(peaks={}), budget_bytes=1e9,
                             device_type="cpu")
     taken = [space.enumerate()[0]]

@@ -1,5 +1,5 @@
 """The tuner process never imports torch: what needs it runs in the torch-side helper
-(harness.launch.probe) or in the trials' own processes (DESIGN.md)."""
+(harness.launch.torch_helper) or in the trials' own processes (DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ TUNER_MODULES = ["harness.cli.main", "harness.cli.tune", "harness.cli.tune_check
                  "harness.tune.session", "harness.tune.search.loop", "harness.tune.trial_job",
                  "harness.tune.final.ablation", "harness.tune.recovery.resume",
                  "harness.tune.recovery.storage",
-                 "harness.launch.local", "harness.launch.probe", "harness.study.search_space",
+                 "harness.launch.local", "harness.launch.torch_helper",
+                 "harness.study.search_space",
                  "harness.records.run_store"]
 
 # torch made unimportable in the tuner's process: any import of it raises.

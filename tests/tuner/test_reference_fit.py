@@ -16,7 +16,7 @@ from tests.tuner.conftest import study_table
 GIB = 2**30
 
 
-class FakeProbe:
+class FakeTorchHelper:
     """Predicts 1 GiB per sample of the micro-batch; refuses what `refuse` names."""
 
     def __init__(self, refuse=()):
@@ -38,14 +38,15 @@ def _setup(device_type="cuda"):
 def test_the_baseline_takes_the_largest_micro_batch_that_fits():
     space, facts, params = _setup()
     assert params["micro_batch_size"] == 16  # quickstart: 4, 8, 16
-    probe = FakeProbe()
+    probe = FakeTorchHelper()
     # 1 GiB of CUDA context is assumed before any trial: 8 + 1 fits in 10 GiB, 16 + 1 not
     fitted = largest_fitting_micro(space, params, probe, facts, 10 * GIB)
     assert fitted == {**params, "micro_batch_size": 8} and probe.asked == [16, 8]
-    assert largest_fitting_micro(space, params, FakeProbe(), facts, 40 * GIB) == params
+    assert largest_fitting_micro(space, params, FakeTorchHelper(), facts, 40 * GIB) == params
 
 
 def test_nothing_fits_or_refused_leaves_the_reference_as_it_was():
     space, facts, params = _setup()
-    assert largest_fitting_micro(space, params, FakeProbe(), facts, 2 * GIB) == params
-    assert largest_fitting_micro(space, params, FakeProbe(refuse={16}), facts, 10 * GIB) == params
+    assert largest_fitting_micro(space, params, FakeTorchHelper(), facts, 2 * GIB) == params
+    helper = FakeTorchHelper(refuse={16})
+    assert largest_fitting_micro(space, params, helper, facts, 10 * GIB) == params

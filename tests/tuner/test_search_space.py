@@ -139,7 +139,7 @@ def test_the_tuner_fills_in_settings_as_the_trial_will():
     from the probe's defaults) to spot a configuration measured before; that must give
     what strategies.resolved gives in the trial, or repeats would run twice (or worse,
     two different configurations would share one record)."""
-    from harness.measure.probe_server import study_facts
+    from harness.measure.torch_helper_server import study_facts
     from harness.study.machine_facts import MachineFacts
     from strategies import resolved
 

@@ -119,7 +119,7 @@ def test_clock_and_budgets():
 def study_run(store: RunStore) -> TrialRunner:
     """What a study's trials share, with the facts and the helper `harness tune` uses."""
     from harness.launch.launcher import FunctionLauncher
-    from harness.launch.probe import shared
+    from harness.launch.torch_helper import shared
 
     probe = shared()
     facts = probe.study_facts(Study.from_dict(study_table()))

@@ -48,11 +48,12 @@ class HeldTrials:
     @contextlib.contextmanager
     def holding(self, number: int, trial_id: int | str | None, phase: str,
                 plan: dict[str, Any] | None,
-                heartbeat: contextlib.AbstractContextManager) -> Iterator[Held]:
-        """Hold trial `number` while the block runs, with `heartbeat` entered meanwhile."""
+                heartbeat: Callable[[], contextlib.AbstractContextManager]) -> Iterator[Held]:
+        """Hold trial `number` while the block runs, with `heartbeat()` entered meanwhile
+        (made once it is held: a storage lost on the way still finds it held)."""
         held = self.hold(number, trial_id, phase, plan)
         try:
-            with heartbeat:
+            with heartbeat():
                 yield held
         finally:
             if self.trials.get(number) is held:

@@ -48,7 +48,7 @@ def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]]) -> list[di
     for params in configs:
         plan = ready.space.plan(params)
         try:
-            predicted = ready.probe.prepare(plan, ready.facts.peaks).predicted or {}
+            predicted = ready.torch_helper.prepare(plan, ready.facts.peaks).predicted or {}
         except HarnessError:
             continue  # refused here: the search records why, if it proposes it
         peak, step = fresh.peak_memory(predicted), predicted.get("step_time_s")

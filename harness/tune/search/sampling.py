@@ -3,7 +3,7 @@
 Every finished trial gets two constraints (Optuna 5's `Trial.set_constraint`;
 > 0 is violated, and TPE and NSGA-II read them from every COMPLETE or PRUNED trial):
 
-    memory   (peak - budget) / budget: the measured peak, or the calibrated
+    memory   (peak - budget) / budget: the measured peak, or the corrected
              prediction of a trial that was not launched; 1.0 for an OOM
     runs     1.0 when the configuration cannot run (refused here, crashed,
              diverged, its own timeout), else 0

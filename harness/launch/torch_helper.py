@@ -1,8 +1,9 @@
-"""The tuner's client of its torch-side helper (harness.measure.probe_server).
+"""The tuner's client of its torch-side helper (harness.measure.torch_helper_server).
 
     probe = shared()                     # one helper process per tuner, started lazily
     facts = probe.study_facts(study)     # the study checked here (HarnessError if not)
     prepared = probe.prepare(plan)       # the plan checked, estimated, FLOPs counted
+    prepared, phases_s = prepare_forked(plan)   # the same, by a fork of the rank server
 
 The tuner process never imports torch: what needs it is asked of this helper.
 The helper's imports (torch, the strategies, the estimator) are paid once per
@@ -18,11 +19,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.core.prepared import PreparedPlan
+from harness.launch import rank_server
 from harness.launch.local import import_path
 from harness.study.machine_facts import MachineFacts
 
@@ -31,7 +34,7 @@ class ProbeCrashed(RuntimeError):
     """The helper failed in a way that is not the user's mistake (a bug, or it died)."""
 
 
-class Probe:
+class TorchHelper:
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
         self._stderr: Any = None
@@ -69,14 +72,7 @@ class Probe:
                 self._proc = None
                 raise ProbeCrashed(f"the torch-side helper stopped (exit {proc.wait()}): "
                                    f"{self._stderr_tail()}")
-        answer = json.loads(line)
-        if "error" in answer:
-            error = HarnessError(answer["error"])
-            error.exit_code = answer.get("exit_code", 2)
-            raise error
-        if "crash" in answer:
-            raise ProbeCrashed(f"the torch-side helper failed:\n{answer['crash']}")
-        return answer["ok"]
+        return _ok(json.loads(line))
 
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
@@ -85,7 +81,7 @@ class Probe:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                 import_path(os.environ.get("PYTHONPATH")))}
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.measure.probe_server"], env=env, text=True,
+                [sys.executable, "-m", "harness.measure.torch_helper_server"], env=env, text=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
         return self._proc
 
@@ -106,13 +102,40 @@ class Probe:
                 proc.wait()
 
 
-_SHARED: Probe | None = None
+def _ok(answer: dict[str, Any]) -> Any:
+    """The helper's answer: what it found, or the user's mistake raised as HarnessError."""
+    if "error" in answer:
+        error = HarnessError(answer["error"])
+        error.exit_code = answer.get("exit_code", 2)
+        raise error
+    if "crash" in answer:
+        raise ProbeCrashed(f"the torch-side helper failed:\n{answer['crash']}")
+    return answer["ok"]
 
 
-def shared() -> Probe:
+def prepare_forked(plan: Plan) -> tuple[PreparedPlan, dict[str, float]]:
+    """`TorchHelper.prepare`, answered by a fork of the rank server (harness.launch.rank_server.ask)
+    rather than by a helper process of its own: for `harness bench`, whose ranks are
+    forked from that server, so that torch is imported once. Also returns where its
+    time went (seconds): `rank_server`, waiting for the server's imports (from this
+    call to the fork), then the fork's own (harness.measure.prepare.prepare's phases
+    and `env`)."""
+    asked_at = time.monotonic()
+    answer = rank_server.ask({"op": "prepare", "plan": plan.to_dict(),
+                              "cwd": os.getcwd(), "path": import_path()})
+    prepared = PreparedPlan.from_dict(_ok(answer))
+    forked_at = answer.get("forked_at", asked_at)
+    return prepared, {"rank_server": max(0.0, forked_at - asked_at),
+                      **(answer.get("phases_s") or {})}
+
+
+_SHARED: TorchHelper | None = None
+
+
+def shared() -> TorchHelper:
     """This process's helper: one for all the studies it checks or runs."""
     global _SHARED
     if _SHARED is None:
-        _SHARED = Probe()
+        _SHARED = TorchHelper()
         atexit.register(_SHARED.close)
     return _SHARED

@@ -1,6 +1,6 @@
 """The tuner's torch side: one helper process per tuner answers what needs torch.
 
-    python -m harness.measure.probe_server      (started by harness.launch.probe)
+    python -m harness.measure.torch_helper_server      (started by harness.launch.torch_helper)
 
 The tuner process never imports torch (nor touches a device): checking a study
 against the strategy registry, and checking, estimating and counting the FLOPs
@@ -9,8 +9,9 @@ line on stdout:
 
     {"op": "devices"}                   {"ok": {"cuda": <visible CUDA devices>}}
     {"op": "study", "study": {...}}     {"ok": MachineFacts}   (harness.study.machine_facts)
-    {"op": "prepare", "plan": {...},    {"ok": PreparedPlan} (harness.core.prepared)
-     "peaks": {...}}                    (the study's fixed peaks by compute dtype)
+    {"op": "prepare", "plan": {...},    {"ok": PreparedPlan, (harness.core.prepared)
+     "peaks": {...}}                     "phases_s": {phase: seconds}}
+                                        (the study's fixed peaks by compute dtype)
 
 A user's mistake (a plan or study this machine refuses) is {"error": message,
 "exit_code": n}; anything else that goes wrong, {"crash": traceback}. Every
@@ -87,17 +88,25 @@ def _study_dtypes(settings: dict[str, Any], known_good: dict[str, Any] | None) -
     return sorted(dtypes)
 
 
-def prepare(table: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str, Any]:
+def prepare(table: dict[str, Any], peaks: dict[str, Any] | None = None,
+            phases: dict[str, float] | None = None) -> dict[str, Any]:
+    """The plan prepared (harness.measure.prepare); `phases` gets its seconds, by phase."""
+    import time
+
     import strategies  # noqa: F401  (registers the built-in strategies)
     from harness.core.plan import Plan
     from harness.measure.prepare import prepare as prepare_plan
 
-    prep = prepare_plan(Plan.from_dict(table, where="plan"), peaks=peaks)
-    return prep.checked(env=_env_for(prep.device.type)).to_dict()
+    prep = prepare_plan(Plan.from_dict(table, where="plan"), peaks=peaks, phases=phases)
+    t0 = time.perf_counter()
+    env = _env_for(prep.device.type)
+    if phases is not None:
+        phases["env"] = time.perf_counter() - t0
+    return prep.checked(env=env).to_dict()
 
 
-OPS = {"devices": lambda r: devices(), "study": lambda r: study_facts(r["study"]),
-       "prepare": lambda r: prepare(r["plan"], r.get("peaks"))}
+OPS = {"devices": lambda r, _: devices(), "study": lambda r, _: study_facts(r["study"]),
+       "prepare": lambda r, phases: prepare(r["plan"], r.get("peaks"), phases)}
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
@@ -108,8 +117,10 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     for entry in reversed(request.get("path") or []):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    phases: dict[str, float] = {}
     try:
-        return {"ok": OPS[request["op"]](request)}
+        ok = OPS[request["op"]](request, phases)
+        return {"ok": ok, "phases_s": phases} if phases else {"ok": ok}
     except HarnessError as e:
         return {"error": str(e), "exit_code": e.exit_code}
     except Exception:
