@@ -1,8 +1,7 @@
 """The time kept after the search: what the confirmation and the ablation are expected to cost.
 
-A fixed share of the budget (budget.ablation_share) left a 4-minute quickstart study
-idle for a minute at its end: its final trials took 6 s of the 60 s kept. So the
-search runs until the time left is what the final phases are expected to need:
+The search runs until the time left is what the final phases are expected to need
+(a fixed share of the budget left short studies idle at their end):
 
     final trials = (contenders + the baseline) x confirm_repeats  (confirmation.py)
                  + (the best + one per technique it uses) x ablation_repeats

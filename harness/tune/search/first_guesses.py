@@ -9,15 +9,11 @@ within TIE of the fastest, in a seeded random order (the estimator cannot rank
 them, a measurement must), at least START of the fastest and at most CAP (and half
 of a small space), so TPE still has budget to correct a wrong estimate.
 
-Replayed on recorded tables (tests/benchmarks/search_replay.py,
-docs/benchmarks/search_replay_cpu_2026-11-23.md) this cut the tuner's median cost to
-reach 0.97 of the best on the quickstart table from 30.5 s to 10.7 s (random search:
-23.5 s), where five guesses in enumeration order had been luck.
+(Its effect, replayed: docs/benchmarks/search_replay_*.)
 
 Candidates are up to SAMPLE configurations (all of a smaller space; a seeded sample
 of a larger one) that the estimator predicts to fit the memory budget. Each
-prediction is one request to the torch-side helper (about 0.1 s on the 2-core CPU),
-so SAMPLE bounds the cost.
+prediction is one request to the torch-side helper, so SAMPLE bounds the cost.
 """
 
 from __future__ import annotations
