@@ -97,9 +97,9 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     """The study and the flags checked as a run would; nothing created or launched.
 
     What needs torch (the strategy registry, the device) is asked of the tuner's
-    torch-side helper (harness.launch.torch_helper): this process never imports torch."""
+    torch-side helper (harness.launch.probe): this process never imports torch."""
     from harness.cli.tune_check import check_run_folder
-    from harness.launch.torch_helper import shared
+    from harness.launch.probe import shared
     from harness.records.run_store import RunStore
     from harness.study.references import baseline, known_good
     from harness.study.search_space import NotInSpace, SearchSpace
@@ -236,7 +236,7 @@ def _launcher(spec: str | None, study: Any, device_type: str):
     import sys
 
     from harness.core.cluster import ClusterSpec
-    from harness.launch.launcher import as_launcher
+    from harness.launch.launcher import Launcher, as_launcher
     from harness.launch.local import LocalLauncher, launch
 
     if spec in ("local", "slurm"):  # kept in the study: --resume runs where it started
@@ -259,6 +259,6 @@ def _launcher(spec: str | None, study: Any, device_type: str):
         fn = getattr(importlib.import_module(module_name), attr, None)
     except ImportError as e:
         raise HarnessError(f"--launcher {spec!r}: cannot import {module_name} ({e})") from None
-    if not callable(fn):
+    if not (isinstance(fn, Launcher) or callable(fn)):
         raise HarnessError(f"--launcher {spec!r}: {module_name} has no function {attr}")
     return LocalLauncher() if fn is launch else as_launcher(fn)
