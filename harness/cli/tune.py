@@ -97,9 +97,9 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     """The study and the flags checked as a run would; nothing created or launched.
 
     What needs torch (the strategy registry, the device) is asked of the tuner's
-    torch-side helper (harness.launch.probe): this process never imports torch."""
+    torch-side helper (harness.launch.torch_helper): this process never imports torch."""
     from harness.cli.tune_check import check_run_folder
-    from harness.launch.probe import shared
+    from harness.launch.torch_helper import shared
     from harness.records.run_store import RunStore
     from harness.study.references import baseline, known_good
     from harness.study.search_space import NotInSpace, SearchSpace
