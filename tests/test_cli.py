@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,62 @@ def test_bench_from_flags_only(tmp_path):
     assert record["status"] == "ok"
     assert record["plan"]["strategies"] == {"amp": {"dtype": "bf16", "init_scale": 65536.0}}
     assert record["plan"]["workload"]["layers"] == 2
+
+
+BENCH_PHASES = {"python", "cli", "plan", "rank_server", "check", "peaks", "flops", "estimate",
+                "env", "fork", "launch", "start", "setup", "warmup", "finish"}
+
+
+def test_bench_says_where_its_time_went(tmp_path):
+    """--verbose prints the command's phases and the record keeps them (metrics.phases_s):
+    one after the other, so with the measured window they add up to no more than the
+    wall clock (the interpreter's exit comes after the record)."""
+    from harness.launch import rank_server
+
+    if not rank_server.enabled():
+        pytest.skip("no forkserver here: the plan is prepared in the command's process")
+    out = tmp_path / "phases"
+    t0 = time.monotonic()
+    proc = harness("bench", "--workload", "gpt", *TINY, "--out", str(out), "--verbose")
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((out / "result.json").read_text())["metrics"]
+    phases = m["phases_s"]
+    assert set(phases) == BENCH_PHASES
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) + m["window"]["seconds"] <= wall
+    assert "where the time went" in proc.stdout and "rank_server" in proc.stdout
+    assert "(measured steps)" in proc.stdout
+
+
+def _bench_in_python(code: str, out: Path, env: dict[str, str] | None = None) -> list[str]:
+    argv = ["bench", "--workload", "gpt", *TINY, "--out", str(out)]
+    script = (f"import sys\nfrom harness.cli.main import main\nrc = main({argv!r})\n{code}")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()
+
+
+def test_the_bench_process_imports_no_torch(tmp_path):
+    """The plan is prepared in a fork of the rank server, its ranks' parent: torch is
+    imported once, there (and the command's own exit does not unload it)."""
+    from harness.launch import rank_server
+
+    if not rank_server.enabled():
+        pytest.skip("no forkserver here: the plan is prepared in the command's process")
+    last = _bench_in_python("print(rc, 'torch' in sys.modules)", tmp_path / "o")[-1]
+    assert last == "0 False"
+
+
+def test_bench_without_the_rank_server_prepares_in_its_own_process(tmp_path):
+    env = {**os.environ, "HARNESS_FORK_RANKS": "0"}
+    last = _bench_in_python("print(rc, 'torch' in sys.modules)", tmp_path / "o", env)[-1]
+    assert last == "0 True"
+    phases = json.loads((tmp_path / "o" / "result.json").read_text())["metrics"]["phases_s"]
+    assert {"imports", "check", "peaks", "flops", "estimate", "env", "launch", "start",
+            "warmup"} <= set(phases)
+    assert "rank_server" not in phases and "python" not in phases  # main() was given argv
 
 
 def test_user_workload_from_a_module_path(tmp_path):

@@ -84,21 +84,36 @@ def plan_from_args(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import strategies  # noqa: F401  (registers the built-in strategies)
+    from harness.cli.bench_phases import BenchPhases, phases_table
     from harness.cli.bench_table import estimate_table, result_table
     from harness.core.cluster import ClusterSpec
     from harness.launch import rank_server
     from harness.launch.local import check_nodes, launch, visible_gpus
-    from harness.measure.prepare import prepare
 
+    phases = BenchPhases(_PYTHON_S, _MAIN_AT)
+    phases.lap("cli")
     plan = plan_from_args(args)
+    phases.lap("plan")
     cluster = plan.cluster
     if args.launcher:
         cluster = dataclasses.replace(cluster or ClusterSpec(), launcher=args.launcher)
     on_slurm = cluster is not None and cluster.launcher == "slurm"
-    if args.nnodes == 1 and not on_slurm:  # the ranks are forked from the rank server,
-        rank_server.warm_up()  # whose imports overlap the checks below
-    prepared = prepare(plan).checked()  # refuses a bad plan before anything is made or run
+    # Refuse a bad plan before anything is made or run.
+    if args.nnodes == 1 and not on_slurm and rank_server.enabled():
+        from harness.launch.torch_helper import prepare_forked
+
+        # The ranks are forked from the rank server, so the plan is prepared in a fork
+        # of it too: torch is imported once, there, and never in this process.
+        prepared, seconds = prepare_forked(plan)
+        phases.add(seconds, rest="fork")
+    else:
+        import strategies  # noqa: F401  (registers the built-in strategies)
+        from harness.measure.prepare import prepare
+
+        phases.lap("imports")
+        measured: dict[str, float] = {}
+        prepared = prepare(plan, phases=measured).checked()
+        phases.add(measured, rest="env")
     if on_slurm:  # a job Slurm would not take: one line, exit 2, nothing submitted
         from harness.launch import slurm
 
@@ -122,15 +137,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on {args.nnodes} "
           f"node(s), micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}, "
           f"strategies: {', '.join(plan.strategies) or 'none'}", flush=True)
+    phases.lap("launch")  # the launcher's share: `launched` adds the launch to it
     result = launch(prepared, out, command, nnodes=args.nnodes, node_rank=args.node_rank,
                     rdzv_endpoint=args.rdzv_endpoint)
     if args.node_rank != 0:
         print(f"{result.status}: {result.reason}")
         return 0
+    # Where the command's time went, in the record too (keys added, none renamed).
+    result.metrics["phases_s"] = phases.launched(result.metrics)
+    if (out / "result.json").exists():
+        result.write(out / "result.json")
     record = result.to_dict()
     print(result_table(record))
     if args.verbose and record.get("predicted"):
         print("predicted:\n" + estimate_table(record["predicted"]))
+    if args.verbose:
+        phases.lap("record")
+        window = (record["metrics"].get("window") or {}).get("seconds")
+        print("where the time went:\n"
+              + phases_table({**record["metrics"]["phases_s"], **phases.seconds}, window))
     print(f"wrote {out / 'result.json'} (logs in {out / 'logs'})\nre-run: {command}")
     return 0
 
@@ -172,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_flags(bench)
     bench.add_argument("--out", help="folder for result.json and plan.toml")
     bench.add_argument("-v", "--verbose", action="store_true",
-                       help="print the estimate's breakdown")
+                       help="print the estimate's breakdown, and where the command's "
+                            "time went (also in the record: metrics.phases_s)")
     bench.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="stop the trial after this long (default: the plan's timeout_s)")
     bench.add_argument("--launcher", choices=["local", "slurm"],
@@ -207,7 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+_PYTHON_S: float | None = None  # the interpreter's start and the imports, run as a command
+_MAIN_AT: float | None = None  # when main() began (time.monotonic())
+
+
 def main(argv: list[str] | None = None) -> int:
+    import time
+
+    global _PYTHON_S, _MAIN_AT
+    _MAIN_AT = time.monotonic()
+    if argv is None:  # the command line: this process was started to run it
+        from harness.core.clock import process_age_s
+
+        _PYTHON_S = process_age_s()
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad flag
     try:

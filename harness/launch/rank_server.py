@@ -13,6 +13,12 @@ the next. Several nodes still go through torchrun.
     ranks.wait(timeout)    # every rank ended, or the first one failed
     ranks.returncode; ranks.first_failure; ranks.pids; ranks.members
 
+    ask({"op": "prepare", "plan": ...})    # a fork answers as the torch-side helper would
+
+`harness bench` checks and prepares its plan in such a fork too (`ask`), so its own
+process never imports torch: the server's imports are the only ones its trial
+waits for, and a peak calibration that misses the cache no longer runs beside them.
+
 Each fork runs `python -m harness.measure.rank_main ARGV` as torchrun's worker
 would: a session of its own (so stopping its process group stops what it
 started), the trial's environment with torchrun's variables (`rank_env`: what
@@ -28,7 +34,9 @@ server imports it, in its own process.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -70,8 +78,26 @@ def _server() -> Any:
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
+            atexit.register(_stop)
             _context = ctx
     return _context
+
+
+def _stop() -> None:
+    """At this process's exit, end the server at once. Left to itself it would notice
+    the exit and then unload torch for a second or so, holding this command's stdout
+    and stderr open all the while (a caller reading them to their end waits for it).
+    It runs no trial: every rank forked from it has ended or been stopped by now."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)  # the server leaves SIGTERM to its default: gone
+    with contextlib.suppress(Exception):
+        server._stop()  # reaps it and forgets it (multiprocessing's own way to stop it)
 
 
 class ForkedRank:
@@ -98,19 +124,49 @@ class ForkedRank:
 
 def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> ForkedRank:
     """Fork `python -m harness.measure.rank_main ARGV` from the server (see the module)."""
-    ctx = _server()
-    process = ctx.Process(target=_run_rank, args=(argv, env, stdout, stderr),
-                          name="harness-rank", daemon=False)
+    process = _server().Process(target=_run_rank, args=(argv, env, stdout, stderr),
+                                name="harness-rank", daemon=False)
+    _start(process)
+    return ForkedRank(process)
+
+
+def _start(process: Any) -> None:
     with _lock:
         # multiprocessing would have the fork run the caller's __main__ again (to
-        # unpickle what it defines): the rank's code is the harness's own, and a user's
+        # unpickle what it defines): the fork's code is the harness's own, and a user's
         # script without a main guard must not start over in every trial.
         spawn.get_preparation_data = _without_main
         try:
             process.start()
         finally:
             spawn.get_preparation_data = _preparation_data
-    return ForkedRank(process)
+
+
+def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The torch-side helper's answer (harness.measure.torch_helper_server.answer) to
+    `request`, given by a fork of the server instead of the helper's own process:
+    `harness bench` prepares its plan this way, so torch is imported once, by the
+    server its ranks are forked from, and not a second time beside it. The fork
+    runs with `env` (default: this process's environment) and ends with its answer;
+    the answer also says when it began (`forked_at`, time.monotonic(): the server's
+    imports were done by then) and when it ended (`answered_at`)."""
+    ctx = _server()
+    reader, writer = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_answer, args=(request, dict(env or os.environ), writer),
+                          name="harness-prepare", daemon=False)
+    try:
+        _start(process)
+        writer.close()  # the fork holds the only writer: EOF once it ends
+        try:  # JSON, as the helper answers: nothing in it imports torch here
+            answer = json.loads(reader.recv_bytes())
+        except EOFError:  # it ended without answering (killed, or crashed in C)
+            process.join()
+            answer = {"crash": f"the rank server's fork that answers {request.get('op')!r} "
+                               f"ended without an answer (exit {process.exitcode})"}
+    finally:
+        reader.close()
+        process.join()
+    return answer
 
 
 def rank_env(env: dict[str, str], rank: int, world_size: int, logs: Path, port: int,
@@ -215,13 +271,7 @@ def _run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) ->
     code = 1
     try:
         os.setsid()
-        os.environ.clear()
-        os.environ.update(env)
-        threads = env.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:  # a new interpreter reads it at import;
-            import torch  # this one imported torch in the server (preloaded: no cost here)
-
-            torch.set_num_threads(int(threads))
+        _use_env(env)
         for fd, path in ((1, stdout), (2, stderr)):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(target, fd)
@@ -252,3 +302,37 @@ def _run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) ->
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def _use_env(env: dict[str, str]) -> None:
+    """In a fork: the caller's environment in place of the server's."""
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # a new interpreter reads it at import;
+        import torch  # this one imported torch in the server (preloaded: no cost here)
+
+        torch.set_num_threads(int(threads))
+
+
+def _answer(request: dict[str, Any], env: dict[str, str], conn: Any) -> None:
+    """In a fork (see `ask`): answer `request` as the torch-side helper would, send it
+    back, and leave (os._exit: nothing of the server runs after)."""
+    forked_at = time.monotonic()
+    try:
+        _use_env(env)
+        from harness.measure import torch_helper_server
+
+        answer = torch_helper_server.answer(request)
+    except BaseException:
+        import traceback
+
+        answer = {"crash": traceback.format_exc()[-4000:]}
+    with contextlib.suppress(Exception):
+        answer = {**answer, "forked_at": forked_at, "answered_at": time.monotonic()}
+        conn.send_bytes(json.dumps(answer, default=str).encode())
+        conn.close()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)

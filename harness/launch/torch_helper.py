@@ -114,12 +114,12 @@ def _ok(answer: dict[str, Any]) -> Any:
 
 
 def prepare_forked(plan: Plan) -> tuple[PreparedPlan, dict[str, float]]:
-    """`TorchHelper.prepare`, answered by a fork of the rank server (harness.launch.rank_server.ask)
-    rather than by a helper process of its own: for `harness bench`, whose ranks are
-    forked from that server, so that torch is imported once. Also returns where its
-    time went (seconds): `rank_server`, waiting for the server's imports (from this
-    call to the fork), then the fork's own (harness.measure.prepare.prepare's phases
-    and `env`)."""
+    """`TorchHelper.prepare`, answered by a fork of the rank server
+    (harness.launch.rank_server.ask) rather than by a helper process of its own: for
+    `harness bench`, whose ranks are forked from that server, so that torch is
+    imported once. Also returns where its time went (seconds): `rank_server`,
+    waiting for the server's imports (from this call to the fork), then the fork's
+    own (harness.measure.prepare.prepare's phases and `env`)."""
     asked_at = time.monotonic()
     answer = rank_server.ask({"op": "prepare", "plan": plan.to_dict(),
                               "cwd": os.getcwd(), "path": import_path()})

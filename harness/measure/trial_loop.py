@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from harness.core.clock import process_age_s
 from harness.core.errors import HarnessError
 from harness.core.interference import InterferenceMeter, combine_ranks, session_pids
 from harness.measure import distributed
@@ -83,7 +84,10 @@ def run_trial(
             # after the measured steps, off their clock; one process trains to the target
             from harness.measure.time_to_target import add_time_to_target
 
+            t_target = time.perf_counter()
             result.status, result.reason = add_time_to_target(prep, result.metrics)
+            result.metrics.setdefault("phases_s", {})["time_to_target"] = (
+                time.perf_counter() - t_target)
     except HarnessError:
         raise
     except BaseException as e:  # a trial's failure is data, not a crash
@@ -106,6 +110,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     plan, device, workload = prep.plan, prep.device, prep.workload
     torch.manual_seed(plan.seed)
     t_setup = time.perf_counter()
+    started = process_age_s()  # this rank's process, from its start to here
     memory = MemoryTracker(device)
     memory.begin()
     with torch.device(device):
@@ -140,7 +145,8 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             break
     # Where a trial's time goes besides its measured steps (issue 13's overhead): the
     # warm-up ends synchronised, each of its losses having been read.
-    phases_s = {"setup": t_warmup - t_setup, "warmup": time.perf_counter() - t_warmup}
+    phases_s = {"start": started, "setup": t_warmup - t_setup,
+                "warmup": time.perf_counter() - t_warmup}
     first = plan.warmup_steps
     window: list[torch.Tensor | None] = []  # the window's losses, still on the device
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
@@ -168,6 +174,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             timer.finish()
             others.stop()
             report_done()
+    t_finish = time.perf_counter()
     # The record ends at the first non-finite loss, as when each step was checked.
     for k, agreed in enumerate(read_losses(window, info, device) if window else []):
         if not record(agreed, first + k):
@@ -195,12 +202,15 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     metrics["peak_memory_bytes"] = job["peak_memory_bytes"]
     metrics["per_rank"] = job["per_rank"]
     metrics["notes"] = setup.notes
-    metrics["phases_s"] = phases_s  # this rank's build-and-compose and warm-up seconds
+    # this rank's seconds: its process's start (imports, the workload, the process
+    # group), build-and-compose, warm-up, and (below) what follows the measured window
+    metrics["phases_s"] = phases_s
     metrics["interference"] = combine_ranks([r.get("interference") for r in ranks])
     # this rank's data: what it was, and how long its measured steps waited for it
     metrics["data"] = {**feed.record(first, timer.window_s), "data": workload.data_info()}
     metrics["data_wait_s"] = metrics["data"]["data_wait_s"]
     metrics["data_wait_share"] = metrics["data"]["data_wait_share"]
+    phases_s["finish"] = time.perf_counter() - t_finish  # the losses read, figures combined
     if not step_times:
         return metrics, status, reason or "no measured step completed"
 

@@ -34,14 +34,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Layout, Plan
 from harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
 from harness.study.study_file import Study
+
+if TYPE_CHECKING:  # optuna is imported where it is used: `harness bench` needs none of it
+    import optuna
 
 DATA_PARALLEL = ("ddp", "zero")
 AXIS_STRATEGIES = {"pipeline": "pipeline", "tensor": "tensor"}  # layout axis -> strategy
@@ -331,6 +332,8 @@ class SearchSpace:
 
 
 def to_optuna(dist: Space) -> optuna.distributions.BaseDistribution:
+    import optuna
+
     if isinstance(dist, Choice):
         return optuna.distributions.CategoricalDistribution(list(dist.values))
     if isinstance(dist, IntRange):

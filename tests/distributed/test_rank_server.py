@@ -67,3 +67,20 @@ def test_switched_off_a_rank_is_a_new_interpreter(tmp_path, monkeypatch):
     result = launch_plan(faulty_plan(world=1), out, "test")
     assert result.status == "ok", result.reason
     assert_nothing_left(out)
+
+
+@pytest.mark.timeout(180)
+def test_a_fork_of_the_server_answers_as_the_torch_side_helper():
+    """`harness bench` prepares its plan in a fork of the server (rank_server.ask): the
+    helper's answer, a user's mistake as an error with its exit code, anything else as
+    a crash."""
+    from harness.launch.torch_helper import prepare_forked
+
+    plan = faulty_plan(world=1)
+    prepared, phases = prepare_forked(plan)
+    assert prepared.plan.name == plan.name and prepared.flops_per_sample > 0
+    assert prepared.predicted["peak_memory_bytes"] > 0 and prepared.env["torch"]
+    assert set(phases) == {"rank_server", "check", "peaks", "flops", "estimate", "env"}
+    bad = rank_server.ask({"op": "prepare", "plan": {**plan.to_dict(), "strategies": {"amq": {}}}})
+    assert bad["exit_code"] == 2 and "unknown strategy 'amq'" in bad["error"]
+    assert "KeyError" in rank_server.ask({"op": "no such op"})["crash"]
