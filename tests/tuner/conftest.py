@@ -92,3 +92,37 @@ def quiet_machine(monkeypatch):
     from harness.tune.search import busy_machine as quiet
 
     monkeypatch.setattr(quiet.BusyWatch, "__call__", lambda self: False)
+
+
+# The MFU denominators every in-process study here fixes at its start (the torch-side
+# helper's MachineFacts.peaks, which study.json keeps and every prepare divides by): the
+# same figure for every dtype, on every machine. The estimator's step times, and so the
+# trial times the tuner expects and skips by, then come from the test alone. Measured
+# here they would not: bf16 runs about 30x slower than fp32 on a CPU with AVX2 and no
+# AVX-512 BF16, and the tuner skipped a fake study's amp configurations as too slow.
+FIXED_PEAK_FLOPS = 1e11
+FIXED_PEAK_SOURCE = "fixed: tests/tuner/conftest.py (the same on every machine)"
+
+
+def fixed_peak(record: dict[str, Any]) -> dict[str, Any]:
+    """A PeakChoice record (harness.measure.peak_choice) of FIXED_PEAK_FLOPS."""
+    peak = {"flops": FIXED_PEAK_FLOPS, "source": FIXED_PEAK_SOURCE}
+    return {**record, "datasheet": None, "measured": peak, "used": "measured",
+            "flops": FIXED_PEAK_FLOPS, "source": FIXED_PEAK_SOURCE,
+            "reason": "fixed by the tests, so that none depends on this CPU's measured peaks"}
+
+
+@pytest.fixture(autouse=True)
+def fixed_peaks(monkeypatch):
+    """In-process studies take FIXED_PEAK_FLOPS as their peaks (the helper answers the
+    rest as usual). A study in a process of its own measures them, as a user's does."""
+    from harness.launch.torch_helper import TorchHelper
+
+    real = TorchHelper.study_facts
+
+    def study_facts(self, study):
+        facts = real(self, study)
+        facts.peaks = {dtype: fixed_peak(record) for dtype, record in facts.peaks.items()}
+        return facts
+
+    monkeypatch.setattr(TorchHelper, "study_facts", study_facts)

@@ -20,7 +20,7 @@ from harness.tune.final import summary
 from harness.tune.search import busy_machine as quiet
 from strategies import resolved
 from tests.tuner import fake_launch
-from tests.tuner.conftest import records, study_table, tune, write_study
+from tests.tuner.conftest import FIXED_PEAK_SOURCE, records, study_table, tune, write_study
 
 BUSY = {"other_cpu_share": 0.5, "trial_cpu_share": 0.5, "cpus": 2,
         "other_gpu_processes": None, "flagged": True, "threshold": 0.1}
@@ -190,6 +190,8 @@ def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypa
     path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 1})
     assert tune(str(path), "--out", str(out), "--budget", "20s") == 0
     info = json.loads((out / "study.json").read_text())
+    # the trial times the tuner expects come from the test's peaks, not this CPU's
+    assert {p["source"] for p in info["peaks"].values()} == {FIXED_PEAK_SOURCE}
     assert "exhausted" not in info["stopped_because"]
     assert "converged" not in info["stopped_because"]
     # the search ran until only the final phases' expected time was left (no skip, no
