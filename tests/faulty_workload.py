@@ -3,7 +3,8 @@
     workload = "tests.faulty_workload:build"    # with fail_rank=1, hang_rank=..., ...
 
 - `fail_rank`: the loss raises RuntimeError on that rank (at `fail_at_step`);
-- `hang_rank`: the loss sleeps for ever on that rank;
+- `hang_rank`: the loss sleeps for ever on that rank (first touching the file
+  rank<r> in the folder HANG_MARK_ENV names, when set: the rank is in its hang);
 - `oom_rank`: the loss raises torch.OutOfMemoryError, as CUDA does, on that rank;
 - `nan_at_step`: the loss is NaN on `nan_rank` (every rank when -1) from that step;
 - `exit_rank`: the process ends at once (os._exit(3)) on that rank, with no error;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +30,8 @@ from torch.utils._pytree import tree_leaves
 
 from harness.workloads.base import Workload
 from harness.workloads.gpt import build_gpt
+
+HANG_MARK_ENV = "FAULTY_HANG_MARK"
 
 
 class Faulty(Workload):
@@ -65,6 +69,8 @@ class Faulty(Workload):
         if rank == f["exit_rank"]:
             os._exit(3)
         if rank == f["hang_rank"]:
+            if os.environ.get(HANG_MARK_ENV):
+                (Path(os.environ[HANG_MARK_ENV]) / f"rank{rank}").touch()
             while True:
                 time.sleep(3600)
         loss = self.inner.loss(model, batch)

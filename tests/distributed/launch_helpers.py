@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -78,6 +79,28 @@ def assert_nothing_left(out_dir: Path) -> None:
 def in_repo_root(monkeypatch):
     """The trial imports tests.faulty_workload from the working folder."""
     monkeypatch.chdir(ROOT)
+
+
+def timeout_once_hung(monkeypatch: pytest.MonkeyPatch, marks: Path, timeout_s: float) -> None:
+    """The launcher's clock (harness.launch.local's time.monotonic) jumps `timeout_s`
+    ahead once a rank of the trial is in its hang (tests/faulty_workload.py touches a
+    file in `marks`): the trial's deadline passes there and then, as it would have
+    `timeout_s` after the start, without waiting for it however long the rank took to
+    get there. What follows is the launcher's own: the stacks asked for, the ranks
+    stopped, the record. (tests/distributed/conftest.py's hung trial waits on the real
+    clock.)"""
+    from harness.launch import local
+    from tests.faulty_workload import HANG_MARK_ENV
+
+    marks.mkdir()
+    monkeypatch.setenv(HANG_MARK_ENV, str(marks))
+
+    def monotonic() -> float:
+        return time.monotonic() + (timeout_s if any(marks.iterdir()) else 0.0)
+
+    clock = SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
+    clock.monotonic = monotonic
+    monkeypatch.setattr(local, "time", clock)
 
 
 def launch_plan(plan: Plan, out: Path | str, command: str, **kwargs):

@@ -121,11 +121,12 @@ def test_a_rank_that_dies_without_an_error_is_named(tmp_path, ports):
 
 
 @pytest.mark.timeout(120)
-def test_a_hanging_forked_trial_is_stopped_at_its_timeout(tmp_path, ports):
-    out = tmp_path / "hang"
-    result = launch_plan(faulty_plan(hang_rank=1, timeout_s=15.0), out, "test")
+def test_a_hanging_forked_trial_is_stopped_at_its_timeout(hung_two_ranks):
+    # The trial (tests/distributed/conftest.py) is test_launch.py's: forked, here.
+    result, out = hung_two_ranks.result, hung_two_ranks.out
     assert result.status == "timeout", result.reason
-    assert result.reason.startswith("no result after 15 s; the trial was stopped")
+    assert result.reason.startswith(
+        f"no result after {hung_two_ranks.timeout:g} s; the trial was stopped")
     assert "ranks still running: 0, 1" in result.reason
     assert "rank 1 in loss at faulty_workload.py" in result.reason
     assert "in loss" in (out / "logs" / "stack-rank1.txt").read_text()

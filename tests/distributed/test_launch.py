@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 
 import pytest
 
@@ -129,12 +128,10 @@ def test_a_nan_loss_on_one_rank_stops_both(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_hang_times_out_and_nothing_is_left(tmp_path):
-    out = tmp_path / "hang"
-    timeout = 20.0
-    t0 = time.monotonic()
-    result = launch_plan(faulty_plan(hang_rank=1, timeout_s=timeout), out, "test")
-    took = time.monotonic() - t0
+def test_a_hang_times_out_and_nothing_is_left(hung_two_ranks):
+    # The trial (tests/distributed/conftest.py) is shared with test_fork_ranks.py.
+    result, out, took = hung_two_ranks.result, hung_two_ranks.out, hung_two_ranks.took
+    timeout = hung_two_ranks.timeout
     assert result.status == "timeout"
     assert took < timeout + 2 * GRACE_S + 10  # the parent's own checks come before the clock
     assert result.reason.startswith(f"no result after {timeout:g} s; the trial was stopped")

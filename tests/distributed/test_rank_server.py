@@ -16,6 +16,7 @@ from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     faulty_plan,
     in_repo_root,
     launch_plan,
+    timeout_once_hung,
 )
 
 pytestmark = [pytest.mark.usefixtures("in_repo_root"),
@@ -43,13 +44,17 @@ def test_every_trial_is_a_new_fork_of_the_server(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_forked_rank_that_hangs_times_out_with_its_stack(tmp_path):
+def test_a_forked_rank_that_hangs_times_out_with_its_stack(tmp_path, monkeypatch):
     out = tmp_path / "hang"
     timeout = 15.0
+    # The deadline passes as soon as the rank is in its hang, not 15 s of waiting later
+    # (the real clock's timeout: test_launch.py's hang, on two forked ranks).
+    timeout_once_hung(monkeypatch, tmp_path / "hung", timeout)
     t0 = time.monotonic()
     result = launch_plan(faulty_plan(world=1, hang_rank=0, timeout_s=timeout), out, "test")
     assert result.status == "timeout"
     assert time.monotonic() - t0 < timeout + 2 * GRACE_S + 10
+    assert result.reason.startswith(f"no result after {timeout:g} s; the trial was stopped")
     assert "ranks still running: 0" in result.reason
     assert "in loss" in (out / "logs" / "stack-rank0.txt").read_text()
     assert json.loads((out / "result.json").read_text())["status"] == "timeout"
