@@ -81,8 +81,9 @@ def parallel_assumptions(cfg: Settings, layout: Layout, worst: RankMemory,
         )
     if layout.world_size > 1:
         out.append(
-            "Communication is not modelled: its time is taken to overlap with compute, and "
-            "the collectives' own buffers (NCCL's, gloo's) are not counted."
+            "Communication time is modelled on a GPU (the step time says how) and taken "
+            "to overlap with compute on a CPU; the collectives' own buffers (NCCL's, "
+            "gloo's) are not counted."
         )
     return out
 

@@ -20,6 +20,7 @@ from harness.estimator.pipeline import bubble_fraction
 from harness.estimator.rank import PERSISTENT, RankMemory, rank_memory
 from harness.estimator.result import Estimate
 from harness.estimator.settings import Settings
+from harness.estimator.step_costs import StepCosts
 from harness.estimator.step_time import step_time
 from harness.estimator.trace import trace_activations
 from harness.workloads.base import Workload
@@ -67,7 +68,8 @@ def estimate(
     if flops_per_sample is None:
         flops_per_sample = float(workload.flops_per_sample())
     flops_per_step = (flops_per_sample + parts.recompute_flops_per_sample) * plan.batch_size
-    seconds, mfu, how = step_time(flops_per_step, plan, env, peak_flops, bubble)
+    costs = step_costs(plan, workload, facts, cfg, worst)
+    seconds, mfu, how = step_time(flops_per_step, plan, env, peak_flops, bubble, costs)
     assumptions.append(how)
 
     memory = {k: int(v) for k, v in worst.memory.items()}
@@ -96,6 +98,22 @@ def estimate(
         },
         tensor={"ranks": par.tensor, "mlp": par.tensor_mlp},
     )
+
+
+def step_costs(plan: Plan, workload: Workload, facts: ModelFacts, cfg: Settings,
+               worst: RankMemory) -> StepCosts:
+    """What one rank's step launches and moves, for the step time on a GPU."""
+    par, shape = cfg.parallel, workload.shape
+    layers = shape.layers if shape is not None else (facts.blocks or 0)
+    model = facts.parameter_bytes // (par.tensor * par.pipeline)
+    width = 2 if cfg.amp else 4
+    act = plan.micro_batch_size * shape.seq_len * shape.hidden * width if shape else 0
+    return StepCosts(
+        microsteps=max(1, par.microbatches), blocks=max(1, layers // par.pipeline),
+        compiled=cfg.compile, data=par.data, zero=par.zero, model_bytes=model,
+        state_touched_bytes=worst.state.parameters + worst.state.optimizer_state,
+        gradient_bytes=model, param_tensors=max(1, len(facts.params) // par.pipeline),
+        optimizer_impl=cfg.optimizer_impl, tensor=par.tensor, activation_bytes=act)
 
 
 def sharding_record(cfg: Settings, worst: RankMemory) -> dict:

@@ -1,10 +1,13 @@
 """Step time: the step's FLOPs per device over an assumed fraction of the device's peak,
-stretched by the pipeline's bubble."""
+stretched by the pipeline's bubble; on CUDA also its kernel launches, communication and
+optimizer step (harness.estimator.step_costs)."""
 
 from __future__ import annotations
 
 from harness.core.device import RuntimeEnv
 from harness.core.plan import Plan
+from harness.estimator.bandwidth import bandwidth
+from harness.estimator.step_costs import COMPUTE_MFU, StepCosts, cuda_step_time
 
 # Assumed fraction of the peak FLOP rate a training step reaches. On CUDA the
 # peak is the datasheet (or calibration-matmul) figure; on CPU it is a measured
@@ -18,6 +21,7 @@ def step_time(
     env: RuntimeEnv,
     peak_flops: float | None,
     bubble: float = 0.0,
+    costs: StepCosts | None = None,
 ) -> tuple[float | None, float, str]:
     """(step time or None without a peak, the assumed MFU, the sentence saying how).
 
@@ -27,6 +31,10 @@ def step_time(
     mfu = ASSUMED_MFU.get(env.device_type, ASSUMED_MFU["cpu"])
     if peak_flops is None or peak_flops <= 0:
         return None, mfu, "No peak FLOP rate was given: step time is not estimated."
+    if env.device_type == "cuda" and costs is not None:
+        seconds, how = cuda_step_time(flops_per_device / (peak_flops * COMPUTE_MFU), costs,
+                                      bandwidth(env.device_type, env.device_name), bubble)
+        return seconds, COMPUTE_MFU, how
     seconds = flops_per_device / (peak_flops * mfu) / (1 - bubble)
     return seconds, mfu, (
         f"Step time = FLOPs per device ({flops_per_device:.3e}, the global batch of "

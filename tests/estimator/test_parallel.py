@@ -116,7 +116,7 @@ def test_ddp_buckets_hold_the_gradients_all_step():
 def test_distributed_strategies_are_modelled():
     e = estimate(square_plan(2, zero={"stage": 2}), Square(), CUDA)
     assert any(a.startswith("ZeRO stage 2 (FSDP2) over 2 data ranks") for a in e.assumptions)
-    assert any(a.startswith("Communication is not modelled") for a in e.assumptions)
+    assert any(a.startswith("Communication time is modelled on a GPU") for a in e.assumptions)
     assert not any("Not modelled" in a for a in e.assumptions)
 
 
@@ -183,7 +183,10 @@ def test_pipeline_stages_hold_their_blocks_and_activations_in_flight():
     # Rank 0 keeps a gradient receive buffer per micro-batch (4) and its output per
     # micro-batch in flight (2), each an fp32 s x b x h residual stream.
     assert e.memory["pipeline_buffers"] == (4 + 2) * 4 * GPT["seq_len"] * 2 * GPT["hidden"]
-    assert e.step_time_s == pytest.approx(single.step_time_s / 2 / (1 - 1 / 5))
+    # compute (a slow device: it dominates) halves per stage, stretched by the bubble
+    slow, slow_single = estimate(plan, w, CUDA, 1e9), estimate(one, w, CUDA, 1e9)
+    assert slow.step_time_s == pytest.approx(slow_single.step_time_s / 2 / (1 - 1 / 5),
+                                             rel=0.02)
     gpipe = estimate(gpt(Layout(pipeline=2), 8, pipeline={"schedule": "gpipe"})[0], w, CUDA)
     assert gpipe.to_record()["pipeline"]["in_flight"] == [[4], [4]]
     assert gpipe.memory["activations"] == 2 * single.memory["activations"]

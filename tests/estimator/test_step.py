@@ -9,6 +9,8 @@ import torch
 from harness.core.errors import HarnessError
 from harness.core.plan import Layout
 from harness.estimator import COMPONENTS, estimate
+from harness.estimator.bandwidth import bandwidth
+from harness.estimator.step_costs import COMPUTE_MFU, DATA_EXPOSED
 from tests.estimator.measure import LiveBytes
 from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
 
@@ -54,28 +56,55 @@ def test_peak_matches_a_live_count_of_a_training_step(attention, amp, every):
 
 def test_step_time_scales_with_the_global_batch():
     w = TinyGPTWorkload()
-    one = estimate(gpt_plan(micro_batch=4), w, CUDA, peak_flops=1e12)
+    one = estimate(gpt_plan(micro_batch=4), w, CPU, peak_flops=1e12)
     plan = gpt_plan(micro_batch=4, accumulation={})
     plan.global_batch_size = 16
-    four = estimate(plan, w, CUDA, peak_flops=1e12)
+    four = estimate(plan, w, CPU, peak_flops=1e12)
     assert four.step_time_s == pytest.approx(4 * one.step_time_s)
     assert four.flops_per_step == pytest.approx(4 * one.flops_per_step)
-    assert one.step_time_s == pytest.approx(w.flops_per_sample() * 4 / (1e12 * 0.4))
+    assert one.step_time_s == pytest.approx(w.flops_per_sample() * 4 / (1e12 * 0.5))
     # Activations are per micro-batch: accumulation leaves them alone.
     assert four.memory["activations"] == one.memory["activations"]
-    cpu = estimate(gpt_plan(micro_batch=4), w, CPU, peak_flops=1e12)
-    assert cpu.step_time_s == pytest.approx(one.step_time_s * 0.4 / 0.5)
+    # On a GPU whose compute dominates (a slow one), the same, at the compute MFU
+    slow = estimate(gpt_plan(micro_batch=4), w, CUDA, peak_flops=1e9)
+    slow4 = estimate(plan, w, CUDA, peak_flops=1e9)
+    assert slow4.step_time_s == pytest.approx(4 * slow.step_time_s, rel=0.02)
+    assert slow.step_time_s == pytest.approx(w.flops_per_sample() * 4 / (1e9 * COMPUTE_MFU),
+                                             rel=0.02)
 
 
-def test_step_time_divides_over_the_data_parallel_ranks():
+def test_a_small_micro_batch_is_launch_bound_on_a_gpu():
+    """Fast compute: the step takes the kernel launches' time, so per sample a micro-batch
+    of 1 is slower than one of 4 at the same global batch, and compile (fewer kernels)
+    helps it."""
+    w = TinyGPTWorkload()
+    def step(micro, **strategies):
+        plan = gpt_plan(micro_batch=micro, accumulation={}, **strategies)
+        plan.global_batch_size = 8
+        return estimate(plan, w, CUDA, peak_flops=1e15).step_time_s
+    assert step(1) > 2 * step(4)  # 8 micro-steps' launches against 2
+    assert step(1, fused={"compile": True}) < step(1) / 2
+
+
+def test_data_and_tensor_parallel_traffic_on_a_gpu():
     w = TinyGPTWorkload()
     one = estimate(gpt_plan(micro_batch=4), w, CUDA, peak_flops=1e12)
-    plan = gpt_plan(micro_batch=4)
-    plan.layout = Layout(data=2)  # global batch 8 over 2 ranks
+    plan = gpt_plan(micro_batch=4, ddp={})
+    plan.layout = Layout(data=2)  # global batch 8 over 2 ranks: the same work per rank
     two = estimate(plan, w, CUDA, peak_flops=1e12)
     assert two.flops_per_step == pytest.approx(2 * one.flops_per_step)
-    assert two.step_time_s == pytest.approx(one.step_time_s)
-    assert any("only the FLOPs are divided" in a for a in two.assumptions)
+    grads = two.memory["parameters"]  # fp32: the gradients' bytes
+    link = bandwidth("cuda", CUDA.device_name).link
+    assert two.step_time_s - one.step_time_s == pytest.approx(
+        DATA_EXPOSED * 2 * 0.5 * grads / link, rel=0.05)
+    assert any("data-parallel traffic" in a for a in two.assumptions)
+    cpu = estimate(gpt_plan(micro_batch=4), w, CPU, peak_flops=1e12)
+    cpu2 = estimate(plan, w, CPU, peak_flops=1e12)
+    assert cpu2.step_time_s == pytest.approx(cpu.step_time_s)  # the CPU counts FLOPs only
+    tp = gpt_plan(micro_batch=4, tensor={})
+    tp.layout = Layout(tensor=2)
+    assert any("tensor-parallel all-reduces" in a
+               for a in estimate(tp, w, CUDA, peak_flops=1e12).assumptions)
 
 
 def test_without_a_peak_there_is_no_step_time():
