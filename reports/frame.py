@@ -17,7 +17,7 @@ NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "predicted_memory_bytes", "predicted_step_time_s", "energy_j_per_sample",
            "loss_first", "loss_last", "duration_s", "micro_batch_size", "global_batch_size",
            "world_size", "optuna_number", "ablation_repeat", "calibrated_memory_bytes",
-           "measured_for_estimate")
+           "measured_for_estimate", "corrected_step_time_s", "corrected_from_trials")
 
 
 def get(d: Any, dotted: str, default: Any = None) -> Any:
@@ -119,6 +119,8 @@ def flatten(r: dict, order: int, trial_id: str) -> dict[str, Any]:
         "predicted_memory_bytes": get(r, "predicted.peak_memory_bytes"),
         "predicted_step_time_s": get(r, "predicted.step_time_s"),
         "calibrated_memory_bytes": get(r, "predicted.calibrated_peak_memory_bytes"),
+        "corrected_step_time_s": get(r, "predicted.corrected_step_time_s"),
+        "corrected_from_trials": get(r, "predicted.corrected_from_trials"),
         "measured_for_estimate": _model_memory(m),
         "energy_j_per_sample": get(m, "energy_j_per_sample"),
         "loss_first": get(m, "loss.first"),

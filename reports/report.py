@@ -9,6 +9,7 @@ from harness.core.units import format_bytes, format_seconds
 from reports import figures_convergence as fc
 from reports import figures_memory as fm
 from reports import figures_perf as perf
+from reports import figures_prediction as fp
 from reports import figures_study as fs
 from reports.effects import technique_effects
 from reports.environment import environment_rows
@@ -26,7 +27,8 @@ def build_report(run: Run) -> str:
     importances, imp_note = param_importances(run)
     figures = [fs.effects_figure(effects), perf.throughput_memory(run), perf.micro_batch(run),
                fs.history(run), fs.importances_figure(importances, imp_note),
-               perf.step_times(run), perf.loss_curves(run), fm.memory_prediction(run)]
+               perf.step_times(run), perf.loss_curves(run), fm.memory_prediction(run),
+               fp.step_time_prediction(run)]
     body = [headline_html(run, h), figure(figures[0], effects_table(effects))]
     body += [figure(f) for f in figures[1:]]
     ttl = fc.points(run)
@@ -43,6 +45,7 @@ def build_report(run: Run) -> str:
     nav = [("headline", "Headline"), ("effects", "Techniques"), ("pareto", "Throughput × memory"),
            ("mbs", "Micro-batch"), ("history", "History"), ("importances", "Importances"),
            ("steps", "Step times"), ("loss", "Loss"), ("memory", "Estimator"),
+           ("steptime", "Step-time model"),
            ("trials", "All trials"), ("failures", "Failures"), ("study", "Study"),
            ("env", "Environment")]
     if ttl:

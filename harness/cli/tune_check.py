@@ -65,6 +65,7 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
     from harness.core.errors import one_line
     from harness.core.units import format_bytes
     from harness.study.study_file import memory_spec
+    from harness.tune.search.first_guesses import describe_start
 
     study, space = ready.study, ready.space
     budget = study.budget
@@ -107,6 +108,7 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
                    f"{_duration(budget.trial_timeout)} per trial"),
         ("memory", memory),
         ("first trials", ", ".join(phase for phase, _ in ready.references)),
+        ("start", describe_start(study, size, len(ready.references))),
         ("run folder", f"{ready.run_dir} ({state})"),
         ("storage", _storage(args, ready)),
         ("launcher", launcher.name),

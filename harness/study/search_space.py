@@ -1,6 +1,6 @@
 """The conditional search space of a study: an Optuna trial's parameters -> a Plan.
 
-One walk (`_walk`) decides the structure, and every use goes through it, so they
+One walk (`walk`) decides the structure, and every use goes through it, so they
 cannot disagree: sampling a trial, rebuilding a plan from stored parameters,
 turning a wanted configuration into parameters (the baseline, the known-good one,
 ablations), and listing every configuration of a finite space.
@@ -137,7 +137,7 @@ class SearchSpace:
         return [m for m in self.study.micro_sizes if g % (m * layout.data) == 0]
 
     # --- the one walk ---------------------------------------------------------
-    def _walk(self, ask: Ask) -> Plan:
+    def walk(self, ask: Ask) -> Plan:
         batches = self.study.global_batches
         g = batches[0] if len(batches) == 1 else ask("global_batch_size", Choice(tuple(batches)))
         drawn = self._target_values(ask)
@@ -237,7 +237,7 @@ class SearchSpace:
             if isinstance(dist, IntRange):
                 return trial.suggest_int(name, dist.low, dist.high, log=dist.log)
             return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
-        return self._walk(ask)
+        return self.walk(ask)
 
     def plan(self, params: dict[str, Any]) -> Plan:
         """The plan of stored parameters (those the walk does not reach are ignored)."""
@@ -245,7 +245,7 @@ class SearchSpace:
             if name not in params:
                 raise NotInSpace(f"parameter '{name}' is missing")
             return params[name]
-        return self._walk(ask)
+        return self.walk(ask)
 
     def distributions(self, params: dict[str, Any]) -> dict[str, Any]:
         """Optuna distributions of the parameters `params` uses (for study.add_trial)."""
@@ -254,7 +254,7 @@ class SearchSpace:
         def ask(name: str, dist: Space) -> Any:
             out[name] = to_optuna(dist)
             return params[name]
-        self._walk(ask)
+        self.walk(ask)
         return out
 
     def params_for(self, wanted: Wanted) -> dict[str, Any]:
@@ -271,7 +271,7 @@ class SearchSpace:
                 raise NotInSpace(f"{name} = {want!r} is outside [{dist.low}, {dist.high}]")
             params[name] = want
             return want
-        self._walk(ask)
+        self.walk(ask)
         return params
 
     def _wanted_value(self, name: str, dist: Space, wanted: Wanted, on: dict) -> Any:
@@ -319,7 +319,7 @@ class SearchSpace:
                 depth += 1
                 params[name] = value
                 return value
-            self._walk(ask)
+            self.walk(ask)
             found.append(params)
         return found
 

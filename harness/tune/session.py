@@ -60,6 +60,7 @@ class Outcome:
     stopped: str = "interrupted"  # why the search ended
     final: str = "interrupted"  # how the final phases (the ablation last) ended
     helpers: list[subprocess.Popen] = field(default_factory=list)
+    spent: dict[str, float] = field(default_factory=dict)  # seconds by phase, this session
 
 
 def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
@@ -141,12 +142,17 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
             outcome.helpers = _start_helpers(args, checked, ctx, progress.line)
             if checked.groups[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = checked.groups[0]  # this worker's share
+            began = time.time()
             outcome.stopped = tuner.search(first=[partial(rejoin, ctx, t) for t in left])
             progress.line(f"search ended: {outcome.stopped}")
             if outcome.helpers:
                 wait_for(outcome.helpers, ctx.clock.left() + 30)
+            outcome.spent["search"] = time.time() - began
             if not args.helper:
-                outcome.final = run_final_phases(ctx, args.resume, progress.line)
+                began = time.time()
+                done = outcome.stopped.startswith(("converged", "search space exhausted"))
+                outcome.final = run_final_phases(ctx, args.resume, progress.line, done)
+                outcome.spent["final phases"] = time.time() - began
         except StorageUnreachable as e:
             outcome.stopped, outcome.final = str(e), "not run"
             raise
@@ -168,7 +174,8 @@ def finish(args: argparse.Namespace, tuner: Tuner, outcome: Outcome) -> bool:
     if args.helper:
         return True
     try:
-        return write_results(tuner.ctx, f"{outcome.stopped}; ablation: {outcome.final}")
+        return write_results(tuner.ctx, f"{outcome.stopped}; ablation: {outcome.final}",
+                             outcome.spent)
     except OSError as e:  # the folder went unwritable: the records are what's left
         print(f"could not write the study's summary: {e}", file=sys.stderr)
         return True

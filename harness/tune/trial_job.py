@@ -40,6 +40,7 @@ from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRU
 from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
 from harness.tune.search.correction import Correction
+from harness.tune.search.sampling import memory_excess_bytes
 
 if TYPE_CHECKING:
     from harness.tune.recovery.follower import Announcer
@@ -89,8 +90,13 @@ def run_trial_job(
     predicted = dict(prep.predicted or {})
     peak = correction.peak_memory(predicted)
     n_steps = prep.plan.warmup_steps + prep.plan.steps
-    expected = correction.trial_seconds(predicted, n_steps, run.facts.device_type)
+    planned = prep.plan.to_dict()
+    expected = correction.trial_seconds(predicted, n_steps, run.facts.device_type, planned)
+    # The corrected step time, learnt from the trials measured before this one: its
+    # error against the measured step is the study's prediction error after n trials.
     predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,
+                     corrected_step_time_s=correction.step_time(predicted, planned),
+                     corrected_from_trials=correction.n_time,
                      calibration=correction.as_dict())  # the record's key
     if peak is not None and peak > run.budget_bytes:
         tags["pruned"] = PRUNED_MEMORY
@@ -121,7 +127,7 @@ def run_trial_job(
     finally:
         if run.nodes is not None:
             run.nodes.done(trial_id)
-    return _finished(result, folder, tags, predicted, deadline)
+    return _finished(result, folder, tags, predicted, deadline, run.budget_bytes)
 
 
 def left_a_job(run: TrialRunner, trial_id: int | str) -> bool:
@@ -146,11 +152,12 @@ def rejoin_trial_job(run: TrialRunner, trial_id: int | str, deadline: float,
     result = run.launcher.rejoin(folder, deadline=deadline, should_stop=should_stop)
     if result is None:
         return None
-    return _finished(result, folder, launched["tags"], launched["predicted"], deadline)
+    return _finished(result, folder, launched["tags"], launched["predicted"], deadline,
+                     run.budget_bytes)
 
 
 def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
-              predicted: dict[str, Any], deadline: float) -> TrialResult:
+              predicted: dict[str, Any], deadline: float, budget_bytes: int) -> TrialResult:
     """The launcher's record with the tuner's prediction and tags, in result.json."""
     tags = dict(tags)
     result.predicted = {**(result.predicted or {}), **predicted}
@@ -160,6 +167,7 @@ def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
     if result.status == "pruned":
         tags["pruned"] = PRUNED_SLOW
     result.tags = {**result.tags, **tags}
+    _keep_excess(result, budget_bytes)
     result.write(folder / "result.json")
     return result
 
@@ -169,5 +177,15 @@ def _not_run(run: TrialRunner, trial_id: int | str, plan: Plan, predicted: dict 
     result = TrialResult.not_measured(
         "pruned", reason, study=run.name, trial_id=trial_id, plan=plan.to_dict(),
         predicted=predicted, env=run.facts.env, command=command, tags=tags)
+    _keep_excess(result, run.budget_bytes)
     result.write(run.store.trial_dir(trial_id) / "result.json")
     return result
+
+
+def _keep_excess(result: TrialResult, budget_bytes: int) -> None:
+    """A trial over the memory budget (or out of memory) keeps how far over it was
+    (metrics.memory_excess_bytes; negative: the room it left)."""
+    if result.status == "ok" or result.status == "oom" or (
+            result.tags.get("pruned") == PRUNED_MEMORY):
+        excess = memory_excess_bytes(result.to_dict(), budget_bytes)
+        result.metrics["memory_excess_bytes"] = int(excess) if excess else None

@@ -47,11 +47,11 @@ def _open(browser, page: str, path):
 
 
 # The figures of a study's page (reports.report.build_report), by the id of each one's
-# section. Any study with measured trials draws the first five. The other three depend
+# section. Any study the tuner measured draws the first six. The other three depend
 # on what the study reached in its time on this machine: leave-one-out trials of a best
 # that uses a technique, two micro-batch sizes measured, two completed trials with a
 # parameter that varied. Where one is not drawn, its section says why instead.
-EVERY_STUDY = ("pareto", "history", "steps", "loss", "memory")
+EVERY_STUDY = ("pareto", "history", "steps", "loss", "memory", "steptime")
 IF_REACHED = ("effects", "mbs", "importances")
 FIGURES = """(() => JSON.stringify(Object.fromEntries(%s.map(key => {
   const s = document.getElementById(key);

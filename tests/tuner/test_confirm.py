@@ -69,12 +69,15 @@ def test_a_lucky_single_measurement_is_not_named_best(tmp_path, launched, tweak)
     fastest = max(search, key=lambda r: r["metrics"]["samples_per_s"])
     assert key(resolved_plan(fastest["plan"])) == runner_up  # one measurement says so
     rounds = [r for r in recs if r["tags"]["phase"] == "confirm"]
-    assert {r["tags"]["confirm"]["round"] for r in rounds} == {0, 1}
+    # the grid measured the whole space early: its spare time buys rounds beyond the 2
+    seen_rounds = {r["tags"]["confirm"]["round"] for r in rounds}
+    assert seen_rounds == set(range(len(seen_rounds))) and len(seen_rounds) >= 2
     info = json.loads((out / "study.json").read_text())
     best = next(r for r in recs if str(r["trial_id"]) == str(info["best_trial_id"]))
     assert key(resolved_plan(best["plan"])) == optimum  # the medians say otherwise
     decision = info["best_by_repeats"]
-    assert decision["median"] == pytest.approx(best_rate) and decision["n"] == 3
+    assert decision["median"] == pytest.approx(best_rate)
+    assert decision["n"] == 1 + len(seen_rounds)  # its search measurement and each round
     assert decision["baseline"] is not None  # the speedup's denominator measured again too
 
 

@@ -69,7 +69,9 @@ def test_a_lucky_step_time_does_not_name_the_best_time_to_target(
     first = min(search, key=lambda r: r["metrics"]["time_to_target_s"])
     assert config(first["plan"]) == (32, True, 8)  # one measurement says so
     rounds = [r for r in recs if r["tags"]["phase"] == "confirm"]
-    assert {r["tags"]["confirm"]["round"] for r in rounds} == {0, 1}
+    # the grid measured the whole space early: its spare time buys rounds beyond the 2
+    seen_rounds = {r["tags"]["confirm"]["round"] for r in rounds}
+    assert seen_rounds == set(range(len(seen_rounds))) and len(seen_rounds) >= 2
     for r in rounds:  # the same steps, this round's step time
         m = r["metrics"]
         assert m["time_to_target_s"] == pytest.approx(
@@ -78,7 +80,8 @@ def test_a_lucky_step_time_does_not_name_the_best_time_to_target(
     best = next(r for r in recs if str(r["trial_id"]) == str(info["best_trial_id"]))
     assert config(best["plan"]) == (16, True, 8)  # the medians say otherwise
     decision = info["best_by_repeats"]
-    assert decision["objective"] == "time_to_loss" and decision["n"] == 3
+    assert decision["objective"] == "time_to_loss"
+    assert decision["n"] == 1 + len(seen_rounds)
     assert decision["median"] == pytest.approx(time_to_target(best["plan"], 130.0))
     # the seeds (steps x 0.9 ... 1.1) overlap: the runner-up is not told apart from it
     assert str(first["trial_id"]) in decision["indistinguishable"]

@@ -17,7 +17,7 @@ from harness.study.study_file import Study
 from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
 from harness.tune.recovery.storage import redact
 from harness.tune.search.correction import Correction
-from harness.tune.search.sampling import outcome
+from harness.tune.search.sampling import CANNOT_RUN, outcome
 from harness.tune.trial_job import TrialRunner, run_trial_job
 from tests.tuner import fake_launch
 from tests.tuner.conftest import study_table
@@ -32,18 +32,27 @@ def record(status, tags=None, peak=None, rate=None, predicted=None):
             "predicted": {"peak_memory_bytes": predicted} if predicted else None}
 
 
+MIB = 2**20
+RUNS = CANNOT_RUN
+
+
 @pytest.mark.parametrize("rec, state, values, constraints", [
-    (record("ok", peak=GIB, rate=50.0), TrialState.COMPLETE, [50.0], {"memory": -0.5, "runs": 0}),
+    # the memory constraint is the excess over the 2 GiB budget, in bytes (negative: room)
+    (record("ok", peak=GIB, rate=50.0), TrialState.COMPLETE, [50.0],
+     {"memory": -GIB, "runs": 0}),
     (record("ok", peak=3 * GIB, rate=50.0), TrialState.COMPLETE, [50.0],
-     {"memory": 0.5, "runs": 0}),
+     {"memory": GIB, "runs": 0}),
     (record("pruned", {"pruned": "memory"}, predicted=4 * GIB), TrialState.COMPLETE, [0.0],
-     {"memory": 1.0, "runs": 0}),
-    (record("oom"), TrialState.COMPLETE, [0.0], {"memory": 1.0, "runs": 0}),
-    (record("failed"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": 1}),
-    (record("diverged"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": 1}),
-    (record("timeout"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": 1}),
+     {"memory": 2 * GIB, "runs": 0}),
+    (record("oom"), TrialState.COMPLETE, [0.0], {"memory": MIB, "runs": 0}),  # at least 1 MiB
+    (record("oom", peak=2 * GIB + 5 * MIB), TrialState.COMPLETE, [0.0],
+     {"memory": 5 * MIB, "runs": 0}),
+    (record("oom", predicted=3 * GIB), TrialState.COMPLETE, [0.0], {"memory": GIB, "runs": 0}),
+    (record("failed"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": RUNS}),
+    (record("diverged"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": RUNS}),
+    (record("timeout"), TrialState.COMPLETE, [0.0], {"memory": 0, "runs": RUNS}),
     (record("pruned", {"pruned": "refused"}), TrialState.COMPLETE, [0.0],
-     {"memory": 0, "runs": 1}),
+     {"memory": 0, "runs": RUNS}),
     (record("pruned", {"pruned": "slow"}), TrialState.PRUNED, None, {"memory": 0, "runs": 0}),
     (record("timeout", {"deadline": True}), TrialState.FAIL, None, {}),
     (record("pruned", {"pruned": "time"}), TrialState.FAIL, None, {}),
@@ -155,7 +164,7 @@ def test_a_plan_this_machine_refuses_is_not_launched(tmp_path):
     result = run_trial_job(run, 3, plan, {}, Correction(), time.time() + 60)
     assert fake_launch.CALLS == [] and result.status == "pruned"
     assert result.tags["pruned"] == "refused" and "cannot run here" in result.reason
-    assert outcome(result.to_dict(), ["throughput"], GIB).constraints["runs"] == 1
+    assert outcome(result.to_dict(), ["throughput"], GIB).constraints["runs"] == CANNOT_RUN
 
 
 def test_trials_jsonl_lines_never_interleave(tmp_path):

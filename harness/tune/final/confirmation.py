@@ -150,17 +150,19 @@ def _summary(s: Standing) -> dict[str, Any]:
     return out
 
 
-def run_confirmation(ctx: TunerState) -> str:
-    """Measure the contenders again and name the best; returns how it ended, in words."""
+def run_confirmation(ctx: TunerState, repeats: int | None = None) -> str:
+    """Measure the contenders again (`repeats` rounds; budget.confirm_repeats by default)
+    and name the best; returns how it ended, in words."""
     budget = ctx.study.budget
+    repeats = budget.confirm_repeats if repeats is None else repeats
     by = ranked_by(ctx.study.objectives)
     if by is None:
         return ("off: the contenders are ranked by throughput or time to target, not "
                 f"{ctx.study.objective}")
     records = ctx.run.store.records()
     picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes, by=by)
-    if len(picked) < 2 or not budget.confirm_repeats:
-        return ("off (budget.confirm_repeats = 0)" if not budget.confirm_repeats else
+    if len(picked) < 2 or not repeats:
+        return ("off (budget.confirm_repeats = 0)" if not repeats else
                 "not needed: fewer than two configurations may be the best")
     baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"
                      and may_be_best(r, ctx.run.budget_bytes)), None)
@@ -170,7 +172,7 @@ def run_confirmation(ctx: TunerState) -> str:
     params = {str(r["trial_id"]): _params_of(ctx, r) for r in picked}
     recorded = {str(r["trial_id"]): r for r in records}
     ended = "done"
-    for rnd in range(budget.confirm_repeats):
+    for rnd in range(repeats):
         for of, p in params.items():
             trial_id = f"confirm-{of}-{rnd}"
             run_id = attempt_id(recorded, trial_id) if p is not None else None

@@ -9,26 +9,53 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from harness.tune.final.ablation import run_ablation
-from harness.tune.final.confirmation import run_confirmation
+from harness.tune.budget import MARGIN
+from harness.tune.final.ablation import run_ablation, techniques
+from harness.tune.final.confirmation import contenders, ranked_by, run_confirmation
+from harness.tune.final.time_reserve import trial_seconds
 from harness.tune.recovery.workers import Worker
 from harness.tune.tuner_state import TunerState
 
+MAX_ROUNDS = 10  # confirmation rounds, however much time is left
 OWNER = "ablation_owner"  # the storage's user attribute naming the worker that runs them
 
 
-def run_final_phases(ctx: TunerState, take_over: bool, say: Callable[[str], None]) -> str:
-    """Measure the contenders again, then ablate the best; how the ablation ended, in words."""
+def run_final_phases(ctx: TunerState, take_over: bool, say: Callable[[str], None],
+                     search_done: bool = False) -> str:
+    """Measure the contenders again, then ablate the best; how the ablation ended, in words.
+    With `search_done` (converged, or the space measured) the time the search did not
+    need goes to more confirmation rounds (`rounds_that_fit`)."""
     budget = ctx.study.budget
     if not budget.ablation_repeats and not budget.confirm_repeats:
         return "off (budget.ablation_repeats = 0)"
     if not _claim(ctx, take_over):
         return "another worker runs it"
     if budget.confirm_repeats:
-        say("the contenders for the best measured again, in rounds")
-        say(f"confirmation: {run_confirmation(ctx)}")
+        rounds = rounds_that_fit(ctx) if search_done else budget.confirm_repeats
+        more = (f" ({rounds} rounds: the search ended early, its time goes to them)"
+                if rounds > budget.confirm_repeats else "")
+        say("the contenders for the best measured again, in rounds" + more)
+        say(f"confirmation: {run_confirmation(ctx, rounds)}")
     say("ablation of the best configuration")
     return run_ablation(ctx)
+
+
+def rounds_that_fit(ctx: TunerState) -> int:
+    """Confirmation rounds that fit the time left beside the ablation, from
+    budget.confirm_repeats to MAX_ROUNDS."""
+    budget = ctx.study.budget
+    records = ctx.run.store.records()
+    each = trial_seconds(records)
+    by = ranked_by(ctx.study.objectives)
+    if each is None or by is None:
+        return budget.confirm_repeats
+    per_round = MARGIN * each * (len(contenders(records, budget.confirm_margin,
+                                                ctx.run.budget_bytes, by=by)) + 1)
+    best = ctx.best_trial()
+    ablation = MARGIN * each * budget.ablation_repeats * (
+        1 + len(techniques(ctx.space, best.params)) if best is not None else 0)
+    fit = int((ctx.clock.left() - ablation) // per_round) if per_round > 0 else 0
+    return max(budget.confirm_repeats, min(MAX_ROUNDS, fit))
 
 
 def _claim(ctx: TunerState, take_over: bool) -> bool:

@@ -28,7 +28,8 @@ def confirmed_decision(ctx: TunerState, best_id: Any) -> dict[str, Any] | None:
     return decision if decision and str(decision["best"]) == str(best_id) else None
 
 
-def write_results(ctx: TunerState, stopped: str) -> bool:
+def write_results(ctx: TunerState, stopped: str,
+                  spent: dict[str, float] | None = None) -> bool:
     """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
     store, study, clock = ctx.run.store, ctx.study, ctx.clock
     records = store.records()
@@ -53,11 +54,16 @@ def write_results(ctx: TunerState, stopped: str) -> bool:
         wall_clock_s=round(clock.elapsed(), 1),
         calibration=ctx.correction().as_dict(),  # study.json's key
         best_by_repeats=decision,
+        time_spent={k: round(v, 1) for k, v in (spent or {}).items()},
     )
     multi = len(study.objectives) > 1
     print(f"\nstudy {study.name}: {len(records)} trials ({status_counts(records)}) in "
           f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
     print(table(records, multi, memory_budget=ctx.run.budget_bytes))
+    if spent:
+        parts = [f"{name} {v:.0f} s" for name, v in spent.items()]
+        unused = max(clock.left(), 0.0)
+        print(f"time: {', '.join(parts)}; {unused:.0f} s of the budget unused")
     if decision:
         print(confirmation_text(decision))
     else:

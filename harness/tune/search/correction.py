@@ -13,12 +13,18 @@ own correction, a median over the study's ok trials:
                    (harness.measure.memory), not the tensors alone. Before any trial
                    is measured, DEFAULT_RUNTIME_BYTES
     memory_ratio   (measured peak - runtime) / predicted peak
-    step_ratio     measured median step time / predicted step time
-    overhead_s     a trial's duration beyond its steps: starting processes,
-                   building the model, compiling
+    step_ratio     measured median step time / predicted step time (the median)
+    step fit       the same ratio per factor of the configuration, once two trials
+                   are measured (harness.tune.search.step_fit): what the estimator
+                   gets wrong about compile, a micro-batch size, a layout is learnt
+                   from the trials that differ in it
+    overhead_s     a trial's duration beyond its steps (starting processes, building
+                   the model), kept apart for compiled trials (overhead_compiled_s:
+                   compiling takes a minute on a GPU)
 
     corrected peak  = runtime + memory_ratio x predicted peak
-    expected trial  = overhead_s + (warm-up + steps) x step_ratio x predicted step
+    corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
+    expected trial  = overhead (compiled or not) + (warm-up + steps) x corrected step
 
 Before any trial is measured the corrections are 1 and 0, and the overhead a
 default per device. (In the record and study.json these figures sit under the older
@@ -29,8 +35,10 @@ means only the measurement of a device's peak FLOPs: harness.measure.calibrate.)
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from harness.tune.search.step_fit import StepFit
 
 # A CPU trial forked from the rank server starts in a fraction of a second, but the first
 # may wait for the server's imports (3-6 s on the 2-core CPU: docs/benchmarks/trial_overhead_*).
@@ -39,6 +47,14 @@ DEFAULT_OVERHEAD_S = {"cpu": 5.0, "cuda": 40.0}
 # context alone was 0.5 GiB, and a small trial held 0.75 GiB beyond the allocator's
 # pool (docs/benchmarks/gpu_*); NCCL adds its buffers. Assumed until measured.
 DEFAULT_RUNTIME_BYTES = {"cpu": 0.0, "cuda": 1024.0**3}
+# Compiling a model, beyond a trial's other overhead, until a compiled trial is measured.
+DEFAULT_COMPILE_S = {"cpu": 30.0, "cuda": 70.0}
+
+
+def compiled(plan: dict[str, Any] | None) -> bool:
+    """Whether a plan compiles its model (torch.compile: fused.compile)."""
+    fused = ((plan or {}).get("strategies") or {}).get("fused") or {}
+    return bool(fused.get("compile"))
 
 
 @dataclass
@@ -47,12 +63,14 @@ class Correction:
     memory_ratio: float = 1.0
     step_ratio: float = 1.0
     overhead_s: float | None = None
+    overhead_compiled_s: float | None = None
     n_memory: int = 0
     n_time: int = 0
+    fit: StepFit = field(default_factory=lambda: StepFit([]))
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]], device_type: str = "cpu") -> Correction:
-        runtime, mem, step, over = [], [], [], []
+        runtime, mem, step, over, over_compiled, samples = [], [], [], [], [], []
         for r in records:
             if r.get("status") != "ok" or not r.get("predicted"):
                 continue
@@ -67,20 +85,24 @@ class Correction:
             median = (m.get("step_time_s") or {}).get("median")
             if (m.get("interference") or {}).get("flagged"):
                 median = None  # the time of a busy machine, not the configuration's
+            plan = r.get("plan") or {}
             if median and p.get("step_time_s"):
                 step.append(median / p["step_time_s"])
-            plan = r.get("plan") or {}
+                samples.append((plan, median, p["step_time_s"]))
             if median and r.get("duration_s"):
                 n_steps = plan.get("warmup_steps", 0) + plan.get("steps", 0)
-                over.append(max(r["duration_s"] - n_steps * median, 0.0))
+                beyond = max(r["duration_s"] - n_steps * median, 0.0)
+                (over_compiled if compiled(plan) else over).append(beyond)
         med = statistics.median
         return cls(
             runtime_bytes=med(runtime) if runtime else DEFAULT_RUNTIME_BYTES.get(device_type, 0.0),
             memory_ratio=med(mem) if mem else 1.0,
             step_ratio=med(step) if step else 1.0,
             overhead_s=med(over) if over else None,
+            overhead_compiled_s=med(over_compiled) if over_compiled else None,
             n_memory=len(mem),
             n_time=len(step),
+            fit=StepFit(samples),
         )
 
     def peak_memory(self, predicted: dict[str, Any] | None) -> float | None:
@@ -88,18 +110,27 @@ class Correction:
             return None
         return self.runtime_bytes + self.memory_ratio * predicted["peak_memory_bytes"]
 
-    def step_time(self, predicted: dict[str, Any] | None) -> float | None:
+    def step_time(self, predicted: dict[str, Any] | None,
+                  plan: dict[str, Any] | None = None) -> float | None:
+        """The corrected step time of `plan` (its factors' fit once two trials are
+        measured; the common ratio before, or without a plan)."""
         if not predicted or predicted.get("step_time_s") is None:
             return None
+        if plan is not None and self.fit.n >= 2:
+            return self.fit.ratio(plan) * predicted["step_time_s"]
         return self.step_ratio * predicted["step_time_s"]
 
     def trial_seconds(self, predicted: dict[str, Any] | None, steps: int,
-                      device_type: str) -> float:
+                      device_type: str, plan: dict[str, Any] | None = None) -> float:
         """How long a trial is expected to take, start to record."""
-        overhead = self.overhead_s
-        if overhead is None:
-            overhead = DEFAULT_OVERHEAD_S.get(device_type, DEFAULT_OVERHEAD_S["cuda"])
-        return overhead + steps * (self.step_time(predicted) or 0.0)
+        default = DEFAULT_OVERHEAD_S.get(device_type, DEFAULT_OVERHEAD_S["cuda"])
+        overhead = self.overhead_s if self.overhead_s is not None else default
+        if compiled(plan):
+            overhead = self.overhead_compiled_s if self.overhead_compiled_s is not None else (
+                overhead + DEFAULT_COMPILE_S.get(device_type, DEFAULT_COMPILE_S["cuda"]))
+        return overhead + steps * (self.step_time(predicted, plan) or 0.0)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["fit"] = self.fit.as_dict()
+        return out

@@ -12,8 +12,10 @@ of a small space), so TPE still has budget to correct a wrong estimate.
 (Its effect, replayed: docs/benchmarks/search_replay_*.)
 
 Candidates are up to SAMPLE configurations (all of a smaller space; a seeded sample
-of a larger one) that the estimator predicts to fit the memory budget. Each
-prediction is one request to the torch-side helper, so SAMPLE bounds the cost.
+of a larger one, drawn without listing it: harness.study.space_sampling, so a space of
+any size, ranges included, starts the same way) that the estimator predicts to fit the
+memory budget. Each prediction is one request to the torch-side helper, so SAMPLE
+bounds the cost. `describe_start` says in a line how a study starts (`--check`).
 """
 
 from __future__ import annotations
@@ -22,23 +24,26 @@ import random
 from typing import Any
 
 from harness.core.errors import HarnessError
+from harness.study.space_sampling import sample
+from harness.study.study_file import Study
 from harness.tune.checked_study import CheckedStudy
 from harness.tune.search.correction import Correction
+from harness.tune.search.sampling import startup_trials
 
 START = 5
 CAP = 16
 TIE = 0.05  # predictions this close to the fastest are the estimator's tie
 SAMPLE = 64
-LISTABLE = 20_000  # larger spaces are not listed to sample from
 
 
 def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The configurations to measure first, as parameters (none of `taken`)."""
     size = ready.space.size()
-    if size is None or size > LISTABLE:
-        return []
-    configs = candidates([p for p in ready.space.enumerate() if p not in taken],
-                         ready.study.seed)
+    if size is not None and size <= SAMPLE + len(taken):  # small: all of it
+        configs = [p for p in ready.space.enumerate() if p not in taken]
+    else:
+        drawn = sample(ready.space, random.Random(ready.study.seed), SAMPLE + len(taken))
+        configs = [p for p in drawn if p not in taken][:SAMPLE]
     fresh = Correction.from_records([], ready.device_type)  # the defaults: nothing measured
     scored = []
     for params in configs:
@@ -50,10 +55,30 @@ def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]]) -> list[di
         peak, step = fresh.peak_memory(predicted), predicted.get("step_time_s")
         if step and (peak is None or peak <= ready.budget_bytes):
             scored.append((plan.batch_size / step, params))
-    return first_tier(scored, size, ready.study.seed)
+    return first_tier(scored, size if size is not None else 2 * CAP, ready.study.seed)
+
+
+def describe_start(study: Study, size: int | None, n_references: int) -> str:
+    """How a study of `size` configurations starts, in a line (`harness tune --check`)."""
+    refs = f"{n_references} reference(s)"
+    if study.sampler == "grid":
+        return f"{refs}, then every configuration in a seeded order (grid)"
+    if study.sampler == "random":
+        return f"{refs}, then random proposals"
+    if study.sampler == "nsga2" or (study.sampler == "auto" and len(study.objectives) > 1):
+        return f"{refs}, then NSGA-II (several objectives)"
+    among = (f"all {size:,} configurations" if size is not None and size <= SAMPLE
+             else f"a sample of {SAMPLE} of {size:,} configurations" if size is not None
+             else f"a sample of {SAMPLE} configurations (some settings are ranges)")
+    guesses = max(START, min(CAP, (size if size is not None else 2 * CAP) // 2))
+    return (f"{refs}, then up to {guesses} of the estimator's fastest predictions among "
+            f"{among}, then TPE ({startup_trials(size)} random start-up trials); "
+            "a repeated proposal queues an unmeasured neighbour of the best, a trial over "
+            "the memory budget runs again one micro-batch smaller (or checkpointed)")
 
 
 def candidates(configs: list[dict[str, Any]], seed: int | None) -> list[dict[str, Any]]:
+    # The replay of recorded tables (tests/benchmarks/search_replay.py) draws its own.
     """All of `configs`, or a seeded sample of SAMPLE of them."""
     if len(configs) <= SAMPLE:
         return configs

@@ -28,28 +28,26 @@ the same TunerState (harness.tune.tuner_state); this module imports neither.
 from __future__ import annotations
 
 import json
+import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from harness.core.plan import Plan
 from harness.records.result import TrialResult
-from harness.records.tags import PRUNED_TIME, tags_of
-from harness.study.machine_facts import MachineFacts
-from harness.study.search_space import config_key
+from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
 from harness.tune.final.time_reserve import reserve_s
 from harness.tune.recovery.held import Held
+from harness.tune.search import queue_next
 from harness.tune.search.busy_machine import measure_again_if_busy
 from harness.tune.search.jobs_in_flight import InFlight, max_jobs
 from harness.tune.trial_job import command_for, run_trial_job
 from harness.tune.tuner_state import RETRY_OF, TunerState
 
 DUPLICATE_LIMIT = 25  # proposals in a row of configurations already measured: converged
-NEIGHBOUR_LIMIT = 20_000  # spaces up to this size are listed to find unmeasured neighbours
 TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is over
 
 
@@ -57,12 +55,13 @@ TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is ove
 class Tuner:
     ctx: TunerState
     settle: Callable[[TunerState], list[str]]  # harness.tune.recovery.resume.settle
-    _all: list[tuple[str, dict[str, Any]]] | None = None  # a finite space's configurations
 
     def __post_init__(self) -> None:
         self.size = self.ctx.space.size()
         self._pool = InFlight(1)
         self._running: dict[str, threading.Event] = {}  # configurations in flight: set at end
+        self._rng = random.Random(self.ctx.study.seed)
+        self._predictions = queue_next.Predictions()
 
     def search_left(self) -> float:
         """Seconds the search may still start trials: until the time left is what the
@@ -75,13 +74,20 @@ class Tuner:
         `first` is called with the `should_stop` its launcher must poll."""
         self._pool = pool = InFlight(max_jobs(self.ctx.run.launcher))
         streak, skipped, last = 0, 0, None
+        priority: list[tuple[dict[str, Any], str]] = []  # run next: (params, why)
 
         def ended(outcomes: list[tuple[TrialResult, bool]]) -> None:
             nonlocal streak, skipped, last
             for result, duplicate in outcomes:
                 streak = streak + 1 if duplicate else 0
-                if duplicate:
-                    self._enqueue_neighbour()
+                if duplicate:  # TPE converging: something new near the best instead
+                    queue_next.neighbour_of_best(self.ctx, set(self._running), self._rng,
+                                                 self._predictions)
+                elif phase_of(result) in REFERENCE_PHASES:
+                    less = queue_next.smaller_after(self.ctx, result.to_dict(),
+                                                    set(self._running))
+                    if less is not None:
+                        priority.append(less)
                 # A configuration expected not to fit the time left is skipped (its record
                 # says so); the search goes on with ones that may fit, unless none did lately.
                 timed = (result.tags or {}).get("pruned") == PRUNED_TIME
@@ -102,7 +108,8 @@ class Tuner:
                     continue
                 for note in self.settle(self.ctx):
                     self.ctx.on_event("note", {"text": note})
-                trial = self.ctx.optuna_study.ask()
+                trial = (queue_next.start(self.ctx, *priority.pop(0)) if priority
+                         else self.ctx.optuna_study.ask())
                 pool.start(lambda trial=trial: self._search_trial(trial))
                 ended(pool.ended())
 
@@ -140,7 +147,7 @@ class Tuner:
         retry_of = trial.user_attrs.get(RETRY_OF)  # a dead worker's trial, run again
         if retry_of is not None:
             tags[RETRY_OF] = retry_of
-        key = _resolved_key(ctx.run.facts, plan)
+        key = queue_next.resolved_key(ctx.run.facts, plan)
         original, claim = self._measured_or_claim(key) if phase == "search" else (None, None)
         try:
             return self._measure(trial, phase, plan, tags, original)
@@ -214,34 +221,9 @@ class Tuner:
             busy=BusyWatch(),
         )
 
-    def _enqueue_neighbour(self) -> None:
-        """The sampler proposed a configuration measured before (TPE does, as it
-        converges): queue the unmeasured configuration nearest the best instead
-        (fewest parameters changed), so the budget goes to something new."""
-        ctx = self.ctx
-        best = ctx.best_trial()
-        if best is None or self.size is None or self.size > NEIGHBOUR_LIMIT:
-            return
-        if self._all is None:
-            self._all = [(_resolved_key(ctx.run.facts, ctx.space.plan(p)), p)
-                         for p in ctx.space.enumerate()]
-        waiting = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if waiting:
-            return  # one is queued already
-        fresh = [(k, p) for k, p in self._all if k not in ctx.measured
-                 and k not in self._running]
-        if not fresh:
-            return
-        def distance(params: dict[str, Any]) -> int:
-            keys = params.keys() | best.params.keys()
-            return sum(params.get(k) != best.params.get(k) for k in keys)
-        _, params = min(fresh, key=lambda kp: (distance(kp[1]), kp[0]))
-        ctx.optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 
-
-def _resolved_key(facts: MachineFacts, plan: Plan) -> str:
-    """A plan's configuration as the trial will run it (every setting filled in)."""
-    return config_key(facts.resolved(plan))
+def phase_of(result: TrialResult) -> str:
+    return (result.tags or {}).get("phase", "search")
 
 
 def _repeat_record(original: dict[str, Any], number: int, tags: dict) -> TrialResult:

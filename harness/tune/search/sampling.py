@@ -3,10 +3,13 @@
 Every finished trial gets two constraints (Optuna 5's `Trial.set_constraint`;
 > 0 is violated, and TPE and NSGA-II read them from every COMPLETE or PRUNED trial):
 
-    memory   (peak - budget) / budget: the measured peak, or the corrected
-             prediction of a trial that was not launched; 1.0 for an OOM
-    runs     1.0 when the configuration cannot run (refused here, crashed,
-             diverged, its own timeout), else 0
+    memory   bytes over the memory budget (`memory_excess_bytes`: negative is the
+             room left): the measured peak, or the corrected prediction of a trial
+             that was not launched; an OOM is at least 1 MiB over
+    runs     CANNOT_RUN when the configuration cannot run (refused here, crashed,
+             diverged, its own timeout), else 0: larger than any memory excess, so a
+             sampler ranks it further from feasible than a configuration that is
+             only too big
 
 An infeasible configuration is COMPLETE with the worst values and a violated
 constraint, not FAIL: samplers skip FAIL trials and would propose it again, while
@@ -34,6 +37,9 @@ from optuna.trial import TrialState
 from harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
 from harness.study.study_file import Study
 
+CANNOT_RUN = 2.0**60  # the "runs" constraint's violation, in the memory's unit (bytes)
+OOM_AT_LEAST = 2.0**20  # an OOM whose peak and prediction fit: over by at least 1 MiB
+
 
 @dataclass
 class Outcome:
@@ -47,6 +53,25 @@ class Outcome:
             v <= 0 for v in self.constraints.values())
 
 
+def memory_excess_bytes(record: dict[str, Any], budget_bytes: float) -> float:
+    """How far over the memory budget a record's configuration is, in bytes (negative:
+    the room left; 0 where nothing says). Measured peak for a trial that ran, the
+    corrected prediction for one not launched, either for an OOM (at least 1 MiB)."""
+    status, tags = record["status"], tags_of(record)
+    peak = (record.get("metrics") or {}).get("peak_memory_bytes")
+    predicted = record.get("predicted") or {}
+    predicted_peak = predicted.get("calibrated_peak_memory_bytes",
+                                   predicted.get("peak_memory_bytes"))
+    if status == "ok":
+        return float(peak) - budget_bytes if peak else 0.0
+    if status == "pruned" and tags.get("pruned") == PRUNED_MEMORY:
+        return max(float(predicted_peak) - budget_bytes, 1.0) if predicted_peak else OOM_AT_LEAST
+    if status == "oom":
+        known = [float(n) for n in (peak, predicted_peak) if n]
+        return max([n - budget_bytes for n in known] + [OOM_AT_LEAST])
+    return 0.0
+
+
 def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) -> Outcome:
     """The Optuna state, values and constraints of a stored record."""
     status, tags = record["status"], tags_of(record)
@@ -55,7 +80,7 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
     predicted = record.get("predicted") or {}
     predicted_peak = predicted.get("calibrated_peak_memory_bytes",
                                    predicted.get("peak_memory_bytes"))
-    over = lambda n: (float(n) - budget_bytes) / budget_bytes  # noqa: E731
+    excess = memory_excess_bytes(record, budget_bytes)
 
     def worst(memory: float | None) -> list[float]:
         table = {"throughput": 0.0, "memory": float(max(memory or 0, budget_bytes)),
@@ -70,21 +95,21 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
                  "memory": float(peak or 0),
                  "time_to_loss": float(m.get("time_to_target_s") or math.inf)}
         return Outcome(TrialState.COMPLETE, [table[o] for o in objectives],
-                       {"memory": over(peak) if peak else 0.0, "runs": 0.0})
+                       {"memory": excess, "runs": 0.0})
     why = tags.get("pruned")
     if status == "pruned" and why == PRUNED_SLOW:
         return Outcome(TrialState.PRUNED, None, {"memory": 0.0, "runs": 0.0})
     if status == "pruned" and why == PRUNED_MEMORY:
-        v = max(over(predicted_peak), 1e-6) if predicted_peak else 1.0
-        return Outcome(TrialState.COMPLETE, worst(predicted_peak), {"memory": v, "runs": 0.0})
+        return Outcome(TrialState.COMPLETE, worst(predicted_peak), {"memory": excess,
+                                                                    "runs": 0.0})
     if status == "oom":
         return Outcome(TrialState.COMPLETE, worst(peak or predicted_peak),
-                       {"memory": max(1.0, over(peak) if peak else 0.0), "runs": 0.0})
+                       {"memory": excess, "runs": 0.0})
     if (status == "pruned" and why == PRUNED_TIME) or tags.get("deadline") or tags.get("orphan"):
         return Outcome(TrialState.FAIL, None, {})
     # refused here, failed, diverged, its own timeout: this configuration does not run
     return Outcome(TrialState.COMPLETE, worst(peak or predicted_peak),
-                   {"memory": 0.0, "runs": 1.0})
+                   {"memory": 0.0, "runs": CANNOT_RUN})
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: Outcome) -> None:
@@ -95,6 +120,11 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: Outcome) -> None:
 
 
 # --- samplers ------------------------------------------------------
+def startup_trials(space_size: int | None) -> int:
+    """TPE's random start-up trials: fewer on a small space."""
+    return 10 if space_size is None else max(3, min(10, space_size // 6))
+
+
 def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSampler:
     kind = study.sampler
     if kind == "auto":
@@ -104,7 +134,7 @@ def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSa
         if kind == "tpe":
             # Fewer random start-up trials on a small space; multivariate TPE with
             # groups models the conditional parameters (a setting only when on).
-            startup = 10 if space_size is None else max(3, min(10, space_size // 6))
+            startup = startup_trials(space_size)
             return optuna.samplers.TPESampler(seed=study.seed, multivariate=True, group=True,
                                               constant_liar=True, n_startup_trials=startup)
         if kind == "nsga2":

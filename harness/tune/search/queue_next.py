@@ -1,0 +1,120 @@
+"""What the search queues by its own rules, beside the sampler's proposals.
+
+    after a repeat proposal     the unmeasured neighbour of the best (one choice changed;
+                                two, when every one-choice neighbour was measured) that
+                                the estimator, corrected by the study's trials so far
+                                (harness.tune.search.correction), predicts fastest
+    after a trial over memory   the same configuration one micro-batch smaller, else with
+                                activation checkpointing (an OOM, a measured peak over the
+                                budget, or a prediction over it): the next trial this
+                                worker runs, ahead of anything queued
+
+Neither lists the space (harness.study.space_sampling walks from one configuration), so
+both work at any size. Either trial carries the user attribute "queued_because". A
+neighbour is a WAITING trial (phase "search"), queued only while none waits.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.records.tags import tags_of
+from harness.study.machine_facts import MachineFacts
+from harness.study.search_space import config_key
+from harness.study.space_sampling import neighbours, smaller
+from harness.tune.search.sampling import memory_excess_bytes
+from harness.tune.tuner_state import TunerState
+
+
+def resolved_key(facts: MachineFacts, plan: Plan) -> str:
+    """A plan's configuration as the trial will run it (every setting filled in)."""
+    return config_key(facts.resolved(plan))
+
+
+class Predictions:
+    """The estimator's prediction of configurations, asked of the torch-side helper once
+    each (the correction is applied afresh: it changes as trials come in)."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, dict[str, Any] | None] = {}
+
+    def rate(self, ctx: TunerState, params: dict[str, Any]) -> float:
+        """Predicted samples/s of `params`, corrected; 0 where it cannot be predicted or
+        is predicted over the memory budget."""
+        plan = ctx.space.plan(params)
+        k = resolved_key(ctx.run.facts, plan)
+        if k not in self._raw:
+            try:
+                prepared = ctx.run.torch_helper.prepare(plan, ctx.run.facts.peaks)
+                self._raw[k] = dict(prepared.predicted or {})
+            except HarnessError:
+                self._raw[k] = None
+        predicted = self._raw[k]
+        correction = ctx.correction()
+        step = correction.step_time(predicted, plan.to_dict()) if predicted else None
+        peak = correction.peak_memory(predicted)
+        if not step or (peak is not None and peak > ctx.run.budget_bytes):
+            return 0.0
+        return plan.batch_size / step
+
+
+def neighbour_of_best(ctx: TunerState, running: set[str], rng: random.Random,
+                      predictions: Predictions) -> bool:
+    """Queue the unmeasured neighbour of the best trial predicted fastest; whether one
+    was queued."""
+    best = ctx.best_trial()
+    if best is None or _waiting(ctx):
+        return False
+    near = neighbours(ctx.space, best.params)
+    for ring in (near, [q for p in near for q in neighbours(ctx.space, p)]):
+        fresh = [p for p in ring if _fresh(ctx, p, running)]
+        if fresh:
+            rng.shuffle(fresh)  # ties in a seeded order
+            pick = max(fresh, key=lambda p: predictions.rate(ctx, p))
+            return _enqueue(ctx, pick, f"a neighbour of trial "
+                                       f"{best.user_attrs.get('trial_id')}")
+    return False
+
+
+def smaller_after(ctx: TunerState, record: dict[str, Any],
+                  running: set[str]) -> tuple[dict[str, Any], str] | None:
+    """After a trial over the memory budget: its configuration needing less memory (not
+    measured yet), and why, to run next (`start`)."""
+    number = tags_of(record).get("optuna_number")
+    if number is None or memory_excess_bytes(record, ctx.run.budget_bytes) <= 0:
+        return None
+    params = ctx.storage.get_trial(ctx.storage_id(number)).params
+    less = smaller(ctx.space, params)
+    if less is None or not _fresh(ctx, less, running):
+        return None
+    return less, f"trial {record['trial_id']} went over the memory budget"
+
+
+def start(ctx: TunerState, params: dict[str, Any], why: str) -> optuna.Trial:
+    """A search trial of `params`, RUNNING and this worker's from the first moment (as
+    ask() would give it, without waiting behind the queue)."""
+    used = ctx.space.distributions(params)
+    number = ctx.start_trial({k: params[k] for k in used}, used,
+                             {"phase": "search", "queued_because": why})
+    return optuna.Trial(ctx.optuna_study, ctx.storage_id(number))
+
+
+def _fresh(ctx: TunerState, params: dict[str, Any], running: set[str]) -> bool:
+    k = resolved_key(ctx.run.facts, ctx.space.plan(params))
+    return k not in ctx.measured and k not in running
+
+
+def _waiting(ctx: TunerState) -> bool:
+    return bool(ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _enqueue(ctx: TunerState, params: dict[str, Any], why: str) -> bool:
+    ctx.optuna_study.enqueue_trial(params, user_attrs={"phase": "search",
+                                                       "queued_because": why})
+    return True
