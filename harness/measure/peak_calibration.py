@@ -5,7 +5,9 @@ name, dtype, torch version, and threads on CPU) in $HARNESS_CACHE_DIR/peaks.json
 so it is measured once. The matmul runs in a short-lived process of its own
 (harness.measure.calibrate): on a GPU a CUDA context made here would stay on the
 trials' device for as long as the calling process (the tuner's helper, the bench
-launcher) lives, holding memory and skewing NVML's readings.
+launcher) lives, holding memory and skewing NVML's readings. A process that is
+short-lived itself and ends before the trial starts (the rank server's fork that
+prepares `harness bench`'s plan) runs it in place (`calibrate_here`).
 `harness.measure.peaks` holds the datasheet (this module imports `Peak` and
 `matmul_dtype` from there); `harness.measure.peak_choice` chooses between the two.
 """
@@ -294,7 +296,8 @@ def measured_peaks(
                 found[d] = hit
     missing = [d for d in wanted if d not in found]
     if missing:
-        measured = _measure_in_subprocess(device, missing)
+        measured = ({d: _measure(device, d) for d in missing} if _here
+                    else _measure_in_subprocess(device, missing))
         found.update(measured)
         if cache:
             entries = _read_cache(path)  # re-read: another process may have added entries
@@ -321,6 +324,18 @@ def forget_measured_peak(device: torch.device, dtype: str) -> None:
     if entries.pop(key, None) is not None:
         _write_cache(path, entries)
 
+
+
+_here = False  # see calibrate_here
+
+
+def calibrate_here() -> None:
+    """Declare this process a short-lived one that ends before any trial starts (the
+    rank server's fork that prepares one plan, harness.launch.rank_server.ask): a
+    calibration that misses the cache then runs here, as it would in its own process,
+    instead of in a new interpreter that imports torch again (a second or more)."""
+    global _here
+    _here = True
 
 
 def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str, Peak]:

@@ -1,13 +1,15 @@
 """Neither the tuner (with its torch-side helper) nor `harness bench`'s own process runs
 the peak calibration or a CUDA function: the calibration runs in a short-lived process
-of its own (harness.measure.calibrate), and a trial's ranks are the only others that
-may touch a device.
+of its own (harness.measure.calibrate; for `harness bench`, the rank server's fork that
+prepares its plan and ends before the trial starts), and a trial's ranks are the only
+others that may touch a device.
 
 Every Python process these tests start loads a sitecustomize that replaces the
 calibration's matmul and torch.cuda's entry points with functions that write a
-line to a file and raise; the calibration process alone keeps the real ones. A
-study and a bench, each with an empty peak cache (so a calibration must happen),
-then have to pass, and the file must stay empty.
+line to a file and raise; the calibration process alone keeps the real ones (and
+the bench's preparing fork its matmul). A study and a bench, each with an empty
+peak cache (so a calibration must happen), then have to pass, and the file must
+stay empty.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ SITECUSTOMIZE = textwrap.dedent('''
         "torch.cuda": ("_lazy_init", "init", "synchronize", "set_device"),
     }
 
-    def forbidden(module, name):
+    def forbidden(module, name, original):
         def call(*args, **kwargs):
+            if module == "harness.measure.peak_calibration" and preparing_fork():
+                return original(*args, **kwargs)
             with open(os.environ["FORBIDDEN_CALLS"], "a") as f:
                 f.write(f"{module}.{name} in {sys.orig_argv}\\n")
             raise RuntimeError(f"{module}.{name} called outside the calibration process")
@@ -50,9 +54,18 @@ SITECUSTOMIZE = textwrap.dedent('''
             def exec_module(module):
                 run(module)
                 for name in FORBIDDEN[fullname]:
-                    setattr(module, name, forbidden(fullname, name))
+                    setattr(module, name, forbidden(fullname, name, getattr(module, name)))
             spec.loader.exec_module = exec_module
             return spec
+
+    def preparing_fork():
+        # The rank server's fork that prepares harness bench's plan and ends before the
+        # trial starts (harness.launch.rank_server.ask), and only that one.
+        import multiprocessing
+        calibration = sys.modules.get("harness.measure.peak_calibration")
+        return ("multiprocessing.forkserver" in " ".join(sys.orig_argv)
+                and multiprocessing.current_process().name == "harness-prepare"
+                and getattr(calibration, "_here", False))
 
     if "harness.measure.calibrate" not in sys.orig_argv:
         sys.meta_path.insert(0, Patcher())
