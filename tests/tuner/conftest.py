@@ -94,6 +94,17 @@ def quiet_machine(monkeypatch):
     monkeypatch.setattr(quiet.BusyWatch, "__call__", lambda self: False)
 
 
+@pytest.fixture(autouse=True)
+def no_claim_pause(monkeypatch):
+    """An in-process study is the only worker of its storage: nobody else's claim on the
+    final phases can land while it pauses (harness.tune.final.phases.CLAIM_PAUSE_S), so
+    it claims without the 1 s pause. Studies of several workers run as processes of their
+    own (test_tune_processes.py, test_postgres.py, test_chaos_workers.py), with it."""
+    from harness.tune.final import phases
+
+    monkeypatch.setattr(phases, "CLAIM_PAUSE_S", 0.0)
+
+
 # The MFU denominators every in-process study here fixes at its start (the torch-side
 # helper's MachineFacts.peaks, which study.json keeps and every prepare divides by): the
 # same figure for every dtype, on every machine. The estimator's step times, and so the

@@ -18,6 +18,7 @@ from harness.tune.tuner_state import TunerState
 
 MAX_ROUNDS = 10  # confirmation rounds, however much time is left
 OWNER = "ablation_owner"  # the storage's user attribute naming the worker that runs them
+CLAIM_PAUSE_S = 1.0  # between writing the claim and reading it back
 
 
 def run_final_phases(ctx: TunerState, take_over: bool, say: Callable[[str], None],
@@ -65,5 +66,5 @@ def _claim(ctx: TunerState, take_over: bool) -> bool:
     if owner is not None and owner != me and owner.alive() and not take_over:
         return False
     study.set_user_attr(OWNER, me.tag)
-    time.sleep(1.0)
+    time.sleep(CLAIM_PAUSE_S)
     return study.user_attrs.get(OWNER) == me.tag
