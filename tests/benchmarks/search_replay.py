@@ -3,6 +3,13 @@
     python tests/benchmarks/search_replay.py --out runs/replay --seeds 50 \
         --doc docs/benchmarks/
 
+With `--surface package.module:function --study studies/X.toml` the replay is against a
+simulated response surface instead (tests/benchmarks/surface_replay: the harness's own
+Tuner on a virtual clock, random search, the estimator's order), e.g.
+
+    python tests/benchmarks/search_replay.py --seeds 50 --study studies/gpt-1b-8gpu.toml \
+        --surface tests.benchmarks.surfaces.h100:gpt_1b_8gpu
+
 1. Record: every configuration of a study's space measured once, as a grid study
    (no early stopping, no confirmation, no ablation): the quickstart space, and a
    2-process space on this CPU (studies written below). `--table FOLDER` reuses a
@@ -273,7 +280,23 @@ def main(argv: list[str] | None = None) -> None:
                    help="a recorded grid study to replay (repeatable); default: record both")
     p.add_argument("--seeds", type=int, default=50)
     p.add_argument("--doc", type=Path, help="write the markdown and curves to this folder")
+    p.add_argument("--surface", metavar="PACKAGE.MODULE:FUNCTION",
+                   help="replay against a response surface instead of a recorded table "
+                        "(tests/benchmarks/surface_replay; e.g. "
+                        "tests.benchmarks.surfaces.h100:gpt_1b_8gpu); needs --study")
+    p.add_argument("--study", type=Path, help="with --surface: the study file whose space it is")
     args = p.parse_args(argv)
+    if args.surface or args.study:
+        if not (args.surface and args.study):
+            p.error("--surface and --study go together")
+        sys.path.insert(0, str(ROOT))
+        from tests.benchmarks.surface_replay.report import main as surface_main
+
+        doc = None
+        if args.doc:
+            doc = args.doc / f"search_replay_surface_{args.study.stem}_{date.today()}.md"
+        surface_main(args.surface, args.study, args.seeds, doc)
+        return
     tables = args.table
     if not tables:
         args.out.mkdir(parents=True, exist_ok=True)

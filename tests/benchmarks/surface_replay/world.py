@@ -1,0 +1,219 @@
+"""A simulated H100 machine for the tuner's process: the torch-side helper answered in this
+process with a faked CUDA RuntimeEnv, and a virtual clock for harness.tune.
+
+    with h100_world(gpus=8):                  # RuntimeEnv, devices, peaks faked (restored after)
+        helper = SurfaceHelper(clock)         # TorchHelper: the real study_facts and prepare
+        with virtual_time(clock):             # harness.tune's time.time/monotonic/sleep
+            ...
+
+`SurfaceHelper` runs harness.measure.torch_helper_server's own `study_facts` and `prepare`
+(the strategy registry, the estimator) in this process, on an "NVIDIA H100 80GB HBM3"
+RuntimeEnv with bf16 and Triton, 79.18 GiB per device, the datasheet peaks (the measured
+ones of docs/benchmarks/gpu_h100-80gb-hbm3_2026-11-23.md beside them), and a fixed env
+record. Its answers are cached per configuration (name and seed aside); each call
+costs PREPARE_S on the virtual clock, as the helper's round trip costs the real tuner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+import time as real_time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.core.prepared import PreparedPlan
+from harness.launch.torch_helper import TorchHelper
+from harness.study.machine_facts import MachineFacts
+
+DEVICE_NAME = "NVIDIA H100 80GB HBM3"
+CAPACITY = int(79.18 * 2**30)
+MEASURED = {"fp32": 52e12, "tf32": 371e12, "bf16": 715e12, "fp16": 673e12}  # selftest 11-23
+PREPARE_S = 0.2  # virtual seconds per question to the torch-side helper
+ENV = {"torch": "2.11.0+cu130", "cuda": "13.0", "device": DEVICE_NAME, "simulated": True}
+
+
+class VirtualClock:
+    """Seconds since the epoch, advanced only by what the simulation spends."""
+
+    def __init__(self, start: float | None = None):
+        self.now = real_time.time() if start is None else start
+
+    def time(self) -> float:
+        return self.now
+
+    monotonic = perf_counter = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+    advance = sleep
+
+
+def _peaks() -> dict[str, dict[str, Any]]:
+    from harness.measure.peak_choice import PeakChoice
+    from harness.measure.peaks import Peak, datasheet_peak
+
+    out = {}
+    for dtype in ("fp32", "tf32", "bf16", "fp16"):
+        sheet = datasheet_peak(DEVICE_NAME, dtype)
+        measured = Peak(MEASURED[dtype], f"measured: 8192x8192 {dtype} matmul (H100 selftest "
+                                         "2026-11-23, replayed)")
+        choice = PeakChoice(dtype, sheet, measured, sheet, "the device is in the datasheet table")
+        out[dtype] = {**choice.as_record(), "compute_dtype": dtype}
+    return out
+
+
+@contextlib.contextmanager
+def h100_world(gpus: int) -> Iterator[None]:
+    """This process's view of the machine: `gpus` H100s (every patch undone on exit)."""
+    import torch
+
+    import harness.core.device as device
+    import harness.estimator.facts as model_facts
+    import harness.measure.memory as memory
+    import harness.measure.prepare as prepare
+    import harness.measure.torch_helper_server as server
+    import strategies.fused as fused
+
+    env = device.RuntimeEnv("cuda", DEVICE_NAME, gpus, True, True)
+    cuda = torch.device("cuda", 0)  # a device object only: no CUDA call
+    patches = [
+        (device.RuntimeEnv, "detect", classmethod(lambda cls, requested="auto": env)),
+        (device, "resolve_device", lambda requested="auto", local_rank=0: cuda),
+        (prepare, "resolve_device", lambda requested="auto", local_rank=0: cuda),
+        (memory, "device_memory_bytes", lambda device_type: CAPACITY),
+        (prepare, "study_peaks", lambda device_type, dtypes, workload: _peaks()),
+        (fused, "triton_unavailable", lambda device_type: None),
+        (model_facts.ModelFacts, "of", classmethod(_cached_facts(model_facts.ModelFacts.of))),
+    ]
+    saved = [(obj, name, obj.__dict__.get(name, getattr(obj, name))) for obj, name, _ in patches]
+    cache = server._ENV_CACHE.get("cuda")
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        server._ENV_CACHE["cuda"] = dict(ENV)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+        if cache is None:
+            server._ENV_CACHE.pop("cuda", None)
+        else:
+            server._ENV_CACHE["cuda"] = cache
+
+
+def _cached_facts(of: Any) -> Any:
+    """ModelFacts.of builds the model on the meta device at every prepare (0.15 s for the
+    1.3B GPT): the same workload arguments give the same facts, so once per workload."""
+    seen: dict[str, Any] = {}
+
+    def cached(cls: Any, workload: Any) -> Any:
+        key = f"{type(workload).__qualname__}:{getattr(workload, 'cfg', None)!r}"
+        if key.endswith(":None"):
+            return of(workload)
+        if key not in seen:
+            seen[key] = of(workload)
+        return seen[key]
+    return cached
+
+
+def _key(plan: Plan) -> str:
+    table = plan.to_dict()
+    table.pop("name", None)
+    table.pop("seed", None)
+    return json.dumps(table, sort_keys=True, default=str)
+
+
+class SurfaceHelper(TorchHelper):
+    """The torch-side helper's answers, computed here (inside `h100_world`)."""
+
+    def __init__(self, clock: VirtualClock | None = None):
+        super().__init__()
+        self.clock = clock
+        self.cache: dict[str, PreparedPlan | HarnessError] = {}
+        self.calls = 0
+
+    def devices(self) -> dict[str, Any]:
+        from harness.core.device import RuntimeEnv
+
+        return {"cuda": RuntimeEnv.detect("cuda").device_count}
+
+    def study_facts(self, study: Any) -> MachineFacts:
+        from harness.measure.torch_helper_server import study_facts
+
+        facts = MachineFacts.from_json(json.loads(json.dumps(study_facts(study.to_dict()),
+                                                             default=str)))
+        study.known_good = facts.known_good
+        return facts
+
+    def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None) -> PreparedPlan:
+        from harness.measure.torch_helper_server import prepare
+
+        self.calls += 1
+        if self.clock is not None:
+            self.clock.advance(PREPARE_S)
+        k = _key(plan)
+        if k not in self.cache:
+            try:
+                self.cache[k] = PreparedPlan.from_dict(prepare(plan.to_dict(), peaks))
+            except HarnessError as e:
+                self.cache[k] = e
+        got = self.cache[k]
+        if isinstance(got, HarnessError):
+            raise got
+        return dataclasses.replace(got, plan=got.plan.replace(name=plan.name, seed=plan.seed))
+
+    def close(self) -> None:
+        pass
+
+
+class _TimeModule(types.ModuleType):
+    """`time` as harness.tune sees it: the virtual clock's time, monotonic, perf_counter
+    and sleep; everything else the real module's."""
+
+    def __init__(self, clock: VirtualClock):
+        super().__init__("time")
+        self._clock = clock
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("time", "monotonic", "perf_counter", "sleep"):
+            return getattr(self._clock, name)
+        return getattr(real_time, name)
+
+
+@contextlib.contextmanager
+def virtual_time(clock: VirtualClock, prefixes: tuple[str, ...] = ("harness.tune",)
+                 ) -> Iterator[list[str]]:
+    """Every loaded module under `prefixes` that holds the `time` module (or its time,
+    monotonic, sleep) reads `clock` instead, until the block ends. Yields the names
+    patched, to say so."""
+    import harness.tune.search.loop  # noqa: F401  (the search and all it imports, loaded)
+    import harness.tune.session  # noqa: F401
+
+    fake = _TimeModule(clock)
+    swaps = {real_time: fake, real_time.time: clock.time, real_time.monotonic: clock.monotonic,
+             real_time.sleep: clock.sleep, real_time.perf_counter: clock.perf_counter}
+    undo, names = [], []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith(prefixes):
+            continue
+        for attr, value in list(vars(mod).items()):
+            try:
+                swap = swaps.get(value)
+            except TypeError:  # unhashable
+                continue
+            if swap is not None:
+                undo.append((mod, attr, value))
+                setattr(mod, attr, swap)
+                names.append(f"{mod_name}.{attr}")
+    try:
+        yield names
+    finally:
+        for mod, attr, value in undo:
+            setattr(mod, attr, value)
