@@ -48,6 +48,7 @@ from harness.tune.recovery.storage import (
 from harness.tune.recovery.workers import spawn_helpers, wait_for
 from harness.tune.search.first_guesses import estimated_start
 from harness.tune.search.loop import Tuner
+from harness.tune.search.queue_next import Predictions
 from harness.tune.search.sampling import make_sampler
 from harness.tune.trial_job import TrialRunner
 from harness.tune.tuner_state import TunerState
@@ -105,8 +106,9 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     size = checked.space.size()
     optuna_study, created = _open(storage, study, make_sampler(study, size))
+    predictions = Predictions(checked.space, checked.facts, checked.torch_helper)
     if created:
-        _enqueue_first(optuna_study, checked)
+        _enqueue_first(optuna_study, checked, predictions)
     if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
         clock = Clock(time.time(), args.search_until, args.deadline_at)
     else:
@@ -118,7 +120,8 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
 
         run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
-    tuner = Tuner(TunerState(study, checked.space, optuna_study, storage, run, clock), settle)
+    tuner = Tuner(TunerState(study, checked.space, optuna_study, storage, run, clock), settle,
+                  predictions)
     if isinstance(storage, PatientStorage):  # RDB: record and retry what dead workers left
         storage.on_stale = StaleTrials(tuner.ctx)
     if main:
@@ -194,13 +197,14 @@ def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
         return loaded, False
 
 
-def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy) -> None:
+def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy,
+                   predictions: Predictions) -> None:
     """The references, then the estimator's first guesses (TPE) or the whole grid."""
     references = [p for _, p in checked.references]
     for phase, params in checked.references:
         optuna_study.enqueue_trial(params, user_attrs={"phase": phase})
     if checked.study.sampler in ("auto", "tpe"):  # a grid or random search is the user's
-        for params in estimated_start(checked, references):
+        for params in estimated_start(checked, references, predictions):
             optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
     if checked.study.sampler == "grid":
         grid = checked.space.enumerate()

@@ -160,6 +160,7 @@ def test_the_estimators_fastest_guesses_come_first():
 
     from harness.core.errors import HarnessError
     from harness.tune.search.first_guesses import START, estimated_start
+    from harness.tune.search.queue_next import Predictions
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
@@ -173,11 +174,11 @@ def test_the_estimators_fastest_guesses_come_first():
                 "step_time_s": plan.batch_size / fake_launch.objective(plan),
                 "peak_memory_bytes": 2e9 if heavy else 1e8})
 
+    facts = SimpleNamespace(peaks={}, resolved=lambda plan: plan)
     ready = SimpleNamespace(space=space, study=SimpleNamespace(seed=0), torch_helper=TorchHelper(),
-                            facts=SimpleNamespace(peaks={}), budget_bytes=1e9,
-                            device_type="cpu")
+                            facts=facts, budget_bytes=1e9, device_type="cpu")
     taken = [space.enumerate()[0]]
-    picked = estimated_start(ready, taken)
+    picked = estimated_start(ready, taken, Predictions(space, facts, TorchHelper()))
     assert len(picked) == START and taken[0] not in picked
     plans = [space.plan(p).to_dict() for p in picked]
     assert all(p["micro_batch_size"] != 4 and "checkpoint" not in p["strategies"] for p in plans)

@@ -21,14 +21,17 @@ bounds the cost. `describe_start` says in a line how a study starts (`--check`).
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.core.errors import HarnessError
+from harness.study.search_space import SearchSpace
 from harness.study.space_sampling import sample
 from harness.study.study_file import Study
 from harness.tune.checked_study import CheckedStudy
 from harness.tune.search.correction import Correction
 from harness.tune.search.sampling import startup_trials
+
+if TYPE_CHECKING:
+    from harness.tune.search.queue_next import Predictions
 
 START = 5
 CAP = 16
@@ -36,25 +39,24 @@ TIE = 0.05  # predictions this close to the fastest are the estimator's tie
 SAMPLE = 64
 
 
-def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def first_guess_pool(space: SearchSpace, seed: int | None) -> list[dict[str, Any]]:
+    """The configurations the estimator ranks first: all of a small space, else a
+    seeded sample of SAMPLE (and a few more, for the references it leaves out)."""
+    size = space.size()
+    if size is not None and size <= SAMPLE + 2:
+        return space.enumerate()
+    return sample(space, random.Random(seed), SAMPLE + 2)
+
+
+def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]],
+                    predictions: Predictions) -> list[dict[str, Any]]:
     """The configurations to measure first, as parameters (none of `taken`)."""
-    size = ready.space.size()
-    if size is not None and size <= SAMPLE + len(taken):  # small: all of it
-        configs = [p for p in ready.space.enumerate() if p not in taken]
-    else:
-        drawn = sample(ready.space, random.Random(ready.study.seed), SAMPLE + len(taken))
-        configs = [p for p in drawn if p not in taken][:SAMPLE]
+    configs = [p for p in first_guess_pool(ready.space, ready.study.seed)
+               if p not in taken][:SAMPLE]
     fresh = Correction.from_records([], ready.device_type)  # the defaults: nothing measured
-    scored = []
-    for params in configs:
-        plan = ready.space.plan(params)
-        try:
-            predicted = ready.torch_helper.prepare(plan, ready.facts.peaks).predicted or {}
-        except HarnessError:
-            continue  # refused here: the search records why, if it proposes it
-        peak, step = fresh.peak_memory(predicted), predicted.get("step_time_s")
-        if step and (peak is None or peak <= ready.budget_bytes):
-            scored.append((plan.batch_size / step, params))
+    scored = [(rate, params) for params in configs
+              if (rate := predictions.rate(params, fresh, ready.budget_bytes)) > 0]
+    size = ready.space.size()
     return first_tier(scored, size if size is not None else 2 * CAP, ready.study.seed)
 
 

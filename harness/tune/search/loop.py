@@ -43,6 +43,7 @@ from harness.tune.final.time_reserve import reserve_s
 from harness.tune.recovery.held import Held
 from harness.tune.search import queue_next
 from harness.tune.search.busy_machine import measure_again_if_busy
+from harness.tune.search.first_guesses import first_guess_pool
 from harness.tune.search.jobs_in_flight import InFlight, max_jobs
 from harness.tune.trial_job import command_for, run_trial_job
 from harness.tune.tuner_state import RETRY_OF, TunerState
@@ -55,13 +56,17 @@ TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is ove
 class Tuner:
     ctx: TunerState
     settle: Callable[[TunerState], list[str]]  # harness.tune.recovery.resume.settle
+    predictions: queue_next.Predictions | None = None  # shared with the first guesses
 
     def __post_init__(self) -> None:
         self.size = self.ctx.space.size()
         self._pool = InFlight(1)
         self._running: dict[str, threading.Event] = {}  # configurations in flight: set at end
         self._rng = random.Random(self.ctx.study.seed)
-        self._predictions = queue_next.Predictions()
+        ctx = self.ctx
+        self._predictions = self.predictions or queue_next.Predictions(
+            ctx.space, ctx.run.facts, ctx.run.torch_helper)
+        self._model_pool: list[dict[str, Any]] | None = None  # drawn when first needed
 
     def search_left(self) -> float:
         """Seconds the search may still start trials: until the time left is what the
@@ -88,6 +93,11 @@ class Tuner:
                                                     set(self._running))
                     if less is not None:
                         priority.append(less)
+                if not priority:  # each trial corrects the model: its fastest next
+                    pick = queue_next.model_pick(self.ctx, set(self._running),
+                                                 self._predictions, self._pool_of_model())
+                    if pick is not None:
+                        priority.append(pick)
                 # A configuration expected not to fit the time left is skipped (its record
                 # says so); the search goes on with ones that may fit, unless none did lately.
                 timed = (result.tags or {}).get("pruned") == PRUNED_TIME
@@ -112,6 +122,13 @@ class Tuner:
                          else self.ctx.optuna_study.ask())
                 pool.start(lambda trial=trial: self._search_trial(trial))
                 ended(pool.ended())
+
+    def _pool_of_model(self) -> list[dict[str, Any]]:
+        """The configurations the model ranks beside the best's neighbours: the first
+        guesses' sample (the same seeded draw, so their predictions are cached)."""
+        if self._model_pool is None:
+            self._model_pool = first_guess_pool(self.ctx.space, self.ctx.study.seed)
+        return self._model_pool
 
     def _why_stop(self, streak: int, skipped: int, last: TrialResult | None) -> str | None:
         ctx = self.ctx

@@ -9,7 +9,13 @@
                                 budget, or a prediction over it): the next trial this
                                 worker runs, ahead of anything queued
 
-Neither lists the space (harness.study.space_sampling walks from one configuration), so
+    after each trial            once MODEL_AFTER trials are measured, the unmeasured
+                                configuration the corrected estimator predicts fastest
+                                (of a sample of the space and the best's neighbours),
+                                when it predicts it MIN_GAIN faster than the best
+                                measured: each trial corrects the next prediction
+
+None lists the space (harness.study.space_sampling walks from one configuration), so
 both work at any size. Either trial carries the user attribute "queued_because". A
 neighbour is a WAITING trial (phase "search"), queued only while none waits.
 """
@@ -26,10 +32,14 @@ from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.records.tags import tags_of
 from harness.study.machine_facts import MachineFacts
-from harness.study.search_space import config_key
-from harness.study.space_sampling import neighbours, smaller
+from harness.study.search_space import SearchSpace, config_key
+from harness.study.space_sampling import key, neighbours, smaller
+from harness.tune.search.correction import Correction
 from harness.tune.search.sampling import memory_excess_bytes
 from harness.tune.tuner_state import TunerState
+
+MODEL_AFTER = 4  # measured trials before the corrected estimator picks configurations
+MIN_GAIN = 0.03  # it picks one predicted at least this much faster than the best measured
 
 
 def resolved_key(facts: MachineFacts, plan: Plan) -> str:
@@ -38,30 +48,59 @@ def resolved_key(facts: MachineFacts, plan: Plan) -> str:
 
 
 class Predictions:
-    """The estimator's prediction of configurations, asked of the torch-side helper once
-    each (the correction is applied afresh: it changes as trials come in)."""
+    """The estimator's predictions, asked of the torch-side helper once per configuration;
+    the study's correction is applied afresh each time (it changes as trials come in)."""
 
-    def __init__(self) -> None:
+    def __init__(self, space: SearchSpace, facts: MachineFacts, torch_helper: Any):
+        self.space, self.facts, self.torch_helper = space, facts, torch_helper
         self._raw: dict[str, dict[str, Any] | None] = {}
 
-    def rate(self, ctx: TunerState, params: dict[str, Any]) -> float:
-        """Predicted samples/s of `params`, corrected; 0 where it cannot be predicted or
-        is predicted over the memory budget."""
-        plan = ctx.space.plan(params)
-        k = resolved_key(ctx.run.facts, plan)
+    def raw(self, params: dict[str, Any]) -> tuple[Plan, dict[str, Any] | None]:
+        """The plan of `params` and the estimator's prediction (None: refused here)."""
+        plan = self.space.plan(params)
+        k = resolved_key(self.facts, plan)
         if k not in self._raw:
             try:
-                prepared = ctx.run.torch_helper.prepare(plan, ctx.run.facts.peaks)
+                prepared = self.torch_helper.prepare(plan, self.facts.peaks)
                 self._raw[k] = dict(prepared.predicted or {})
             except HarnessError:
                 self._raw[k] = None
-        predicted = self._raw[k]
-        correction = ctx.correction()
+        return plan, self._raw[k]
+
+    def rate(self, params: dict[str, Any], correction: Correction,
+             budget_bytes: float) -> float:
+        """Predicted samples/s of `params`, corrected; 0 where it cannot be predicted or
+        is predicted over the memory budget."""
+        plan, predicted = self.raw(params)
         step = correction.step_time(predicted, plan.to_dict()) if predicted else None
         peak = correction.peak_memory(predicted)
-        if not step or (peak is not None and peak > ctx.run.budget_bytes):
+        if not step or (peak is not None and peak > budget_bytes):
             return 0.0
         return plan.batch_size / step
+
+
+def model_pick(ctx: TunerState, running: set[str], predictions: Predictions,
+               pool: list[dict[str, Any]]) -> tuple[dict[str, Any], str] | None:
+    """Once MODEL_AFTER trials are measured: the unmeasured configuration of `pool` (and
+    the neighbours of the best) that the corrected estimator predicts fastest, when it
+    predicts it MIN_GAIN faster than the best measured; None otherwise (the sampler
+    proposes). Throughput studies only."""
+    objectives = ctx.study.objectives
+    best = ctx.best_trial()
+    if objectives != ["throughput"] or best is None or _waiting(ctx):
+        return None
+    correction = ctx.correction()
+    if correction.n_time < MODEL_AFTER:
+        return None
+    fresh = [p for p in pool + neighbours(ctx.space, best.params) if _fresh(ctx, p, running)]
+    if not fresh:
+        return None
+    rates = {key(p): predictions.rate(p, correction, ctx.run.budget_bytes) for p in fresh}
+    top = max(fresh, key=lambda p: rates[key(p)])
+    if rates[key(top)] < best.values[0] * (1 + MIN_GAIN):
+        return None
+    return top, (f"predicted {rates[key(top)]:.4g} samples/s by the estimator corrected from "
+                 f"{correction.n_time} trials (best measured {best.values[0]:.4g})")
 
 
 def neighbour_of_best(ctx: TunerState, running: set[str], rng: random.Random,
@@ -76,7 +115,9 @@ def neighbour_of_best(ctx: TunerState, running: set[str], rng: random.Random,
         fresh = [p for p in ring if _fresh(ctx, p, running)]
         if fresh:
             rng.shuffle(fresh)  # ties in a seeded order
-            pick = max(fresh, key=lambda p: predictions.rate(ctx, p))
+            correction = ctx.correction()
+            pick = max(fresh, key=lambda p: predictions.rate(p, correction,
+                                                               ctx.run.budget_bytes))
             return _enqueue(ctx, pick, f"a neighbour of trial "
                                        f"{best.user_attrs.get('trial_id')}")
     return False

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-RIDGE = 1.0  # in log units: a factor needs a few trials before it moves far from 0
+RIDGE = 0.1  # in log units: pulls a factor to 0 until trials differ in it
 NOT_FACTORS = {"accumulation"}  # follows from the micro-batch size
 SETTINGS = ("dtype", "attention", "optimizer", "compile", "stage", "schedule", "every",
             "offload", "mode", "layernorm", "gelu", "cross_entropy")
