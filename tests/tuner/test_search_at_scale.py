@@ -188,14 +188,16 @@ def test_the_corrected_estimator_picks_the_next_trial():
     for p in measured:
         plan = space.plan(p)
         records.append({"status": "ok", "plan": plan.to_dict(), "duration_s": 1.0,
-                        "predicted": {"step_time_s": raw_step(plan)},
+                        "predicted": {"step_time_s": raw_step(plan),  # and before it ran:
+                                      "corrected_step_time_s": true_step(plan) * 1.05},
                         "metrics": {"step_time_s": {"median": true_step(plan)}}})
     rate = {key(p): 16 / true_step(space.plan(p)) for p in every}
     best = max(measured, key=lambda p: rate[key(p)])
     facts = SimpleNamespace(peaks={}, resolved=lambda plan: plan)
     ctx = SimpleNamespace(
         study=SimpleNamespace(objectives=["throughput"]), space=space,
-        run=SimpleNamespace(facts=facts, budget_bytes=1e9),
+        run=SimpleNamespace(facts=facts, budget_bytes=1e9,
+                            store=SimpleNamespace(records=lambda: records)),
         best_trial=lambda: SimpleNamespace(params=best, values=[rate[key(best)]]),
         correction=lambda: Correction.from_records(records, "cpu"),
         optuna_study=SimpleNamespace(get_trials=lambda **kw: []),
@@ -206,5 +208,8 @@ def test_the_corrected_estimator_picks_the_next_trial():
     assert space.plan(pick).micro_batch_size == 16
     assert rate[key(pick)] == max(rate[key(p)] for p in every if p not in measured)
     assert why.startswith("predicted ") and "corrected from 4 trials" in why
+    for r in records[-2:]:  # lately the model was 50% off: TPE proposes until it learns
+        r["predicted"]["corrected_step_time_s"] = r["metrics"]["step_time_s"]["median"] * 1.5
+    assert model_pick(ctx, set(), predictions, every) is None
     ctx.correction = lambda: Correction.from_records(records[:3], "cpu")
     assert model_pick(ctx, set(), predictions, every) is None  # too few trials yet

@@ -13,7 +13,8 @@
                                 configuration the corrected estimator predicts fastest
                                 (of a sample of the space and the best's neighbours),
                                 when it predicts it MIN_GAIN faster than the best
-                                measured: each trial corrects the next prediction
+                                measured and its recent predictions were right
+                                (`trusted`): each trial corrects the next prediction
 
 None lists the space (harness.study.space_sampling walks from one configuration), so
 both work at any size. Either trial carries the user attribute "queued_because". A
@@ -23,6 +24,7 @@ neighbour is a WAITING trial (phase "search"), queued only while none waits.
 from __future__ import annotations
 
 import random
+import statistics
 from typing import Any
 
 import optuna
@@ -40,6 +42,7 @@ from harness.tune.tuner_state import TunerState
 
 MODEL_AFTER = 4  # measured trials before the corrected estimator picks configurations
 MIN_GAIN = 0.03  # it picks one predicted at least this much faster than the best measured
+RECENT, TRUSTED_ERROR = 3, 0.15  # it picks while its last 3 predictions erred <= 15%
 
 
 def resolved_key(facts: MachineFacts, plan: Plan) -> str:
@@ -90,7 +93,7 @@ def model_pick(ctx: TunerState, running: set[str], predictions: Predictions,
     if objectives != ["throughput"] or best is None or _waiting(ctx):
         return None
     correction = ctx.correction()
-    if correction.n_time < MODEL_AFTER:
+    if correction.n_time < MODEL_AFTER or not trusted(ctx.run.store.records()):
         return None
     fresh = [p for p in pool + neighbours(ctx.space, best.params) if _fresh(ctx, p, running)]
     if not fresh:
@@ -101,6 +104,23 @@ def model_pick(ctx: TunerState, running: set[str], predictions: Predictions,
         return None
     return top, (f"predicted {rates[key(top)]:.4g} samples/s by the estimator corrected from "
                  f"{correction.n_time} trials (best measured {best.values[0]:.4g})")
+
+
+def trusted(records: list[dict[str, Any]]) -> bool:
+    """Whether the corrected estimator was right lately: over the last RECENT measured
+    trials, the step time each was predicted before it ran is within TRUSTED_ERROR of
+    what it measured (median). A model that has just been wrong lets TPE propose until
+    the trials it learns from set it right."""
+    errors = []
+    for r in reversed(records):
+        predicted = (r.get("predicted") or {}).get("corrected_step_time_s")
+        measured = ((r.get("metrics") or {}).get("step_time_s") or {}).get("median")
+        if r.get("status") == "ok" and predicted and measured and \
+                "duplicate_of" not in tags_of(r):
+            errors.append(abs(predicted / measured - 1))
+            if len(errors) == RECENT:
+                break
+    return len(errors) == RECENT and statistics.median(errors) <= TRUSTED_ERROR
 
 
 def neighbour_of_best(ctx: TunerState, running: set[str], rng: random.Random,
