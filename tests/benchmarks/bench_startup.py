@@ -15,7 +15,9 @@ measured window). "output closed" is the same until the last holder of the
 command's stdout let go (what a caller capturing the output waits for). Prints a
 markdown table (median [min, max] over rounds, with the 1-minute load average at
 each run's start), then the median of each phase of this checkout's runs
-(metrics.phases_s; see harness.cli.bench_phases).
+(metrics.phases_s; see harness.cli.bench_phases); with --old-phases, before that,
+the phases of the code before the change, timed from inside a replay of its
+cmd_bench (its record has no phases but the warm-up's).
 """
 
 from __future__ import annotations
@@ -54,6 +56,68 @@ def run(code: Path, plan: str, out: Path, cache: Path) -> dict:
             "phases": m.get("phases_s") or {}, "window": m["window"]["seconds"]}
 
 
+# With --old-phases: the phases of the code before the bench process stopped importing
+# torch (ea66f3b's cmd_bench, step by step, timed from inside; warm cache only).
+OLD_PHASES = """
+import os, sys, time
+t = time.monotonic()
+with open("/proc/self/stat") as f:
+    start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+phases = {"python": time.clock_gettime(time.CLOCK_BOOTTIME) - start}
+def lap(name):
+    global t
+    now = time.monotonic(); phases[name] = now - t; t = now
+from harness.cli.main import build_parser, plan_from_args
+args = build_parser().parse_args(["bench", sys.argv[1], "--device", "cpu", "--out", sys.argv[2]])
+lap("cli")
+import strategies
+from harness.launch import rank_server
+from harness.launch.local import launch
+from harness.measure.prepare import prepare, flops_per_sample, peak_for_workload
+from harness.core.device import RuntimeEnv, resolve_device
+from harness.estimator import estimate
+from harness.measure.peaks import autocast_dtype_name
+from harness.workloads import load_workload
+from strategies import resolved, validate
+lap("imports (torch, torch._dynamo, the strategies)")
+plan = plan_from_args(args)
+lap("plan")
+rank_server.warm_up()  # its imports begin here, beside what follows
+device = resolve_device(plan.device); runtime = RuntimeEnv.detect(device.type)
+workload = load_workload(plan.workload, plan.workload_args)
+validate(plan, runtime); plan = resolved(plan)
+lap("check")
+peak = peak_for_workload(device, runtime.device_name, autocast_dtype_name(plan.strategies),
+                         workload)
+lap("peaks")
+flops = flops_per_sample(plan, workload)
+lap("flops")
+estimate(plan, workload, runtime, peak.used.flops, flops)
+lap("estimate")
+prepared = prepare(plan).checked()  # again, as the command does it: the env, mostly
+lap("env (and prepare again)")
+ctx = rank_server._server()
+p = ctx.Process(target=time.sleep, args=(0,)); p.start(); p.join()
+lap("rank_server (what is left of its imports)")
+result = launch(prepared, sys.argv[2], "bench")
+m = result.metrics
+rank = m["phases_s"]["setup"] + m["phases_s"]["warmup"] + m["window"]["seconds"]
+phases["launch"] = time.monotonic() - t - rank
+phases.update(setup=m["phases_s"]["setup"], warmup=m["phases_s"]["warmup"])
+import json
+print(json.dumps({**phases, "(window)": m["window"]["seconds"]}))
+"""
+
+
+def old_phases(code: Path, plan: str, out: Path, cache: Path) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(code), "HARNESS_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", OLD_PHASES, str(code / plan), str(out)],
+                          cwd=code, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{code}: the old phases failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
@@ -64,6 +128,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--plan", default="studies/plans/quickstart.toml")
     p.add_argument("--no-cold", action="store_true", help="only the warm peak cache")
+    p.add_argument("--old-phases", action="store_true",
+                   help="also time --before's phases from inside, step by step (ea66f3b's "
+                        "cmd_bench replayed), once a round with the warm cache")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_startup."))
     codes = {"now": ROOT}
@@ -80,11 +147,16 @@ def main() -> int:
                        check=True)
         caches = ["warm"] + ([] if args.no_cold else ["cold"])
         rows: dict[tuple[str, str], list[dict]] = {}
+        old: list[dict[str, float]] = []
         for r in range(args.rounds):
             names = list(codes) if r % 2 == 0 else list(reversed(codes))
+            if args.old_phases and args.before:
+                folder = tmp / f"cache-{r}-old-phases"
+                shutil.copytree(warm, folder)
+                old.append(old_phases(tmp / "before", args.plan, tmp / "out", folder))
             for cache in caches:
                 for name in names:
-                    folder = tmp / f"cache-{r}-{cache}-{len(rows)}"
+                    folder = tmp / f"cache-{r}-{cache}-{name.split()[0]}"
                     if cache == "warm":
                         shutil.copytree(warm, folder)
                     got = run(codes[name], args.plan, tmp / "out", folder)
@@ -99,6 +171,11 @@ def main() -> int:
             cells = [summary([x[k] for x in runs])
                      for k in ("wall", "steps", "overhead", "overhead_closed", "load")]
             print(f"| {name} | {cache} | " + " | ".join(cells) + " |")
+        if old:
+            print(f"\nphases, before ({args.before}), warm cache, timed from inside "
+                  "(median [min, max] s):")
+            for k in dict.fromkeys(k for x in old for k in x):
+                print(f"  {k:44} {summary([x.get(k) or 0.0 for x in old])}")
         for (name, cache), runs in rows.items():
             if name != "now":
                 continue
