@@ -16,6 +16,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def parallel_records(tmp_path_factory: pytest.TempPathFactory):
+    """`get(family)`: each rank's records of a family of parallel cases
+    (tests/distributed/run_case.py; "hf" is tests/workloads/run_hf_case.py's), by rank.
+    The families on as many ranks run in one torchrun launch, once per session, shared
+    by tests/distributed/test_parallel_strategies.py and tests/test_workloads_hf_parallel.py:
+    a launch costs an interpreter per rank importing torch and a gloo group."""
+    from tests.distributed.run_case import launch_families, same_ranks
+
+    launched: dict[tuple[str, ...], dict[int, dict]] = {}
+
+    def get(family: str) -> dict[int, dict]:
+        group = same_ranks(family)
+        if group not in launched:
+            out = tmp_path_factory.mktemp("parallel-" + "-".join(group))
+            launched[group] = launch_families(group, out)
+        return launched[group]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     """The README's main job, for real: `harness tune studies/quickstart.toml` on this CPU
     with a 45-second budget (trials in their own processes), run once per session and

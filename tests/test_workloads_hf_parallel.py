@@ -3,11 +3,13 @@
 hf:distilbert, and torchvision:resnet18 under ddp and zero 2/3, against the same model's
 single-process fp32 run; and the refusals.
 
-All cases are one torchrun launch of 2 CPU ranks (tests/workloads/run_hf_case.py: each
-case has its own layout of the two ranks) on its own free port, under a timeout. Every
-case trains 5 AdamW steps (lr 1e-2; resnet18 1e-3) on the same global batches of 8 as the
-single-process run (resnet18's accumulates 2 micro-batches of 4, the data ranks' share:
-BatchNorm normalises over each forward's samples). The job's loss of a step: the mean
+All cases (tests/workloads/run_hf_case.py: each case has its own layout of the two ranks)
+run in one torchrun launch of 2 CPU ranks, on its own free port, under a timeout, with
+tests/distributed/test_parallel_strategies.py's 2-rank cases (tests/conftest.py's
+parallel_records: once per session). Every case trains 5 AdamW steps (lr 1e-2; resnet18
+1e-3) on the same global batches of 8 as the single-process run (resnet18's accumulates
+2 micro-batches of 4, the data ranks' share: BatchNorm normalises over each forward's
+samples). The job's loss of a step: the mean
 over data ranks, the last pipeline stage's, tensor rank 0's.
 
 Tolerance: 1e-4 absolute on each step's loss (loss ≈ 4), as for the gpt's fp32 cases
@@ -17,11 +19,6 @@ in tests/distributed: only the summation order differs (observed ≤ 7.2e-7).
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -29,16 +26,12 @@ import torch.distributed as dist
 from harness.core.device import RuntimeEnv
 from harness.core.plan import Layout, Plan
 from strategies import reasons_against
-from tests.distributed.test_parallel_strategies import free_port
+from tests.distributed.run_case import HF, TIMEOUT_S
 from tests.tiny import train
 from tests.workloads.run_hf_case import CASES, STEPS, VISION_LR
 from tests.workloads.tiny_hf import TINY_HF, TINY_VISION, needs_transformers, tiny
 
-RANKS = 2
-TIMEOUT_S = 240
 EXACT = 1e-4
-RUN_CASE = Path(__file__).parent / "workloads" / "run_hf_case.py"
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("transformers_here")
 
@@ -46,22 +39,6 @@ pytestmark = pytest.mark.usefixtures("transformers_here")
 @pytest.fixture(scope="module")
 def transformers_here():
     needs_transformers()
-
-
-@functools.cache
-def launch(out: str) -> dict[int, dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={RANKS}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           str(RUN_CASE), out]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"no result within {TIMEOUT_S}s\n{(e.stderr or '')[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun exited {proc.returncode}\n{proc.stderr[-6000:]}")
-    return {r: json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(RANKS)}
 
 
 @functools.cache
@@ -83,10 +60,8 @@ def job_losses(records: dict[int, dict], layout: Layout, case: str) -> list[floa
 @pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed (gloo)")
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_loss_matches_single_process(case, tmp_path_factory):
-    out = tmp_path_factory.getbasetemp() / "hf-parallel"
-    out.mkdir(exist_ok=True)
-    records = launch(str(out))
+def test_loss_matches_single_process(case, parallel_records):
+    records = parallel_records(HF)
     if "skipped" in records[0][case.name]:
         pytest.skip(records[0][case.name]["skipped"])
     got = job_losses(records, Layout(**case.layout), case.name)

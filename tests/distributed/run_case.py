@@ -1,17 +1,25 @@
-"""Run one family of parallel cases on the ranks of a torchrun launch (CPU, gloo).
+"""Run families of parallel cases on the ranks of one torchrun launch (CPU, gloo).
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/distributed/run_case.py FAMILY OUT
+    python -m torch.distributed.run --nproc-per-node 2 tests/distributed/run_case.py \
+        FAMILY[,FAMILY...] OUT
 
 Every case composes its strategies on the tiny GPT of tests/tiny.py, trains a few
 steps on this rank's share of the same global batches as the single-process
 run (harness.measure.batches.step_pool), and records per rank: the losses, and the
 bytes of optimizer state, gradients and parameters this rank holds (local
-shards of DTensors). Each rank writes OUT/rank{r}.json: {case: record}.
+shards of DTensors). The family "hf" is tests/workloads/run_hf_case.py's cases (each
+with its own layout of 2 ranks). Each rank writes OUT/rank{r}.json: {case: record}.
+
+`launch_families` (the tests' side) runs the families on the same number of ranks in
+one launch: the interpreters, torch's import and the gloo group are paid once, and
+case names are unique across families.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,18 +162,68 @@ def run(case: Case, layout: dict, rank: int) -> dict:
     }
 
 
+HF = "hf"  # tests/workloads/run_hf_case.py's cases, on 2 ranks
+TIMEOUT_S = 300  # a launch of every family on 2 ranks, on a loaded 2-core machine
+
+
+def ranks(family: str) -> int:
+    from harness.core.plan import Layout
+
+    return 2 if family == HF else Layout(**FAMILIES[family][0]).world_size
+
+
+def same_ranks(family: str) -> tuple[str, ...]:
+    """The families that run in one launch with `family`: those on as many ranks."""
+    return tuple(f for f in [*FAMILIES, HF] if ranks(f) == ranks(family))
+
+
+def launch_families(families: tuple[str, ...], out: Path) -> dict[int, dict]:
+    """Run `families` (all on the same number of ranks) in one torchrun launch on its
+    own free port, under a timeout; each rank's records by rank."""
+    import pytest
+
+    from harness.core.ports import free_port
+
+    n = ranks(families[0])
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        str(Path(__file__)), ",".join(families), str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    what = ", ".join(families)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{what}: no result within {TIMEOUT_S}s\n{(e.stderr or '')[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{what}: torchrun exited {proc.returncode}\n{proc.stderr[-6000:]}")
+    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(n)}
+
+
 def main() -> None:
     import warnings
 
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore")
-    family, out = sys.argv[1], Path(sys.argv[2])
-    layout, cases = FAMILIES[family]
+    families, out = sys.argv[1].split(","), Path(sys.argv[2])
     only = set(sys.argv[3:])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    results = {c.name: run(c, layout, rank) for c in cases if not only or c.name in only}
+    results: dict[str, dict] = {}
+    for family in families:
+        if family == HF:
+            from tests.workloads import run_hf_case
+
+            found = {c.name: run_hf_case.run(c, rank) for c in run_hf_case.CASES
+                     if not only or c.name in only}
+        else:
+            layout, cases = FAMILIES[family]
+            found = {c.name: run(c, layout, rank) for c in cases if not only or c.name in only}
+        assert not found.keys() & results.keys(), f"{family}: a case name taken already"
+        results |= found
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
 

@@ -1,8 +1,10 @@
 """ddp, zero 1/2/3, pipeline and tensor parallel on 2 gloo ranks against one process.
 
-Each family of cases (tests/distributed/run_case.py) is one torchrun launch of
-2 CPU ranks on its own free port, under a timeout (the two 4-rank families that
-combine pipeline or tensor with zero are marked slow); every case trains the tiny
+The families of cases (tests/distributed/run_case.py) on 2 CPU ranks are one torchrun
+launch, with tests/test_workloads_hf_parallel.py's cases, on its own free port, under
+a timeout; the two 4-rank families that combine pipeline or tensor with zero are
+another (marked slow); both run once per session (tests/conftest.py's
+parallel_records). Every case trains the tiny
 GPT for 5 AdamW steps (lr 1e-2) on the same global batches of 8 as the
 single-process run (tests/tiny.py). The job's loss of a step is the mean over
 data ranks of the loss on the last pipeline stage (tensor rank 0).
@@ -22,18 +24,12 @@ Tolerances (absolute, on each step's loss, loss ≈ 4):
 from __future__ import annotations
 
 import functools
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from harness.core.plan import Layout
-from tests.distributed.run_case import FAMILIES, STEPS
+from tests.distributed.run_case import FAMILIES, STEPS, TIMEOUT_S, ranks
 from tests.tiny import tiny_gpt, train
 
 pytestmark = [
@@ -42,56 +38,14 @@ pytestmark = [
 ]
 
 RANKS = 2
-TIMEOUT_S = 240
 EXACT = 1e-4
 TOLERANCE = {"ddp-fp16-compression": 5e-3, "zero2-bf16": 2e-2, "zero3-fp16": 1e-2}
-RUN_CASE = Path(__file__).with_name("run_case.py")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ranks(family: str) -> int:
-    return Layout(**FAMILIES[family][0]).world_size
-
-
-def launch(family: str, out: Path) -> dict[int, dict]:
-    """Run one family on its CPU ranks; each rank's records by rank."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks(family)}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(RUN_CASE), family, str(out),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{family}: no result within {TIMEOUT_S}s\n{(e.stderr or '')[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"{family}: torchrun exited {proc.returncode}\n{proc.stderr[-6000:]}")
-    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks(family))}
-
-
-@functools.cache
-def family_results(family: str, out: str) -> dict[int, dict]:
-    return launch(family, Path(out))
 
 
 @pytest.fixture
-def results(request, tmp_path_factory):
-    """Records of a family, launched once per session."""
-
-    def get(family: str) -> dict[int, dict]:
-        out = tmp_path_factory.getbasetemp() / f"parallel-{family}"
-        out.mkdir(exist_ok=True)
-        return family_results(family, str(out))
-
-    return get
+def results(parallel_records):
+    """Records of a family, by rank (its launch runs once per session)."""
+    return parallel_records
 
 
 @functools.cache

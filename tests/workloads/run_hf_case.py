@@ -2,6 +2,9 @@
 
     python -m torch.distributed.run --nproc-per-node 2 tests/workloads/run_hf_case.py OUT
 
+(The tests run these cases as tests/distributed/run_case.py's family "hf", in the launch
+of the other 2-rank cases.)
+
 Every case composes its strategies on a tiny hf: or torchvision: model
 (tests/workloads/tiny_hf.py),
 with its own layout of the 2 ranks (data, tensor or pipeline), trains 5 steps on this
