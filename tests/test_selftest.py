@@ -239,3 +239,38 @@ def test_the_page_says_which_phases_did_not_run(out):
     (folder / "tune" / "trials.jsonl").write_text("\n".join(json.dumps(t) for t in trials))
     state["phases"]["tune"] = {"dir": "tune", "budget_s": 900, "step": {"rc": 0}}
     assert "| tuned over fp32 baseline | **3.00x** |" in build(folder, state, "2026-11-23")
+
+
+def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_path):
+    """--only table runs the table study as `harness tune` into its folder, with --resume
+    once the folder holds it (several GPU sessions add to one table), and the page says
+    how many configurations are recorded; the study is the GPU subspace of issue 24."""
+    import time
+
+    from harness.selftest import phases as ph
+    from harness.selftest.runner import Step
+
+    study = ROOT / "studies" / "gpt2-small-1gpu-table.toml"
+    folder = tmp_path / "table"
+    asked: list[list[str]] = []
+
+    def fake_step(argv, log, timeout_s):
+        asked.append(argv)
+        folder.mkdir(exist_ok=True)
+        (folder / "study.json").write_text("{}")
+        with open(folder / "trials.jsonl", "a") as f:
+            f.write(json.dumps({"status": "ok"}) + "\n")
+        return Step(command=" ".join(argv), log=log.name, rc=0, seconds=1.0, timed_out=False)
+
+    state = {"phases": {}, "runs": []}
+    run = ph.Run(tmp_path, time.monotonic() + 3600, state, lambda: None, echo=False)
+    run.step = fake_step
+    assert ph.run_table(run, study, folder) and ph.run_table(run, study, folder)
+    assert "--resume" not in asked[0] and "--resume" in asked[1]
+    assert asked[0][asked[0].index("--out") + 1] == str(folder)
+    assert state["phases"]["table"]["after"] == 2 and state["phases"]["table"]["before"] == 1
+    state["device"] = {"name": "NVIDIA H100 80GB HBM3"}
+    page = build(tmp_path, state, "2026-11-24")
+    assert "2 configurations recorded (2 ok), 1 of them this session" in page
+    table = __import__("tomllib").loads(study.read_text())
+    assert table["sampler"] == "grid" and table["pruning"]["slower_than"] == 0

@@ -31,6 +31,7 @@ says so and runs nothing."""
 
 DEFAULT_PLANS = "studies/plans/*.toml"
 DEFAULT_STUDY = "studies/gpt2-small-1gpu.toml"
+TABLE_STUDY = "studies/gpt2-small-1gpu-table.toml"
 
 
 def add_selftest_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +44,9 @@ def add_selftest_parser(sub: argparse._SubParsersAction) -> None:
                         "later run with --only into the same folder adds to its page")
     p.add_argument("--only", metavar="PHASES", default="tests,bench,tune",
                    help="a subset of tests,bench,tune (e.g. --only tests,bench), to split "
-                        "the run into shorter ones")
+                        "the run into shorter ones; or table: measure the GPU table for the "
+                        "search replay (every configuration of " + TABLE_STUDY + ") into "
+                        "tests/benchmarks/tables/, resuming what earlier sessions measured")
     p.add_argument("--tune-budget", metavar="TIME", default="15m",
                    help="the study's wall clock (default 15m)")
     p.add_argument("--time-limit", metavar="TIME", default="25m",
@@ -144,6 +147,9 @@ def _run(args: argparse.Namespace, phases: list[str], plans: list[Path], budget:
             results["bench"] = ph.run_bench(run, plans, device.count, args.plans, reserve)
         if "tune" in phases:
             results["tune"] = ph.run_tune(run, Path(args.study), budget)
+        if "table" in phases:
+            folder = Path(f"tests/benchmarks/tables/gpt2-small-1gpu_{slug(device.name)}")
+            results["table"] = ph.run_table(run, Path(TABLE_STUDY), folder)
     finally:
         save()
         doc.parent.mkdir(parents=True, exist_ok=True)

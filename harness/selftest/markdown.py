@@ -114,7 +114,8 @@ def header(out: Path, state: dict[str, Any], date: str) -> list[str]:
                      f"{secs(run.get('wall_s'))}, started {run.get('started_at', '?')}) |")
     total = sum(r.get("wall_s") or 0 for r in runs)
     lines += [f"| total wall time | {secs(total)} |", f"| out folder | `{out}` |", ""]
-    missing = [p for p in PHASES if p not in state["phases"]]
+    # the table is measured only when asked for (--only table): not "missing" otherwise
+    missing = [p for p in PHASES if p not in state["phases"] and p != "table"]
     if missing:
         lines += [f"Not run: {', '.join(missing)} (run `harness selftest --gpu --only "
                   f"{','.join(missing)} --out {out}` to add them to this page).", ""]
@@ -277,9 +278,23 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
     return lines
 
 
+def table_section(out: Path, state: dict[str, Any]) -> list[str]:
+    t = state["phases"]["table"]
+    if t.get("skipped"):
+        return ["## The GPU table for the search replay", "", f"Skipped: {t['skipped']}.", ""]
+    step = t.get("step") or {}
+    return ["## The GPU table for the search replay", "",
+            f"`{t.get('study')}` into `{t.get('dir')}`: {t.get('after', 0)} configurations "
+            f"recorded ({t.get('ok', 0)} ok), {t.get('after', 0) - t.get('before', 0)} of them "
+            f"this session (`{short(step.get('command'))}`, exit code {step.get('rc')}, log "
+            f"`{step.get('log')}`). Replay it: `python tests/benchmarks/search_replay.py "
+            f"--table {t.get('dir')}`.", ""]
+
+
 def build(out: Path, state: dict[str, Any], date: str) -> str:
     lines = header(out, state, date)
-    sections = {"tests": tests_section, "bench": bench_section, "tune": tune_section}
+    sections = {"tests": tests_section, "bench": bench_section, "tune": tune_section,
+                "table": table_section}
     for phase in PHASES:
         if phase in state["phases"]:
             lines += sections[phase](out, state)

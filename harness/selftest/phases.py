@@ -161,3 +161,30 @@ def run_tune(run: Run, study: Path, budget_s: float) -> bool:
     entry["report"] = {"html": str(html.relative_to(run.out)), "step": report.to_json()}
     run.save()
     return ok and report.ok
+
+
+TABLE_END_S = 60.0  # kept back after the table's study, for its last trial to stop
+
+
+def run_table(run: Run, study: Path, folder: Path) -> bool:
+    """Measure the table study's configurations (a grid, nothing cut short) into
+    `folder` until the time limit: a folder that holds it already is resumed, so several
+    GPU sessions add to one table."""
+    entry: dict[str, Any] = {"study": str(study), "dir": str(folder)}
+    run.state["phases"]["table"] = entry
+    budget = run.left() - TUNE_STARTUP_S - TABLE_END_S
+    if budget < TUNE_MIN_S:
+        entry["skipped"] = f"only {max(run.left(), 0):.0f} s left within the time limit"
+        run.save()
+        return False
+    before = len(read_jsonl(folder / "trials.jsonl"))
+    argv = [run.python, "-m", "harness", "tune", str(study), "--out", str(folder),
+            "--budget", f"{budget:.0f}s", "--quiet"]
+    if (folder / "study.json").exists():
+        argv.append("--resume")
+    step = run.step(argv, run.out / "table.log", budget + TUNE_STARTUP_S + TABLE_END_S)
+    trials = read_jsonl(folder / "trials.jsonl")
+    entry.update(step=step.to_json(), before=before, after=len(trials),
+                 ok=sum(t.get("status") == "ok" for t in trials))
+    run.save()
+    return step.ok and len(trials) > before

@@ -4,7 +4,8 @@ phase ran (its steps, what it skipped and why). A later run into the same folder
 end covers every phase run so far.
 
     {"device": {...}, "runs": [{"command", "started_at", "wall_s", "phases"}],
-     "phases": {"tests": {"runs": [...]}, "bench": {"plans": [...]}, "tune": {...}}}
+     "phases": {"tests": {"runs": [...]}, "bench": {"plans": [...]}, "tune": {...},
+                "table": {...}}}
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 FILE = "selftest.json"
-PHASES = ("tests", "bench", "tune")
+PHASES = ("tests", "bench", "tune", "table")
 
 
 def load(out: Path) -> dict[str, Any]:

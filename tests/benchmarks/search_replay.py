@@ -109,7 +109,14 @@ def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
             "cost": r.get("duration_s") or 0.0, "steps": r["plan"]["steps"],
             "warmup": r["plan"]["warmup_steps"],
             "predicted": batch / p["step_time_s"] if p.get("step_time_s") else 0.0}
-    return rows, study, SearchSpace.of(study, study.device)
+    if study.device != "cuda":
+        return rows, study, SearchSpace.of(study, study.device)
+    # a GPU table (harness selftest --gpu --only table), replayed here on a CPU: the
+    # space as the GPU resolved it, with the device faked as the surfaces fake it
+    from tests.benchmarks.surface_replay.world import h100_world
+
+    with h100_world(study.layout.world_sizes[0]):
+        return rows, study, SearchSpace.of(study, study.device)
 
 
 def key(params: dict) -> str:
