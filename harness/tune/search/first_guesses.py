@@ -11,7 +11,8 @@ of a small space), so TPE still has budget to correct a wrong estimate.
 
 (Its effect, replayed: docs/benchmarks/search_replay_*.)
 
-Candidates are up to SAMPLE configurations (all of a smaller space; a seeded sample
+Candidates are up to `sample_size` configurations (64 for a study under half an hour,
+one more per 30 s of budget, at most 1,024: all of a smaller space; a seeded sample
 of a larger one, drawn without listing it: harness.study.space_sampling, so a space of
 any size, ranges included, starts the same way) that the estimator predicts to fit the
 memory budget. Each prediction is one request to the torch-side helper, so SAMPLE
@@ -36,23 +37,33 @@ if TYPE_CHECKING:
 START = 5
 CAP = 16
 TIE = 0.05  # predictions this close to the fastest are the estimator's tie
-SAMPLE = 64
+SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
+MOST = 1024  # the most (a long study's): a prediction takes 0.1-0.2 s of the helper
+PER_PREDICTION_S = 30.0  # one more configuration ranked per this much of the budget
 
 
-def first_guess_pool(space: SearchSpace, seed: int | None) -> list[dict[str, Any]]:
+def sample_size(budget_s: float) -> int:
+    """How many configurations the estimator ranks: more for a longer study (a day's
+    study can spend a few minutes predicting), from SAMPLE to MOST."""
+    return int(min(MOST, max(SAMPLE, budget_s // PER_PREDICTION_S)))
+
+
+def first_guess_pool(space: SearchSpace, seed: int | None,
+                     n: int = SAMPLE) -> list[dict[str, Any]]:
     """The configurations the estimator ranks first: all of a small space, else a
-    seeded sample of SAMPLE (and a few more, for the references it leaves out)."""
+    seeded sample of `n` (and a few more, for the references it leaves out)."""
     size = space.size()
-    if size is not None and size <= SAMPLE + 2:
+    if size is not None and size <= n + 2:
         return space.enumerate()
-    return sample(space, random.Random(seed), SAMPLE + 2)
+    return sample(space, random.Random(seed), n + 2)
 
 
 def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]],
                     predictions: Predictions) -> list[dict[str, Any]]:
     """The configurations to measure first, as parameters (none of `taken`)."""
-    configs = [p for p in first_guess_pool(ready.space, ready.study.seed)
-               if p not in taken][:SAMPLE]
+    n = sample_size(ready.study.budget.time_s)
+    configs = [p for p in first_guess_pool(ready.space, ready.study.seed, n)
+               if p not in taken][:n]
     fresh = Correction.from_records([], ready.device_type)  # the defaults: nothing measured
     scored = [(rate, params) for params in configs
               if (rate := predictions.rate(params, fresh, ready.budget_bytes)) > 0]
@@ -69,9 +80,10 @@ def describe_start(study: Study, size: int | None, n_references: int) -> str:
         return f"{refs}, then random proposals"
     if study.sampler == "nsga2" or (study.sampler == "auto" and len(study.objectives) > 1):
         return f"{refs}, then NSGA-II (several objectives)"
-    among = (f"all {size:,} configurations" if size is not None and size <= SAMPLE
-             else f"a sample of {SAMPLE} of {size:,} configurations" if size is not None
-             else f"a sample of {SAMPLE} configurations (some settings are ranges)")
+    n = sample_size(study.budget.time_s)
+    among = (f"all {size:,} configurations" if size is not None and size <= n
+             else f"a sample of {n} of {size:,} configurations" if size is not None
+             else f"a sample of {n} configurations (some settings are ranges)")
     guesses = max(START, min(CAP, (size if size is not None else 2 * CAP) // 2))
     return (f"{refs}, then up to {guesses} of the estimator's fastest predictions among "
             f"{among}, then TPE ({startup_trials(size)} random start-up trials); "

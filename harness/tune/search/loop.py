@@ -43,7 +43,7 @@ from harness.tune.final.time_reserve import reserve_s
 from harness.tune.recovery.held import Held
 from harness.tune.search import queue_next
 from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.search.first_guesses import first_guess_pool
+from harness.tune.search.first_guesses import first_guess_pool, sample_size
 from harness.tune.search.jobs_in_flight import InFlight, max_jobs
 from harness.tune.trial_job import command_for, run_trial_job
 from harness.tune.tuner_state import RETRY_OF, TunerState
@@ -127,7 +127,9 @@ class Tuner:
         """The configurations the model ranks beside the best's neighbours: the first
         guesses' sample (the same seeded draw, so their predictions are cached)."""
         if self._model_pool is None:
-            self._model_pool = first_guess_pool(self.ctx.space, self.ctx.study.seed)
+            study = self.ctx.study
+            self._model_pool = first_guess_pool(self.ctx.space, study.seed,
+                                                sample_size(study.budget.time_s))
         return self._model_pool
 
     def _why_stop(self, streak: int, skipped: int, last: TrialResult | None) -> str | None:
