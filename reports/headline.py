@@ -1,4 +1,5 @@
-"""The headline of a study: its best configuration against its own fp32 baseline.
+"""The headline of a study: its best configuration against its own strict fp32 baseline
+(TF32 off), and against fp32+TF32 (the baseline plus [strategies.tf32]) where measured.
 
 Honest by construction: the speedup is best samples/s over baseline samples/s of the
 same study; where either is missing or did not finish, `missing` says so in words
@@ -32,6 +33,8 @@ class Headline:
     repeats: list[float] = field(default_factory=list)  # best re-measured (ablation)
     caution: str = ""     # the re-measurements do not reproduce the best's search figure
     basis: str = "one measurement each"  # what the speedup's two figures are
+    tf32_speedup: float | None = None  # best samples/s over the fp32+TF32 trial's
+    tf32_id: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -45,8 +48,10 @@ class Headline:
         if n == 1:
             return "A study of one trial: there is nothing to compare it with."
         if self.speedup is not None:
-            return (f"The best configuration trains {self.speedup:.2f}× as fast as the fp32 "
-                    f"baseline of this study ({self.basis}).")
+            over = (f" It trains {self.tf32_speedup:.2f}× as fast as fp32+TF32 (trial "
+                    f"{self.tf32_id}, one measurement each)." if self.tf32_speedup else "")
+            return (f"The best configuration trains {self.speedup:.2f}× as fast as the strict "
+                    f"fp32 baseline of this study (TF32 off; {self.basis}).{over}")
         return "The best configuration is shown below. " + " ".join(self.missing)
 
 
@@ -88,11 +93,26 @@ def headline(run: Run) -> Headline:
             if fc.ranks_by_time(run) else None)
         if repeats:
             h.speedup, h.basis = repeats
+        ref = _tf32_reference(t, base)
+        if ref is not None and num(b["samples_per_s"]):
+            h.tf32_speedup = b["samples_per_s"] / ref["samples_per_s"]
+            h.tf32_id = str(ref["trial_id"])
         if num(base["peak_memory_bytes"]) and num(b["peak_memory_bytes"]) is not None:
             h.memory_ratio = b["peak_memory_bytes"] / base["peak_memory_bytes"]
     if b is None and counts.get("ok"):
         h.missing.append("No trial fits the memory budget, so there is no best configuration.")
     return h
+
+
+def _tf32_reference(t: pd.DataFrame, base: pd.Series) -> pd.Series | None:
+    """The finished fp32+TF32 trial: the baseline's strategies plus tf32, its layout and
+    micro-batch; None when the study measured none."""
+    want = " + ".join(sorted({*base["strategies"].split(" + "), "tf32"} - {"none"}))
+    rows = t[(t["strategies"] == want) & (t["status"] == "ok")
+             & (t["layout"] == base["layout"])
+             & (t["micro_batch_size"] == base["micro_batch_size"])]
+    rows = rows[[bool(num(x)) for x in rows["samples_per_s"]]]
+    return rows.iloc[0] if len(rows) else None
 
 
 def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str] | None:

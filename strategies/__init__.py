@@ -12,6 +12,7 @@ from strategies import (  # noqa: F401  (registers)
     lamb,
     pipeline,
     tensor,
+    tf32,
     zero,
 )
 from strategies.base import Choice, FloatRange, IntRange, Phase, Strategy

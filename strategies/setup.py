@@ -71,6 +71,10 @@ class Setup:
     # neighbour's settings (zero reads amp's dtype for FSDP's mixed precision).
     mesh: Any = None
     plan: Plan | None = None
+    # Process-wide settings a strategy needs during each step (tf32's matmul
+    # precision), entered around the step and restored after it.
+    step_contexts: list[Callable[[], contextlib.AbstractContextManager]] = field(
+        default_factory=list)
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         params: list[Any] = [p for p in self.model.parameters() if p.requires_grad]
@@ -99,6 +103,12 @@ class Setup:
         The loss stays on the device: reading it would synchronise, and the caller
         decides when that happens.
         """
+        with contextlib.ExitStack() as stack:
+            for context in self.step_contexts:
+                stack.enter_context(context())
+            return self._step(micro_batches, loss_fn)
+
+    def _step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> torch.Tensor | None:
         if self.step_override is not None:
             return self.step_override(self, micro_batches, loss_fn)
         assert self.optimizer is not None, "compose() builds the optimizer"

@@ -142,7 +142,7 @@ def test_contenders_and_the_decision():
     assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 2}
     assert not decision.baseline_within_spread  # 188 against 105: a lead beyond the noise
     text = summary.confirmation_text(decision.as_dict())
-    assert "1.79x the fp32 baseline's median" in text and "did not show" not in text
+    assert "1.79x the strict fp32 baseline's median" in text and "did not show" not in text
     # a baseline whose measurements reach the best's: the lead is said to be noise
     near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180])}, "0")
     assert near.best == "2" and near.baseline_within_spread

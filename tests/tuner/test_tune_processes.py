@@ -166,7 +166,7 @@ def test_quickstart_study_on_this_cpu(quickstart_study):
         rate = {r["trial_id"]: r["metrics"]["samples_per_s"] for r in recs
                 if r["status"] == "ok" and r["tags"]["phase"] != "ablation"}
         assert rate[info["best_trial_id"]] == max(rate.values())
-    assert (out / "best.toml").exists() and "x the fp32 baseline" in proc.stdout
+    assert (out / "best.toml").exists() and "x the strict fp32 baseline" in proc.stdout
 
 
 TWO_NODES = {

@@ -13,6 +13,7 @@ from harness.tune.final.summary import (
     now,
     status_counts,
     table,
+    tf32_line,
     write_best,
 )
 from harness.tune.recovery.storage import StorageUnreachable
@@ -69,8 +70,11 @@ def write_results(ctx: TunerState, stopped: str,
     else:
         base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
         if rate and base_rate:
-            print(f"best: trial {best_id}, {rate / base_rate:.2f}x the fp32 baseline "
-                  f"(trial {baseline['trial_id']}; one measurement each)")
+            print(f"best: trial {best_id}, {rate / base_rate:.2f}x the strict fp32 baseline "
+                  f"(TF32 off; trial {baseline['trial_id']}; one measurement each)")
+    over_tf32 = tf32_line(records, baseline, (decision or {}).get("median") or rate)
+    if over_tf32 and not (decision or {}).get("objective") == "time_to_loss":
+        print(over_tf32)
     if best_id is not None:
         text = ablation_table(records, best_id)
         if text:

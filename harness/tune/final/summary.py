@@ -95,15 +95,16 @@ def confirmation_text(decision: dict[str, Any]) -> str:
     for trial_id, s in sorted(decision["standings"].items(),
                               key=lambda kv: kv[1]["median"] * (1 if timed else -1)):
         mark = ("best" if str(trial_id) == str(decision["best"]) else
-                "fp32 baseline" if str(trial_id) == str(decision.get("baseline_id")) else "")
+                "strict fp32 baseline" if str(trial_id) == str(decision.get("baseline_id"))
+                else "")
         seeds = f", [{s['seeds'][0]:.4g}, {s['seeds'][1]:.4g}]" if s.get("seeds") else ""
         lines.append(f"  trial {trial_id!s:<8} {s['median']:.4g} [{s['min']:.4g}, "
                      f"{s['max']:.4g}], n={s['n']}{seeds}  {mark}".rstrip())
     base = decision.get("baseline")
     ratio = base and base["median"] and (base["median"] / decision["median"] if timed
                                          else decision["median"] / base["median"])
-    speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the fp32 "
-             "baseline's median" if ratio else "")
+    speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the strict fp32 "
+             "baseline's median (TF32 off)" if ratio else "")
     if ratio and decision.get("baseline_within_spread"):
         speed += (f" (within the spread of the measurements{' and seeds' if timed else ''}: "
                   "a lead this machine did not show beyond its noise)")
@@ -115,6 +116,35 @@ def confirmation_text(decision: dict[str, Any]) -> str:
                      f"of the measurements{' and seeds' if timed else ''}): trial(s) {close}; "
                      f"best.toml names the {'lowest' if timed else 'highest'} median")
     return "\n".join(lines)
+
+
+def tf32_reference(records: list[dict[str, Any]], baseline: dict[str, Any] | None
+                   ) -> dict[str, Any] | None:
+    """The measured fp32+TF32 trial: the baseline's configuration (its strategies, layout
+    and micro-batch) with [strategies.tf32] added, finished; None when the study has none."""
+    if not baseline:
+        return None
+    plan = baseline.get("plan") or {}
+    want = set(plan.get("strategies") or {}) | {"tf32"}
+    for r in records:
+        p = r.get("plan") or {}
+        if (r.get("status") == "ok" and set(p.get("strategies") or {}) == want
+                and p.get("layout") == plan.get("layout")
+                and p.get("micro_batch_size") == plan.get("micro_batch_size")
+                and (r.get("metrics") or {}).get("samples_per_s")):
+            return r
+    return None
+
+
+def tf32_line(records: list[dict[str, Any]], baseline: dict[str, Any] | None,
+              best_rate: float | None) -> str:
+    """The best's speedup over fp32+TF32 where such a trial was measured, else ""."""
+    ref = tf32_reference(records, baseline)
+    if ref is None or not best_rate:
+        return ""
+    ref_rate = ref["metrics"]["samples_per_s"]
+    return (f"  {best_rate / ref_rate:.2f}x fp32+TF32 (trial {ref['trial_id']}, "
+            f"{ref_rate:.4g} samples/s; one measurement)")
 
 
 def write_best(store: RunStore, study_name: str, trial_id: Any, plan: dict[str, Any],
