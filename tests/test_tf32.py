@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 import strategies
@@ -75,10 +76,8 @@ def test_a_failing_step_restores_them_too():
 
     before = torch.get_float32_matmul_precision()
     setup.optimizer = torch.optim.SGD(setup.model.parameters(), lr=0.1)
-    try:
+    with pytest.raises(RuntimeError, match="boom"):
         setup.step([None], boom)
-    except RuntimeError:
-        pass
     assert torch.get_float32_matmul_precision() == before
 
 

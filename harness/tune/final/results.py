@@ -73,7 +73,7 @@ def write_results(ctx: TunerState, stopped: str,
             print(f"best: trial {best_id}, {rate / base_rate:.2f}x the strict fp32 baseline "
                   f"(TF32 off; trial {baseline['trial_id']}; one measurement each)")
     over_tf32 = tf32_line(records, baseline, (decision or {}).get("median") or rate)
-    if over_tf32 and not (decision or {}).get("objective") == "time_to_loss":
+    if over_tf32 and (decision or {}).get("objective") != "time_to_loss":
         print(over_tf32)
     if best_id is not None:
         text = ablation_table(records, best_id)
