@@ -94,6 +94,12 @@ class Plan(TomlFile):
     timeout_s: float = bounded(900.0, 1e-3, 30 * 86400)
     cluster: ClusterSpec | None = None  # where it runs: this machine unless [cluster] says
     target: TargetSpec | None = None  # also train to a validation loss (harness.core.target)
+    # Each rank's caching allocator is capped at this many bytes per device (less the
+    # context; harness.measure.memory.apply_memory_cap): a study's memory budget. None: no cap
+    memory_budget_bytes: int | None = None
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the trial's environment
+    # (harness.launch.local.allocator_env); a study's budget.expandable_segments
+    expandable_segments: bool = True
 
     # --- derived -----------------------------------------------------------
     @property
@@ -128,6 +134,9 @@ class Plan(TomlFile):
                     f"{where}.strategies.{name}: expected a table of settings, "
                     f"e.g. [strategies.{name}]"
                 )
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
+            raise HarnessError(f"{where}.memory_budget_bytes: must be at least 1 byte "
+                               f"(leave it out for no cap)")
         if self.cluster is not None:
             self.cluster.check_timeout(self.timeout_s, "timeout_s", f"{where}.cluster")
 

@@ -171,6 +171,7 @@ def launch(
     worker += ["--trial-id", str(trial_id)] if trial_id is not None else []
     single = plan.world_size == 1 and nnodes == 1
     env = _env(launch_id, node_rank, logs)
+    env.update(allocator_env(plan, env))
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
         env[STEP_LOG_ENV] = str(Path(progress_file).absolute())
@@ -315,6 +316,20 @@ def _env(launch_id: str, node_rank: int, logs: Path) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(import_path(env.get("PYTHONPATH")))
     return env
+
+
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def allocator_env(plan: Plan, env: dict[str, str]) -> dict[str, str]:
+    """The CUDA caching allocator's settings for a trial: expandable_segments:True by
+    default (less cache held for nothing between differently sized blocks), none where the
+    plan turns it off (a study's budget.expandable_segments = false). A setting of
+    expandable_segments already in the environment is the user's and is kept."""
+    conf = env.get(ALLOC_CONF_ENV, "")
+    if not plan.expandable_segments or "expandable_segments" in conf:
+        return {ALLOC_CONF_ENV: conf} if conf else {}
+    return {ALLOC_CONF_ENV: ",".join(p for p in (conf, "expandable_segments:True") if p)}
 
 
 def import_path(pythonpath: str | None = None) -> list[str]:

@@ -8,7 +8,13 @@
 The allocator's peaks count only tensors (allocated) and the blocks the caching
 allocator holds (reserved); the CUDA context, cuBLAS workspaces and NCCL's buffers
 are outside them. NVML's per-process figure (harness.measure.nvml) sees those:
-`device_held` is the trial's peak, the figure the memory budget is checked against.
+`device_held` is the trial's peak.
+
+Under a study's memory budget each rank's caching allocator is capped (`apply_memory_cap`,
+before the model is built: it frees its cache and retries before it passes the cap), so
+what the device held may include cache the trial did not need. Such a trial is judged
+by what it needed: the allocator's reserved peak plus the measured context
+(`context_bytes`; harness.core.memory_need.budget_peak_bytes).
 
 The RSS peak since `begin` comes from Linux's VmHWM after resetting it through
 /proc/self/clear_refs. Where the reset is refused, or there is no /proc, the
@@ -70,9 +76,35 @@ def _lifetime_maxrss() -> int:
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
 
+def apply_memory_cap(device: torch.device, budget_bytes: int | None,
+                     context_bytes: int | None = None) -> int | None:
+    """Cap this process's caching allocator on `device` at the memory budget less the
+    context measured before the model (so reserved + context stays within the budget);
+    returns the cap in bytes, None where nothing is capped (no budget, not CUDA).
+    Call it before the model is built. GPU: correct by construction, not yet run on one."""
+    if device.type != "cuda" or not budget_bytes:
+        return None
+    total = int(torch.cuda.get_device_properties(device).total_memory)
+    cap = max(1, int(budget_bytes) - int(context_bytes or 0))
+    fraction = min(1.0, cap / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return int(fraction * total)
+
+
+def set_expandable_segments(device: torch.device, on: bool) -> None:
+    """The allocator's expandable segments, as PYTORCH_CUDA_ALLOC_CONF (set by the launcher,
+    harness.launch.local.allocator_env) asks, for a rank forked after torch was imported."""
+    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if device.type == "cuda" and setter is not None:
+        setter(f"expandable_segments:{on}")
+
+
 class MemoryTracker:
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.cap_bytes: int | None = None  # the allocator's cap (apply_memory_cap), if any
+        self.context_bytes: int | None = None  # held before the model, measured in begin
+        self.context_source: str | None = None
         self._rss_base: int | None = None
         self._device_base: int | None = None
         self._hwm_reset = False
@@ -85,6 +117,12 @@ class MemoryTracker:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._device_base = process_memory_bytes(self.device)
+            self.context_bytes, self.context_source = self._device_base, "NVML, this process"
+            if self._device_base is None:  # no per-process figure (containers)
+                free, total = torch.cuda.mem_get_info(self.device)
+                self.context_bytes = max(0, int(total) - int(free)
+                                         - int(torch.cuda.memory_reserved(self.device)))
+                self.context_source = "device used before the model (mem_get_info)"
         self._hwm_reset = _reset_peak_rss()
         self._rss_base = current_rss()
         self._begun = True
@@ -121,6 +159,12 @@ class MemoryTracker:
             "device_held": held,
             "device_held_source": held_source,
             "device_base": self._device_base,  # held before the model: the CUDA context
+            "nvml_per_process": (self._device_base is not None or bool(
+                held_source and held_source.startswith("NVML"))) if allocated is not None
+            else None,
+            "context_bytes": self.context_bytes,
+            "context_source": self.context_source,
+            "cap_bytes": self.cap_bytes,  # the allocator's cap: the budget less the context
             "rss": rss,
             "rss_base": self._rss_base,
             "rss_source": source if self._begun else source + " (begin not called)",

@@ -30,7 +30,7 @@ from harness.core.interference import InterferenceMeter, combine_ranks, session_
 from harness.measure import distributed
 from harness.measure.env import capture_env
 from harness.measure.loader import step_feed
-from harness.measure.memory import MemoryTracker
+from harness.measure.memory import MemoryTracker, apply_memory_cap, set_expandable_segments
 from harness.measure.nvml import NvmlSampler, compute_processes
 from harness.measure.peak_calibration import forget_measured_peak
 from harness.measure.prepare import Prepared
@@ -113,6 +113,9 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     started = process_age_s()  # this rank's process, from its start to here
     memory = MemoryTracker(device)
     memory.begin()
+    # Under a study's memory budget: the allocator frees its cache before it passes it
+    set_expandable_segments(device, plan.expandable_segments)
+    memory.cap_bytes = apply_memory_cap(device, plan.memory_budget_bytes, memory.context_bytes)
     with torch.device(device):
         model = workload.build_model()
     setup = compose(model, plan, device, prep.runtime)

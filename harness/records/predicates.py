@@ -6,6 +6,7 @@ the report ask of records (plain dicts, as trials.jsonl holds them).
     finished      measured to the end, or found unable to run: not cut short by time or
                   left behind by a worker that stopped
     may_be_best   ok, quiet, within the memory budget: a candidate for the study's best
+    budget_peak_bytes  the figure judged against the memory budget: what a trial needed
     ranked        the search's measured configurations (duplicates once), fastest first
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from harness.core.memory_need import budget_peak_bytes
 from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
 
 
@@ -48,12 +50,13 @@ def finished(record: dict[str, Any]) -> bool:
 def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
     """An ok trial within the memory budget, measured on a quiet machine: a candidate for
     the study's best. (The trials Optuna holds feasible: its `memory` constraint,
-    harness.tune.search.sampling, is (peak - budget) / budget <= 0.)"""
+    harness.tune.search.sampling, is (needed - budget) / budget <= 0, the memory needed
+    as `budget_peak_bytes` says.)"""
     if record["status"] != "ok" or busy_note(record):
         return False
     if not budget_bytes:
         return True
-    peak = (record.get("metrics") or {}).get("peak_memory_bytes")
+    peak = budget_peak_bytes(record)
     return not peak or (float(peak) - budget_bytes) / budget_bytes <= 0
 
 

@@ -26,7 +26,8 @@ def empty_metrics() -> dict[str, Any]:
         "mfu": None,
         "peak_flops_source": None,
         "peak_memory_bytes": None,
-        "memory": {"allocated": None, "reserved": None, "nvml_used": None, "rss": None},
+        "memory": {"allocated": None, "reserved": None, "nvml_used": None, "rss": None,
+                   "cap_bytes": None},
         "energy_j_per_sample": None,
         "loss": {"first": None, "last": None, "finite": None},
         # who else used the machine during the measured steps (harness.core.interference)

@@ -221,9 +221,13 @@ def tune_figures(trials: list[dict[str, Any]], info: dict[str, Any] | None) -> d
 
 
 def _over_budget(ok: list[dict[str, Any]], budget: float | None) -> list[dict[str, Any]]:
-    """Trials that ran but whose peak passed the memory budget (never the study's best)."""
+    """Trials that ran but needed more than the memory budget (never the study's best):
+    under the allocator's cap, its reserved peak plus the context, else the device's peak
+    (harness.core.memory_need.budget_peak_bytes)."""
+    from harness.core.memory_need import budget_peak_bytes
+
     if not budget:
         return []
     return [{"trial_id": t.get("trial_id"), "samples_per_s": num(get(t, "metrics.samples_per_s")),
-             "peak": num(get(t, "metrics.peak_memory_bytes"))}
-            for t in ok if (num(get(t, "metrics.peak_memory_bytes")) or 0) > budget]
+             "peak": budget_peak_bytes(t)}
+            for t in ok if (budget_peak_bytes(t) or 0) > budget]

@@ -347,4 +347,7 @@ def config_key(plan: Plan | dict[str, Any]) -> str:
 
     table = dict(plan.to_dict() if isinstance(plan, Plan) else plan)
     table.pop("name", None)
+    # the study's, not the configuration's: the allocator's cap and its segments
+    table.pop("memory_budget_bytes", None)
+    table.pop("expandable_segments", None)
     return json.dumps(table, sort_keys=True, default=str)

@@ -126,6 +126,8 @@ class BudgetSpec:
     # again this many rounds before a best is named (harness.tune.final.confirmation); 0: off
     confirm_repeats: int = bounded(2, 0, 1000)
     confirm_margin: float = bounded(0.2, 0.0, 1.0)
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in each trial's environment
+    expandable_segments: bool = True
 
     def validate(self, where: str) -> None:
         parse_duration(self.time, f"{where}.time")

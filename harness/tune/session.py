@@ -115,6 +115,7 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
         clock = Clock.start(study.budget.time_s, study.budget.ablation_share, checked.started)
     run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.torch_helper,
                       checked.launcher)
+    run.expandable_segments = study.budget.expandable_segments
     if study.layout.nnodes > 1:
         import socket
 

@@ -60,6 +60,7 @@ class TrialRunner:
     launcher: Launcher = field(default_factory=LocalLauncher)
     launch_kwargs: dict[str, Any] = field(default_factory=dict)
     nodes: Announcer | None = None  # for trials spanning several nodes
+    expandable_segments: bool = True  # the study's budget.expandable_segments
 
 
 def command_for(store: RunStore, trial_id: int | str) -> str:
@@ -77,7 +78,10 @@ def run_trial_job(
     steps_file_name: str = "steps.log",
 ) -> TrialResult:
     """Run (or decide not to run) one trial; returns its record, also in result.json."""
-    plan = plan.replace(name=f"{run.name}-{trial_id}")
+    # each rank's allocator capped at the budget; expandable segments as the study says
+    plan = plan.replace(name=f"{run.name}-{trial_id}",
+                        memory_budget_bytes=int(run.budget_bytes or 0) or None,
+                        expandable_segments=run.expandable_segments)
     command = command_for(run.store, trial_id)
     folder = run.store.write_trial_files(trial_id, plan.to_toml(), command)
     tags = dict(tags)

@@ -34,6 +34,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from harness.core.memory_need import budget_peak_bytes
 from harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
 from harness.study.study_file import Study
 
@@ -62,8 +63,9 @@ def memory_excess_bytes(record: dict[str, Any], budget_bytes: float) -> float:
     predicted = record.get("predicted") or {}
     predicted_peak = predicted.get("calibrated_peak_memory_bytes",
                                    predicted.get("peak_memory_bytes"))
-    if status == "ok":
-        return float(peak) - budget_bytes if peak else 0.0
+    if status == "ok":  # what it needed, where it ran under the allocator's cap
+        needed = budget_peak_bytes(record)
+        return needed - budget_bytes if needed else 0.0
     if status == "pruned" and tags.get("pruned") == PRUNED_MEMORY:
         return max(float(predicted_peak) - budget_bytes, 1.0) if predicted_peak else OOM_AT_LEAST
     if status == "oom":
