@@ -38,7 +38,10 @@ class Settings:
         amp, ckpt, fused, lamb = (parsed.get(n) for n in ("amp", "checkpoint", "fused", "lamb"))
         return cls(
             amp=amp.dtype if amp is not None else None,
-            checkpoint_every=ckpt.every if ckpt is not None else None,
+            # selective checkpointing keeps every matmul's output: counted as none
+            # (an upper bound: it stores less than no checkpointing)
+            checkpoint_every=(ckpt.every if ckpt is not None and ckpt.policy == "full"
+                              else None),
             fused_attention=fused.attention if fused is not None else None,
             compile=bool(fused is not None and fused.compile),
             optimizer="lamb" if lamb is not None else "adamw",
