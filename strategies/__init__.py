@@ -8,6 +8,7 @@ from strategies import (  # noqa: F401  (registers)
     amp,
     checkpoint,
     ddp,
+    float8,
     fused,
     lamb,
     pipeline,

@@ -28,20 +28,22 @@ class Phase(IntEnum):
 
     Phase 1 (building the model) belongs to the workload. The order follows what
     techniques require of each other: kernels are swapped before anything wraps
-    the modules; tensor parallel shards plain modules; checkpoint wrappers go
-    inside compile; the pipeline splits the compiled blocks; the data-parallel
-    wrapper sees each stage; the optimizer sees the final (maybe sharded)
-    parameters; the step runs last.
+    the modules; tensor parallel shards plain modules; float8 swaps the linears
+    after tensor parallel and before the data-parallel wrapper (FSDP), as
+    torchtitan does; checkpoint wrappers go inside compile; the pipeline splits
+    the compiled blocks; the data-parallel wrapper sees each stage; the
+    optimizer sees the final (maybe sharded) parameters; the step runs last.
     """
 
     MODULE_SWAP = 2
     TENSOR_PARALLEL = 3
-    CHECKPOINT = 4
-    COMPILE = 5
-    PIPELINE = 6
-    DATA_PARALLEL = 7
-    OPTIMIZER = 8
-    STEP = 9
+    LOW_PRECISION = 4  # float8 training's linears (torchao)
+    CHECKPOINT = 5
+    COMPILE = 6
+    PIPELINE = 7
+    DATA_PARALLEL = 8
+    OPTIMIZER = 9
+    STEP = 10
 
 
 
