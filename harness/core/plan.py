@@ -97,6 +97,12 @@ class Plan(TomlFile):
     # Each rank's caching allocator is capped at this many bytes per device (less the
     # context; harness.measure.memory.apply_memory_cap): a study's memory budget. None: no cap
     memory_budget_bytes: int | None = None
+    # Warm-up runs `warmup_steps`, then on until the step times settle (the last 3 within
+    # 5%), `warmup_max_steps` at most (default: 50 on CUDA, `warmup_steps` elsewhere);
+    # the measured window then lasts `steps` or `min_window_s` (default: 2 s on CUDA, 0
+    # elsewhere), whichever is longer (harness.measure.timing.window_rule)
+    warmup_max_steps: int | None = None
+    min_window_s: float | None = None
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the trial's environment
     # (harness.launch.local.allocator_env); a study's budget.expandable_segments
     expandable_segments: bool = True
@@ -134,6 +140,12 @@ class Plan(TomlFile):
                     f"{where}.strategies.{name}: expected a table of settings, "
                     f"e.g. [strategies.{name}]"
                 )
+        if self.warmup_max_steps is not None and not 0 <= self.warmup_max_steps <= 10**6:
+            raise HarnessError(f"{where}.warmup_max_steps: must be between 0 and 10^6 "
+                               f"(leave it out for the default: 50 on CUDA)")
+        if self.min_window_s is not None and not 0 <= self.min_window_s <= 86400:
+            raise HarnessError(f"{where}.min_window_s: must be between 0 and 86400 seconds "
+                               f"(leave it out for the default: 2 on CUDA, 0 on a CPU)")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise HarnessError(f"{where}.memory_budget_bytes: must be at least 1 byte "
                                f"(leave it out for no cap)")

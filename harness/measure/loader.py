@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from harness.core.plan import Plan
 from harness.measure.batches import rank_share, split_batch, step_pool
+from harness.measure.timing import MAX_WINDOW_STEPS, window_rule
 from harness.workloads import Workload
 
 PREFETCH = 4  # batches each worker keeps ready
@@ -111,5 +112,20 @@ def step_feed(plan: Plan, workload: Workload, device: torch.device, data_rank: i
     DataLoader feeding each step in turn, its waits measured (harness.measure.loader)."""
     if workload.data == "synthetic":
         return PoolFeed(step_pool(plan, workload, device, data_rank), workload.data)
-    return LoaderFeed(plan, workload, device, data_rank, plan.warmup_steps + plan.steps,
+    return LoaderFeed(plan, workload, device, data_rank, trial_steps_max(plan, device.type),
                       local_ranks)
+
+
+def trial_steps_max(plan: Plan, device_type: str) -> int:
+    """The most steps a trial runs: warm-up's cap and the longest window
+    (harness.measure.timing.window_rule)."""
+    cap, min_s = window_rule(plan.warmup_steps, plan.steps, plan.warmup_max_steps,
+                             plan.min_window_s, device_type)
+    return cap + (max(plan.steps, MAX_WINDOW_STEPS) if min_s else plan.steps)
+
+
+def feed_capacity(feed: Any) -> int:
+    """How many steps `feed` can serve: a loader's length; the pool cycles."""
+    if isinstance(feed, LoaderFeed):
+        return len(feed.loader.dataset)
+    return 10**9

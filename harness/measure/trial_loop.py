@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 import time
 import traceback
 from datetime import UTC, datetime
@@ -29,14 +30,21 @@ from harness.core.errors import HarnessError
 from harness.core.interference import InterferenceMeter, combine_ranks, session_pids
 from harness.measure import distributed
 from harness.measure.env import capture_env
-from harness.measure.loader import step_feed
+from harness.measure.loader import feed_capacity, step_feed
 from harness.measure.memory import MemoryTracker, apply_memory_cap, set_expandable_segments
 from harness.measure.nvml import NvmlSampler, compute_processes
 from harness.measure.peak_calibration import forget_measured_peak
 from harness.measure.prepare import Prepared
 from harness.measure.rank_process import RankInfo
 from harness.measure.ranks import StepLoss, combine, rank_figures, read_losses, step_loss
-from harness.measure.timing import WindowTimer, step_time_stats
+from harness.measure.timing import (
+    SETTLE_STEPS,
+    WindowTimer,
+    step_time_stats,
+    warm_up,
+    window_rule,
+    window_steps,
+)
 from harness.records.result import TrialResult, empty_metrics
 from harness.records.step_log import step_writer
 from strategies import compose
@@ -142,15 +150,25 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             return False
         return True
 
-    # Warm-up is not timed: each loss is read at once, so a divergence stops it here.
-    for i in range(plan.warmup_steps):
-        if not record(step_loss(setup.step(feed(i), workload.loss), info, device), i):
-            break
+    # Warm-up is not timed: each loss is read at once, so a divergence stops it here. It
+    # runs until the step times settle (up to a cap), and its steps set the window's
+    # length (at least min_seconds); the ranks decide both together.
+    warmup_cap, min_window_s = window_rule(plan.warmup_steps, plan.steps, plan.warmup_max_steps,
+                                           plan.min_window_s, device.type)
+    warm_times, is_settled = warm_up(
+        lambda i: record(step_loss(setup.step(feed(i), workload.loss), info, device), i),
+        plan.warmup_steps, warmup_cap, agree=lambda mine: all(distributed.all_gather(mine)))
+    recent = warm_times[-SETTLE_STEPS:]
+    warm_step_s = statistics.median(recent) if recent else None
+    n_window = window_steps(plan.steps, min_window_s, warm_step_s)
+    if min_window_s:
+        n_window = max(distributed.all_gather(n_window))
+    n_window = min(n_window, feed_capacity(feed) - len(warm_times))
     # Where a trial's time goes besides its measured steps (issue 13's overhead): the
     # warm-up ends synchronised, each of its losses having been read.
     phases_s = {"start": started, "setup": t_warmup - t_setup,
                 "warmup": time.perf_counter() - t_warmup}
-    first = plan.warmup_steps
+    first = len(warm_times)
     window: list[torch.Tensor | None] = []  # the window's losses, still on the device
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
 
@@ -169,7 +187,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         if status == "ok":
             others.start()
             timer.start()
-            for i in range(first, first + plan.steps):
+            for i in range(first, first + n_window):
                 loss = setup.step(feed(i), workload.loss)
                 window.append(None if loss is None else loss.detach())
                 timer.step_done()
@@ -199,7 +217,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         "last": values[-1] if values else None,
         "finite": all(math.isfinite(v) for v in values) if values else None,
         "values": values,
-        "warmup_steps": min(plan.warmup_steps, len(values)),
+        "warmup_steps": min(first, len(values)),
     }
     metrics["memory"] = job["memory"]
     metrics["peak_memory_bytes"] = job["peak_memory_bytes"]
@@ -229,6 +247,14 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             "steps": len(step_times),
             "samples_per_s": samples_per_s,
             "source": timer.source,
+            # how the window was chosen: warm-up until settled, then steps or min_seconds
+            "warmup_steps_run": first,
+            "settled": is_settled,
+            "min_seconds": min_window_s,
+            "steps_planned": n_window,
+            "warmup_step_s": warm_step_s,  # this rank's last warm-up steps, their median
+            "energy": "NVML's energy counter over the window (its power figure is a "
+                      "1-second average)",
         },
         step_time_s=times,
         step_times_s=step_times,
