@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass
 from typing import Literal
@@ -14,9 +15,11 @@ from harness.workloads.blocks import find_blocks
 from harness.workloads.hf import set_attention
 from strategies.base import Choice, Phase, Strategy
 from strategies.kernel_swaps import SWAPS
-from strategies.registry import register
+from strategies.registry import get, register
 
 KernelMode = Literal["eager", "compile", "triton"]
+CompileMode = Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"]
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 
 
 @dataclass
@@ -24,6 +27,10 @@ class FusedSettings:
     attention: Literal["explicit", "sdpa"] = "sdpa"
     optimizer: Literal["default", "foreach", "fused", "triton"] = "fused"
     compile: bool = False  # torch.compile each block
+    # torch.compile's mode (CUDA only but "default"): "max-autotune-no-cudagraphs" tunes
+    # the Triton kernels and matmul choices; "reduce-overhead" also replays CUDA graphs
+    # (the lever for launch-bound small models)
+    compile_mode: CompileMode = "default"
     layernorm: KernelMode = "eager"
     gelu: KernelMode = "eager"  # the MLP's bias + GELU
     cross_entropy: KernelMode = "eager"
@@ -53,6 +60,7 @@ class Fused(Strategy):
             "attention": Choice(("explicit", "sdpa")),
             "optimizer": Choice(("default", "foreach", "fused", "triton")),
             "compile": Choice((False, True)),
+            "compile_mode": Choice(COMPILE_MODES),
             "layernorm": kernel,
             "gelu": kernel,
             "cross_entropy": kernel,
@@ -75,6 +83,7 @@ class Fused(Strategy):
             reasons.append("fused compile on the CPU needs a C compiler (gcc); use 'eager'")
         if wants_compile and env.device_type == "cuda" and not env.triton:
             reasons.append("fused compile on a GPU needs Triton (pip install triton); use 'eager'")
+        reasons += compile_mode_reasons(settings, plan, env)
         return reasons
 
     def apply(self, phase, setup, settings):
@@ -93,11 +102,47 @@ class Fused(Strategy):
             # Per block, as torchtitan does: shorter compiles, and wrappers applied
             # later (pipeline split, FSDP) see ordinary modules.
             blocks = find_blocks(model)
+            mode = None if settings.compile_mode == "default" else settings.compile_mode
             for block in blocks if blocks is not None else [model]:
-                block.compile()
-            setup.notes.append(f"fused: compiled {blocks.describe() if blocks else 'the model'}")
+                block.compile(mode=mode)
+            if settings.compile_mode == "reduce-overhead":
+                # CUDA graph trees: each step starts a new generation of graph outputs
+                setup.step_contexts.append(_cudagraph_step)
+            setup.notes.append(f"fused: compiled {blocks.describe() if blocks else 'the model'}"
+                               f" (mode {settings.compile_mode})")
         elif phase is Phase.OPTIMIZER:
             setup.optimizer_impl = settings.optimizer
+
+
+def compile_mode_reasons(settings: FusedSettings, plan, env) -> list[str]:
+    """Why the compile mode cannot apply here: only "default" off CUDA (refused there even
+    with compile off, so that a CPU study's search never offers the others)."""
+    mode = settings.compile_mode
+    if mode == "default":
+        return []
+    if env.device_type != "cuda":
+        return [f"fused compile_mode '{mode}' is for CUDA ("
+                + ("CUDA graphs" if mode == "reduce-overhead" else "Triton kernel autotuning")
+                + f"); on {env.device_type} use compile_mode = 'default'"]
+    reasons = []
+    if mode == "reduce-overhead" and settings.compile:
+        zero = plan.strategies.get("zero")
+        if zero is not None and get("zero").parse(zero).stage >= 2:
+            reasons.append("fused compile_mode 'reduce-overhead' (CUDA graphs) replays fixed "
+                           "addresses, but FSDP (zero stage 2/3) gathers the parameters into "
+                           "new memory each step: use 'max-autotune-no-cudagraphs'")
+        if "pipeline" in plan.strategies:
+            reasons.append("fused compile_mode 'reduce-overhead' (CUDA graphs) overwrites a "
+                           "block's outputs on its next forward, and the pipeline runs several "
+                           "micro-batches forward before their backward: use "
+                           "'max-autotune-no-cudagraphs'")
+    return reasons
+
+
+@contextlib.contextmanager
+def _cudagraph_step():
+    torch.compiler.cudagraph_mark_step_begin()
+    yield
 
 
 register(Fused())

@@ -69,6 +69,7 @@ from harness.launch import procs, rank_server
 from harness.launch.launcher import Launcher
 from harness.launch.log_cap import LogCap
 from harness.launch.verdict import Ended, decide
+from harness.measure.compile_cost import inductor_cache_env
 from harness.measure.rank_process import NODE_RANK_ENV
 from harness.records.result import TrialResult, read_result
 from harness.records.step_log import STEP_LOG_ENV
@@ -172,6 +173,7 @@ def launch(
     single = plan.world_size == 1 and nnodes == 1
     env = _env(launch_id, node_rank, logs)
     env.update(allocator_env(plan, env))
+    env.update(inductor_cache_env(out, study, env))  # the study's own inductor cache
     if progress_file is not None:
         Path(progress_file).unlink(missing_ok=True)
         env[STEP_LOG_ENV] = str(Path(progress_file).absolute())

@@ -29,6 +29,7 @@ from harness.core.clock import process_age_s
 from harness.core.errors import HarnessError
 from harness.core.interference import InterferenceMeter, combine_ranks, session_pids
 from harness.measure import distributed
+from harness.measure.compile_cost import compile_seconds, compiles
 from harness.measure.env import capture_env
 from harness.measure.loader import feed_capacity, step_feed
 from harness.measure.memory import MemoryTracker, apply_memory_cap, set_expandable_segments
@@ -160,6 +161,8 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         plan.warmup_steps, warmup_cap, agree=lambda mine: all(distributed.all_gather(mine)))
     recent = warm_times[-SETTLE_STEPS:]
     warm_step_s = statistics.median(recent) if recent else None
+    # what torch.compile cost this trial: the warm-up's excess over its settled steps
+    compile_s = compile_seconds(warm_times, warm_step_s) if compiles(plan.strategies) else None
     n_window = window_steps(plan.steps, min_window_s, warm_step_s)
     if min_window_s:
         n_window = max(distributed.all_gather(n_window))
@@ -226,6 +229,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     # this rank's seconds: its process's start (imports, the workload, the process
     # group), build-and-compose, warm-up, and (below) what follows the measured window
     metrics["phases_s"] = phases_s
+    metrics["compile_s"] = compile_s  # None where nothing is compiled
     metrics["interference"] = combine_ranks([r.get("interference") for r in ranks])
     # this rank's data: what it was, and how long its measured steps waited for it
     metrics["data"] = {**feed.record(first, timer.window_s), "data": workload.data_info()}
