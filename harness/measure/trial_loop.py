@@ -198,6 +198,8 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
             timer.finish()
             others.stop()
             report_done()
+    if progress is not None:  # the buffered lines the writer's thread has not written yet
+        progress.close()
     t_finish = time.perf_counter()
     # The record ends at the first non-finite loss, as when each step was checked.
     for k, agreed in enumerate(read_losses(window, info, device) if window else []):
