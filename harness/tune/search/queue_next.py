@@ -56,12 +56,19 @@ class Predictions:
 
     def __init__(self, space: SearchSpace, facts: MachineFacts, torch_helper: Any):
         self.space, self.facts, self.torch_helper = space, facts, torch_helper
-        self._raw: dict[str, dict[str, Any] | None] = {}
+        self._raw: dict[str, dict[str, Any] | None] = {}  # by resolved configuration
+        self._plans: dict[str, tuple[Plan, dict[str, Any], str]] = {}  # by parameters
+
+    def _plan(self, params: dict[str, Any]) -> tuple[Plan, dict[str, Any], str]:
+        k = key(params)
+        if k not in self._plans:
+            plan = self.space.plan(params)
+            self._plans[k] = (plan, plan.to_dict(), resolved_key(self.facts, plan))
+        return self._plans[k]
 
     def raw(self, params: dict[str, Any]) -> tuple[Plan, dict[str, Any] | None]:
         """The plan of `params` and the estimator's prediction (None: refused here)."""
-        plan = self.space.plan(params)
-        k = resolved_key(self.facts, plan)
+        plan, _, k = self._plan(params)
         if k not in self._raw:
             try:
                 prepared = self.torch_helper.prepare(plan, self.facts.peaks)
@@ -75,11 +82,17 @@ class Predictions:
         """Predicted samples/s of `params`, corrected; 0 where it cannot be predicted or
         is predicted over the memory budget."""
         plan, predicted = self.raw(params)
-        step = correction.step_time(predicted, plan.to_dict()) if predicted else None
+        as_dict = self._plan(params)[1]
+        step = correction.step_time(predicted, as_dict) if predicted else None
         peak = correction.peak_memory(predicted)
         if not step or (peak is not None and peak > budget_bytes):
             return 0.0
         return plan.batch_size / step
+
+    def fresh(self, ctx: TunerState, params: dict[str, Any], running: set[str]) -> bool:
+        """Not measured yet, nor running (`_fresh`, with the plan walked once)."""
+        k = self._plan(params)[2]
+        return k not in ctx.measured and k not in running
 
 
 def model_pick(ctx: TunerState, running: set[str], predictions: Predictions,
@@ -95,7 +108,8 @@ def model_pick(ctx: TunerState, running: set[str], predictions: Predictions,
     correction = ctx.correction()
     if correction.n_time < MODEL_AFTER or not trusted(ctx.run.store.records()):
         return None
-    fresh = [p for p in pool + neighbours(ctx.space, best.params) if _fresh(ctx, p, running)]
+    fresh = [p for p in pool + neighbours(ctx.space, best.params)
+             if predictions.fresh(ctx, p, running)]
     if not fresh:
         return None
     rates = {key(p): predictions.rate(p, correction, ctx.run.budget_bytes) for p in fresh}
