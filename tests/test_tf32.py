@@ -113,3 +113,11 @@ def test_the_report_names_strict_fp32_and_the_tf32_speedup(tmp_path):
     assert "strict fp32 baseline" in h.verdict and "2.50× as fast as fp32+TF32" in h.verdict
     h = headline(load_run(write_run(tmp_path / "run2", [recs[0], recs[2]], name="t")))
     assert h.tf32_speedup is None and "fp32+TF32" not in h.verdict
+
+
+def test_the_mfu_of_a_tf32_trial_is_over_the_tf32_peak():
+    from harness.measure.peaks import autocast_dtype_name
+
+    assert autocast_dtype_name({"tf32": {}}) == "tf32"
+    assert autocast_dtype_name({}) == "fp32"  # strict fp32
+    assert autocast_dtype_name({"tf32": {}, "amp": {"dtype": "bf16"}}) == "bf16"

@@ -223,10 +223,12 @@ def matmul_dtype(device: torch.device, dtype: str, convolutions: bool = False) -
 
 
 def autocast_dtype_name(plan_strategies: dict[str, Any]) -> str:
-    """The compute dtype of a plan: its amp dtype ("bf16"/"fp16"), else "fp32"."""
+    """The compute dtype of a plan: its amp dtype ("bf16"/"fp16"), else "tf32" under
+    [strategies.tf32] (set only during its steps, so the preparing process cannot see
+    it: the MFU of a TF32 trial is over the TF32 peak), else "fp32"."""
     amp = plan_strategies.get("amp")
     if amp is None:
-        return "fp32"
+        return "tf32" if "tf32" in plan_strategies else "fp32"
     raw = str((amp or {}).get("dtype", "bf16")).lower().removeprefix("torch.")
     names = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
     if raw not in names:
