@@ -186,20 +186,22 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 if host == info.host}
     others = InterferenceMeter(gpu_pids=lambda: compute_processes(device),
                                pids=lambda: session_pids(sessions))
-    with NvmlSampler(device) as nvml:
-        if status == "ok":
-            others.start()
-            timer.start()
-            for i in range(first, first + n_window):
-                loss = setup.step(feed(i), workload.loss)
-                window.append(None if loss is None else loss.detach())
-                timer.step_done()
+    try:
+        with NvmlSampler(device) as nvml:
+            if status == "ok":
+                others.start()
+                timer.start()
+                for i in range(first, first + n_window):
+                    loss = setup.step(feed(i), workload.loss)
+                    window.append(None if loss is None else loss.detach())
+                    timer.step_done()
+                    report_done()
+                timer.finish()
+                others.stop()
                 report_done()
-            timer.finish()
-            others.stop()
-            report_done()
-    if progress is not None:  # the buffered lines the writer's thread has not written yet
-        progress.close()
+    finally:  # the lines the writer's thread has not written yet; its thread stops
+        if progress is not None:
+            progress.close()
     t_finish = time.perf_counter()
     # The record ends at the first non-finite loss, as when each step was checked.
     for k, agreed in enumerate(read_losses(window, info, device) if window else []):

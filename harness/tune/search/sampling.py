@@ -4,8 +4,9 @@ Every finished trial gets two constraints (Optuna 5's `Trial.set_constraint`;
 > 0 is violated, and TPE and NSGA-II read them from every COMPLETE or PRUNED trial):
 
     memory   bytes over the memory budget (`memory_excess_bytes`: negative is the
-             room left): the measured peak, or the corrected prediction of a trial
-             that was not launched; an OOM is at least 1 MiB over
+             room left): the measured peak (under the allocator's cap, what the
+             trial needed: harness.core.memory_need), or the corrected prediction
+             of a trial that was not launched; an OOM is at least 1 MiB over
     runs     CANNOT_RUN when the configuration cannot run (refused here, crashed,
              diverged, its own timeout), else 0: larger than any memory excess, so a
              sampler ranks it further from feasible than a configuration that is
