@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from harness.core.memory_need import budget_peak_bytes
 from harness.records.predicates import busy_note
 
 NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
@@ -17,7 +18,8 @@ NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "predicted_memory_bytes", "predicted_step_time_s", "energy_j_per_sample",
            "loss_first", "loss_last", "duration_s", "micro_batch_size", "global_batch_size",
            "world_size", "optuna_number", "ablation_repeat", "calibrated_memory_bytes",
-           "measured_for_estimate", "corrected_step_time_s", "corrected_from_trials")
+           "measured_for_estimate", "corrected_step_time_s", "corrected_from_trials",
+           "budget_memory_bytes")
 
 
 def get(d: Any, dotted: str, default: Any = None) -> Any:
@@ -116,6 +118,8 @@ def flatten(r: dict, order: int, trial_id: str) -> dict[str, Any]:
         "tflops_per_device": get(m, "tflops_per_device"),
         "peak_flops_source": str(get(m, "peak_flops_source", "")),
         "peak_memory_bytes": get(m, "peak_memory_bytes"),
+        # judged against the budget: under the allocator's cap, what the trial needed
+        "budget_memory_bytes": budget_peak_bytes(r),
         "predicted_memory_bytes": get(r, "predicted.peak_memory_bytes"),
         "predicted_step_time_s": get(r, "predicted.step_time_s"),
         "calibrated_memory_bytes": get(r, "predicted.calibrated_peak_memory_bytes"),

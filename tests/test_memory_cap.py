@@ -165,3 +165,12 @@ def test_without_a_per_process_figure_reserved_plus_context_is_checked():
                              "context_bytes": 2 * GiB, "cap_bytes": int(69 * GiB),
                              "nvml_per_process": False})
     assert budget_peak_bytes(rec) == 62 * GiB and may_be_best(rec, BUDGET)
+
+
+def test_the_reports_frame_judges_by_the_same_figure():
+    from reports.frame import flatten
+
+    rec = _record(71.46 * GiB, {"allocated": 53 * GiB, "reserved": 60 * GiB,
+                                "context_bytes": GiB // 2, "cap_bytes": int(70.76 * GiB)})
+    row = flatten({**rec, "plan": Plan().to_dict()}, 0, "7")
+    assert row["budget_memory_bytes"] == 60.5 * GiB < BUDGET < row["peak_memory_bytes"]
