@@ -175,7 +175,8 @@ def test_the_estimators_fastest_guesses_come_first():
                 "peak_memory_bytes": 2e9 if heavy else 1e8})
 
     facts = SimpleNamespace(peaks={}, resolved=lambda plan: plan)
-    ready = SimpleNamespace(space=space, study=SimpleNamespace(seed=0), torch_helper=TorchHelper(),
+    study = SimpleNamespace(seed=0, budget=SimpleNamespace(time_s=180.0))
+    ready = SimpleNamespace(space=space, study=study, torch_helper=TorchHelper(),
                             facts=facts, budget_bytes=1e9, device_type="cpu")
     taken = [space.enumerate()[0]]
     picked = estimated_start(ready, taken, Predictions(space, facts, TorchHelper()))
