@@ -174,3 +174,15 @@ def test_the_reports_frame_judges_by_the_same_figure():
                                 "context_bytes": GiB // 2, "cap_bytes": int(70.76 * GiB)})
     row = flatten({**rec, "plan": Plan().to_dict()}, 0, "7")
     assert row["budget_memory_bytes"] == 60.5 * GiB < BUDGET < row["peak_memory_bytes"]
+
+
+def test_the_corrected_estimator_learns_what_a_capped_trial_needed():
+    from harness.tune.search.correction import Correction
+
+    rec = _record(71.46 * GiB, {"allocated": 53 * GiB, "reserved": 60 * GiB,
+                                "context_bytes": GiB // 2, "device_base": GiB // 2,
+                                "cap_bytes": int(70.76 * GiB)})
+    rec["predicted"] = {"peak_memory_bytes": 30 * GiB}
+    c = Correction.from_records([rec], "cuda")
+    assert c.memory_ratio == pytest.approx(2.0)  # reserved 60 GiB over 30 predicted
+    assert c.runtime_bytes == GiB // 2

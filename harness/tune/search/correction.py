@@ -38,6 +38,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.core.memory_need import budget_peak_bytes
 from harness.tune.search.step_fit import StepFit
 
 # A CPU trial forked from the rank server starts in a fraction of a second, but the first
@@ -78,7 +79,8 @@ class Correction:
             memory = m.get("memory") or {}
             on_gpu = memory.get("allocated") is not None
             base = (memory.get("device_base") or 0) if on_gpu else memory.get("rss_base")
-            peak, predicted_peak = m.get("peak_memory_bytes"), p.get("peak_memory_bytes")
+            # what it needed: under the allocator's cap not the cache the device held
+            peak, predicted_peak = budget_peak_bytes(r), p.get("peak_memory_bytes")
             if peak and predicted_peak and base is not None:
                 runtime.append(base)
                 mem.append(max(peak - base, 0) / predicted_peak)
