@@ -58,8 +58,15 @@ def queued() -> list[str]:
 
 
 @pytest.fixture
-def slurm_partition(local_slurm: str) -> Iterator[str]:
-    """The local partition, for one test that must leave the queue empty."""
+def slurm_partition(local_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The local partition, for one test that must leave the queue empty. A job's state
+    is asked for every 0.5 s to 1 s here (harness.launch.slurm.POLL_S, 0.5 s to 5 s
+    otherwise): these jobs last seconds, and a wait that had backed off to several
+    seconds outlived each by half of that. (Tuners in processes of their own poll as
+    users' do.)"""
+    from harness.launch import slurm
+
+    monkeypatch.setattr(slurm, "POLL_S", (slurm.POLL_S[0], 1.0))
     yield local_slurm
     left = queued()
     if left:
