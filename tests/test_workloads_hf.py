@@ -107,7 +107,7 @@ def test_checkpoint_wraps_each_decoder_layer_and_says_which():
     setup = compose(tiny_hf("llama").build_model(), {"checkpoint": {}}, "cpu")
     layers = setup.model.model.layers
     assert all(type(m).__name__ == "CheckpointWrapper" for m in layers)
-    assert setup.notes == ["checkpoint: 2 of 2 x LlamaDecoderLayer in model.layers"]
+    assert setup.notes == ["checkpoint (full): 2 of 2 x LlamaDecoderLayer in model.layers"]
     assert len(find_blocks(setup.model)) == 2  # seen through the wrappers
 
 

@@ -49,7 +49,7 @@ def test_checkpointing_a_plain_module_uses_the_blocks_found():
     workload = load_workload(PLAIN, {"depth": 4})
     base = train({}, workload=workload)
     setup = compose(workload.build_model(), {"checkpoint": {}}, "cpu")
-    assert setup.notes == ["checkpoint: 4 of 4 x Sequential in 1"]
+    assert setup.notes == ["checkpoint (full): 4 of 4 x Sequential in 1"]
     assert train({"checkpoint": {}}, workload=workload) == pytest.approx(base, abs=1e-6)
 
 

@@ -1,8 +1,9 @@
 """The two configurations every study starts with, so each has its reference.
 
     baseline     strict fp32 (TF32 off, torch's default float32 matmul precision
-                 "highest"; [strategies.tf32] is the fp32+TF32 one): no technique, the largest world size (data parallel
-                 where the layouts allow, with DDP if the study lists it), the
+                 "highest"; [strategies.tf32] is the fp32+TF32 one): no technique,
+                 the largest world size (data parallel where the layouts allow,
+                 with DDP if the study lists it), the
                  largest micro-batch (the least accumulation) predicted to fit the
                  memory budget (harness.tune.search.reference_batch lowers it)
     known-good   the study's [known_good], or else the techniques usually good on
