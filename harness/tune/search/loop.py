@@ -90,7 +90,7 @@ class Tuner:
                                                  self._predictions)
                 elif phase_of(result) in REFERENCE_PHASES:
                     less = queue_next.smaller_after(self.ctx, result.to_dict(),
-                                                    set(self._running))
+                                                    set(self._running), self._predictions)
                     if less is not None:
                         priority.append(less)
                 if not priority:  # each trial corrects the model: its fastest next

@@ -90,7 +90,7 @@ class Predictions:
         return plan.batch_size / step
 
     def fresh(self, ctx: TunerState, params: dict[str, Any], running: set[str]) -> bool:
-        """Not measured yet, nor running (`_fresh`, with the plan walked once)."""
+        """Not measured yet, nor running (its plan walked once)."""
         k = self._plan(params)[2]
         return k not in ctx.measured and k not in running
 
@@ -146,7 +146,7 @@ def neighbour_of_best(ctx: TunerState, running: set[str], rng: random.Random,
         return False
     near = neighbours(ctx.space, best.params)
     for ring in (near, [q for p in near for q in neighbours(ctx.space, p)]):
-        fresh = [p for p in ring if _fresh(ctx, p, running)]
+        fresh = [p for p in ring if predictions.fresh(ctx, p, running)]
         if fresh:
             rng.shuffle(fresh)  # ties in a seeded order
             correction = ctx.correction()
@@ -157,8 +157,8 @@ def neighbour_of_best(ctx: TunerState, running: set[str], rng: random.Random,
     return False
 
 
-def smaller_after(ctx: TunerState, record: dict[str, Any],
-                  running: set[str]) -> tuple[dict[str, Any], str] | None:
+def smaller_after(ctx: TunerState, record: dict[str, Any], running: set[str],
+                  predictions: Predictions) -> tuple[dict[str, Any], str] | None:
     """After a trial over the memory budget: its configuration needing less memory (not
     measured yet), and why, to run next (`start`)."""
     number = tags_of(record).get("optuna_number")
@@ -166,7 +166,7 @@ def smaller_after(ctx: TunerState, record: dict[str, Any],
         return None
     params = ctx.storage.get_trial(ctx.storage_id(number)).params
     less = smaller(ctx.space, params)
-    if less is None or not _fresh(ctx, less, running):
+    if less is None or not predictions.fresh(ctx, less, running):
         return None
     return less, f"trial {record['trial_id']} went over the memory budget"
 
@@ -178,11 +178,6 @@ def start(ctx: TunerState, params: dict[str, Any], why: str) -> optuna.Trial:
     number = ctx.start_trial({k: params[k] for k in used}, used,
                              {"phase": "search", "queued_because": why})
     return optuna.Trial(ctx.optuna_study, ctx.storage_id(number))
-
-
-def _fresh(ctx: TunerState, params: dict[str, Any], running: set[str]) -> bool:
-    k = resolved_key(ctx.run.facts, ctx.space.plan(params))
-    return k not in ctx.measured and k not in running
 
 
 def _waiting(ctx: TunerState) -> bool:
