@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 
 from harness.tune.budget import MARGIN
-from harness.tune.final.ablation import run_ablation, techniques
-from harness.tune.final.confirmation import contenders, ranked_by, run_confirmation
-from harness.tune.final.time_reserve import trial_seconds
+from harness.tune.final.ablation import run_ablation
+from harness.tune.final.confirmation import run_confirmation
+from harness.tune.final.time_reserve import ablation_round_trials, round_trials, trial_seconds
 from harness.tune.recovery.workers import Worker
 from harness.tune.tuner_state import TunerState
 
@@ -47,15 +47,11 @@ def rounds_that_fit(ctx: TunerState) -> int:
     budget = ctx.study.budget
     records = ctx.run.store.records()
     each = trial_seconds(records)
-    by = ranked_by(ctx.study.objectives)
-    if each is None or by is None:
+    per_round = round_trials(ctx, records)
+    if each is None or not per_round:
         return budget.confirm_repeats
-    per_round = MARGIN * each * (len(contenders(records, budget.confirm_margin,
-                                                ctx.run.budget_bytes, by=by)) + 1)
-    best = ctx.best_trial()
-    ablation = MARGIN * each * budget.ablation_repeats * (
-        1 + len(techniques(ctx.space, best.params)) if best is not None else 0)
-    fit = int((ctx.clock.left() - ablation) // per_round) if per_round > 0 else 0
+    ablation = MARGIN * each * budget.ablation_repeats * ablation_round_trials(ctx)
+    fit = int((ctx.clock.left() - ablation) // (MARGIN * each * per_round))
     return max(budget.confirm_repeats, min(MAX_ROUNDS, fit))
 
 

@@ -37,18 +37,26 @@ def _trained_s(record: dict[str, Any]) -> float:
     return sum(r.get("train_s", 0.0) + r.get("eval_s", 0.0) for r in runs if not r.get("cached"))
 
 
+def round_trials(ctx: TunerState, records: list[dict[str, Any]]) -> int:
+    """Trials in one confirmation round: the contenders and the baseline (0 when fewer
+    than two configurations may be the best, or nothing ranks them)."""
+    by = ranked_by(ctx.study.objectives)
+    if by is None:
+        return 0
+    picked = contenders(records, ctx.study.budget.confirm_margin, ctx.run.budget_bytes, by=by)
+    return len(picked) + 1 if len(picked) >= 2 else 0
+
+
+def ablation_round_trials(ctx: TunerState) -> int:
+    """Trials in one ablation repeat: the best, and one per technique it uses."""
+    best = ctx.best_trial()
+    return 1 + len(techniques(ctx.space, best.params)) if best is not None else 0
+
+
 def final_trials(ctx: TunerState, records: list[dict[str, Any]]) -> int:
     budget = ctx.study.budget
-    n = 0
-    by = ranked_by(ctx.study.objectives)
-    if budget.confirm_repeats and by:
-        picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes, by=by)
-        if len(picked) >= 2:
-            n += (len(picked) + 1) * budget.confirm_repeats
-    best = ctx.best_trial()
-    if best is not None and budget.ablation_repeats:
-        n += (1 + len(techniques(ctx.space, best.params))) * budget.ablation_repeats
-    return n
+    return (round_trials(ctx, records) * budget.confirm_repeats
+            + ablation_round_trials(ctx) * budget.ablation_repeats)
 
 
 def reserve_s(ctx: TunerState) -> float:
