@@ -75,6 +75,9 @@ class Setup:
     # precision), entered around the step and restored after it.
     step_contexts: list[Callable[[], contextlib.AbstractContextManager]] = field(
         default_factory=list)
+    # Entered around a validation loss: the weights it is taken with (weight
+    # averaging swaps its averages in and back out); by default the model's own.
+    evaluation: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         params: list[Any] = [p for p in self.model.parameters() if p.requires_grad]

@@ -15,9 +15,9 @@ target is the steps that took times the step time measured for its own layout.
     warmup_samples = 2048       # linear lr warm-up over this many samples
 
 The steps to target depend only on what changes the maths (`maths_key`): the workload
-and its data, the global batch, the optimizer (AdamW or LAMB) and its settings, the lr
-schedule above, the precision, the device kind and the seed. Layout, micro-batch,
-checkpointing, ZeRO, pipeline, compile and kernels leave them unchanged, so one run
+and its data, the global batch, the optimizer (AdamW, LAMB, LARS or Muon) and its settings,
+weight averaging, the lr schedule above, the precision, the device kind and the seed.
+Layout, micro-batch, checkpointing, ZeRO, pipeline, compile and kernels leave them unchanged, so one run
 serves them all (harness.measure.target_cache).
 """
 
@@ -76,11 +76,25 @@ class TargetSpec:
         return -(-self.warmup_samples // batch)
 
 
+# Strategies that replace AdamW as the optimizer (strategies.lamb, .lars, .muon).
+OPTIMIZERS = ("lamb", "lars", "muon")
+# Strategies beside the optimizer that change what is trained or evaluated, so their
+# settings are part of the maths key (strategies.averaging: the weights evaluated).
+MATHS_STRATEGIES = ("averaging",)
+
+
+def optimizer_name(strategies: dict[str, Any]) -> str:
+    """The plan's optimizer: the optimizer strategy it names, else "adamw"."""
+    return next((name for name in OPTIMIZERS if name in strategies), "adamw")
+
+
+def _settings(table: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in sorted((table or {}).items()) if k not in IMPLEMENTATION_SETTINGS}
+
+
 def _optimizer(strategies: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    name = "lamb" if "lamb" in strategies else "adamw"
-    settings = {k: v for k, v in sorted((strategies.get(name) or {}).items())
-                if k not in IMPLEMENTATION_SETTINGS}
-    return {"name": name, "settings": settings}
+    name = optimizer_name(strategies)
+    return {"name": name, "settings": _settings(strategies.get(name))}
 
 
 def precision(strategies: dict[str, dict[str, Any]]) -> str:
@@ -108,6 +122,10 @@ def maths_key(plan: dict[str, Any], seed: int, device_type: str) -> str:
         "device": device_type,
         "seed": seed,
     }
+    training = {name: _settings(strategies[name]) for name in MATHS_STRATEGIES
+                if name in strategies}
+    if training:  # absent otherwise, so that the keys cached before stay valid
+        table["training"] = training
     return json.dumps(table, sort_keys=True, default=str)
 
 

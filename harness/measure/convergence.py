@@ -3,8 +3,8 @@ reaches `target.loss`, or the cap.
 
 It trains the plan's maths and nothing else (`maths_plan`): one process, no
 parallel layout, and of the strategies only those that change the numbers (amp's
-precision, LAMB) or keep memory in bounds without changing them (accumulation,
-checkpointing). The batch of step s is the workload's batch s, as in every trial.
+precision, LAMB, LARS, Muon, weight averaging) or keep memory in bounds without
+changing them (accumulation, checkpointing). The batch of step s is the workload's batch s, as in every trial.
 The lr is the plan's, scaled with the global batch and warmed up as [target] says.
 
 The validation loss (harness.measure.validation) is taken every `eval_every` samples,
@@ -25,6 +25,7 @@ import torch
 
 from harness.core.device import RuntimeEnv
 from harness.core.plan import Layout, Plan
+from harness.core.target import MATHS_STRATEGIES, OPTIMIZERS
 from harness.measure.batches import split_batch
 from harness.measure.validation import validation_loss
 from harness.workloads import Workload
@@ -32,7 +33,7 @@ from strategies import compose
 
 # What a convergence run keeps of the plan's strategies (everything else leaves the
 # maths unchanged and is there for speed or for several ranks).
-KEPT = ("amp", "lamb", "checkpoint")
+KEPT = ("amp", "checkpoint", *OPTIMIZERS, *MATHS_STRATEGIES)
 
 
 def maths_plan(plan: Plan) -> Plan:
@@ -67,8 +68,9 @@ def train_to_target(plan: Plan, workload: Workload, device: torch.device,
     max_steps = spec.max_steps or math.inf
 
     def evaluate(step: int, samples: int, train_s: float, train_loss: float | None) -> float:
-        value = validation_loss(setup.model, workload, spec.eval_samples, device,
-                                setup.autocast())
+        with setup.evaluation():  # weight averaging: its averaged weights
+            value = validation_loss(setup.model, workload, spec.eval_samples, device,
+                                    setup.autocast())
         curve.append({"step": step, "samples": samples, "train_s": train_s,
                       "val_loss": value, "train_loss": train_loss})
         return value

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from harness.core.target import maths_key, precision
+from harness.core.target import maths_key, optimizer_name, precision
 from harness.measure import target_cache
 from harness.measure.convergence import train_to_target
 from harness.measure.prepare import Prepared
@@ -47,7 +47,7 @@ def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss
         "target_loss": target_loss,
         "reached": reached,
         "seeds": [r["seed"] for r in runs],
-        "optimizer": "lamb" if "lamb" in strategies else "adamw",
+        "optimizer": optimizer_name(strategies),
         "precision": precision(strategies),
         "global_batch": plan.get("global_batch_size") or plan.get("micro_batch_size"),
         "step_time_s": step_time_s,
