@@ -78,6 +78,16 @@ class Setup:
     # Entered around a validation loss: the weights it is taken with (weight
     # averaging swaps its averages in and back out); by default the model's own.
     evaluation: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # Strategies that change what a step computes, by the step's index (its count of
+    # `step` calls, the trial loop's step number): a change to each micro-batch (the
+    # curriculum's shorter sequences), then a loss in place of the given one
+    # (distillation's mix with a teacher's outputs, given the workload's loss).
+    batch_transform: Callable[[int, Any], Any] | None = None
+    loss_override: Callable[[LossFn], LossFn] | None = None
+    # (model FLOPs, tokens) of one sample at step i where a strategy changes them step
+    # by step (the curriculum's lengths); None: the workload's fixed figures.
+    work_at: Callable[[int], tuple[float, float | None]] | None = None
+    steps_done: int = 0
 
     def build_optimizer(self) -> torch.optim.Optimizer:
         params: list[Any] = [p for p in self.model.parameters() if p.requires_grad]
@@ -106,6 +116,11 @@ class Setup:
         The loss stays on the device: reading it would synchronise, and the caller
         decides when that happens.
         """
+        index, self.steps_done = self.steps_done, self.steps_done + 1
+        if self.batch_transform is not None:
+            micro_batches = [self.batch_transform(index, b) for b in micro_batches]
+        if self.loss_override is not None:
+            loss_fn = self.loss_override(loss_fn)
         if not self.step_contexts:  # the timed step: no ExitStack where nothing is entered
             return self._step(micro_batches, loss_fn)
         with contextlib.ExitStack() as stack:
