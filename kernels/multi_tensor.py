@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from kernels import jit, resolve
 
@@ -300,7 +301,16 @@ class MultiTensorAdamW(torch.optim.Optimizer):
             (beta1, beta2) = group["betas"]
             for step, ps in by_step.items():
                 states = [self.state[p] for p in ps]
-                adamw_step(ps, [p.grad for p in ps], [s["exp_avg"] for s in states],
-                           [s["exp_avg_sq"] for s in states], step, group["lr"], beta1, beta2,
-                           group["eps"], group["weight_decay"], impl=group.get("impl", "auto"))
+                adamw_step([_local(p) for p in ps], [_local(p.grad) for p in ps],
+                           [_local(s["exp_avg"]) for s in states],
+                           [_local(s["exp_avg_sq"]) for s in states], step, group["lr"], beta1,
+                           beta2, group["eps"], group["weight_decay"],
+                           impl=group.get("impl", "auto"))
         return loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter, gradient or moment as this rank's shard, which
+    shares its storage: a DTensor's own data_ptr() is 0, so the kernel's address table
+    needs the shard's. AdamW is element-wise, so stepping each shard is the whole step."""
+    return t.to_local() if isinstance(t, DTensor) else t

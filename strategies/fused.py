@@ -84,6 +84,8 @@ class Fused(Strategy):
         if wants_compile and env.device_type == "cuda" and not env.triton:
             reasons.append("fused compile on a GPU needs Triton (pip install triton); use 'eager'")
         reasons += compile_mode_reasons(settings, plan, env)
+        if settings.optimizer == "triton":
+            reasons += triton_optimizer_reasons(plan, env)
         return reasons
 
     def apply(self, phase, setup, settings):
@@ -136,6 +138,30 @@ def compile_mode_reasons(settings: FusedSettings, plan, env) -> list[str]:
                            "block's outputs on its next forward, and the pipeline runs several "
                            "micro-batches forward before their backward: use "
                            "'max-autotune-no-cudagraphs'")
+    return reasons
+
+
+def triton_optimizer_reasons(plan, env) -> list[str]:
+    """Where the Triton multi-tensor optimizer cannot step. Sharded parameters (FSDP's
+    zero stage 2/3, tensor parallel) are DTensors: AdamW steps their local shards
+    (element-wise, so that is the whole step), but LAMB's trust ratio needs each
+    tensor's whole norm, which one shard does not hold. ZeRO offload steps the
+    optimizer on parameters that live on the CPU, where no Triton kernel runs (on a
+    CPU device offload moves nothing, and the interpreter runs there)."""
+    reasons = []
+    zero = plan.strategies.get("zero")
+    zero = get("zero").parse(zero) if zero is not None else None
+    sharded = [name for name, on in (("zero stage 2/3", zero is not None and zero.stage >= 2),
+                                      ("tensor parallel", "tensor" in plan.strategies)) if on]
+    if "lamb" in plan.strategies and sharded:
+        reasons.append(f"fused optimizer = 'triton' with lamb: LAMB's trust ratio needs each "
+                       f"tensor's whole norm, and with {' and '.join(sharded)} a rank's kernel "
+                       "sees one shard; use optimizer = 'foreach' (norms over the whole "
+                       "sharded tensor)")
+    if zero is not None and zero.offload and env.device_type == "cuda":
+        reasons.append("fused optimizer = 'triton' with zero offload: the optimizer steps "
+                       "parameters held on the CPU, where no Triton kernel runs; use "
+                       "optimizer = 'foreach' or 'default'")
     return reasons
 
 

@@ -19,6 +19,7 @@ micro-step only.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -86,6 +87,18 @@ class Zero(Strategy):
             )
 
 
+def offload_threads(cores: int, local_ranks: int) -> int:
+    """Threads for one rank's CPU optimizer step under offload: its share of the node's
+    cores. torchrun (and our one-node launcher) set OMP_NUM_THREADS=1 for several ranks
+    so that GPU ranks' host threads do not fight; an offloaded AdamW over every
+    parameter on one thread would then be the step's bottleneck."""
+    return max(1, cores // max(1, local_ranks))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def shard(setup, settings: ZeroSettings) -> None:
     """fully_shard every block (harness.workloads.blocks: `blocks`, or HF's decoder
     layers ...), then each root (the model, or each pipeline stage)."""
@@ -101,6 +114,11 @@ def shard(setup, settings: ZeroSettings) -> None:
         offload = CPUOffloadPolicy(pin_memory=setup.device.type == "cuda")
         if setup.device.type == "cpu":
             setup.notes.append("zero: offload on the CPU moves nothing (already there)")
+        else:
+            threads = offload_threads(_cores(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            torch.set_num_threads(threads)
+            setup.notes.append(f"zero: offload steps the optimizer on the CPU with {threads} "
+                               "threads (this rank's share of the node's cores)")
     kwargs = dict(mesh=mesh, reshard_after_forward=settings.stage == 3, mp_policy=mp,
                   offload_policy=offload)
     stages = local_stages(setup.model)
