@@ -40,6 +40,18 @@ class Trace:
     notes: list[str] = field(default_factory=list)
 
 
+# The real-tensor fallback builds the model on the CPU: only below this many parameters.
+REAL_TRACE_MAX_PARAMETERS = 200_000_000
+
+
+class TraceFailed(Exception):
+    """No way of tracing the workload worked; `line` says which op stopped it."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
 def trace_activations(
     workload: Workload,
     micro_batch: int,
@@ -53,18 +65,95 @@ def trace_activations(
     parameters, buffers and autocast's weight copies (counted apart). Under amp
     the trace runs CPU autocast in bf16, with CUDA's fp32 norms and softmax
     emulated when `device_type` is 'cuda'. With checkpointing, a checkpointed
-    block keeps only its inputs. Falls back to the meta device without autocast
-    when fake tensors fail, and says so in `notes`.
+    block keeps only its inputs.
+
+    A forward fake tensors cannot follow (one that makes a data-dependent decision)
+    falls back, and says so in `notes`: to the meta device without autocast, then to
+    one real sample on the CPU (a model of at most REAL_TRACE_MAX_PARAMETERS), its
+    figures scaled by the micro-batch. Where none works, `TraceFailed` names the op
+    that stopped it in one line.
     """
+    from harness.estimator.fake_patches import fake_friendly
+
     try:
-        return _trace(workload, micro_batch, amp, device_type, checkpoint_every, fake=True)
+        with fake_friendly():
+            return _trace(workload, micro_batch, amp, device_type, checkpoint_every, fake=True)
     except Exception as e:  # a workload fake tensors cannot run: meta, no autocast
+        fake_error = e
+    try:
         trace = _trace(workload, micro_batch, False, device_type, checkpoint_every, fake=False)
         trace.notes.append(
-            f"Could not trace on fake tensors ({type(e).__name__}: {e}); traced on the meta "
+            f"Could not trace on fake tensors ({stopped_by(fake_error)}); traced on the meta "
             "device without autocast, so 16-bit activations are counted at fp32 width."
         )
         return trace
+    except Exception as e:
+        meta_error = e
+    too_big = _too_big_for_real(workload)
+    if too_big:
+        raise TraceFailed(f"{stopped_by(fake_error)}; {too_big}") from None
+    try:
+        with torch.random.fork_rng():  # the real initialisation draws from the global RNG
+            one = _trace(workload, 1, amp, device_type, checkpoint_every, fake=None)
+    except Exception as e:
+        raise TraceFailed(stopped_by(e)) from None
+    trace = scaled(one, micro_batch)
+    trace.notes.append(
+        f"Fake tensors cannot follow this forward ({stopped_by(fake_error)}; on meta: "
+        f"{stopped_by(meta_error)}); traced one real sample on the CPU and scaled its "
+        f"activations by the micro-batch ({micro_batch})."
+    )
+    return trace
+
+
+def stopped_by(e: BaseException) -> str:
+    """One line: the error's first line and the last frame outside torch that raised it."""
+    import traceback
+
+    first = " ".join(str(e).strip().splitlines()[:1]) or type(e).__name__
+    first = first if len(first) <= 160 else first[:157] + "..."
+    where = ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        path = frame.filename.replace("\\", "/")
+        if "/torch/" in path or path.endswith("harness/estimator/saved.py"):
+            continue
+        tail = "/".join(path.split("/")[-2:])
+        where = f" in {frame.name} ({tail}:{frame.lineno})"
+        break
+    return f"{type(e).__name__}: {first}{where}"
+
+
+def _too_big_for_real(workload: Workload) -> str | None:
+    with torch.device("meta"):
+        n = sum(p.numel() for p in workload.build_model().parameters())
+    if n > REAL_TRACE_MAX_PARAMETERS:
+        return (f"{n / 1e6:.0f}M parameters are too many to trace for real on the CPU "
+                f"(at most {REAL_TRACE_MAX_PARAMETERS / 1e6:.0f}M)")
+    return None
+
+
+def untraced(line: str) -> Trace:
+    """No trace: activations counted as nothing, and the note that says why."""
+    return Trace(0, 0, 0, 0, 0, 0, 0, [], 0, 0, 0, [], [], [], 0.0, False, notes=[
+        f"Activations are not predicted: no trace could follow the forward ({line}); the "
+        "prediction counts the parameters, gradients and optimizer state only, and the "
+        "trial's memory is what it measures."])
+
+
+_PER_SAMPLE = ("activations", "other_activations", "other_before", "recompute", "largest_saved",
+               "head_working", "block_working", "recompute_flops")
+
+
+def scaled(trace: Trace, micro_batch: int) -> Trace:
+    """A trace of one sample as one of `micro_batch`: what the batch carries scales,
+    the weight copies do not."""
+    import dataclasses
+
+    changes: dict = {k: getattr(trace, k) * micro_batch for k in _PER_SAMPLE}
+    changes["working_by_block"] = [n * micro_batch for n in trace.working_by_block]
+    changes["stored_by_block"] = [n * micro_batch for n in trace.stored_by_block]
+    changes["notes"] = list(trace.notes)
+    return dataclasses.replace(trace, **changes)
 
 
 def _trace(
@@ -73,22 +162,28 @@ def _trace(
     amp: bool,
     device_type: str,
     every: int | None,
-    fake: bool,
+    fake: bool | None,
 ) -> Trace:
+    """On fake tensors (`fake`), the meta device (False) or real CPU ones (None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode() if fake else None
-    model, batch = model_and_batch(workload, micro_batch, mode)
+    if fake is None:
+        model = workload.build_model()
+        batch = workload.batch(micro_batch, 0, "cpu")
+    else:
+        model, batch = model_and_batch(workload, micro_batch, mode)
+    amp = amp and fake is not False  # no autocast on the meta device
     model.train()
     saved = SavedTensors(model)
     handles = saved.hooked()
-    ops = TraceOps(cuda_fp32=amp and fake and device_type == "cuda")
+    ops = TraceOps(cuda_fp32=amp and device_type == "cuda")
     with contextlib.ExitStack() as stack:
         if mode is not None:
             stack.enter_context(mode)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t))
         stack.enter_context(ops)
-        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp and fake))
+        stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp))
         loss = workload.loss(model, batch)
         saved.held.append(loss)  # the graph, alive until we are done
         saved.tag(loss, (None, saved.done))

@@ -79,13 +79,44 @@ def load_config(spec: str, fields: dict[str, Any], task: str = "auto") -> HFSour
                 "plus seq_len, attn_implementation and task"
             )
     try:
-        config = type(config).from_dict({**config.to_dict(), **fields})
+        config = _rebuilt(config, fields, spec if folder is None else None)
     except Exception as e:  # the config's own validation
-        raise HarnessError(f"{where}: {type(e).__name__}: {e}; fix the [workload] arguments") \
-            from None
+        raise HarnessError(f"{where}: {type(e).__name__}: {_one_line(e)}; fix the [workload] "
+                           "arguments") from None
     config.use_cache = False  # training: no key/value cache
     weights = folder is not None and any((folder / w).is_file() for w in WEIGHTS)
     return HFSource(spec, config, _task(config, task, where), folder, weights)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).replace("\\n", " ").split())
+
+
+def derived_fields(cls: Any, fields: dict[str, Any]) -> set[str]:
+    """The fields a config's constructor derives from `fields`: those whose default
+    changes when `fields` are given (qwen2's layer_types from num_hidden_layers ...)."""
+    try:
+        before, after = cls().to_dict(), cls(**fields).to_dict()
+    except Exception:
+        return set()
+    return {k for k in before if k not in fields and before[k] != after.get(k)}
+
+
+def _rebuilt(config: Any, fields: dict[str, Any], model_type: str | None) -> Any:
+    """The config as transformers builds it: the fields go to the constructor, so the
+    fields it derives from them follow (a folder's saved derived fields are dropped
+    when the arguments change what they derive from)."""
+    if model_type is not None:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(model_type, **fields)
+    if not fields:
+        return config
+    saved = config.to_dict()
+    for key in derived_fields(type(config), fields):
+        saved.pop(key, None)
+    saved.pop("transformers_version", None)
+    return type(config).from_dict({**saved, **fields})
 
 
 def _task(config: Any, task: str, where: str) -> str:
