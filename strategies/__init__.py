@@ -7,6 +7,7 @@ from strategies import (  # noqa: F401  (registers)
     accumulation,
     amp,
     checkpoint,
+    curriculum,
     ddp,
     float8,
     fused,

@@ -79,8 +79,9 @@ class TargetSpec:
 # Strategies that replace AdamW as the optimizer (strategies.lamb, .lars, .muon).
 OPTIMIZERS = ("lamb", "lars", "muon")
 # Strategies beside the optimizer that change what is trained or evaluated, so their
-# settings are part of the maths key (strategies.averaging: the weights evaluated).
-MATHS_STRATEGIES = ("averaging",)
+# settings are part of the maths key (strategies.averaging: the weights evaluated;
+# curriculum, distill, lora: what each step trains).
+MATHS_STRATEGIES = ("averaging", "curriculum", "distill", "lora")
 
 
 def optimizer_name(strategies: dict[str, Any]) -> str:

@@ -246,7 +246,12 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     times = step_time_stats(step_times)
     window_s = job["window_s"]
     peak = prep.peak
-    rates = rate_figures(prep.flops_per_sample, plan.batch_size, len(step_times), window_s,
+    flops_per_sample, tokens_per_sample = prep.flops_per_sample, prep.tokens_per_sample
+    if setup.work_at is not None:  # the curriculum: each measured step at its own length
+        work = [setup.work_at(i) for i in range(first, first + len(step_times))]
+        flops_per_sample = statistics.fmean(f for f, _ in work)
+        tokens_per_sample = statistics.fmean(t for _, t in work) if tokens_per_sample else None
+    rates = rate_figures(flops_per_sample, plan.batch_size, len(step_times), window_s,
                          plan.world_size, peak.used.flops, peak.measured.flops)
     samples_per_s = rates["samples_per_s"]
     metrics.update(
@@ -266,7 +271,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         },
         step_time_s=times,
         step_times_s=step_times,
-        tokens_per_s=(samples_per_s * prep.tokens_per_sample if prep.tokens_per_sample else None),
+        tokens_per_s=(samples_per_s * tokens_per_sample if tokens_per_sample else None),
         **rates,
         peak_flops_source=peak.used.source,
         peak_flops=peak.as_record(),
