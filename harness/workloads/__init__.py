@@ -3,7 +3,8 @@
 A workload builds the model, its batches and its loss (`base.Workload`); the built-in
 ones are a GPT (`gpt`, with `attention`), a ResNet and a ViT (`vision`) and an MLP
 (`mlp`). Beside them: `hf:<model_type>` and `hf:/path/to/folder` (Hugging Face
-transformers, `hf`), `torchvision:<name>` (`torchvision_models`), and a user's own,
+transformers, `hf`), `torchvision:<name>` (`torchvision_models`), `timm:<name>`
+(`timm_models`), and a user's own,
 as a Workload or from plain functions (`Workload.from_callables`, `@workload`).
 `blocks` finds a model's repeated layers. It imports harness.core only; the trial
 loop, the estimator, the study checks and strategies import it.
@@ -32,7 +33,9 @@ BUILTIN = {
 LIBRARIES = {
     "hf": "harness.workloads.hf:build_hf",
     "torchvision": "harness.workloads.torchvision_models:build_torchvision",
+    "timm": "harness.workloads.timm_models:build_timm",
 }
+EXAMPLES = {"hf": "hf:llama", "torchvision": "torchvision:resnet50", "timm": "timm:resnet18"}
 
 __all__ = ["BUILTIN", "LIBRARIES", "TransformerShape", "Workload", "load_workload", "workload"]
 
@@ -66,7 +69,7 @@ def load_workload(name: str, args: dict[str, Any] | None = None) -> Workload:
     if library in LIBRARIES:
         if not spec:
             raise HarnessError(f"workload '{name}': name the model after '{library}:', e.g. "
-                               f"{'hf:llama' if library == 'hf' else 'torchvision:resnet50'}")
+                               f"{EXAMPLES[library]}")
         workload = _resolve(LIBRARIES[library])(spec, args)
     else:
         workload = _call(name, args)

@@ -8,6 +8,13 @@ hold the most parameters: Hugging Face's `model.layers` (Llama), `transformer.h`
 (GPT-2), `encoder.layer` (BERT); torchvision's stages (ResNet's layer1..layer4 of
 Bottlenecks, as one run of blocks in order), a ViT's `encoder.layers`.
 
+A timm model says where its blocks are itself: its `group_matcher(coarse=False)` (what
+timm's layer-wise learning-rate decay uses) gives patterns for the block names
+(`layer1.0` in a ResNet, `blocks.3` in a ViT, `stages.2.blocks.1` in a ConvNeXt or a
+Swin, `blocks.4.2` in an EfficientNet); the outermost modules with parameters whose
+names match are the blocks, whatever their classes. When it names none, the search
+above applies.
+
 Wrappers that strategies put around a block (torch's checkpoint wrapper, a compiled
 module, FSDP2's dynamic subclass) are seen through, so the finder gives the same
 blocks before and after them.
@@ -15,6 +22,7 @@ blocks before and after them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -78,6 +86,9 @@ def find_blocks(model: nn.Module) -> Blocks | None:
     own = getattr(model, "blocks", None)
     if isinstance(own, nn.ModuleList) and len(own) > 0:
         return _blocks([("blocks", own)], kind(own[0]))
+    named = _timm_blocks(model)
+    if named is not None:
+        return named
     groups: dict[type, list[tuple[str, nn.Module]]] = {}
     for path, container, cls in _containers(model):
         groups.setdefault(cls, []).append((path, container))
@@ -99,6 +110,70 @@ def _blocks(containers: list[tuple[str, nn.Module]], cls: type) -> Blocks:
     named = [(p, c, name) for p, c in containers for name, _ in c.named_children()]
     return Blocks(paths=tuple(p for p, _ in containers), slots=[(c, n) for _, c, n in named],
                   name=cls.__name__, slot_paths=[p for p, _, _ in named])
+
+
+# The path segments wrappers add: torch.compile's, the checkpoint wrapper's, DDP's.
+_WRAPPERS = {"_orig_mod", "_checkpoint_wrapped_module", "module"}
+
+
+def _timm_patterns(model: nn.Module) -> list[re.Pattern[str]]:
+    """The block-name patterns of a timm model's `group_matcher(coarse=False)`: the
+    "blocks" entries that number blocks (a pattern alone, or with None as its ordinal);
+    the others (a final norm, a downsample) are placed after or before them."""
+    inner = getattr(model, "_orig_mod", model)
+    inner = getattr(inner, "module", inner)
+    if not type(inner).__module__.startswith("timm."):
+        return []
+    matcher = getattr(inner, "group_matcher", None)
+    try:
+        groups = matcher(coarse=False) if callable(matcher) else None
+    except Exception:  # a model whose matcher cannot run (timm's own bug): the search decides
+        return []
+    spec = groups.get("blocks") if isinstance(groups, dict) else None
+    if isinstance(spec, str):
+        spec = [(spec, None)]
+    if not isinstance(spec, list | tuple):
+        return []
+    patterns = []
+    for entry in spec:
+        if isinstance(entry, tuple | list) and len(entry) == 2 and entry[1] is None:
+            entry = entry[0]
+        if isinstance(entry, str):
+            try:
+                patterns.append(re.compile(entry))
+            except re.error:
+                continue
+    return patterns
+
+
+def _timm_blocks(model: nn.Module) -> Blocks | None:
+    """The blocks a timm model's group matcher names (module docstring), in forward
+    order (module order), or None when it is not a timm model or names none."""
+    patterns = _timm_patterns(model)
+    if not patterns:
+        return None
+    seen: set[str] = set()
+    found: list[tuple[str, nn.Module]] = []  # (qualified name, module), outermost first
+    for path, module in model.named_modules(remove_duplicate=True):
+        bare = ".".join(s for s in path.split(".") if s not in _WRAPPERS)
+        if not bare or bare in seen:
+            continue
+        if any(p.fullmatch(bare) for p in patterns):
+            seen.add(bare)  # a wrapper's inner module has the same bare name: the slot is outer
+            if any(path.startswith(q + ".") for q, _ in found):
+                continue  # inside a block already
+            if any(True for _ in module.parameters()):
+                found.append((path, module))
+    if not found:
+        return None
+    slots, slot_paths = [], []
+    for path, _ in found:
+        parent, _, child = path.rpartition(".")
+        slots.append((model.get_submodule(parent), child))
+        slot_paths.append(parent)
+    names = dict.fromkeys(kind(m).__name__ for _, m in found)
+    return Blocks(paths=tuple(dict.fromkeys(slot_paths)), slots=slots, name="/".join(names),
+                  slot_paths=slot_paths)
 
 
 def block_of(blocks: Blocks | None, parameter_name: str) -> int | None:

@@ -20,17 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from harness.core.config import did_you_mean
 from harness.core.errors import HarnessError
 from harness.workloads import optional
-from harness.workloads.base import Workload
-from harness.workloads.vision import synthetic_images
+from harness.workloads.vision import LibraryClassifier, whole_numbers
 
 
-class TorchvisionWorkload(Workload):
+class TorchvisionWorkload(LibraryClassifier):
     def __init__(self, model: str, num_classes: int, image_size: int, kwargs: dict[str, Any]):
         self.name = f"torchvision:{model}"
         self.model = model
@@ -42,16 +40,6 @@ class TorchvisionWorkload(Workload):
         tv = optional.torchvision()
         return tv.models.get_model(self.model, weights=None, num_classes=self.num_classes,
                                    **self.kwargs)
-
-    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
-        return synthetic_images(batch_size, index, channels=3, image_size=self.image_size,
-                                num_classes=self.num_classes, device=device)
-
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        images, labels = batch
-        out = model(images)
-        logits = getattr(out, "logits", out)  # GoogLeNet / Inception return a named tuple
-        return F.cross_entropy(logits, labels)
 
 
 def build_torchvision(name: str, args: dict[str, Any]) -> TorchvisionWorkload:
@@ -66,9 +54,7 @@ def build_torchvision(name: str, args: dict[str, Any]) -> TorchvisionWorkload:
     kwargs = dict(args)
     num_classes = kwargs.pop("num_classes", 1000)
     image_size = kwargs.pop("image_size", 224)
-    for key, value in (("num_classes", num_classes), ("image_size", image_size)):
-        if type(value) is not int or value < 1:
-            raise HarnessError(f"{where}: {key} must be a whole number of 1 or more")
+    whole_numbers(where, num_classes=num_classes, image_size=image_size)
     if name.startswith("vit_"):
         kwargs["image_size"] = image_size  # its position embeddings follow it
     workload = TorchvisionWorkload(name, num_classes, image_size, kwargs)

@@ -66,6 +66,35 @@ def synthetic_images(
     return images.to(device), labels.to(device)
 
 
+class LibraryClassifier(Workload):
+    """A model library's image classifier (`torchvision:<name>`, `timm:<name>`): synthetic
+    images of its size and classes (`synthetic_images`), cross-entropy on its logits.
+    Subclasses build the model."""
+
+    num_classes: int
+    image_size: int
+    channels: int = 3
+
+    def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        return synthetic_images(batch_size, index, channels=self.channels,
+                                image_size=self.image_size, num_classes=self.num_classes,
+                                device=device)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        images, labels = batch
+        out = model(images)
+        logits = getattr(out, "logits", out)  # GoogLeNet / Inception return a named tuple
+        return F.cross_entropy(logits, labels)
+
+
+def whole_numbers(where: str, **values: Any) -> None:
+    """A HarnessError unless each value is a whole number of 1 or more."""
+    for key, value in values.items():
+        if type(value) is not int or value < 1:
+            raise HarnessError(f"{where}: {key} must be a whole number of 1 or more, "
+                               f"got {value!r}")
+
+
 class ImageClassification(Workload):
     """What ResNet and ViT share: synthetic image batches (`synthetic_images`) with the
     sizes of `self.config` (channels, image_size, num_classes), and cross-entropy."""
