@@ -78,6 +78,8 @@ def plan_from_args(args: argparse.Namespace):
             data[flag] = getattr(args, flag)
     if getattr(args, "timeout", None) is not None:
         data["timeout_s"] = args.timeout
+    if getattr(args, "save", None):
+        data["save"] = str(Path(args.save).expanduser().resolve())
     return Plan.from_dict(data, where=where)
 
 
@@ -201,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "time went (also in the record: metrics.phases_s)")
     bench.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="stop the trial after this long (default: the plan's timeout_s)")
+    bench.add_argument("--save", metavar="FOLDER",
+                       help="write the trained weights and the workload there after the "
+                            "measured steps (a distillation teacher, a fine-tuning's start)")
     bench.add_argument("--launcher", choices=["local", "slurm"],
                        help="where the trial runs: this machine, or a Slurm job through "
                             "submitit (default: the plan's cluster.launcher, else local)")

@@ -106,6 +106,9 @@ class Plan(TomlFile):
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the trial's environment
     # (harness.launch.local.allocator_env); a study's budget.expandable_segments
     expandable_segments: bool = True
+    # Write the trained weights here after the measured steps (`harness bench --save`,
+    # harness.workloads.trained): a distillation teacher, or fine-tuning's start
+    save: str | None = None
 
     # --- derived -----------------------------------------------------------
     @property
@@ -149,6 +152,9 @@ class Plan(TomlFile):
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise HarnessError(f"{where}.memory_budget_bytes: must be at least 1 byte "
                                f"(leave it out for no cap)")
+        if self.save is not None and self.world_size > 1:
+            raise HarnessError(f"{where}.save: the trained weights are saved from a plan in "
+                               "one process; drop save or run it with layout 1 x 1 x 1")
         if self.cluster is not None:
             self.cluster.check_timeout(self.timeout_s, "timeout_s", f"{where}.cluster")
 

@@ -278,6 +278,11 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         energy_j_per_sample=_energy_per_sample(ranks, len(step_times) * plan.batch_size),
         nvml=dataclasses.asdict(reading) if reading else None,
     )
+    if plan.save and status == "ok" and info.writes_result:  # harness bench --save
+        from harness.workloads.trained import save_trained
+
+        metrics["saved"] = save_trained(setup.model, plan.workload, plan.workload_args,
+                                        plan.save)
     if metrics["mfu_measured_peak"] > 1.0:  # impossible unless the peak was measured low
         forget_measured_peak(prep.device, peak.dtype)
         metrics["peak_flops"]["warning"] = (
