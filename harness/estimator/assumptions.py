@@ -12,11 +12,18 @@ from harness.estimator.settings import Settings
 
 def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> list[str]:
     """Parameters, gradients, optimizer state, precision and compile."""
-    optimizer = "LAMB" if cfg.optimizer == "lamb" else "AdamW"
     width = facts.parameter_bytes / max(facts.parameters, 1)
+    state = {
+        "lamb": f"LAMB's two moments (2 x {width:g})",
+        "lars": f"LARS's momentum buffer (1 x {width:g}; biases and gains too)",
+        "muon": f"Muon's momentum buffer (1 x {width:g}) for the 2-D weights inside the "
+                f"blocks and AdamW's two moments (2 x {width:g}) for the rest",
+    }.get(cfg.optimizer, f"AdamW's two moments (2 x {width:g})")
+    if cfg.averaging:
+        state += f", and weight averaging's copy of the trainable parameters (1 x {width:g})"
     out = [
         f"Parameters ({width:g} bytes each, their dtype), gradients ({width:g}) and "
-        f"{optimizer}'s two moments (2 x {width:g}) for Ψ = {facts.parameters:,} unique "
+        f"{state} for Ψ = {facts.parameters:,} unique "
         "parameters (tied weights once); gradients are held once, also across accumulation "
         "micro-steps.",
         f"Activations are for one micro-batch of {micro_batch} samples per device.",

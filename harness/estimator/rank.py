@@ -47,7 +47,7 @@ def rank_memory(
     par = cfg.parallel
     layers = facts.blocks or 0
     params = rank_params(facts.params, layers, par, rank)
-    state = rank_state(params, par, device_type)
+    state = rank_state(params, par, device_type, cfg.optimizer, cfg.averaging)
     chunks = stage_blocks(layers, par, rank)
     held = state.held
     if held is None:

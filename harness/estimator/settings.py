@@ -19,12 +19,13 @@ class Settings:
     checkpoint_every: int | None  # every k-th block checkpointed; None: no checkpointing
     fused_attention: str | None  # the attention the fused strategy swaps in, if present
     compile: bool
-    optimizer: str  # "adamw" | "lamb"
+    optimizer: str  # "adamw" | "lamb" | "lars" | "muon"
     optimizer_impl: str  # "default" | "foreach" | "fused" | "triton"
     cross_entropy: str  # "eager" | "compile" | "triton"
     max_grad_norm: float  # LAMB's clipping (0: off)
     distributed: tuple[str, ...]  # distributed strategies in the plan
     parallel: Parallelism
+    averaging: bool = False  # weight averaging keeps a copy of the trainable parameters
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
@@ -36,6 +37,7 @@ class Settings:
             for name, table in plan.strategies.items()
         }
         amp, ckpt, fused, lamb = (parsed.get(n) for n in ("amp", "checkpoint", "fused", "lamb"))
+        optimizer = next((n for n in ("lamb", "lars", "muon") if n in parsed), "adamw")
         return cls(
             amp=amp.dtype if amp is not None else None,
             # selective checkpointing keeps every matmul's output: counted as none
@@ -44,11 +46,12 @@ class Settings:
                               else None),
             fused_attention=fused.attention if fused is not None else None,
             compile=bool(fused is not None and fused.compile),
-            optimizer="lamb" if lamb is not None else "adamw",
+            optimizer=optimizer,
             optimizer_impl=fused.optimizer if fused is not None else "default",
             cross_entropy=fused.cross_entropy if fused is not None else "eager",
             max_grad_norm=lamb.max_grad_norm if lamb is not None else 0.0,
             distributed=tuple(sorted(n for n in parsed if get(n).distributed)),
+            averaging="averaging" in parsed,
             parallel=Parallelism.of(plan, parsed),
         )
 

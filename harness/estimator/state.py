@@ -14,6 +14,12 @@ the rank holding the fewest elements so far; the fullest rank counts. Stages
 2 and 3 are FSDP2: every parameter split on dim 0 in chunks of ceil(rows / N)
 rows, so rank 0 holds the most. With amp's 16-bit compute the masters stay
 fp32 (FSDP's mixed precision casts the gathered copy: see `rank_state`).
+
+The optimizer state per parameter (`state_factor`): AdamW and LAMB keep two
+moments (8Ψ above); LARS one momentum buffer (4Ψ); Muon one momentum buffer for
+the 2-D weights inside the blocks and AdamW's two moments for the rest. Weight
+averaging (strategies.averaging) keeps one more copy of the trainable parameters
+on every rank (not partitioned by ZeRO-1), counted with the optimizer state.
 """
 
 from __future__ import annotations
@@ -62,14 +68,26 @@ def zero1_partition(numels: list[int], ranks: int) -> list[list[int]]:
     return parts
 
 
-def rank_state(params: list[Param], par: Parallelism, device_type: str) -> RankState:
+def state_factor(p: Param, optimizer: str) -> int:
+    """Optimizer-state tensors the size of `p`: AdamW's and LAMB's two moments; LARS's
+    momentum buffer; Muon's momentum buffer for a hidden matrix (2-D, inside a block,
+    as strategies.muon picks them), AdamW's two moments for the rest."""
+    if optimizer == "lars" or (optimizer == "muon" and p.block is not None
+                               and len(p.shape) == 2):
+        return 1
+    return 2
+
+
+def rank_state(params: list[Param], par: Parallelism, device_type: str,
+               optimizer: str = "adamw", averaging: bool = False) -> RankState:
     """The state `params` (one rank's, in local shapes) take on that rank."""
     train = [p for p in params if p.trainable]
+    averages = sum(p.bytes for p in train) if averaging else 0
     if not par.fsdp:
         state = RankState(
             parameters=sum(p.bytes for p in params),
             gradients=sum(p.bytes for p in train),
-            optimizer_state=2 * sum(p.bytes for p in train),
+            optimizer_state=sum(state_factor(p, optimizer) * p.bytes for p in train) + averages,
             optimizer_sizes=[p.bytes for p in train],
             block_gradients=_by_block(train, [p.bytes for p in train]),
         )
@@ -77,7 +95,8 @@ def rank_state(params: list[Param], par: Parallelism, device_type: str) -> RankS
             parts = zero1_partition([p.numel for p in train], par.data)
             mine = max(parts, key=lambda part: sum(train[i].bytes for i in part))
             state.optimizer_sizes = [train[i].bytes for i in mine]
-            state.optimizer_state = 2 * sum(state.optimizer_sizes)
+            state.optimizer_state = averages + sum(
+                state_factor(train[i], optimizer) * train[i].bytes for i in mine)
         if par.ddp and par.data > 1:  # buckets made when the model is wrapped, kept:
             # the gradients themselves (views of them), or a second copy
             if par.bucket_view:
@@ -87,17 +106,18 @@ def rank_state(params: list[Param], par: Parallelism, device_type: str) -> RankS
             if par.compression != "none":  # a 16-bit copy of one bucket on the wire
                 state.communication = min(int(par.bucket_cap_mb * MIB), state.gradients) // 2
         return state
-    return _fsdp_state(params, train, par, device_type)
+    return _fsdp_state(params, train, par, device_type, optimizer)
 
 
 def _fsdp_state(params: list[Param], train: list[Param], par: Parallelism,
-                device_type: str) -> RankState:
+                device_type: str, optimizer: str = "adamw") -> RankState:
     """ZeRO 2/3 by FSDP2: shards, the gathered copies, the unreduced gradients."""
     shards = [shard_numel(p, par.data) * p.width for p in train]
     state = RankState(
         parameters=sum(shard_numel(p, par.data) * p.width for p in params),
         gradients=sum(shards),
-        optimizer_state=2 * sum(shards),
+        optimizer_state=sum(state_factor(p, optimizer) * n for p, n in zip(train, shards,
+                                                                           strict=True)),
         optimizer_sizes=shards,
         block_gradients=_by_block(train, shards),
     )
@@ -151,9 +171,16 @@ def optimizer_temporaries(sizes: list[int], cfg: Settings, device_type: str) -> 
     need none. strategies.lamb's LAMB: foreach ("foreach" or "fused") builds the
     denominator and the update u for all parameters (two copies), the loop
     (its "default") one parameter at a time, and gradient clipping scales a copy
-    of all the gradients.
+    of all the gradients. strategies.lars's LARS: its update d for all parameters
+    (foreach) or one parameter at a time. Muon: as AdamW's foreach or loop (its fused
+    AdamW half is counted as foreach: Muon's own step is a loop over matrices).
     """
     impl, total = cfg.optimizer_impl, sum(sizes)
+    if cfg.optimizer == "lars":  # the update d: all at once (foreach), else one at a time
+        return total if impl in ("foreach", "fused") else max(sizes, default=0)
+    if cfg.optimizer == "muon":  # Muon's loop (a matrix's update and its bf16 copies at a
+        # time) is counted as the AdamW half's figure over every tensor, an upper bound
+        impl = "foreach" if impl == "fused" else impl
     if impl == "triton":
         return 0
     if cfg.optimizer == "lamb":

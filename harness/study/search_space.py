@@ -48,7 +48,7 @@ DATA_PARALLEL = ("ddp", "zero")
 AXIS_STRATEGIES = {"pipeline": "pipeline", "tensor": "tensor"}  # layout axis -> strategy
 STRUCTURAL = {*DATA_PARALLEL, *AXIS_STRATEGIES.values()}
 TARGET_PARAMS = ("global_batch_size", "optimizer", "lr", "lr_scaling", "warmup_samples",
-                 "lr@adamw", "lr@lamb")
+                 "lr@adamw", "lr@lamb", "lr@lars", "lr@muon")
 
 Ask = Callable[[str, Space], Any]
 
@@ -165,8 +165,8 @@ class SearchSpace:
             name = "micro_batch_size" if self._one_data else f"micro_batch_size@data{layout.data}"
             name += "" if self._one_batch_micros else f"@batch{g}"
             micro = ask(name, Choice(tuple(micros)))
-        if drawn.get("optimizer") == "lamb":
-            strategies["lamb"] = {}
+        if drawn.get("optimizer", "adamw") != "adamw":  # lamb, lars, muon: the strategy
+            strategies[drawn["optimizer"]] = {}
         for name in self.always:
             strategies[name] = self._settings(name, ask)
         for name in self.optional:

@@ -5,7 +5,7 @@ which of the settings that change the maths are searched.
     target_loss = 2.4
     global_batch_size = [16, 32, 64, 128, 256, 512]   # searched
     [target]
-    optimizer = ["adamw", "lamb"]          # searched (LAMB: strategies.lamb)
+    optimizer = ["adamw", "lamb"]          # searched: adamw, lamb, lars, muon (strategies.*)
     lr = [1e-3, 3e-3]                       # or { min = 1e-4, max = 1e-2 } (log-uniform),
                                             # or each optimizer its own list:
                                             # { adamw = [1e-3], lamb = [1e-2] } (lr@adamw ...)
@@ -31,7 +31,7 @@ from harness.core.errors import HarnessError
 from harness.core.space import Choice, FloatRange, Space
 from harness.core.target import TargetSpec
 
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "lars", "muon")
 SCALINGS = ("none", "linear", "sqrt")
 
 
@@ -49,7 +49,8 @@ class LrSpan:
 
 @dataclass
 class StudyTarget:
-    optimizer: list[Literal["adamw", "lamb"]] = field(default_factory=lambda: ["adamw"])
+    optimizer: list[Literal["adamw", "lamb", "lars", "muon"]] = field(
+        default_factory=lambda: ["adamw"])
     # None: the study's [optimizer] lr; a table: each optimizer's own list
     lr: list[float] | LrSpan | dict[str, list[float]] | None = None
     lr_scaling: list[Literal["none", "linear", "sqrt"]] = field(default_factory=lambda: ["none"])
@@ -101,17 +102,19 @@ class StudyTarget:
 
 
 def check_target(study: Any, where: str) -> None:
-    """objective time_to_loss needs target_loss, and the other way round; LAMB is the
-    [target] table's optimizer choice, not a strategy to search on and off."""
+    """objective time_to_loss needs target_loss, and the other way round; LAMB, LARS and
+    Muon are the [target] table's optimizer choice, not strategies to search on and off."""
     wants = "time_to_loss" in study.objectives
     if wants and study.target_loss is None:
         raise HarnessError(f"{where}.target_loss: objective 'time_to_loss' needs the validation "
                            "loss to reach; add target_loss = ...")
     if study.target_loss is not None and not math.isfinite(study.target_loss):
         raise HarnessError(f"{where}.target_loss: give a finite validation loss")
-    if study.target_loss is not None and "lamb" in study.strategies:
-        raise HarnessError(f"{where}.strategies.lamb: with target_loss the optimizer is chosen "
-                           "by [target].optimizer = ['adamw', 'lamb']; remove [strategies.lamb]")
+    named = [name for name in OPTIMIZERS if name in study.strategies]
+    if study.target_loss is not None and named:
+        raise HarnessError(f"{where}.strategies.{named[0]}: with target_loss the optimizer is "
+                           f"chosen by [target].optimizer = ['adamw', '{named[0]}']; remove "
+                           f"[strategies.{named[0]}]")
     if len(study.global_batches) > 1 and study.target_loss is None:
         raise HarnessError(f"{where}.global_batch_size: searching the global batch needs "
                            "objective 'time_to_loss' and target_loss (a larger batch always "
