@@ -125,9 +125,23 @@ def maths_key(plan: dict[str, Any], seed: int, device_type: str) -> str:
     }
     training = {name: _settings(strategies[name]) for name in MATHS_STRATEGIES
                 if name in strategies}
+    if "distill" in training:  # the teacher's weights as saved: retrained, another key
+        training["distill"]["teacher_weights"] = teacher_weights(training["distill"])
     if training:  # absent otherwise, so that the keys cached before stay valid
         table["training"] = training
     return json.dumps(table, sort_keys=True, default=str)
+
+
+def teacher_weights(settings: dict[str, Any]) -> list[list[Any]]:
+    """The distillation teacher's weight files (name, size, modification time), so that a
+    teacher saved again in the same folder changes the maths key."""
+    from pathlib import Path
+
+    folder = Path(str(settings.get("teacher", "")).removeprefix("hf:")).expanduser()
+    if not folder.is_dir():
+        return []
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir())
+            if f.suffix in (".safetensors", ".bin", ".pt")]
 
 
 def describe(spec: TargetSpec) -> dict[str, Any]:
