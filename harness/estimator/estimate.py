@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.core.device import RuntimeEnv
+from harness.core.overhead import DeviceOverhead
 from harness.core.plan import Plan
 from harness.estimator.activations import (
     ActivationParts,
@@ -32,12 +33,15 @@ def estimate(
     env: RuntimeEnv,
     peak_flops: float | None = None,
     flops_per_sample: float | None = None,
+    overhead: DeviceOverhead | None = None,
 ) -> Estimate:
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
     The memory is the largest rank's. `peak_flops` is the device's peak FLOP rate
     (the one MFU uses, harness.measure.peak_choice); without it the step time is None.
     `flops_per_sample`, when the caller counted it already, is not counted again.
+    `overhead` (harness.measure.device_overhead, on CUDA) is what the process holds
+    beyond its tensors; the peak counts it, so that it predicts what the device holds.
     Strategy settings the plan leaves out take the strategies' defaults; a bad
     setting is a HarnessError.
     """
@@ -73,8 +77,11 @@ def estimate(
     assumptions.append(how)
 
     memory = {k: int(v) for k, v in worst.memory.items()}
+    extra = device_terms(memory, cfg, overhead if env.device_type == "cuda" else None)
+    if extra:
+        assumptions.append(overhead_assumption(memory, overhead))
     return Estimate(
-        peak_memory_bytes=int(worst.peak),
+        peak_memory_bytes=int(worst.peak) + extra,
         step_time_s=seconds,
         memory=memory,
         flops_per_step=flops_per_step,
@@ -91,13 +98,38 @@ def estimate(
             "microbatches": par.microbatches,
             "bubble": bubble,
             "in_flight": [r.in_flight for r in ranks],
-            "stage_memory_bytes": [int(p) for p in peaks],
+            "stage_memory_bytes": [int(p) + extra for p in peaks],
             "stage_parameters_bytes": [r.state.parameters for r in ranks],
             "stage_persistent_bytes": [sum(r.memory[k] for k in PERSISTENT) for r in ranks],
             "largest_rank": peaks.index(max(peaks)),
         },
         tensor={"ranks": par.tensor, "mlp": par.tensor_mlp},
+        device_overhead_bytes=extra,
     )
+
+
+def device_terms(memory: dict[str, int], cfg: Settings, overhead: DeviceOverhead | None) -> int:
+    """Put the device's own terms into `memory` (CUDA context with the workspaces, and
+    NCCL's buffers per communicator: one per parallel axis with several ranks); their sum."""
+    memory["device_context"] = memory["nccl_buffers"] = 0
+    if overhead is None:
+        return 0
+    par = cfg.parallel
+    communicators = sum(n > 1 for n in (par.data, par.tensor, par.pipeline))
+    memory["device_context"] = overhead.context_bytes + overhead.workspace_bytes
+    memory["nccl_buffers"] = communicators * overhead.nccl_bytes_per_communicator
+    return memory["device_context"] + memory["nccl_buffers"]
+
+
+def overhead_assumption(memory: dict[str, int], overhead: DeviceOverhead) -> str:
+    from harness.core.units import format_bytes
+
+    text = (f"device: CUDA context {format_bytes(overhead.context_bytes)} + cuBLAS/attention "
+            f"workspaces {format_bytes(overhead.workspace_bytes)}")
+    if memory.get("nccl_buffers"):
+        text += (f" + NCCL {format_bytes(memory['nccl_buffers'])} (a one-rank "
+                 "communicator's, per parallel axis: a floor, peers add buffers)")
+    return text + f" ({overhead.source})"
 
 
 def step_costs(plan: Plan, workload: Workload, facts: ModelFacts, cfg: Settings,

@@ -24,6 +24,8 @@ COMPONENTS = (
     "communication_buffers",
     "gradient_buckets",
     "pipeline_buffers",
+    "device_context",
+    "nccl_buffers",
 )
 
 
@@ -44,7 +46,9 @@ class Estimate:
     gathered_parameters (FSDP's unsharded parameters while forward and backward
     run); communication_buffers (gradients awaiting their reduction, and its
     buffers); gradient_buckets (DDP's buckets when they are not the gradients'
-    own storage); pipeline_buffers (the stage outputs a pipeline schedule keeps).
+    own storage); pipeline_buffers (the stage outputs a pipeline schedule keeps);
+    device_context (the CUDA context and the cuBLAS/attention workspaces) and
+    nccl_buffers (NCCL's, per communicator), measured once per GPU and zero on a CPU.
 
     All of it is per device, on the largest rank. `phases` gives what lives
     above the persistent state at each moment of a step; the peak is the
@@ -71,6 +75,9 @@ class Estimate:
     sharding: dict[str, Any] = field(default_factory=dict)
     pipeline: dict[str, Any] = field(default_factory=dict)
     tensor: dict[str, Any] = field(default_factory=dict)
+    # What the CUDA process holds beyond its tensors (device_context + nccl_buffers),
+    # counted in peak_memory_bytes; 0 on a CPU or when not measured.
+    device_overhead_bytes: int = 0
 
     def to_record(self) -> dict[str, Any]:
         """The `predicted` entry of a result record (JSON-ready)."""
@@ -87,6 +94,7 @@ class Estimate:
             "sharding": dict(self.sharding),
             "pipeline": dict(self.pipeline),
             "tensor": dict(self.tensor),
+            "device_overhead_bytes": self.device_overhead_bytes,
         }
 
     def summary(self) -> str:

@@ -2,6 +2,8 @@
 
     python -m harness.measure.calibrate cuda:0 bf16 tf32
         ->  {"bf16": {"flops": ..., "source": ...}, "tf32": {...}}
+    python -m harness.measure.calibrate --overhead cuda:0
+        ->  {"context_bytes": ..., "workspace_bytes": ..., ...}  (device_overhead.py)
 
 Started by `harness.measure.peak_calibration.measured_peak` on a cache miss. Besides
 a trial's ranks it is the only process that touches a GPU: its CUDA context lives
@@ -22,7 +24,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from harness.measure.peak_calibration import _measure
 
-    device, *dtypes = argv if argv is not None else sys.argv[1:]
+    args = argv if argv is not None else sys.argv[1:]
+    if args and args[0] == "--overhead":
+        from harness.measure.device_overhead import measure
+
+        print(json.dumps(asdict(measure(torch.device(args[1])))), flush=True)
+        return 0
+    device, *dtypes = args
     peaks = {d: asdict(_measure(torch.device(device), d)) for d in dtypes}
     print(json.dumps(peaks), flush=True)
     return 0

@@ -81,7 +81,8 @@ def prepare(
     lap("peaks")
     flops = flops_per_sample(plan, workload)
     lap("flops")
-    predicted = estimate(plan, workload, runtime, peak.used.flops, flops).to_record()
+    overhead = device_overhead(device) if device.type == "cuda" else None
+    predicted = estimate(plan, workload, runtime, peak.used.flops, flops, overhead).to_record()
     lap("estimate")
     return Prepared(plan, workload, device, runtime, predicted, peak, flops,
                     workload.tokens_per_sample)

@@ -11,8 +11,11 @@ own correction, a median over the study's ok trials:
                    holds for the process then (its CUDA context and library
                    workspaces), since the measured peak is what the device held
                    (harness.measure.memory), not the tensors alone. Before any trial
-                   is measured, DEFAULT_RUNTIME_BYTES
-    memory_ratio   (measured peak - runtime) / predicted peak
+                   is measured, the device's own terms the estimator counted
+                   (device_overhead_bytes, measured once per GPU), else
+                   DEFAULT_RUNTIME_BYTES
+    memory_ratio   (measured peak - runtime) / predicted tensors (the predicted
+                   peak without those terms)
     step_ratio     measured median step time / predicted step time (the median)
     step fit       the same ratio per factor of the configuration, once two trials
                    are measured (harness.tune.search.step_fit): what the estimator
@@ -58,6 +61,15 @@ def compiled(plan: dict[str, Any] | None) -> bool:
     return bool(fused.get("compile"))
 
 
+def tensor_bytes(predicted: dict[str, Any] | None) -> float | None:
+    """The estimator's peak without the device's own terms (context, workspaces, NCCL:
+    `device_overhead_bytes`), which the runtime correction stands for once measured."""
+    if not predicted or predicted.get("peak_memory_bytes") is None:
+        return None
+    return float(predicted["peak_memory_bytes"]) - float(
+        predicted.get("device_overhead_bytes") or 0)
+
+
 @dataclass
 class Correction:
     runtime_bytes: float = 0.0
@@ -80,7 +92,7 @@ class Correction:
             on_gpu = memory.get("allocated") is not None
             base = (memory.get("device_base") or 0) if on_gpu else memory.get("rss_base")
             # what it needed: under the allocator's cap not the cache the device held
-            peak, predicted_peak = budget_peak_bytes(r), p.get("peak_memory_bytes")
+            peak, predicted_peak = budget_peak_bytes(r), tensor_bytes(p)
             if peak and predicted_peak and base is not None:
                 runtime.append(base)
                 mem.append(max(peak - base, 0) / predicted_peak)
@@ -108,9 +120,13 @@ class Correction:
         )
 
     def peak_memory(self, predicted: dict[str, Any] | None) -> float | None:
-        if not predicted or predicted.get("peak_memory_bytes") is None:
+        tensors = tensor_bytes(predicted)
+        if tensors is None:
             return None
-        return self.runtime_bytes + self.memory_ratio * predicted["peak_memory_bytes"]
+        runtime = self.runtime_bytes
+        if not self.n_memory and (predicted or {}).get("device_overhead_bytes"):
+            runtime = float(predicted["device_overhead_bytes"])  # measured on this GPU
+        return runtime + self.memory_ratio * tensors
 
     def step_time(self, predicted: dict[str, Any] | None,
                   plan: dict[str, Any] | None = None) -> float | None:
