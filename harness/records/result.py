@@ -105,8 +105,10 @@ class TrialResult:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.filename is None:  # a full disk: say which file
+                raise OSError(e.errno, e.strerror or str(e), str(path)) from e
             raise
         return path
 

@@ -9,19 +9,31 @@
     runs/<study>/best.toml           the best configuration, a plan `harness bench` runs
     runs/<study>/optuna.journal      the default Optuna storage
 
-Several workers append to trials.jsonl: each line is written with one write()
-under an exclusive lock (fcntl), so lines never interleave, and a reader skips a
-last line cut short by a killed writer.
+Several workers append to trials.jsonl: each line is written under an exclusive
+lock (fcntl), so lines never interleave; a short write is continued, and a write
+that fails (a full disk) takes its partial line back out before it raises. A
+reader skips a line that does not parse (a writer may be mid-line).
+
+A line cut short (power lost, a full disk, a network file system) is never written
+after: `append` (and `repair`, which a tuner runs on --resume) first copies an
+unreadable line's bytes beside the file, `trials.jsonl.torn-<byte>-line<N>`, then
+cuts it out; a whole record glued after torn bytes (written by an older harness)
+stays, on a line of its own. Each cut is said, with the file, line and copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import fcntl
 import json
 import os
+import re
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +47,70 @@ class RunFolderUnwritable(HarnessError):
     exit_code = 3
 
     def __init__(self, store: RunStore, error: OSError):
+        where = error.filename or f"in {store.root}"
         super().__init__(
-            f"cannot write {error.filename} ({error.strerror or error}): the study stops. "
+            f"cannot write {where} ({error.strerror or error}): the study stops. "
             f"Every finished trial is in {store.trials_jsonl} and the storage; free space "
             f"or fix permissions, then `harness tune --resume --out {store.root}`")
+
+    @staticmethod
+    def stops(store: RunStore, error: OSError) -> bool:
+        """Whether `error` is the run folder's: a write of one of its files, or a full
+        disk or quota where the failed call did not say which file (a write to an open
+        file, such as the Optuna journal's)."""
+        return store.holds(error.filename) or (
+            error.filename is None and error.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+# The copy of an unreadable line of trials.jsonl: <file>.torn-<byte>-line<N>
+TORN = re.compile(r"\.torn-(\d+)-line(\d+)(?:-\d+)?$")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A line of trials.jsonl that is not a record: cut short, or damaged."""
+
+    path: Path  # the file it was in
+    line: int  # its number, from 1
+    offset: int  # its first byte
+    data: bytes  # its bytes, without the newline
+    torn: bool | None  # the file's last line, with no newline after it (None: unknown)
+    kept: Path | None = None  # the copy of its bytes, beside the file
+    salvaged: str | None = None  # the trial id of a whole record found at its end
+    glued_at: int | None = None  # where that record begins in `data`
+
+    def trial(self) -> tuple[str | None, int | None]:
+        """The trial id and Optuna number its bytes name (None: cut before them)."""
+        text = self.data[:self.glued_at].decode(errors="replace")
+        m = re.search(r'"trial_id": ("(?:[^"\\]|\\.)*"|-?\d+)[,}]', text)
+        n = re.search(r'"optuna_number": (\d+)[,}]', text)
+        tid = str(json.loads(m.group(1))) if m else None
+        return tid, int(n.group(1)) if n else None
+
+    def describe(self) -> str:
+        tid, _ = self.trial()
+        what = {True: "cut short", False: "not a record", None: "unreadable"}[self.torn]
+        whose = f" (trial {tid}'s record)" if tid is not None else ""
+        head = self.data[:48].decode(errors="replace")
+        text = (f"{self.path} line {self.line} (byte {self.offset}) was {what}: "
+                f"{len(self.data)} bytes{whose}, beginning {head!r}")
+        if self.kept is not None:
+            text += f"; its bytes are kept in {self.kept} and the line was cut out"
+        if self.salvaged is not None:
+            text += f"; the whole record of trial {self.salvaged} after them stays"
+        return text
+
+    @classmethod
+    def from_copy(cls, path: Path) -> Unreadable | None:
+        m = TORN.search(path.name)
+        if m is None:
+            return None
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        return cls(path.with_name(path.name[:m.start()]), int(m.group(2)), int(m.group(1)),
+                   data, None, kept=path)
 
 
 class RunStore:
@@ -51,6 +123,9 @@ class RunStore:
         self.best_toml = self.root / "best.toml"
         self.journal = self.root / "optuna.journal"
         self._lock_file = self.root / ".lock"
+        self.cut: list[Unreadable] = []  # lines this process cut out of trials.jsonl
+        self.say: Callable[[str], None] = lambda text: print(text, file=sys.stderr,
+                                                               flush=True)
 
     def exists(self) -> bool:
         return self.study_toml.exists()
@@ -87,29 +162,95 @@ class RunStore:
 
     # --- trials.jsonl ------------------------------------------------------------
     def append(self, record: TrialResult | dict[str, Any]) -> None:
+        """Add one record as a line of trials.jsonl, whole and on disk (fsync), or raise
+        OSError naming trials.jsonl with the file as it was. A line cut short before it
+        (its writer died) is cut out first (`repair`), and said (`say`)."""
         data = record.to_dict() if isinstance(record, TrialResult) else record
         line = (json.dumps(data, allow_nan=False) + "\n").encode()
         with self.locked():
-            fd = os.open(self.trials_jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd, end = self._open_end()
+                try:
+                    _write_all(fd, line, end)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise _named(e, self.trials_jsonl) from e
+
+    def _open_end(self) -> tuple[int, int]:
+        """trials.jsonl opened to append (under the lock), and its size; a torn last
+        line cut out first."""
+        fd = os.open(self.trials_jsonl, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        end = os.fstat(fd).st_size
+        if end and os.pread(fd, 1, end - 1) != b"\n":  # a torn last line
+            os.close(fd)
+            for u in self._repair():  # may replace the file: opened again after
+                self.say(u.describe())
+            fd = os.open(self.trials_jsonl, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            end = os.fstat(fd).st_size
+        return fd, end
 
     def records(self) -> list[dict[str, Any]]:
+        """The records of trials.jsonl, in order; a line that is not one is skipped
+        (`read` names it)."""
+        return self.read()[0]
+
+    def read(self) -> tuple[list[dict[str, Any]], list[Unreadable]]:
+        """The records, and the lines that are not records."""
         try:
-            text = self.trials_jsonl.read_text()
+            data = self.trials_jsonl.read_bytes()
+        except FileNotFoundError:
+            return [], []
+        return parse_lines(self.trials_jsonl, data)
+
+    def repair(self) -> list[Unreadable]:
+        """Cut every unreadable line out of trials.jsonl, each one's bytes kept beside
+        it first; the file then parses whole. Returns the lines cut."""
+        with self.locked():
+            return self._repair()
+
+    def _repair(self) -> list[Unreadable]:
+        try:
+            data = self.trials_jsonl.read_bytes()
         except FileNotFoundError:
             return []
-        out = []
-        for line in text.splitlines():
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a killed writer
-        return out
+        records, bad = parse_lines(self.trials_jsonl, data)
+        if not bad and data and not data.endswith(b"\n"):  # a whole last line: end it
+            with open(self.trials_jsonl, "ab") as f:
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+            return []
+        if not bad:
+            return []
+        cut = [self._keep(u) for u in bad]
+        if len(bad) == 1 and bad[0].torn:  # the usual case: a torn tail, truncated
+            with open(self.trials_jsonl, "r+b") as f:
+                f.truncate(bad[0].offset)
+                os.fsync(f.fileno())
+        else:  # damage inside: the file written again without those lines
+            write_atomic(self.trials_jsonl, "".join(json.dumps(r, allow_nan=False) + "\n"
+                                                    for r in records))
+        self.cut.extend(cut)
+        return cut
+
+    def _keep(self, u: Unreadable) -> Unreadable:
+        """A copy of the line's bytes beside trials.jsonl (fsync'd), before it is cut."""
+        path = self.trials_jsonl.with_name(
+            f"{self.trials_jsonl.name}.torn-{u.offset}-line{u.line}")
+        n = 1
+        while path.exists() and path.read_bytes() != u.data:  # torn twice at one byte
+            n += 1
+            path = path.with_name(f"{self.trials_jsonl.name}.torn-{u.offset}-line{u.line}-{n}")
+        write_atomic(path, u.data)
+        return dataclasses.replace(u, kept=path)
+
+    def kept(self) -> list[Unreadable]:
+        """The unreadable lines cut out of trials.jsonl so far (their copies), oldest
+        first."""
+        found = [u for p in self.root.glob(f"{self.trials_jsonl.name}.torn-*")
+                 if (u := Unreadable.from_copy(p)) is not None]
+        return sorted(found, key=lambda u: (u.offset, u.line))
 
     # --- study.json and best.toml ----------------------------------------------------
     def read_info(self) -> dict[str, Any]:
@@ -132,13 +273,92 @@ class RunStore:
         return folder
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Replace `path` whole (fsync'd), or raise OSError naming it and leave it as it
+    was."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    data = text.encode() if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:
+        raise _named(e, path) from e
+    try:
+        try:
+            _write_all(fd, data, 0)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _named(e, path) from e
         raise
+
+
+def parse_lines(path: Path, data: bytes) -> tuple[list[dict[str, Any]], list[Unreadable]]:
+    """The records in `data` (a trials.jsonl), and its lines that are not records (a
+    whole record found glued after unreadable bytes is kept, and named)."""
+    records: list[dict[str, Any]] = []
+    bad: list[Unreadable] = []
+    offset = 0
+    chunks = data.split(b"\n")
+    for i, chunk in enumerate(chunks):
+        last = i == len(chunks) - 1
+        if chunk.strip():
+            record = _record(chunk)
+            if record is not None:
+                records.append(record)
+            else:
+                at, salvaged = _glued(chunk)
+                if salvaged is not None:
+                    records.append(salvaged)
+                bad.append(Unreadable(path, i + 1, offset, chunk, torn=last,
+                                      salvaged=None if salvaged is None
+                                      else str(salvaged.get("trial_id")), glued_at=at))
+        offset += len(chunk) + 1
+    return records, bad
+
+
+def _record(chunk: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(chunk)  # bytes: UTF-8, strictly (a cut character fails)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _glued(chunk: bytes) -> tuple[int | None, dict[str, Any] | None]:
+    """A whole record that ends an unreadable line (appended after a torn one by an
+    older harness), and where it begins."""
+    at = chunk.find(b'{"', 1)
+    while at > 0:
+        record = _record(chunk[at:])
+        if record is not None and "trial_id" in record and "status" in record:
+            return at, record
+        at = chunk.find(b'{"', at + 1)
+    return None, None
+
+
+def _write_all(fd: int, data: bytes, start: int) -> None:
+    """Write `data` at the end of `fd` (at byte `start`), to the last byte, then fsync.
+    A short write is continued; on an error the file is cut back to `start`."""
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.write(fd, view)
+            if n <= 0:
+                raise OSError(errno.EIO, f"write() wrote nothing ({len(view)} bytes left)")
+            view = view[n:]
+        os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise
+
+
+def _named(error: OSError, path: Path) -> OSError:
+    """`error` with the file it was writing (a write to an open file names none)."""
+    if error.filename is not None:
+        return error
+    named = OSError(error.errno, error.strerror or str(error), str(path))
+    return named

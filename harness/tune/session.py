@@ -45,6 +45,7 @@ from harness.tune.recovery.storage import (
     describe_storage,
     make_storage,
 )
+from harness.tune.recovery.torn import repair_records
 from harness.tune.recovery.workers import spawn_helpers, wait_for
 from harness.tune.search.first_guesses import estimated_start
 from harness.tune.search.loop import Tuner
@@ -71,13 +72,20 @@ def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
     args.storage = args.storage or from_env
     if args.follow:
         return run_follower(args, checked)
-    tuner = open_study(args, checked)
+    try:
+        tuner = open_study(args, checked)
+    except OSError as e:  # study.toml or study.json not written: a full disk
+        store = RunStore(checked.run_dir)
+        if not RunFolderUnwritable.stops(store, e):
+            raise
+        raise RunFolderUnwritable(store, e) from None
     outcome = Outcome()
     try:
         run_study(args, checked, tuner, outcome)
-    finally:  # also on Ctrl-C: helpers stopped, followers released, the study's files
-        found = finish(args, tuner, outcome)
-    return 0 if found else 1
+    except BaseException:  # also on Ctrl-C: helpers stopped, followers released, the
+        finish(args, tuner, outcome, stopping=True)  # study's files where they can be
+        raise
+    return 0 if finish(args, tuner, outcome) else 1
 
 
 def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
@@ -139,7 +147,11 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
         ctx.on_event = progress.event
         if isinstance(ctx.storage, PatientStorage) and not args.quiet:  # quiet: stderr says
             ctx.storage.say = progress.line
+        # A cut line of trials.jsonl is named whatever --quiet says: a record was lost.
+        store.say = progress.line if not args.quiet else _stderr
         try:
+            for note in repair_records(ctx):  # lines cut short: cut out, trials settled
+                store.say(note)
             left = jobs_left(ctx)  # first: these are waited for, not failed by recover
             for note in recover(ctx):
                 progress.line(note)
@@ -161,15 +173,18 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
             outcome.stopped, outcome.final = str(e), "not run"
             raise
         except OSError as e:
-            if not store.holds(e.filename):
+            if not RunFolderUnwritable.stops(store, e):
                 raise
             outcome.stopped, outcome.final = "the run folder cannot be written", "not run"
             raise RunFolderUnwritable(store, e) from None
 
 
-def finish(args: argparse.Namespace, tuner: Tuner, outcome: Outcome) -> bool:
+def finish(args: argparse.Namespace, tuner: Tuner, outcome: Outcome,
+           stopping: bool = False) -> bool:
     """Stop the helpers, release the followers; the main worker writes the study's files.
-    False when nothing ran ok."""
+    False when nothing ran ok. A run folder that takes no more writes (a full disk)
+    raises RunFolderUnwritable (exit 3), unless the study is `stopping` on an error
+    already (that error's line is the one the user gets)."""
     for p in outcome.helpers:
         if p.poll() is None:
             p.terminate()
@@ -177,12 +192,20 @@ def finish(args: argparse.Namespace, tuner: Tuner, outcome: Outcome) -> bool:
         tuner.ctx.run.nodes.finished()
     if args.helper:
         return True
+    store = tuner.ctx.run.store
     try:
         return write_results(tuner.ctx, f"{outcome.stopped}; ablation: {outcome.final}",
                              outcome.spent)
     except OSError as e:  # the folder went unwritable: the records are what's left
-        print(f"could not write the study's summary: {e}", file=sys.stderr)
-        return True
+        if stopping:
+            return True
+        if not RunFolderUnwritable.stops(store, e):
+            raise
+        raise RunFolderUnwritable(store, e) from None
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:

@@ -13,7 +13,10 @@ record is the authority. A RUNNING trial is settled when
       only its result.json exists       the record is appended, then Optuna told
       nothing exists                    a `failed` record (tag "orphan"), Optuna's
                                         trial FAIL, and the configuration queued
-                                        to run again (storage.retries times)
+                                        to run again (storage.retries times); its
+                                        reason begins "record torn (...)" where a
+                                        cut line of trials.jsonl was its record
+                                        (harness.tune.recovery.torn)
 
 A worker is gone when its process (harness.tune.recovery.workers.Worker) no longer runs on
 this host. One on another host is taken to run; a trial with no owner tag is left
@@ -51,6 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 from harness.records.result import TrialResult, read_result
 from harness.records.tags import tags_of
 from harness.tune.recovery.storage import fail_stale_trials
+from harness.tune.recovery.torn import torn_cause
 from harness.tune.recovery.workers import Worker
 from harness.tune.trial_job import left_a_job, rejoin_trial_job
 from harness.tune.tuner_state import RETRY_OF
@@ -184,7 +188,11 @@ def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | N
         ctx.storage.set_trial_state_values(ctx.storage_id(t.number), state=TrialState.FAIL)
     except UpdateFinishedTrialError:
         return None
-    return _record_dead(ctx, t, "the tuner running this trial{who} stopped before it ended")
+    torn = torn_cause(ctx, t)  # its record was cut short: the bytes are named
+    cause = (f"{torn.replace('{', '{{').replace('}', '}}')}: the tuner running this "
+             "trial{who} stopped while writing it") if torn else \
+        "the tuner running this trial{who} stopped before it ended"
+    return _record_dead(ctx, t, cause)
 
 
 class StaleTrials:
