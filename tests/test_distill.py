@@ -1,0 +1,135 @@
+"""Knowledge distillation: weight 0 is the plain loss, weight 1's gradient is the KL's,
+the teacher is a saved workload (`--save`), only the student's FLOPs count, refusals
+say why, and the teacher and the settings are in the maths key."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import strategies
+from harness.core.device import RuntimeEnv
+from harness.core.errors import HarnessError
+from harness.core.plan import Layout, Plan
+from harness.core.target import maths_key
+from harness.measure.prepare import prepare
+from harness.measure.trial_loop import run_trial
+from harness.workloads import load_workload
+from harness.workloads.trained import load_trained, save_trained
+from strategies import compose
+
+STUDENT = dict(layers=1, heads=2, hidden=32, seq_len=16, vocab=64)
+TEACHER = dict(layers=2, heads=2, hidden=48, seq_len=32, vocab=64)
+PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",
+        "measured": {"flops": 1e12, "source": "test: a fixed figure"}}
+CPU = RuntimeEnv.detect("cpu")
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> str:
+    """A larger gpt, trained a few steps, saved as `harness bench --save` saves it."""
+    w = load_workload("gpt", TEACHER)
+    torch.manual_seed(1)
+    model = w.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for i in range(3):
+        w.loss(model, w.batch(8, i, "cpu")).backward()
+        opt.step()
+        opt.zero_grad()
+    return save_trained(model, "gpt", TEACHER, tmp_path_factory.mktemp("teacher"))
+
+
+def plan(teacher: str, **settings) -> Plan:
+    return Plan(workload="gpt", workload_args=STUDENT, device="cpu", micro_batch_size=4,
+                warmup_steps=1, steps=2, strategies={"distill": {"teacher": teacher, **settings}})
+
+
+def student_loss(teacher: str, **settings):
+    """(the student, the workload, the distillation loss function compose made)."""
+    p = plan(teacher, **settings)
+    w = load_workload("gpt", STUDENT)
+    torch.manual_seed(0)
+    setup = compose(w.build_model(), p, "cpu")
+    return setup.model, w, setup.loss_override(w.loss)
+
+
+def test_saved_weights_come_back_the_same(teacher):
+    w, model = load_trained(teacher)
+    assert w.cfg.layers == 2 and w.cfg.hidden == 48
+    batch = load_workload("gpt", TEACHER).batch(2, 0, "cpu")
+    again = load_trained(teacher)[1]
+    assert torch.equal(model(batch[0]), again(batch[0]))
+
+
+def test_weight_0_is_the_plain_loss(teacher):
+    model, w, loss = student_loss(teacher, weight=0.0)
+    batch = w.batch(4, 0, "cpu")
+    assert loss(model, batch).item() == pytest.approx(w.loss(model, batch).item(), abs=1e-6)
+
+
+def test_weight_1_has_the_gradient_of_the_kl_to_the_softened_teacher(teacher):
+    t = 3.0
+    model, w, loss = student_loss(teacher, weight=1.0, temperature=t)
+    ids, _ = w.batch(4, 0, "cpu")
+    loss(model, (ids, w.batch(4, 0, "cpu")[1])).backward()
+    mixed = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    _, teach = load_trained(teacher)
+    with torch.no_grad():
+        p_t = F.softmax(teach(ids).double() / t, dim=-1)
+    log_s = F.log_softmax(model(ids).double() / t, dim=-1)
+    # T^2 x KL(p_t || p_s), averaged over the positions, computed by hand in float64
+    kl = (p_t * (p_t.log() - log_s)).sum(-1).mean() * t * t
+    kl.backward()
+    for a, b in zip(mixed, model.parameters(), strict=True):
+        torch.testing.assert_close(a, b.grad.float(), rtol=1e-4, atol=1e-7)
+
+
+def test_a_trial_counts_the_students_flops_only_and_says_so(teacher, tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    result = run_trial(prepare(plan(teacher), peaks={"fp32": PEAK}), "test")
+    assert result.status == "ok", result.reason
+    student = load_workload("gpt", STUDENT).flops_per_sample()
+    assert result.metrics["flops_per_step"] == pytest.approx(4 * student)
+    note = next(n for n in result.metrics["notes"] if n.startswith("distill"))
+    assert "MFU count the student only" in note and "in the step time" in note
+
+
+def test_refused_with_the_reason(teacher, tmp_path):
+    def reasons(p):
+        return " ".join(strategies.reasons_against(p, CPU))
+
+    assert "name the teacher" in reasons(plan(""))
+    assert "harness bench ... --save" in reasons(plan(str(tmp_path)))  # not a saved folder
+    assert "vocabulary (64) is not the student's (128)" in reasons(
+        plan(teacher).replace(workload_args={**STUDENT, "vocab": 128}))
+    assert "sequences of 32 tokens at most" in reasons(
+        plan(teacher).replace(workload_args={**STUDENT, "seq_len": 64}))
+    assert "not a language model" in reasons(plan(teacher).replace(workload="mlp",
+                                                                   workload_args={}))
+    tp = plan(teacher).replace(layout=Layout(tensor=2), strategies={
+        "distill": {"teacher": teacher}, "tensor": {}})
+    assert "not with tensor parallel or the pipeline" in reasons(tp)
+    with pytest.raises(HarnessError, match="save"):
+        Plan.from_dict({"save": str(tmp_path), "layout": {"data": 2}})
+    pytest.importorskip("transformers")
+    from harness.workloads import optional
+
+    optional.transformers().LlamaConfig(vocab_size=64, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                num_attention_heads=2).save_pretrained(tmp_path / "cfg")  # no weights
+    assert "has no weights" in reasons(plan(f"hf:{tmp_path / 'cfg'}"))
+
+
+def test_the_settings_and_the_teachers_weights_are_in_the_maths_key(teacher):
+    keys = {maths_key(plan(teacher).replace(strategies={}).to_dict(), 0, "cpu")}
+    for settings in ({}, {"weight": 0.9}, {"temperature": 4.0}):
+        keys.add(maths_key(plan(teacher, **settings).to_dict(), 0, "cpu"))
+    assert len(keys) == 4
+    before = maths_key(plan(teacher).to_dict(), 0, "cpu")
+    weights = os.path.join(teacher, "model.safetensors")
+    stat = os.stat(weights)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # saved again
+    assert maths_key(plan(teacher).to_dict(), 0, "cpu") != before
