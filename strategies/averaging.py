@@ -28,7 +28,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn, get_swa_multi_avg_fn
 from harness.core.config import bounded
 from harness.core.errors import HarnessError
 from strategies.base import Choice, Phase, Space, Strategy
-from strategies.registry import register
+from strategies.registry import get, register
 from strategies.setup import Setup
 
 
@@ -103,9 +103,10 @@ class AveragingStrategy(Strategy):
     def check(self, settings: AveragingSettings, plan: Any, env: Any) -> list[str]:
         reasons = []
         zero = plan.strategies.get("zero")
-        if zero is not None and int(zero.get("stage", 1)) >= 2:
+        stage = get("zero").parse(zero).stage if zero is not None else 0
+        if stage >= 2:
             reasons.append(f"averaging: keeps a whole copy of each parameter and swaps it in "
-                           f"to evaluate; zero stage {zero.get('stage')} (FSDP2) shards the "
+                           f"to evaluate; zero stage {stage} (FSDP2) shards the "
                            "parameters (DTensor), which it does not average: use zero stage 1 "
                            "or ddp")
         if "tensor" in plan.strategies and plan.layout.tensor > 1:

@@ -23,7 +23,7 @@ from harness.core.plan import OptimizerSettings
 from strategies.base import Choice, Phase, Space, Strategy
 from strategies.lars import other_optimizers
 from strategies.param_groups import split
-from strategies.registry import register
+from strategies.registry import get, register
 from strategies.setup import Setup, adamw
 
 
@@ -111,9 +111,10 @@ class MuonStrategy(Strategy):
             reasons.append(f"muon: torch {torch.__version__} has no torch.optim.Muon "
                            "(added in torch 2.9); upgrade torch or use adamw")
         zero = plan.strategies.get("zero")
-        if zero is not None and int(zero.get("stage", 1)) >= 2:
+        stage = get("zero").parse(zero).stage if zero is not None else 0
+        if stage >= 2:
             reasons.append("muon: orthogonalises each whole weight matrix, and zero stage "
-                           f"{zero.get('stage')} (FSDP2) gives the optimizer a shard of "
+                           f"{stage} (FSDP2) gives the optimizer a shard of "
                            "rows; use zero stage 1 or ddp")
         if "tensor" in plan.strategies and plan.layout.tensor > 1:
             reasons.append("muon: orthogonalises each whole weight matrix, and tensor "

@@ -17,8 +17,8 @@ target is the steps that took times the step time measured for its own layout.
 The steps to target depend only on what changes the maths (`maths_key`): the workload
 and its data, the global batch, the optimizer (AdamW, LAMB, LARS or Muon) and its settings,
 weight averaging, the lr schedule above, the precision, the device kind and the seed.
-Layout, micro-batch, checkpointing, ZeRO, pipeline, compile and kernels leave them unchanged, so one run
-serves them all (harness.measure.target_cache).
+Layout, micro-batch, checkpointing, ZeRO, pipeline, compile and kernels leave them
+unchanged, so one run serves them all (harness.measure.target_cache).
 """
 
 from __future__ import annotations

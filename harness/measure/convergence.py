@@ -4,8 +4,9 @@ reaches `target.loss`, or the cap.
 It trains the plan's maths and nothing else (`maths_plan`): one process, no
 parallel layout, and of the strategies only those that change the numbers (amp's
 precision, LAMB, LARS, Muon, weight averaging) or keep memory in bounds without
-changing them (accumulation, checkpointing). The batch of step s is the workload's batch s, as in every trial.
-The lr is the plan's, scaled with the global batch and warmed up as [target] says.
+changing them (accumulation, checkpointing). The batch of step s is the workload's
+batch s, as in every trial. The lr is the plan's, scaled with the global batch and
+warmed up as [target] says.
 
 The validation loss (harness.measure.validation) is taken every `eval_every` samples,
 between steps and off the training clock; the first at 0 samples, from the fresh
