@@ -41,6 +41,11 @@ def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> lis
     return out
 
 
+def _state_psi(cfg: Settings) -> str:
+    """The optimizer state per parameter, as a multiple of Ψ (harness.estimator.state)."""
+    return {"lars": "4Ψ", "muon": "4Ψ to 8Ψ"}.get(cfg.optimizer, "8Ψ")
+
+
 def parallel_assumptions(cfg: Settings, layout: Layout, worst: RankMemory,
                          peaks: list[int], bubble: float) -> list[str]:
     """What the estimate says about splitting the work over several devices."""
@@ -112,14 +117,15 @@ def _data_parallel(cfg: Settings, worst: RankMemory) -> str:
             return text + (
                 f". ZeRO stage 1 (ZeroRedundancyOptimizer) partitions the optimizer state by "
                 "whole parameters, largest first to the rank with the fewest elements so far; "
-                f"the fullest rank's is {format_bytes(st.optimizer_state)} (≈ 8Ψ/{n})."
+                f"the fullest rank's is {format_bytes(st.optimizer_state)} "
+                f"(≈ {_state_psi(cfg)}/{n})."
             )
         return text + ", and the whole optimizer state."
     cw = "16-bit" if par.fsdp_mixed else "full-width"
     text = (
         f"ZeRO stage {par.zero} (FSDP2) over {n} data ranks: parameters, gradients and "
         f"optimizer state in shards of ceil(rows / {n}) rows of each parameter (4Ψ/{n}, "
-        f"4Ψ/{n}, 8Ψ/{n}; rank 0's the largest). The gathered {cw} parameters ("
+        f"4Ψ/{n}, {_state_psi(cfg)}/{n}; rank 0's the largest). The gathered {cw} parameters ("
         + ("all of them, kept from forward to the end of backward"
            if par.zero == 2 or par.pipeline > 1 else
            "the root's, i.e. embeddings, final norm and head, through forward and backward, "
