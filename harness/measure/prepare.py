@@ -24,6 +24,7 @@ from harness.core.device import RuntimeEnv, resolve_device
 from harness.core.plan import Plan
 from harness.core.prepared import PreparedPlan
 from harness.estimator import estimate
+from harness.measure.device_overhead import device_overhead
 from harness.measure.env import capture_env
 from harness.measure.peak_calibration import measured_peaks
 from harness.measure.peak_choice import PeakChoice, peaks_for

@@ -14,7 +14,6 @@ synchronous, perf_counter.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -22,6 +21,13 @@ from collections.abc import Callable
 import torch
 
 from harness.core.device import synchronize
+from harness.core.window import (  # noqa: F401  (the rule lives torch-free, for the tuner)
+    CUDA_MIN_WINDOW_S,
+    CUDA_WARMUP_MAX_STEPS,
+    MAX_WINDOW_STEPS,
+    window_rule,
+    window_steps,
+)
 
 
 class WindowTimer:
@@ -97,9 +103,6 @@ class WindowTimer:
 
 SETTLE_STEPS = 3  # warm-up has settled when its last 3 step times are
 SETTLE_TOLERANCE = 0.05  # within 5% of each other (clocks ramped up, caches warm)
-CUDA_WARMUP_MAX_STEPS = 50  # warm-up's cap on CUDA
-CUDA_MIN_WINDOW_S = 2.0  # the measured window's least duration on CUDA
-MAX_WINDOW_STEPS = 100_000  # the most steps a window grows to for its duration
 
 
 def settled(times_s: list[float], n: int = SETTLE_STEPS, tolerance: float = SETTLE_TOLERANCE
@@ -107,18 +110,6 @@ def settled(times_s: list[float], n: int = SETTLE_STEPS, tolerance: float = SETT
     """Whether the last `n` step times are within `tolerance` of each other."""
     last = times_s[-n:]
     return len(last) == n and min(last) > 0 and (max(last) - min(last)) / min(last) <= tolerance
-
-
-def window_rule(warmup_steps: int, steps: int, warmup_max_steps: int | None,
-                min_window_s: float | None, device_type: str) -> tuple[int, float]:
-    """(warm-up's cap, the window's least seconds) for a plan: its own settings, else
-    50 steps and 2 s on CUDA, and on other devices no more warm-up than `warmup_steps`
-    and no least duration (CPU studies keep their speed)."""
-    cuda = device_type == "cuda"
-    cap = warmup_max_steps if warmup_max_steps is not None else (
-        CUDA_WARMUP_MAX_STEPS if cuda else warmup_steps)
-    min_s = min_window_s if min_window_s is not None else (CUDA_MIN_WINDOW_S if cuda else 0.0)
-    return max(cap, warmup_steps), float(min_s)
 
 
 def warm_up(step: Callable[[int], bool], warmup_steps: int, cap: int,
@@ -145,14 +136,6 @@ def warm_up(step: Callable[[int], bool], warmup_steps: int, cap: int,
     if cap > warmup_steps and len(times) == cap:
         is_settled = agree(settled(times))
     return times, is_settled
-
-
-def window_steps(steps: int, min_window_s: float, step_s: float | None) -> int:
-    """The measured window's steps: `steps`, or as many as last `min_window_s` at `step_s`
-    each (10% more, as warm-up steps were each synchronised), whichever is more."""
-    if not min_window_s or not step_s or step_s <= 0:
-        return steps
-    return max(steps, min(MAX_WINDOW_STEPS, math.ceil(1.1 * min_window_s / step_s)))
 
 
 def step_time_stats(times_s: list[float]) -> dict[str, float | int]:

@@ -75,3 +75,29 @@ def test_compiled_trials_are_expected_to_take_their_own_overhead():
     extra = before.trial_seconds({"step_time_s": 0.0}, steps, "cuda", built) - \
         before.trial_seconds({"step_time_s": 0.0}, steps, "cuda", plain)
     assert extra == 70.0  # DEFAULT_COMPILE_S["cuda"] until a compiled trial says
+
+
+def test_expected_trial_counts_the_cuda_window_least_duration():
+    """On CUDA the measured window lasts at least 2 s: a 10 ms step runs 220 steps, not
+    the plan's 10, and the tuner expects that time (harness.core.window)."""
+    plan = {"warmup_steps": 3, "steps": 10, "strategies": {}}
+    fresh = Correction(overhead_s=5.0)
+    short = fresh.trial_seconds({"step_time_s": 0.01}, 13, "cuda", plan)
+    assert math.isclose(short, 5.0 + (3 + 220) * 0.01)
+    long = fresh.trial_seconds({"step_time_s": 1.0}, 13, "cuda", plan)
+    assert math.isclose(long, 5.0 + 13 * 1.0)  # 10 steps last longer than 2 s already
+    assert math.isclose(fresh.trial_seconds({"step_time_s": 0.01}, 13, "cpu", plan),
+                        5.0 + 13 * 0.01)  # no least duration off CUDA
+    own = {**plan, "min_window_s": 0.0}
+    assert math.isclose(fresh.trial_seconds({"step_time_s": 0.01}, 13, "cuda", own),
+                        5.0 + 13 * 0.01)
+
+
+def test_overhead_is_fitted_on_the_steps_the_record_ran():
+    plan = {"warmup_steps": 3, "steps": 10, "strategies": {}}
+    ran = {"status": "ok", "plan": plan, "duration_s": 5.0 + (12 + 220) * 0.01,
+           "predicted": {"step_time_s": 0.01},
+           "metrics": {"step_time_s": {"median": 0.01}, "loss": {"warmup_steps": 12},
+                       "window": {"steps": 220}}}
+    fit = Correction.from_records([ran], "cuda")
+    assert math.isclose(fit.overhead_s, 5.0)

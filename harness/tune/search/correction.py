@@ -27,7 +27,10 @@ own correction, a median over the study's ok trials:
 
     corrected peak  = runtime + memory_ratio x predicted peak
     corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
-    expected trial  = overhead (compiled or not) + (warm-up + steps) x corrected step
+    expected trial  = overhead (compiled or not) + (warm-up + window steps) x corrected
+                      step, the window's steps as the trial loop will choose them
+                      (harness.core.window: on CUDA at least 2 s of steps); the
+                      overhead fitted on the steps each record says it ran
 
 Before any trial is measured the corrections are 1 and 0, and the overhead a
 default per device. (In the record and study.json these figures sit under the older
@@ -42,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.core.memory_need import budget_peak_bytes
+from harness.core.window import window_rule, window_steps
 from harness.tune.search.step_fit import StepFit
 
 # A CPU trial forked from the rank server starts in a fraction of a second, but the first
@@ -59,6 +63,18 @@ def compiled(plan: dict[str, Any] | None) -> bool:
     """Whether a plan compiles its model (torch.compile: fused.compile)."""
     fused = ((plan or {}).get("strategies") or {}).get("fused") or {}
     return bool(fused.get("compile"))
+
+
+def steps_run(record: dict[str, Any]) -> int:
+    """The steps a trial ran: its warm-up (which on CUDA runs on until the step times
+    settle) and its window (which lasts at least its least duration), as the record
+    says; the plan's counts for a record without them."""
+    m, plan = record.get("metrics") or {}, record.get("plan") or {}
+    warmup = (m.get("loss") or {}).get("warmup_steps")
+    window = (m.get("window") or {}).get("steps")
+    if warmup is None or window is None:
+        return int(plan.get("warmup_steps", 0)) + int(plan.get("steps", 0))
+    return int(warmup) + int(window)
 
 
 def tensor_bytes(predicted: dict[str, Any] | None) -> float | None:
@@ -104,7 +120,7 @@ class Correction:
                 step.append(median / p["step_time_s"])
                 samples.append((plan, median, p["step_time_s"]))
             if median and r.get("duration_s"):
-                n_steps = plan.get("warmup_steps", 0) + plan.get("steps", 0)
+                n_steps = steps_run(r)
                 beyond = max(r["duration_s"] - n_steps * median, 0.0)
                 (over_compiled if compiled(plan) else over).append(beyond)
         med = statistics.median
@@ -146,7 +162,13 @@ class Correction:
         if compiled(plan):
             overhead = self.overhead_compiled_s if self.overhead_compiled_s is not None else (
                 overhead + DEFAULT_COMPILE_S.get(device_type, DEFAULT_COMPILE_S["cuda"]))
-        return overhead + steps * (self.step_time(predicted, plan) or 0.0)
+        step = self.step_time(predicted, plan) or 0.0
+        if plan is not None:  # a window padded to its least duration (2 s on CUDA)
+            warmup = int(plan.get("warmup_steps") or 0)
+            _, min_s = window_rule(warmup, steps - warmup, plan.get("warmup_max_steps"),
+                                   plan.get("min_window_s"), device_type)
+            steps = warmup + window_steps(steps - warmup, min_s, step)
+        return overhead + steps * step
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

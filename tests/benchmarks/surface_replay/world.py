@@ -35,6 +35,10 @@ DEVICE_NAME = "NVIDIA H100 80GB HBM3"
 CAPACITY = int(79.18 * 2**30)
 MEASURED = {"fp32": 52e12, "tf32": 371e12, "bf16": 715e12, "fp16": 673e12}  # selftest 11-23
 PREPARE_S = 0.2  # virtual seconds per question to the torch-side helper
+# What the calibration process would measure beside the tensors (device_overhead): the
+# context the H100 page measured (0.51 GiB), and the workspaces the surfaces hold beside
+# it (surfaces.hardware.CONTEXT less the context); NCCL not measurable on one rank here.
+OVERHEAD_CONTEXT = int(0.51 * 2**30)
 ENV = {"torch": "2.11.0+cu130", "cuda": "13.0", "device": DEVICE_NAME, "simulated": True}
 
 
@@ -69,6 +73,14 @@ def _peaks() -> dict[str, dict[str, Any]]:
     return out
 
 
+def _overhead() -> Any:
+    from harness.core.overhead import DeviceOverhead
+    from tests.benchmarks.surfaces.hardware import CONTEXT
+
+    return DeviceOverhead(OVERHEAD_CONTEXT, CONTEXT - OVERHEAD_CONTEXT, 0,
+                          "simulated: the H100 page's context, the surface's workspaces")
+
+
 @contextlib.contextmanager
 def h100_world(gpus: int) -> Iterator[None]:
     """This process's view of the machine: `gpus` H100s (every patch undone on exit)."""
@@ -89,6 +101,7 @@ def h100_world(gpus: int) -> Iterator[None]:
         (prepare, "resolve_device", lambda requested="auto", local_rank=0: cuda),
         (memory, "device_memory_bytes", lambda device_type: CAPACITY),
         (prepare, "study_peaks", lambda device_type, dtypes, workload: _peaks()),
+        (prepare, "device_overhead", lambda device: _overhead()),
         (fused, "triton_unavailable", lambda device_type: None),
         (model_facts.ModelFacts, "of", classmethod(_cached_facts(model_facts.ModelFacts.of))),
     ]
