@@ -41,3 +41,18 @@ def fake_friendly() -> Iterator[None]:
         yield
     finally:
         moe._can_use_grouped_mm = original
+
+
+@contextlib.contextmanager
+def quiet_fake_errors() -> Iterator[None]:
+    """Inside: fake tensors' own log of a failed meta kernel (a traceback at ERROR level)
+    is held back; the trace reports the failure itself, in one line."""
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

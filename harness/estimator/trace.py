@@ -73,10 +73,10 @@ def trace_activations(
     figures scaled by the micro-batch. Where none works, `TraceFailed` names the op
     that stopped it in one line.
     """
-    from harness.estimator.fake_patches import fake_friendly
+    from harness.estimator.fake_patches import fake_friendly, quiet_fake_errors
 
     try:
-        with fake_friendly():
+        with fake_friendly(), quiet_fake_errors():
             return _trace(workload, micro_batch, amp, device_type, checkpoint_every, fake=True)
     except Exception as e:  # a workload fake tensors cannot run: meta, no autocast
         fake_error = e

@@ -33,6 +33,7 @@ from harness.workloads.base import Workload
 from harness.workloads.data import check_name, is_synthetic
 from harness.workloads.data import tokens as token_data
 from harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
+from harness.workloads.hf_moe import aux_loss_coef, inactive_parameters, routes_logits
 from harness.workloads.tokens import IGNORE, masked, next_token
 
 ATTENTION = ("eager", "sdpa")
@@ -105,11 +106,30 @@ class HFWorkload(Workload):
         return super().data_info() if is_synthetic(self.data) else token_data(self.data).describe()
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Cross-entropy of the logits; a mixture of experts adds its router's auxiliary
+        (load-balancing) loss as transformers does: times router_aux_loss_coef, when
+        output_router_logits is on (the default here)."""
         ids, labels = batch
-        return lm_loss(model(input_ids=ids).logits, labels)
+        out = model(input_ids=ids)
+        loss = lm_loss(out.logits, labels)
+        aux = getattr(out, "aux_loss", None)
+        if aux is not None and self.aux_coef:
+            loss = loss + self.aux_coef * aux.to(loss.dtype)
+        return loss
+
+    @property
+    def aux_coef(self) -> float | None:
+        if not getattr(self.config, "output_router_logits", False):
+            return None
+        return aux_loss_coef(self.config)
 
     def flops_per_sample(self) -> float:
-        """6N + 12·L·(heads·head_dim)·T per token (PaLM, appendix B), times T tokens.
+        """6N + 12·L·(heads·head_dim)·T per token (PaLM, appendix B), times T tokens
+        (the attention term only where the config has attention heads).
+
+        A mixture of experts counts its active parameters: each routed expert group at
+        k/E (experts per token over experts), the router and shared experts in full
+        (harness.workloads.hf_moe).
 
         N counts the parameters that take part in a matmul: embedding lookups (token,
         position, token type) are counted out, except a token embedding tied to the LM
@@ -121,11 +141,29 @@ class HFWorkload(Workload):
         lookups = {id(m.weight): m.weight.numel() for m in model.modules()
                    if isinstance(m, nn.Embedding) and id(m.weight) not in heads_out}
         n = sum(p.numel() for p in model.parameters()) - sum(lookups.values())
-        c = self.config
-        heads = int(c.num_attention_heads)
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        per_token = 6 * n + 12 * int(c.num_hidden_layers) * heads * head_dim * self.seq_len
+        n -= inactive_parameters(model, self.config)[0]  # MoE: the experts a token skips
+        per_token = 6 * n + 12 * attention_width(self.config) * self.seq_len
         return float(per_token * self.seq_len)
+
+
+def _int_field(config: Any, name: str) -> int | None:
+    try:
+        v = getattr(config, name, None)
+    except Exception:  # a config whose attribute_map points at a field it lacks
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def attention_width(config: Any) -> int:
+    """L·heads·head_dim of the attention's score and value matmuls: 0 for a model
+    without attention heads in its config (state-space models: Mamba, RWKV)."""
+    heads = _int_field(config, "num_attention_heads")
+    layers = _int_field(config, "num_hidden_layers")
+    if heads is None or layers is None:
+        return 0
+    hidden = _int_field(config, "hidden_size")
+    head_dim = _int_field(config, "head_dim") or (hidden // heads if hidden else 0)
+    return layers * heads * head_dim
 
 
 def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
@@ -147,6 +185,8 @@ def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
     if data == "text" and not is_folder(spec):
         fields.setdefault("vocab_size", 256)  # the corpus is bytes
     source = load_config(spec, fields, task)
+    if routes_logits(source.config) and "output_router_logits" not in fields:
+        source.config.output_router_logits = True  # train the router's balance, as MoEs do
     longest = getattr(source.config, "max_position_embeddings", None)
     if longest is not None and seq_len > longest:
         raise HarnessError(f"{where}: seq_len {seq_len} is longer than the model's "

@@ -46,6 +46,9 @@ CASES = [
     Case("llama-zero3-checkpoint-accumulation", "llama", DATA,
          {"zero": {"stage": 3}, "checkpoint": {}, "accumulation": {}}, micro=2),
     Case("llama-tensor", "llama", TENSOR, {"tensor": {}}, micro=8),
+    # A mixture of experts: every expert resident on each rank, routed per token.
+    Case("mixtral-ddp", "mixtral", DATA, {"ddp": {}}),
+    Case("mixtral-zero3-checkpoint", "mixtral", DATA, {"zero": {"stage": 3}, "checkpoint": {}}),
     Case("llama-tensor-attention-only-sdpa", "llama", TENSOR,
          {"tensor": {"mlp": False}, "fused": {"attention": "sdpa"}}, micro=8),
     Case("llama-pipeline-gpipe", "llama", PIPE, {"pipeline": {"schedule": "gpipe"}}, micro=2),

@@ -24,12 +24,22 @@ TINY_HF = {
                        max_position_embeddings=32, dropout=0.0, attention_dropout=0.0),
 }
 TINY_VISION = {"resnet18": dict(num_classes=4, image_size=64)}
+# A mixture of experts (4 experts, 2 per token), kept apart from TINY_HF: torch's FLOP
+# counter does not count its grouped expert matmuls. Its router loss is off here, so a
+# data-parallel run compares exactly with one process (the load-balancing loss of a
+# micro-batch is not the mean of its halves'); tests/test_zoo_hf.py trains it with it on.
+TINY_MOE = {"mixtral": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                            seq_len=16, num_local_experts=4, num_experts_per_tok=2,
+                            output_router_logits=False)}
 
 
 def workload_spec(key: str) -> tuple[str, dict]:
     """(workload name, arguments) of a key of TINY_HF or TINY_VISION."""
     if key in TINY_VISION:
         return f"torchvision:{key}", TINY_VISION[key]
+    if key in TINY_MOE:
+        return f"hf:{key}", TINY_MOE[key]
     return f"hf:{key}", TINY_HF[key]
 
 
