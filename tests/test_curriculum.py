@@ -24,6 +24,16 @@ PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test"
 CPU = RuntimeEnv.detect("cpu")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other (steps of 1 s instead of 10 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def plan(settings=None, **changes) -> Plan:
     base = Plan(workload="gpt", workload_args=ARGS, device="cpu", micro_batch_size=4,
                 warmup_steps=2, steps=6,

@@ -28,6 +28,16 @@ PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test"
 CPU = RuntimeEnv.detect("cpu")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other (steps of 1 s instead of 10 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory) -> str:
     """A larger gpt, trained a few steps, saved as `harness bench --save` saves it."""

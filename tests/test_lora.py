@@ -22,6 +22,16 @@ LLAMA = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_atte
 CPU = RuntimeEnv.detect("cpu")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other (steps of 1 s instead of 10 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def needs_peft():
     try:
