@@ -3,7 +3,10 @@
 `Lars` is the optimizer; `LarsStrategy` ("lars") makes it the plan's optimizer in
 place of AdamW, with the plan's lr and weight decay (its betas and eps are AdamW's and
 are not used). Biases and norm gains (tensors of one dimension) are left out of the
-trust ratio and the weight decay, as the LARS recipes for ResNet-50 and BERT do.
+trust ratio and the weight decay, as the LARS recipes for ResNet-50 and BERT do. That
+rule is per tensor inside the optimizer, not a parameter group of its own, so the groups
+stay the ones it was given (ZeRO-1's ZeroRedundancyOptimizer syncs its groups' settings
+into the local optimizer's, group by group).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from harness.core.config import bounded
 from harness.core.errors import HarnessError
 from harness.core.plan import OptimizerSettings
 from strategies.base import Choice, Phase, Space, Strategy
-from strategies.param_groups import is_matrix, split
 from strategies.registry import register
 from strategies.setup import Setup
 
@@ -28,14 +30,14 @@ class Lars(torch.optim.Optimizer):
     """LARS (You, Gitman and Ginsburg, 2017, "Large Batch Training of Convolutional
     Networks"), in the form of timm's and NVIDIA's implementations.
 
-    At each step, for each parameter tensor w with gradient g in a group with
-    `adapt` set:
+    At each step, for each parameter tensor w with gradient g:
 
         r   =  eta * ||w|| / (||g|| + weight_decay*||w|| + eps)   (r = 1 when either norm is 0)
         d   =  r * (g + weight_decay*w)
 
-    and in a group without `adapt` (biases and gains): d = g + weight_decay*w, where
-    the strategy sets that group's weight_decay to 0. Then, with momentum mu,
+    except, with `exclude_vectors` (the default), for tensors of one dimension or none
+    (biases and norm gains): d = g, no trust ratio and no weight decay. Then, with
+    momentum mu,
 
         b   <- d at the first step, else mu*b + d      (torch SGD's buffer, no dampening)
         w   <- w - lr*b                                (w - lr*d when mu = 0)
@@ -53,7 +55,7 @@ class Lars(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         trust_coefficient: float = 1e-3,
         eps: float = 1e-8,
-        adapt: bool = True,
+        exclude_vectors: bool = True,
         foreach: bool | None = None,
     ) -> None:
         if not lr >= 0.0:
@@ -67,8 +69,8 @@ class Lars(torch.optim.Optimizer):
         if not eps >= 0.0:
             raise ValueError(f"eps: must be 0 or more, got {eps}")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, eps=eps, adapt=adapt,
-                        foreach=foreach)
+                        trust_coefficient=trust_coefficient, eps=eps,
+                        exclude_vectors=exclude_vectors, foreach=foreach)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -93,8 +95,10 @@ class Lars(torch.optim.Optimizer):
         wd, lr, mu = group["weight_decay"], group["lr"], group["momentum"]
         for p in params:
             g = p.grad
-            d = g.add(p, alpha=wd) if wd != 0 else g.clone()
-            if group["adapt"]:
+            if group["exclude_vectors"] and p.ndim <= 1:
+                d = g.clone()
+            else:
+                d = g.add(p, alpha=wd) if wd != 0 else g.clone()
                 w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
                 d.mul_(_trust_ratio(w_norm, g_norm, wd, group["trust_coefficient"],
                                     group["eps"]))
@@ -109,12 +113,16 @@ class Lars(torch.optim.Optimizer):
     def _update_foreach(self, group: dict, params: list) -> None:
         wd, lr, mu = group["weight_decay"], group["lr"], group["momentum"]
         buckets: dict[tuple, list[Any]] = defaultdict(list)
-        for p in params:
-            buckets[(p.device, p.dtype)].append(p)
-        for ps in buckets.values():
+        for p in params:  # adapted tensors, and vectors left out, apart
+            left_out = group["exclude_vectors"] and p.ndim <= 1
+            buckets[(p.device, p.dtype, left_out)].append(p)
+        for (_, _, left_out), ps in buckets.items():
             gs = [p.grad for p in ps]
-            ds = torch._foreach_add(gs, ps, alpha=wd) if wd != 0 else [g.clone() for g in gs]
-            if group["adapt"]:
+            if left_out:
+                ds = [g.clone() for g in gs]
+            else:
+                ds = (torch._foreach_add(gs, ps, alpha=wd) if wd != 0
+                      else [g.clone() for g in gs])
                 w_norm = torch.stack(torch._foreach_norm(ps))
                 g_norm = torch.stack(torch._foreach_norm(gs))
                 ratio = _trust_ratio(w_norm, g_norm, wd, group["trust_coefficient"],
@@ -190,11 +198,8 @@ class LarsStrategy(Strategy):
         def lars(params: Iterable[Any], hp: OptimizerSettings, impl: str = "default") -> Lars:
             if impl not in ("default", "foreach", "fused"):
                 raise ValueError(f"impl: expected default, foreach or fused, got {impl!r}")
-            # Weight matrices get the trust ratio and weight decay; biases and gains neither.
-            matrices, vectors = split(params, is_matrix)
-            groups = matrices + [dict(g, adapt=False, weight_decay=0.0) for g in vectors]
             # torch has no fused LARS: "fused" is the foreach path.
-            return Lars(groups, lr=hp.lr, momentum=settings.momentum,
+            return Lars(params, lr=hp.lr, momentum=settings.momentum,
                         weight_decay=hp.weight_decay,
                         trust_coefficient=settings.trust_coefficient, eps=settings.eps,
                         foreach=impl in ("foreach", "fused"))

@@ -22,7 +22,6 @@ from harness.core.errors import HarnessError
 from harness.core.plan import OptimizerSettings
 from strategies.base import Choice, Phase, Space, Strategy
 from strategies.lars import other_optimizers
-from strategies.param_groups import split
 from strategies.registry import get, register
 from strategies.setup import Setup, adamw
 
@@ -58,6 +57,29 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.load_state_dict(state_dict["muon"])
         if self.adamw is not None:
             self.adamw.load_state_dict(state_dict["adamw"])
+
+
+def groups_of(params: Iterable[Any]) -> list[dict[str, Any]]:
+    """The parameters as group dicts (one group when given plain tensors)."""
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        return [dict(g, params=list(g["params"])) for g in items]
+    return [{"params": items}]
+
+
+def split(params: Iterable[Any], rule: Callable[[torch.Tensor], bool]
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(groups of the parameters the rule picks, groups of the others); each group keeps
+    its own keys, and empty groups are left out."""
+    chosen, rest = [], []
+    for group in groups_of(params):
+        picked = [p for p in group["params"] if rule(p)]
+        others = [p for p in group["params"] if not rule(p)]
+        if picked:
+            chosen.append(dict(group, params=picked))
+        if others:
+            rest.append(dict(group, params=others))
+    return chosen, rest
 
 
 def hidden_matrices(model: torch.nn.Module) -> set[int]:
@@ -115,7 +137,11 @@ class MuonStrategy(Strategy):
         if stage >= 2:
             reasons.append("muon: orthogonalises each whole weight matrix, and zero stage "
                            f"{stage} (FSDP2) gives the optimizer a shard of "
-                           "rows; use zero stage 1 or ddp")
+                           "rows; use ddp")
+        elif stage == 1:
+            reasons.append("muon: splits each parameter group in two (Muon's and AdamW's), "
+                           "and zero stage 1's ZeroRedundancyOptimizer syncs its own groups "
+                           "into the local optimizer's one to one; use ddp")
         if "tensor" in plan.strategies and plan.layout.tensor > 1:
             reasons.append("muon: orthogonalises each whole weight matrix, and tensor "
                            "parallel gives the optimizer a column or row slice (DTensor); "

@@ -121,6 +121,7 @@ def test_a_model_without_hidden_matrices_is_refused_with_the_reason():
     ({"lars": {}}, Layout(), "a plan has one optimizer"),
     ({"zero": {}}, Layout(data=2), "zero stage 2 (FSDP2)"),  # zero's default stage
     ({"zero": {"stage": 3}}, Layout(data=2), "zero stage 3 (FSDP2)"),
+    ({"zero": {"stage": 1}}, Layout(data=2), "ZeroRedundancyOptimizer"),
     ({"tensor": {}}, Layout(tensor=2), "tensor parallel"),
 ])
 def test_refusals_say_why(strategies, layout, words):
@@ -128,7 +129,7 @@ def test_refusals_say_why(strategies, layout, words):
     plan = Plan(layout=layout, strategies={"muon": {}, **strategies})
     reasons = strategy.check(strategy.parse({}), plan, CPU)
     assert len(reasons) == 1 and words in reasons[0], reasons
-    ok = Plan(layout=Layout(data=2), strategies={"muon": {}, "zero": {"stage": 1}})
+    ok = Plan(layout=Layout(data=2), strategies={"muon": {}, "ddp": {}})
     assert strategy.check(strategy.parse({}), ok, CPU) == []
 
 
