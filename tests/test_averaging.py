@@ -19,6 +19,16 @@ from tests.estimator.models import CPU
 from tests.tiny import tiny_gpt
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run(settings, steps):
     """The composed tiny GPT after `steps` steps, and its weights after each step."""
     w = tiny_gpt()

@@ -20,6 +20,16 @@ from tests.estimator.models import CPU
 F64 = torch.float64
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def reference(weights, grads_per_step, lr, momentum, weight_decay, eta, eps):
     """LARS written out with plain float64 math, one tensor at a time: tensors of one
     dimension (biases, gains) take plain momentum SGD, no trust ratio, no weight decay.

@@ -23,6 +23,16 @@ HIDDEN = {f"blocks.{i}.{m}.weight" for i in (0, 1) for m in ("qkv", "proj", "mlp
                                                                "mlp.down")}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def composed(settings=None, lr=1e-2, weight_decay=0.0):
     torch.manual_seed(0)
     model = tiny_gpt().build_model()

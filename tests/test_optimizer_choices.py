@@ -4,6 +4,7 @@ steps-to-target cache, the [target] optimizer choices, the estimator's state byt
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
@@ -13,6 +14,16 @@ from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 from tests.estimator.models import CPU, TinyGPTWorkload, expected_parameters, gpt_plan
 from tests.test_study_target import table
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
+    two threads spin-wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def key(strategies):
