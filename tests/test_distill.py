@@ -128,8 +128,10 @@ def test_refused_with_the_reason(teacher, tmp_path):
     pytest.importorskip("transformers")
     from harness.workloads import optional
 
-    optional.transformers().LlamaConfig(vocab_size=64, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                num_attention_heads=2).save_pretrained(tmp_path / "cfg")  # no weights
+    config = optional.transformers().LlamaConfig(
+        vocab_size=64, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+        num_attention_heads=2)
+    config.save_pretrained(tmp_path / "cfg")  # a config, no weights
     assert "has no weights" in reasons(plan(f"hf:{tmp_path / 'cfg'}"))
 
 

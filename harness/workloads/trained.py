@@ -35,7 +35,8 @@ def is_saved(folder: str | Path) -> bool:
 def _plain_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under their own names: LoRA merged, wrappers' names removed."""
     for m in model.modules():
-        if hasattr(m, "lora_A") and callable(getattr(m, "merge", None)):
+        if hasattr(m, "lora_A") and callable(getattr(m, "merge", None)) and \
+                not getattr(m, "merged", False):
             m.merge()  # peft's LoRA layer: its delta added into base_layer's weight
     state = {}
     for name, value in model.state_dict().items():
