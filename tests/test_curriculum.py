@@ -10,7 +10,8 @@ import torch
 import strategies
 from harness.core.device import RuntimeEnv
 from harness.core.plan import Plan
-from harness.core.target import maths_key
+from harness.core.target import TargetSpec, maths_key
+from harness.measure import convergence
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
 from harness.workloads import load_workload
@@ -139,3 +140,5 @@ def test_the_curriculum_has_its_own_maths_key():
     for settings in ({}, {"start": 16}, {"schedule": "stepped"}, {"samples": 128}):
         keys.add(maths_key(plan(settings).to_dict(), 0, "cpu"))
     assert len(keys) == 5
+    kept = convergence.maths_plan(plan().replace(target=TargetSpec(loss=1.0)))
+    assert kept.strategies["curriculum"] == {"start": 8, "samples": 64}  # trained with it

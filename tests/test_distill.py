@@ -14,7 +14,8 @@ import strategies
 from harness.core.device import RuntimeEnv
 from harness.core.errors import HarnessError
 from harness.core.plan import Layout, Plan
-from harness.core.target import maths_key
+from harness.core.target import TargetSpec, maths_key
+from harness.measure import convergence
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
 from harness.workloads import load_workload
@@ -145,3 +146,5 @@ def test_the_settings_and_the_teachers_weights_are_in_the_maths_key(teacher):
     stat = os.stat(weights)
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # saved again
     assert maths_key(plan(teacher).to_dict(), 0, "cpu") != before
+    kept = convergence.maths_plan(plan(teacher).replace(target=TargetSpec(loss=1.0)))
+    assert kept.strategies["distill"] == {"teacher": teacher}  # trained with it

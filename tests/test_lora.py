@@ -11,7 +11,8 @@ import strategies
 from harness.core.device import RuntimeEnv
 from harness.core.errors import HarnessError
 from harness.core.plan import Layout, Plan
-from harness.core.target import maths_key
+from harness.core.target import TargetSpec, maths_key
+from harness.measure import convergence
 from harness.measure.batches import split_batch
 from harness.workloads import load_workload
 from harness.workloads.trained import _plain_state, load_trained, save_trained
@@ -132,3 +133,5 @@ def test_its_settings_are_in_the_maths_key():
     for settings in ({}, {"rank": 4}, {"alpha": 32.0}, {"target_modules": ["q_proj"]}):
         keys.add(maths_key(plan(settings).to_dict(), 0, "cpu"))
     assert len(keys) == 5
+    kept = convergence.maths_plan(plan({"rank": 4}).replace(target=TargetSpec(loss=1.0)))
+    assert kept.strategies["lora"] == {"rank": 4}  # trained with it
