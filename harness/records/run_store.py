@@ -92,12 +92,15 @@ class Unreadable:
         what = {True: "cut short", False: "not a record", None: "unreadable"}[self.torn]
         whose = f" (trial {tid}'s record)" if tid is not None else ""
         head = self.data[:48].decode(errors="replace")
+        size = len(self.data) if self.glued_at is None else self.glued_at
         text = (f"{self.path} line {self.line} (byte {self.offset}) was {what}: "
-                f"{len(self.data)} bytes{whose}, beginning {head!r}")
-        if self.kept is not None:
-            text += f"; its bytes are kept in {self.kept} and the line was cut out"
+                f"{size} bytes{whose}, beginning {head!r}")
         if self.salvaged is not None:
-            text += f"; the whole record of trial {self.salvaged} after them stays"
+            text += (f", then the whole record of trial {self.salvaged} (written onto them), "
+                     "which stays on a line of its own")
+        if self.kept is not None:
+            text += (f"; the line's {len(self.data)} bytes are kept in {self.kept}, and the "
+                     "line was cut out")
         return text
 
     @classmethod
@@ -109,8 +112,11 @@ class Unreadable:
             data = path.read_bytes()
         except OSError:
             return None
+        at, salvaged = _glued(data)
         return cls(path.with_name(path.name[:m.start()]), int(m.group(2)), int(m.group(1)),
-                   data, None, kept=path)
+                   data, None, kept=path,
+                   salvaged=None if salvaged is None else str(salvaged.get("trial_id")),
+                   glued_at=at)
 
 
 class RunStore:
@@ -297,26 +303,36 @@ def write_atomic(path: Path, text: str | bytes) -> None:
 
 def parse_lines(path: Path, data: bytes) -> tuple[list[dict[str, Any]], list[Unreadable]]:
     """The records in `data` (a trials.jsonl), and its lines that are not records (a
-    whole record found glued after unreadable bytes is kept, and named)."""
+    whole record found glued after unreadable bytes is kept, and its line named)."""
     records: list[dict[str, Any]] = []
     bad: list[Unreadable] = []
+    for _, record, unreadable in numbered_lines(path, data):
+        if record is not None:
+            records.append(record)
+        if unreadable is not None:
+            bad.append(unreadable)
+    return records, bad
+
+
+def numbered_lines(path: Path, data: bytes
+                   ) -> Iterator[tuple[int, dict[str, Any] | None, Unreadable | None]]:
+    """(line number, its record or None, the line as Unreadable or None) for each line
+    of `data` that is not blank; a line may have both (a record glued after torn
+    bytes)."""
     offset = 0
     chunks = data.split(b"\n")
     for i, chunk in enumerate(chunks):
-        last = i == len(chunks) - 1
         if chunk.strip():
             record = _record(chunk)
             if record is not None:
-                records.append(record)
+                yield i + 1, record, None
             else:
                 at, salvaged = _glued(chunk)
-                if salvaged is not None:
-                    records.append(salvaged)
-                bad.append(Unreadable(path, i + 1, offset, chunk, torn=last,
-                                      salvaged=None if salvaged is None
-                                      else str(salvaged.get("trial_id")), glued_at=at))
+                yield i + 1, salvaged, Unreadable(
+                    path, i + 1, offset, chunk, torn=i == len(chunks) - 1,
+                    salvaged=None if salvaged is None else str(salvaged.get("trial_id")),
+                    glued_at=at)
         offset += len(chunk) + 1
-    return records, bad
 
 
 def _record(chunk: bytes) -> dict[str, Any] | None:
