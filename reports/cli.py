@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 
@@ -31,6 +32,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reports.report import build_report
 
     run = load_run(args.run_dir)
+    for note in run.unreadable:  # a record cut short or kept aside: said here too
+        print(note, file=sys.stderr)
     out = Path(args.out) if args.out else run.path / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_report(run), encoding="utf-8")

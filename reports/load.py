@@ -30,6 +30,7 @@ class Run:
     records: dict[str, dict]        # trial_id -> TrialResult dict, in stored order
     trials: pd.DataFrame            # one row per record (reports.frame.flatten)
     notes: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # of `notes`: trials.jsonl's damage
     baseline_id: str | None = None
     baseline_note: str = ""
     best_id: str | None = None
@@ -59,9 +60,11 @@ def load_run(path: str | Path) -> Run:
         raise HarnessError(f"{p}: no such folder; give the folder `harness tune` or "
                            "`harness bench --out` wrote")
     notes: list[str] = []
+    unreadable: list[str] = []
     study = _read_json(p / "study.json", notes) if (p / "study.json").is_file() else None
     if (p / "trials.jsonl").is_file():
-        raw = _read_jsonl(p / "trials.jsonl", notes)
+        raw = _read_jsonl(p / "trials.jsonl", unreadable)
+        notes += unreadable
     else:
         files = sorted(p.glob("trials/*/result.json")) or sorted(p.glob("*/result.json"))
         if (p / "result.json").is_file():
@@ -85,7 +88,7 @@ def load_run(path: str | Path) -> Run:
         trials[col] = pd.to_numeric(trials[col], errors="coerce").astype(float)
     labels = short_labels({tid: r.get("plan") for tid, r in records.items()})
     trials["label"] = [labels.get(tid, "") for tid in trials.index]
-    run = Run(p, kind, study, records, trials, notes)
+    run = Run(p, kind, study, records, trials, notes, unreadable)
     _pick_baseline(run)
     _pick_best(run)
     return run

@@ -123,7 +123,8 @@ CUTS = ["before-its-trial-id", "mid-line", "inside-a-utf8-character", "its-newli
 
 
 @pytest.mark.parametrize("case", CUTS)
-def test_resume_after_a_torn_last_line(finished_study, tmp_path, capsys, case):
+def test_resume_after_a_torn_last_line(finished_study, tmp_path, capsys, monkeypatch, case):
+    from harness.cli.main import main
     from reports.load import load_run
 
     out = tmp_path / "run"
@@ -136,6 +137,11 @@ def test_resume_after_a_torn_last_line(finished_study, tmp_path, capsys, case):
         notes = " ".join(load_run(out).notes)
         assert f"trials.jsonl line {line_no} (byte {cut_at})" in notes, notes
         assert f"{len(kept)} bytes" in notes, notes
+    if case == "mid-line":  # and `harness report` says so (the page itself aside)
+        capsys.readouterr()
+        monkeypatch.setattr("reports.report.build_report", lambda run: "")
+        assert main(["report", str(out), "--out", str(tmp_path / "report.html")]) == 0
+        assert f"trials.jsonl line {line_no} (byte {cut_at})" in capsys.readouterr().err
     capsys.readouterr()
 
     assert tune("--resume", "--out", str(out), "--budget", "10m") == 0
