@@ -63,6 +63,28 @@ def test_the_split_hidden_matrices_to_muon_the_rest_to_adamw():
     assert muon | adamw == set(names.values()) and not muon & adamw
 
 
+def test_the_split_sees_through_ddp_and_checkpointing(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from strategies.muon import hidden_matrices
+
+    setup = composed()
+    want = {id(p) for n, p in setup.model.named_parameters() if n in HIDDEN}
+    assert hidden_matrices(setup.model) == want
+    checkpointed = compose(tiny_gpt().build_model(), {"checkpoint": {}}, "cpu").model
+    names = {id(p): n for n, p in checkpointed.named_parameters()}
+    assert {names[i].replace("_checkpoint_wrapped_module.", "")
+            for i in hidden_matrices(checkpointed)} == HIDDEN
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0,
+                            world_size=1)
+    try:
+        wrapped = DistributedDataParallel(setup.model)
+        assert hidden_matrices(wrapped) == want
+    finally:
+        dist.destroy_process_group()
+
+
 def test_muon_update_is_orthogonalised_and_the_rest_is_adamw():
     lr = 1e-2
     setup = composed({"momentum": 0.0}, lr=lr)  # momentum 0: the update is of g itself
