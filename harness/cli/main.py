@@ -158,6 +158,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         window = (record["metrics"].get("window") or {}).get("seconds")
         print("where the time went:\n"
               + phases_table({**record["metrics"]["phases_s"], **phases.seconds}, window))
+    if record["metrics"].get("saved"):
+        print(f"saved the trained weights to {record['metrics']['saved']} (a distillation "
+              "teacher: [strategies.distill] teacher = that folder)")
     print(f"wrote {out / 'result.json'} (logs in {out / 'logs'})\nre-run: {command}")
     return 0
 
