@@ -101,8 +101,11 @@ def test_weight_1_has_the_gradient_of_the_kl_to_the_softened_teacher(teacher):
 
 def test_a_trial_counts_the_students_flops_only_and_says_so(teacher, tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
-    result = run_trial(prepare(plan(teacher), peaks={"fp32": PEAK}), "test")
+    saved = tmp_path / "student"  # and `harness bench --save`'s plan.save: the student
+    result = run_trial(prepare(plan(teacher).replace(save=str(saved)), peaks={"fp32": PEAK}),
+                       "test")
     assert result.status == "ok", result.reason
+    assert result.metrics["saved"] == str(saved) and load_trained(saved)[0].cfg.layers == 1
     student = load_workload("gpt", STUDENT).flops_per_sample()
     assert result.metrics["flops_per_step"] == pytest.approx(4 * student)
     note = next(n for n in result.metrics["notes"] if n.startswith("distill"))
