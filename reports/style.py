@@ -19,9 +19,11 @@ COLORS = ["#3366cc", "#dc7633", "#2e9e6a", "#8e44ad", "#c0392b", "#17a2b8", "#7f
 STATUS_COLORS = {"ok": "#2e9e6a", "oom": "#c0392b", "failed": "#8e2c2c", "timeout": "#b9770e",
                  "diverged": "#8e44ad", "pruned": "#95a5a6"}
 PHASE_COLORS = {"baseline": "#222222", "known-good": "#b7950b", "search": "#3366cc",
-                "confirm": "#16a085", "ablation": "#8e44ad", "": "#3366cc"}
-# Phases that measure again configurations the search measured (not search trials).
-REPEATS = ("confirm", "ablation")
+                "confirm": "#16a085", "ablation": "#8e44ad", "variant": "#d35400",
+                "": "#3366cc"}
+# Phases after the search (not search trials): the configurations it measured measured
+# again, and the best's variants (settings the study's space left out).
+REPEATS = ("confirm", "ablation", "variant")
 BEST, BASELINE = "#e6a800", "#222222"
 
 TEMPLATE = go.layout.Template(layout={

@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_values_on_disk_stay_as_they_were():
     assert T.REFERENCE_PHASES == ("baseline", "known-good", "search")
-    assert (T.CONFIRM, T.ABLATION) == ("confirm", "ablation")
+    assert (T.CONFIRM, T.ABLATION, T.VARIANT) == ("confirm", "ablation", "variant")
     assert (T.PRUNED_MEMORY, T.PRUNED_REFUSED, T.PRUNED_SLOW, T.PRUNED_TIME) == (
         "memory", "refused", "slow", "time")
     assert set(get_type_hints(Tags)) == {
         "phase", "optuna_number", "pruned", "deadline", "orphan", "unreachable", "stale",
-        "retry_of", "duplicate_of", "remeasured", "confirm", "ablation", "cluster"}
+        "retry_of", "duplicate_of", "remeasured", "confirm", "ablation", "variant", "cluster"}
 
 
 def test_tags_of_a_record_without_tags_is_empty():

@@ -18,7 +18,8 @@ KNOWN_GOOD = "known-good"  # the known-good configuration, run second
 SEARCH = "search"  # proposed by the sampler
 CONFIRM = "confirm"  # a confirmation round: a contender for the best measured again
 ABLATION = "ablation"  # the best again, with one of its techniques left out (or none)
-Phase = Literal["baseline", "known-good", "search", "confirm", "ablation"]
+VARIANT = "variant"  # the best with a precision or compile mode its space left out
+Phase = Literal["baseline", "known-good", "search", "confirm", "ablation", "variant"]
 
 # The phases whose trials the search measured (their records are the study's table);
 # confirmation and ablation trials measure those configurations again.
@@ -43,6 +44,11 @@ class AblationTag(TypedDict):
     repeat: int
 
 
+class VariantTag(TypedDict):
+    of: str  # the best trial's id
+    change: str  # what differs from it ("precision bf16", "compile mode reduce-overhead")
+
+
 class Tags(TypedDict, total=False):
     phase: Phase  # the part of the study that ran it (BASELINE ... ABLATION)
     optuna_number: int  # its trial number in the Optuna study
@@ -56,6 +62,7 @@ class Tags(TypedDict, total=False):
     remeasured: dict[str, Any]  # measured again for a busy machine: the first figure, the wait
     confirm: ConfirmTag  # a confirmation round's trial (phase CONFIRM)
     ablation: AblationTag  # an ablation trial (phase ABLATION)
+    variant: VariantTag  # a variant of the best (phase VARIANT)
     cluster: dict[str, Any]  # run as a Slurm job: launcher, job id, nodes, partition, queue wait
 
 

@@ -128,6 +128,9 @@ class BudgetSpec:
     confirm_margin: float = bounded(0.2, 0.0, 1.0)
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in each trial's environment
     expandable_segments: bool = True
+    # a budget of an hour or more whose search converged early: the best measured with
+    # each precision and compile mode the space left out (harness.tune.final.variants)
+    variants: bool = True
 
     def validate(self, where: str) -> None:
         parse_duration(self.time, f"{where}.time")

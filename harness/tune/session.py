@@ -165,10 +165,9 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
                 wait_for(outcome.helpers, ctx.clock.left() + 30)
             outcome.spent["search"] = time.time() - began
             if not args.helper:
-                began = time.time()
                 done = outcome.stopped.startswith(("converged", "search space exhausted"))
-                outcome.final = run_final_phases(ctx, args.resume, progress.line, done)
-                outcome.spent["final phases"] = time.time() - began
+                outcome.final = run_final_phases(ctx, args.resume, progress.line, done,
+                                                 outcome.spent)
         except StorageUnreachable as e:
             outcome.stopped, outcome.final = str(e), "not run"
             raise

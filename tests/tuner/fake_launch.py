@@ -6,7 +6,8 @@ test can measure the whole space and know the optimum. It writes plan.toml and
 result.json into the trial's folder as the real one does, and sleeps FAKE_TRIAL_S
 seconds (default 0) in small steps, writing step times to the progress file and
 honouring `should_stop` and the timeout. With FAKE_LOG set it appends each
-launch's trial id to that file.
+launch's trial id to that file; with FAKE_WINDOW_S, the record's measured window lasts
+that many seconds.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
                              "rss": peak_bytes(prep.plan), "rss_base": 150 * 2**20}
         metrics["peak_flops"] = prep.peak  # as a real trial records its MFU's denominator
         metrics["interference"] = busy
+        if os.environ.get("FAKE_WINDOW_S"):  # a measured window of this many seconds
+            metrics["window"] = {"seconds": float(os.environ["FAKE_WINDOW_S"]), "steps": steps}
     result = TrialResult(study=study, trial_id=trial_id, status=status, reason=reason,
                          plan=prep.plan.to_dict(), predicted=prep.predicted, metrics=metrics,
                          command=command, started_at="", duration_s=time.monotonic() - t0)

@@ -150,9 +150,10 @@ def _summary(s: Standing) -> dict[str, Any]:
     return out
 
 
-def run_confirmation(ctx: TunerState, repeats: int | None = None) -> str:
+def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float = 1.0) -> str:
     """Measure the contenders again (`repeats` rounds; budget.confirm_repeats by default)
-    and name the best; returns how it ended, in words."""
+    and name the best; returns how it ended, in words. Rounds beyond
+    budget.confirm_repeats measure windows `longer` times each contender's own."""
     budget = ctx.study.budget
     repeats = budget.confirm_repeats if repeats is None else repeats
     by = ranked_by(ctx.study.objectives)
@@ -181,7 +182,11 @@ def run_confirmation(ctx: TunerState, repeats: int | None = None) -> str:
             if ctx.clock.left() <= 0:
                 ended = "time: the deadline came before every round ran"
                 break
-            run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}})
+            window = None
+            if rnd >= budget.confirm_repeats and longer > 1:
+                window = longer * _window_s(recorded.get(of))
+            run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
+                      window_s=window or None)
         if ended != "done":
             break
     base_id = str(baseline["trial_id"]) if baseline is not None else None
@@ -189,6 +194,11 @@ def run_confirmation(ctx: TunerState, repeats: int | None = None) -> str:
     if decision is not None:
         ctx.optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended
+
+
+def _window_s(record: dict[str, Any] | None) -> float:
+    """The seconds of a record's measured window (0 where it says none)."""
+    return float((((record or {}).get("metrics") or {}).get("window") or {}).get("seconds") or 0)
 
 
 def _params_of(ctx: TunerState, record: dict[str, Any]) -> dict[str, Any] | None:

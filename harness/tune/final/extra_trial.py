@@ -34,9 +34,13 @@ def attempt_id(recorded: dict[str, dict[str, Any]], trial_id: str) -> str | None
 
 
 def run_extra(ctx: TunerState, trial_id: str, params: dict[str, Any],
-              tags: dict[str, Any]) -> TrialResult:
-    """Run one configuration as trial `trial_id` with `tags` (phase first); its record."""
+              tags: dict[str, Any], window_s: float | None = None) -> TrialResult:
+    """Run one configuration as trial `trial_id` with `tags` (phase first); its record.
+    `window_s`: its measured window lasts at least this long (a confirmation round's
+    longer window)."""
     plan = ctx.space.plan(params)
+    if window_s:
+        plan = plan.replace(min_window_s=max(window_s, plan.min_window_s or 0.0))
     used = ctx.space.distributions(params)
     phase = tags["phase"]
     number = ctx.start_trial({k: params[k] for k in used}, used, {

@@ -1,4 +1,11 @@
-"""After the search: the confirmation rounds, then the ablation, run by one worker.
+"""After the search: the variants, the confirmation rounds, then the ablation, run by
+one worker.
+
+When the search ended early (converged, or its space measured) the time it did not
+need goes, in a budget of an hour or more, first to the best's variants (the
+precisions and compile modes the space left out, harness.tune.final.variants), then
+to more confirmation rounds, those beyond budget.confirm_repeats with windows
+LONGER_WINDOW times as long (less noise on the figures that name the best).
 
 Of the workers sharing a study, the one holding the study's claim (the storage's
 user attribute "ablation_owner") runs them; `--resume` takes the claim over.
@@ -12,33 +19,66 @@ from collections.abc import Callable
 from harness.tune.budget import MARGIN
 from harness.tune.final.ablation import run_ablation
 from harness.tune.final.confirmation import run_confirmation
-from harness.tune.final.time_reserve import ablation_round_trials, round_trials, trial_seconds
+from harness.tune.final.time_reserve import (
+    ablation_round_trials,
+    final_trials,
+    round_trials,
+    trial_seconds,
+)
+from harness.tune.final.variants import VARIANTS_KEY, run_variants
 from harness.tune.recovery.workers import Worker
 from harness.tune.tuner_state import TunerState
 
 MAX_ROUNDS = 10  # confirmation rounds, however much time is left
+LONGER_WINDOW = 4  # the extra rounds' windows, times the contender's own
+VARIANTS_MIN_BUDGET_S = 3600.0  # shorter studies keep their spare time for the rounds
 OWNER = "ablation_owner"  # the storage's user attribute naming the worker that runs them
 CLAIM_PAUSE_S = 1.0  # between writing the claim and reading it back
 
 
 def run_final_phases(ctx: TunerState, take_over: bool, say: Callable[[str], None],
-                     search_done: bool = False) -> str:
+                     search_done: bool = False, spent: dict[str, float] | None = None) -> str:
     """Measure the contenders again, then ablate the best; how the ablation ended, in words.
     With `search_done` (converged, or the space measured) the time the search did not
-    need goes to more confirmation rounds (`rounds_that_fit`)."""
+    need goes to the variants and to more confirmation rounds (`rounds_that_fit`).
+    `spent` gets each phase's seconds."""
     budget = ctx.study.budget
     if not budget.ablation_repeats and not budget.confirm_repeats:
         return "off (budget.ablation_repeats = 0)"
     if not _claim(ctx, take_over):
         return "another worker runs it"
+    spent = spent if spent is not None else {}
+    if search_done and budget.variants and ctx.clock.budget_s >= VARIANTS_MIN_BUDGET_S:
+        say("the best with the precisions and compile modes the search left out")
+        began = time.time()
+        ran = run_variants(ctx, lambda: variant_fits(ctx))
+        spent["variants"] = time.time() - began
+        ctx.optuna_study.set_user_attr(VARIANTS_KEY, ran.as_dict())  # study.json's "variants"
+        say(f"variants: {len(ran.ran)} measured, {len(ran.refused)} not possible here; "
+            f"{ran.ended}")
     if budget.confirm_repeats:
         rounds = rounds_that_fit(ctx) if search_done else budget.confirm_repeats
-        more = (f" ({rounds} rounds: the search ended early, its time goes to them)"
+        more = (f" ({rounds} rounds: the search ended early, its time goes to them; those "
+                f"beyond {budget.confirm_repeats} with {LONGER_WINDOW}x longer windows)"
                 if rounds > budget.confirm_repeats else "")
         say("the contenders for the best measured again, in rounds" + more)
-        say(f"confirmation: {run_confirmation(ctx, rounds)}")
+        began = time.time()
+        say(f"confirmation: {run_confirmation(ctx, rounds, longer=LONGER_WINDOW)}")
+        spent["confirmation"] = time.time() - began
     say("ablation of the best configuration")
-    return run_ablation(ctx)
+    began = time.time()
+    ended = run_ablation(ctx)
+    spent["ablation"] = time.time() - began
+    return ended
+
+
+def variant_fits(ctx: TunerState) -> bool:
+    """Whether one more variant fits beside the confirmation and the ablation's trials."""
+    records = ctx.run.store.records()
+    each = trial_seconds(records)
+    if each is None:
+        return False
+    return ctx.clock.left() >= MARGIN * each * (1 + final_trials(ctx, records))
 
 
 def rounds_that_fit(ctx: TunerState) -> int:
@@ -51,8 +91,20 @@ def rounds_that_fit(ctx: TunerState) -> int:
     if each is None or not per_round:
         return budget.confirm_repeats
     ablation = MARGIN * each * budget.ablation_repeats * ablation_round_trials(ctx)
-    fit = int((ctx.clock.left() - ablation) // (MARGIN * each * per_round))
+    left = ctx.clock.left() - ablation - MARGIN * each * per_round * budget.confirm_repeats
+    # the rounds beyond confirm_repeats measure LONGER_WINDOW times as long a window
+    longer = each + (LONGER_WINDOW - 1) * window_seconds(records)
+    fit = budget.confirm_repeats + int(max(0.0, left) // (MARGIN * longer * per_round))
     return max(budget.confirm_repeats, min(MAX_ROUNDS, fit))
+
+
+def window_seconds(records: list) -> float:
+    """A measured window's median seconds over the study's ok trials (0 if none says)."""
+    import statistics
+
+    seconds = [w for r in records if r["status"] == "ok"
+               and (w := ((r.get("metrics") or {}).get("window") or {}).get("seconds"))]
+    return statistics.median(seconds) if seconds else 0.0
 
 
 def _claim(ctx: TunerState, take_over: bool) -> bool:

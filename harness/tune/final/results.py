@@ -14,8 +14,10 @@ from harness.tune.final.summary import (
     status_counts,
     table,
     tf32_line,
+    variants_table,
     write_best,
 )
+from harness.tune.final.variants import VARIANTS_KEY
 from harness.tune.recovery.storage import StorageUnreachable
 from harness.tune.tuner_state import BEST_BY_REPEATS, TunerState
 
@@ -27,6 +29,13 @@ def confirmed_decision(ctx: TunerState, best_id: Any) -> dict[str, Any] | None:
     except StorageUnreachable:
         return None
     return decision if decision and str(decision["best"]) == str(best_id) else None
+
+
+def _user_attr(ctx: TunerState, key: str) -> Any:
+    try:
+        return ctx.optuna_study.user_attrs.get(key)
+    except StorageUnreachable:
+        return None
 
 
 def write_results(ctx: TunerState, stopped: str,
@@ -55,6 +64,7 @@ def write_results(ctx: TunerState, stopped: str,
         wall_clock_s=round(clock.elapsed(), 1),
         calibration=ctx.correction().as_dict(),  # study.json's key
         best_by_repeats=decision,
+        variants=_user_attr(ctx, VARIANTS_KEY),
         time_spent={k: round(v, 1) for k, v in (spent or {}).items()},
     )
     multi = len(study.objectives) > 1
@@ -77,6 +87,9 @@ def write_results(ctx: TunerState, stopped: str,
         print(over_tf32)
     if best_id is not None:
         text = ablation_table(records, best_id)
+        if text:
+            print(text)
+        text = variants_table(records, (decision or {}).get("median") or rate)
         if text:
             print(text)
         print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")

@@ -9,6 +9,7 @@ from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
 from harness.records.predicates import busy_note, may_be_best, ranked
 from harness.records.run_store import RunStore, write_atomic
+from harness.records.tags import VARIANT, tags_of
 from harness.tune.final.ablation import ablation_rows
 from harness.tune.progress import describe_plan
 
@@ -83,6 +84,34 @@ def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
         else:
             lines.append(f"  {name:<24} {row['median']:.4g} [{row['min']:.4g}, "
                          f"{row['max']:.4g}], n={row['n']}")
+    return "\n".join(lines)
+
+
+def variants_table(records: list[dict[str, Any]], best_rate: float | None) -> str:
+    """The best's variants (harness.tune.final.variants): each one's samples/s against the
+    best's, and the settings worth adding to the study's space."""
+    from harness.tune.final.variants import variant_rows
+
+    of = next((str(tags_of(r)["variant"]["of"]) for r in records
+               if tags_of(r).get("phase") == VARIANT), None)
+    if of is None:
+        return ""
+    lines = [f"variants of trial {of}, settings the search left out (one measurement each):"]
+    faster = []
+    for row in variant_rows(records, of):
+        rate = row["samples_per_s"]
+        if row["status"] == "ok" and rate and best_rate:
+            lines.append(f"  {row['change']:<40} {rate:.4g} samples/s, "
+                         f"{rate / best_rate:.2f}x the best")
+            if rate > best_rate:
+                faster.append(row["change"])
+        else:
+            reason = (row.get("reason") or "").split("\n")[0]
+            lines.append(f"  {row['change']:<40} {row['status']}" + (f": {reason}" if reason
+                                                                     else ""))
+    if faster:
+        lines.append(f"  faster than the best: {', '.join(faster)}; add them to the study's "
+                     "space and confirm them with repeats before trusting one measurement")
     return "\n".join(lines)
 
 
