@@ -292,17 +292,24 @@ def main(argv: list[str] | None = None) -> None:
                         "(tests/benchmarks/surface_replay; e.g. "
                         "tests.benchmarks.surfaces.h100:gpt_1b_8gpu); needs --study")
     p.add_argument("--study", type=Path, help="with --surface: the study file whose space it is")
+    p.add_argument("--budget", metavar="DURATION",
+                   help="with --surface: run the harness's whole study within this simulated "
+                        "budget (e.g. 1h: the search, then the final phases) and report the "
+                        "best it names, instead of the cost to 0.97")
     args = p.parse_args(argv)
     if args.surface or args.study:
         if not (args.surface and args.study):
             p.error("--surface and --study go together")
         sys.path.insert(0, str(ROOT))
+        from harness.core.units import parse_duration
         from tests.benchmarks.surface_replay.report import main as surface_main
 
+        budget_s = parse_duration(args.budget, "--budget") if args.budget else None
         doc = None
         if args.doc:
-            doc = args.doc / f"search_replay_surface_{args.study.stem}_{date.today()}.md"
-        surface_main(args.surface, args.study, args.seeds, doc)
+            tail = f"_budget{args.budget}" if args.budget else ""
+            doc = args.doc / f"search_replay_surface_{args.study.stem}{tail}_{date.today()}.md"
+        surface_main(args.surface, args.study, args.seeds, doc, budget_s)
         return
     tables = args.table
     if not tables:

@@ -71,6 +71,8 @@ class Run:
     launched: int = 0
     stopped: str = ""
     named: dict[str, Any] | None = None  # the tuner's best when it stopped
+    final: str = ""  # how the final phases ended (a run with a budget of its own)
+    elapsed_s: float = 0.0  # simulated seconds the run took
 
     def best_at(self, seconds: float) -> float:
         return max((b for t, b in self.curve if t <= seconds), default=0.0)
@@ -117,15 +119,22 @@ class _Never:
         return False
 
 
-def run_seed(setup: Setup, seed: int) -> Run:
+def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
+    """One seed's study. With `budget_s` the study runs whole within that budget, as
+    `harness tune --budget` runs it (the search, then the final phases), and its named
+    best is the one the confirmation rounds named; without, it stops once the goal is
+    reached and an hour has passed (the cost to the goal is what is measured)."""
     import harness.tune.search.busy_machine as busy_machine
     import harness.tune.session as session
+    from harness.tune.final.phases import run_final_phases
 
     clock = VirtualClock(EPOCH)
     setup.helper.clock = clock
     launcher = SurfaceLauncher(setup.surface, clock)
     study = copy.deepcopy(setup.checked.study)
     study.seed = seed
+    if budget_s is not None:
+        study.budget.time = budget_s
     space = SearchSpace(study, setup.checked.facts.device_type, setup.checked.facts.settings)
     space.size = lambda: setup.size  # counted once per surface (72,744 configurations: 1 s)
     run_dir = Path(tempfile.mkdtemp(prefix=f"seed{seed}-", dir=setup.workdir))
@@ -145,7 +154,7 @@ def run_seed(setup: Setup, seed: int) -> Run:
                 run.curve.append((elapsed, rate))
             if rate >= setup.goal and run.reached_s is None:
                 run.reached_s = elapsed
-        if run.reached_s is not None and elapsed >= HOUR:
+        if budget_s is None and run.reached_s is not None and elapsed >= HOUR:
             raise StopReplay
 
     args = argparse.Namespace(helper=False, storage=None, follow=False, quiet=True,
@@ -158,8 +167,12 @@ def run_seed(setup: Setup, seed: int) -> Run:
         ctx.on_event = on_event
         try:
             run.stopped = tuner.search()
+            if budget_s is not None:
+                done = run.stopped.startswith(("converged", "search space exhausted"))
+                run.final = run_final_phases(ctx, False, lambda text: None, done)
         except StopReplay:
             run.stopped = "replay: goal reached, an hour gone"
+        run.elapsed_s = clock.now - checked.started
         run.launched = len(launcher.launched)
         best = ctx.best_trial()
         if best is not None:

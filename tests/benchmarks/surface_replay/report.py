@@ -40,8 +40,12 @@ def load_surface(spec: str) -> Any:
 
 
 def replay(surface_spec: str, study_file: Path, seeds: int, say=print,
-           strategies: tuple[str, ...] = STRATEGIES) -> dict[str, Any]:
-    """Every strategy's runs, and what the table needs."""
+           strategies: tuple[str, ...] = STRATEGIES,
+           budget_s: float | None = None) -> dict[str, Any]:
+    """Every strategy's runs, and what the table needs. With `budget_s`, the harness's
+    whole study within that budget (run_seed), and no other strategy."""
+    if budget_s is not None:
+        strategies = ("harness",)
     surface = load_surface(surface_spec)
     gpus = max(Study.from_toml(study_file).layout.world_sizes)
     t0 = time.monotonic()
@@ -56,7 +60,7 @@ def replay(surface_spec: str, study_file: Path, seeds: int, say=print,
         for seed in range(seeds):
             t = time.monotonic()
             if "harness" in runs:
-                runs["harness"].append(run_seed(setup, seed))
+                runs["harness"].append(run_seed(setup, seed, budget_s))
             if "random" in runs:
                 runs["random"].append(run_random(setup, space, seed))
             if "estimator" in runs:
@@ -66,7 +70,8 @@ def replay(surface_spec: str, study_file: Path, seeds: int, say=print,
                 f"{k} {'-' if s is None else f'{s / HOUR:.2f} h'}" for k, s in last.items())
                 + f" ({time.monotonic() - t:.1f} s)")
     return {"runs": runs, "space": space, "setup": setup, "wall_s": time.monotonic() - t0,
-            "budget_s": setup.checked.study.budget.time_s,
+            "budget_s": budget_s or setup.checked.study.budget.time_s,
+            "whole_study": budget_s is not None,
             "budget_bytes": setup.checked.budget_bytes}
 
 
@@ -131,12 +136,42 @@ def table(result: dict[str, Any], surface_spec: str, study_file: Path) -> list[s
     return lines
 
 
-def main(surface_spec: str, study_file: Path, seeds: int, doc: Path | None) -> None:
+def budget_table(result: dict[str, Any], surface_spec: str, study_file: Path) -> list[str]:
+    """The whole studies within a budget: the best each named, against the surface's."""
+    space, runs = result["space"], result["runs"]["harness"]
+    named = [r.named for r in runs if r.named]
+    shares = sorted(n["share"] for n in named) + [0.0] * (len(runs) - len(named))
+    at_least = sum(s >= 0.95 for s in shares)
+    return [
+        f"## {surface_spec} on {study_file}: whole studies of {result['budget_s'] / HOUR:g} h",
+        "", f"{len(space.plans):,} configurations; best within the memory budget "
+            f"({format_bytes(result['budget_bytes'])}) {space.best:.4g} samples/s.", "",
+        "| seeds | named best / surface's best: median | p10 | min | runs >= 0.95 | "
+        "over the budget (measured / noise-free) | no best | trials launched (median) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| {len(runs)} | {statistics.median(shares):.3f} | {_quantile(shares, 0.1):.3f} | "
+        f"{min(shares):.3f} | {at_least} of {len(runs)} | "
+        f"{sum(bool(n['over_measured']) for n in named)} / "
+        f"{sum(bool(n['over_true']) for n in named)} | {len(runs) - len(named)} | "
+        f"{statistics.median(r.launched for r in runs):g} |", "",
+        "Each study ran as `harness tune --budget` runs it: the search to its reserve, then "
+        "the final phases (confirmation rounds, ablation); the named best is "
+        "TunerState.best_trial() after them, its noise-free samples/s over the surface's "
+        "best. Search stopped by: " + ", ".join(
+            f"{k} ({v})" for k, v in Counter(r.stopped.split(':')[0] for r in runs).items())
+        + f"; simulated hours used, median "
+          f"{statistics.median(r.elapsed_s for r in runs) / HOUR:.2f}."]
+
+
+def main(surface_spec: str, study_file: Path, seeds: int, doc: Path | None,
+         budget_s: float | None = None) -> None:
     load = os.getloadavg()
     result = replay(surface_spec, study_file, seeds,
-                    say=lambda text: print(text, file=sys.stderr, flush=True))
+                    say=lambda text: print(text, file=sys.stderr, flush=True),
+                    budget_s=budget_s)
     after = os.getloadavg()
-    lines = table(result, surface_spec, study_file) + [
+    shown = budget_table if budget_s is not None else table
+    lines = shown(result, surface_spec, study_file) + [
         "", f"Replay wall time {result['wall_s']:.0f} s on {os.cpu_count()} CPUs; load average "
             f"{load[0]:.2f} before, {after[0]:.2f} after. Each trial costs the surface's wall_s "
             f"+ {OVERHEAD_S:g} s (launcher) + {PREPARE_S:g} s per helper question; the "
