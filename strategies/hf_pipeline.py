@@ -28,6 +28,10 @@ def reasons(workload: HFWorkload, stages: int) -> list[str]:
     if c.num_hidden_layers % stages:
         out.append(f"pipeline: {c.num_hidden_layers} decoder layers do not split evenly into "
                    f"{stages} stages; choose num_hidden_layers as a multiple of {stages}")
+    if getattr(c, "output_router_logits", False):
+        out.append("pipeline stages pass hidden states only, so a mixture of experts' router "
+                   "loss (output_router_logits) would be dropped; set output_router_logits = "
+                   "false in [workload] to pipeline it without")
     if getattr(c, "tie_word_embeddings", False):
         out.append("pipeline cannot tie the LM head to the token embedding: they sit on the "
                    "last and the first stage; set tie_word_embeddings = false in [workload]")

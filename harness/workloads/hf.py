@@ -166,6 +166,28 @@ def attention_width(config: Any) -> int:
     return layers * heads * head_dim
 
 
+def _needs_vocab(config: Any, where: str) -> None:
+    """A composite config (vision + text, audio + text) has its vocabulary in a sub-config:
+    refused, naming the text model's own type where transformers has one."""
+    try:
+        vocab = getattr(config, "vocab_size", None)
+    except Exception:
+        vocab = None
+    if isinstance(vocab, int) and vocab > 0:
+        return
+    subs = {k: v for k, v in vars(config).items() if hasattr(v, "model_type")
+            and hasattr(v, "to_dict")}
+    text = subs.get("text_config") or subs.get("decoder") or next(
+        (v for k, v in subs.items() if "text" in k), None)
+    name = type(config).__name__
+    if text is not None:
+        raise HarnessError(
+            f"{where}: {name} is a composite model ({', '.join(subs)}) whose vocabulary lies "
+            f"in its {'text_config' if 'text_config' in subs else 'sub-configs'}; train its "
+            f"language model as hf:{text.model_type} instead")
+    raise HarnessError(f"{where}: {name} has no vocab_size; set vocab_size in [workload]")
+
+
 def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
     """`hf:<spec>` with its [workload] arguments: config fields, plus seq_len,
     attn_implementation ("eager" or "sdpa"), task ("auto", "causal-lm", "masked-lm")
@@ -187,8 +209,9 @@ def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
     source = load_config(spec, fields, task)
     if routes_logits(source.config) and "output_router_logits" not in fields:
         source.config.output_router_logits = True  # train the router's balance, as MoEs do
+    _needs_vocab(source.config, where)
     longest = getattr(source.config, "max_position_embeddings", None)
-    if longest is not None and seq_len > longest:
+    if isinstance(longest, int) and 0 < longest < seq_len:  # XLNet: -1, no limit
         raise HarnessError(f"{where}: seq_len {seq_len} is longer than the model's "
                            f"max_position_embeddings ({longest}); lower seq_len or raise "
                            "max_position_embeddings (n_positions for gpt2)")

@@ -16,7 +16,10 @@ SEQ_LEN = 32
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2, 64, 4, 2, 128, 512
 
 _EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k")
+_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k")
+_HEAD_DIMS = ("head_dim", "d_kv", "attention_head_dim", "kv_channels", "rotary_dim")
+# set even where the default is None (the model derives them, or needs them given)
+_WHEN_NONE = _TOP_K + _HEAD_DIMS + ("vocab_size",)
 _SET: list[tuple[int, tuple[str, ...]]] = [
     (LAYERS, ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
              "decoder_layers", "num_decoder_layers", "num_encoder_layers")),
@@ -29,7 +32,7 @@ _SET: list[tuple[int, tuple[str, ...]]] = [
     (FFN, ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "ffn_hidden_size",
           "encoder_ffn_dim", "decoder_ffn_dim", "hidden_dim", "inner_hidden_size",
           "shared_expert_intermediate_size", "dense_intermediate_size")),
-    (HIDDEN // HEADS, ("head_dim", "d_kv", "attention_head_dim", "kv_channels")),
+    (HIDDEN // HEADS, _HEAD_DIMS),
     (VOCAB, ("vocab_size",)),
     (32, ("moe_intermediate_size", "expert_ffn_hidden_size",
           "moe_shared_expert_intermediate_size")),
@@ -59,9 +62,14 @@ def tiny_fields(model_type: str) -> dict[str, Any]:
         for name in names:
             v = have.get(name)
             if (isinstance(v, int) and not isinstance(v, bool)) or (
-                    v is None and name in have and experts and name in _TOP_K):
+                    v is None and name in have and name in _WHEN_NONE
+                    and (experts or name not in _TOP_K)):
                 fields[name] = value
-    for name in ("n_group", "topk_group"):  # DeepSeek's grouped routing: one group
+    if isinstance(have.get("expand"), int) and "num_heads" in fields and "head_dim" in fields:
+        fields["head_dim"] = HIDDEN * have["expand"] // HEADS  # Mamba-2: heads x dim = inner
+    if isinstance(have.get("attention_types"), list):  # GPT-Neo: [[pattern, repeats]]
+        fields["attention_types"] = [[["global", "local"], LAYERS // 2]]
+    for name in ("n_group", "topk_group", "n_groups"):  # DeepSeek's routing, Mamba-2's heads
         if isinstance(have.get(name), int):
             fields[name] = 1
     for name, v in have.items():  # other widths: a latent, a projection ... (not counts)
