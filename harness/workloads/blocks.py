@@ -166,6 +166,11 @@ def _timm_blocks(model: nn.Module) -> Blocks | None:
                 found.append((path, module))
     if not found:
         return None
+    # A ModuleDict with a forward of its own (timm's DenseBlock) feeds each child the
+    # list of all earlier outputs and appends to it after each one: a checkpointed child
+    # would recompute from the grown list. The dict is the block there.
+    paths = list(dict.fromkeys(_dict_or_self(model, path) for path, _ in found))
+    found = [(path, model.get_submodule(path)) for path in paths]
     slots, slot_paths = [], []
     for path, _ in found:
         parent, _, child = path.rpartition(".")
@@ -174,6 +179,19 @@ def _timm_blocks(model: nn.Module) -> Blocks | None:
     names = dict.fromkeys(kind(m).__name__ for _, m in found)
     return Blocks(paths=tuple(dict.fromkeys(slot_paths)), slots=slots, name="/".join(names),
                   slot_paths=slot_paths)
+
+
+def _dict_or_self(model: nn.Module, path: str) -> str:
+    """`path`, or its parent's (a wrapper around the parent included) when the parent is
+    a ModuleDict with a forward of its own."""
+    parent = path.rpartition(".")[0]
+    module = model.get_submodule(parent)
+    own_forward = type(module).forward is not nn.ModuleDict.forward
+    if not (isinstance(module, nn.ModuleDict) and own_forward):
+        return path
+    while parent.rpartition(".")[2] in _WRAPPERS:
+        parent = parent.rpartition(".")[0]
+    return parent
 
 
 def block_of(blocks: Blocks | None, parameter_name: str) -> int | None:

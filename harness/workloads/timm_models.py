@@ -28,7 +28,7 @@ from torch import nn
 from harness.core.config import did_you_mean
 from harness.core.errors import HarnessError
 from harness.workloads import optional
-from harness.workloads.vision import LibraryClassifier, whole_numbers
+from harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
 
 EXAMPLES = "resnet18, vit_tiny_patch16_224, convnext_atto, efficientnet_b0"
 
@@ -47,7 +47,7 @@ class TimmWorkload(LibraryClassifier):
         self.channels = channels
         self.kwargs = kwargs
 
-    def build_model(self) -> nn.Module:
+    def create(self) -> nn.Module:
         return timm().create_model(self.model, pretrained=False, num_classes=self.num_classes,
                                    in_chans=self.channels, **self.kwargs)
 
@@ -86,6 +86,8 @@ def build_timm(name: str, args: dict[str, Any]) -> TimmWorkload:
             raise HarnessError(f"{where}: this model is built for {default_size} px images "
                                f"only; drop image_size or set it to {default_size}") from None
         _build_on_meta(workload, where)
+    workload.check_forward(where, "set image_size to one it takes, e.g. its default "
+                                  f"{default_size}")
     return workload
 
 
@@ -95,6 +97,4 @@ def _build_on_meta(workload: TimmWorkload, where: str) -> None:
         with torch.device("meta"):
             workload.build_model()
     except (TypeError, ValueError, AssertionError, KeyError, RuntimeError) as e:
-        text = " ".join(str(e).split()) or type(e).__name__
-        text = text if len(text) <= 300 else text[:297] + "..."
-        raise HarnessError(f"{where}: {text}; fix the [workload] arguments") from None
+        raise HarnessError(f"{where}: {one_line(e)}; fix the [workload] arguments") from None

@@ -12,7 +12,8 @@ Untrained weights (no download), synthetic images with learnable per-class patte
 (harness.workloads.vision.synthetic_images), cross-entropy. The blocks the strategies
 act on are found (harness.workloads.blocks): ResNet's Bottlenecks over its four stages,
 a ViT's encoder layers, ConvNeXt's CNBlocks. FLOPs are counted with torch's FLOP
-counter (once per arguments, see harness.measure.prepare).
+counter (once per arguments, see harness.measure.prepare). An image size the model
+cannot take is refused in one line (a forward on the meta device, at load).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import nn
 from harness.core.config import did_you_mean
 from harness.core.errors import HarnessError
 from harness.workloads import optional
-from harness.workloads.vision import LibraryClassifier, whole_numbers
+from harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
 
 
 class TorchvisionWorkload(LibraryClassifier):
@@ -36,7 +37,7 @@ class TorchvisionWorkload(LibraryClassifier):
         self.image_size = image_size
         self.kwargs = kwargs
 
-    def build_model(self) -> nn.Module:
+    def create(self) -> nn.Module:
         tv = optional.torchvision()
         return tv.models.get_model(self.model, weights=None, num_classes=self.num_classes,
                                    **self.kwargs)
@@ -57,10 +58,13 @@ def build_torchvision(name: str, args: dict[str, Any]) -> TorchvisionWorkload:
     whole_numbers(where, num_classes=num_classes, image_size=image_size)
     if name.startswith("vit_"):
         kwargs["image_size"] = image_size  # its position embeddings follow it
+    if name.startswith("maxvit_"):
+        kwargs["input_size"] = (image_size, image_size)  # its window partitions follow it
     workload = TorchvisionWorkload(name, num_classes, image_size, kwargs)
     try:
         with torch.device("meta"):  # the builder's own checks, nothing allocated
             workload.build_model()
-    except (TypeError, ValueError) as e:
-        raise HarnessError(f"{where}: {e}; fix the [workload] arguments") from None
+    except (TypeError, ValueError, AssertionError) as e:
+        raise HarnessError(f"{where}: {one_line(e)}; fix the [workload] arguments") from None
+    workload.check_forward(where, "set image_size to one it takes, e.g. its default 224")
     return workload

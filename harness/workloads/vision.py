@@ -19,6 +19,7 @@ In a plan:
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,38 @@ class LibraryClassifier(Workload):
     image_size: int
     channels: int = 3
 
+    @abstractmethod
+    def create(self) -> nn.Module:
+        """The library's model, on the current default device."""
+
+    def build_model(self) -> nn.Module:
+        try:
+            return self.create()
+        except (NotImplementedError, RuntimeError) as e:
+            if torch.get_default_device().type != "meta" or "meta" not in str(e):
+                raise
+        # A builder that reads tensor values (torchvision's RegNet computes its widths
+        # with tensors) cannot run on the meta device: built on the CPU, then moved.
+        with torch.device("cpu"):
+            model = self.create()
+        return model.to("meta")
+
+    def check_forward(self, where: str, sizes: str) -> None:
+        """A HarnessError, in one line, when the model cannot take these images: a
+        forward of two on the meta device, nothing allocated. An op the meta device
+        cannot run is not the user's mistake: that forward is left to the trial."""
+        with torch.device("meta"):
+            model = self.build_model()
+        images, _ = self.batch(2, 0, "meta")
+        try:
+            model(images)
+        except Exception as e:
+            text = one_line(e)
+            if "meta" in text:
+                return
+            raise HarnessError(f"{where}: it does not run on {self.image_size} px images "
+                               f"({text}); {sizes}") from None
+
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         return synthetic_images(batch_size, index, channels=self.channels,
                                 image_size=self.image_size, num_classes=self.num_classes,
@@ -85,6 +118,12 @@ class LibraryClassifier(Workload):
         out = model(images)
         logits = getattr(out, "logits", out)  # GoogLeNet / Inception return a named tuple
         return F.cross_entropy(logits, labels)
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (whitespace runs joined), at most `limit` long."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def whole_numbers(where: str, **values: Any) -> None:
