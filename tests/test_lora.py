@@ -17,6 +17,9 @@ from harness.measure.batches import split_batch
 from harness.workloads import load_workload
 from harness.workloads.trained import _plain_state, load_trained, save_trained
 from strategies import compose
+from tests.distributed.run_case import HF, TIMEOUT_S
+from tests.workloads.run_hf_case import LORA_CASES, STEPS
+from tests.workloads.tiny_hf import workload_spec
 
 LLAMA = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
              num_key_value_heads=2, vocab_size=64, seq_len=16)
@@ -135,3 +138,27 @@ def test_its_settings_are_in_the_maths_key():
     assert len(keys) == 5
     kept = convergence.maths_plan(plan({"rank": 4}).replace(target=TargetSpec(loss=1.0)))
     assert kept.strategies["lora"] == {"rank": 4}  # trained with it
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("case", LORA_CASES, ids=[c.name for c in LORA_CASES])
+def test_lora_beside_ddp_and_zero_trains_as_one_process_does(case, parallel_records):
+    """2 gloo ranks (the session's launch of the hf: parallel cases) against one process
+    with the same LoRA and the same global batches of 8: 1e-4 on each step's loss."""
+    records = parallel_records(HF)
+    if "skipped" in records[0][case.name]:
+        pytest.skip(records[0][case.name]["skipped"])
+    got = [sum(r[case.name]["losses"][s] for r in records.values()) / len(records)
+           for s in range(STEPS)]
+    name, args = workload_spec(case.model)
+    w = load_workload(name, args)
+    p = Plan(workload=name, workload_args=args, device="cpu", micro_batch_size=8,
+             global_batch_size=8, strategies={k: v for k, v in case.strategies.items()
+                                              if k not in ("ddp", "zero")})
+    p.optimizer.lr = case.lr
+    torch.manual_seed(0)
+    setup = compose(w.build_model(), p, "cpu")
+    want = [setup.step([w.batch(8, s, "cpu")], w.loss).item() for s in range(STEPS)]
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1e-4, (got, want)
+    assert any(n.startswith("lora: rank 8") for n in records[0][case.name]["notes"])

@@ -217,8 +217,7 @@ def main() -> None:
         if family == HF:
             from tests.workloads import run_hf_case
 
-            found = {c.name: run_hf_case.run(c, rank) for c in run_hf_case.CASES
-                     if not only or c.name in only}
+            found = run_hf_case.run_all(rank, only)
         else:
             layout, cases = FAMILIES[family]
             found = {c.name: run(c, layout, rank) for c in cases if not only or c.name in only}

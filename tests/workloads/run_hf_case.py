@@ -64,6 +64,28 @@ CASES = [
       [("ddp", {"ddp": {}}), ("zero2", {"zero": {"stage": 2}}), ("zero3", {"zero": {"stage": 3}})]],
 ]
 
+# LoRA beside DDP and ZeRO: tests/test_lora.py compares these with a one-process LoRA run
+# (not with CASES' full fine-tuning baseline); skipped where peft is not installed.
+LORA_CASES = [
+    Case("llama-lora-ddp", "llama", DATA, {"lora": {}, "ddp": {}}),
+    Case("llama-lora-zero1", "llama", DATA, {"lora": {}, "zero": {"stage": 1}}),
+    Case("llama-lora-zero2-checkpoint", "llama", DATA,
+         {"lora": {}, "zero": {"stage": 2}, "checkpoint": {}}),
+    Case("llama-lora-zero3-checkpoint", "llama", DATA,
+         {"lora": {}, "zero": {"stage": 3}, "checkpoint": {}}),
+]
+
+
+def _peft_missing() -> str | None:
+    from harness.core.errors import HarnessError
+    from harness.workloads import optional
+
+    try:
+        optional.require("peft", "peft")
+    except HarnessError as e:
+        return str(e)
+    return None
+
 
 def run(case: Case, rank: int) -> dict:
     import torch
@@ -97,6 +119,16 @@ def run(case: Case, rank: int) -> dict:
     return {"losses": losses, "notes": setup.notes}
 
 
+def run_all(rank: int, only: set[str]) -> dict:
+    """Every case (those named in `only`, where it names some) on this rank, by name."""
+    results = {c.name: run(c, rank) for c in CASES if not only or c.name in only}
+    missing = _peft_missing()
+    for c in LORA_CASES:
+        if not only or c.name in only:
+            results[c.name] = {"skipped": missing} if missing else run(c, rank)
+    return results
+
+
 def main() -> None:
     import warnings
 
@@ -107,7 +139,7 @@ def main() -> None:
     only = set(sys.argv[2:])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    results = {c.name: run(c, rank) for c in CASES if not only or c.name in only}
+    results = run_all(rank, only)
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
 
