@@ -87,6 +87,11 @@ class Unreadable:
         tid = str(json.loads(m.group(1))) if m else None
         return tid, int(n.group(1)) if n else None
 
+    def where(self) -> str:
+        """Where it was and where its bytes are, for a record's reason."""
+        kept = self.kept.name if self.kept is not None else "nowhere"
+        return f"{self.path.name} line {self.line}, byte {self.offset}; its bytes kept in {kept}"
+
     def describe(self) -> str:
         tid, _ = self.trial()
         what = {True: "cut short", False: "not a record", None: "unreadable"}[self.torn]

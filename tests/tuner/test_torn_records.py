@@ -1,21 +1,14 @@
-"""trials.jsonl survives a torn write, a full disk and a tuner killed at any moment.
+"""trials.jsonl survives a torn write (issue 26; docs/reliability.md).
 
-Each test ends with the one check: every trial the study started (every trial in the
-storage but the queue's leftovers) has exactly one readable record, none is RUNNING,
-and trials.jsonl parses whole (issue 26; docs/reliability.md).
+A torn last line, cut at several points (before its trial id, mid-line, inside a
+multi-byte UTF-8 character, its newline alone missing; a record glued onto a torn
+one, as an older harness wrote; no result.json to record it again from), then
+--resume; an append after a torn line; a short or failed write. A full disk:
+test_full_disk.py; kill -9 at random moments: test_kill_9_moments.py.
 
-    a torn last line, cut at several points (before its trial id, mid-line, inside
-        a multi-byte UTF-8 character, its newline alone missing; a record glued onto
-        a torn one, as an older harness wrote; no result.json to record it again
-        from), then --resume
-    a full disk: ENOSPC injected into os.write / os.fsync of one file of the run
-        folder (a record, result.json, plan.toml, study.json at the start and at
-        the end), the disk full from then on: exit 3, one line; --resume once the
-        space is back
-    kill -9 of the tuner (a fork of this process) at a moment a seed picks among
-        its writes (a record, a trial's files, study.json, Optuna's tell, a launch;
-        half the time a record is torn first, as a power loss would), then --resume
-
+Each study test ends with the one check (`one_readable_record_per_trial`): every
+trial the study started (every trial in the storage but the queue's leftovers) has
+exactly one readable record, none is RUNNING, and trials.jsonl parses whole.
 Studies run in this process with the fake launcher (tests/tuner/fake_launch.py).
 """
 
@@ -24,9 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -34,13 +25,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from harness.launch import torch_helper
-from harness.records import run_store
-from harness.records.result import TrialResult
 from harness.records.run_store import RunStore, parse_lines
 from harness.tune.recovery.workers import Worker
-from harness.tune.tuner_state import TunerState
-from tests.tuner import fake_launch
 from tests.tuner.conftest import SEARCH_ONLY, tune, write_study
 
 
@@ -221,184 +207,3 @@ def test_resume_a_short_write_is_finished_and_a_failed_one_taken_back(tmp_path, 
     assert raised.value.errno == errno.ENOSPC
     assert raised.value.filename == str(store.trials_jsonl)  # the message names the file
     assert store.trials_jsonl.read_bytes() == whole  # the partial line taken back out
-
-
-# --- a full disk ---------------------------------------------------------------------
-def full_disk(monkeypatch: pytest.MonkeyPatch, out: Path, name: str, call: str,
-              nth: int) -> list[str]:
-    """The disk fills at the `nth` `call` (os.write or os.fsync) on a file of `out`
-    whose name starts with `name` (a write gets half its bytes in first, as a filling
-    disk's short write); from then on every os.write and os.fsync into `out` fails with
-    ENOSPC. Returns the file it filled at."""
-    write, fsync = os.write, os.fsync
-    seen, filled = [], []
-
-    def path_of(fd: int) -> str:
-        try:
-            return os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            return ""
-
-    def full() -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    def check(fd: int, data: bytes | None) -> int | None:
-        where = path_of(fd)
-        if not where.startswith(str(out)):
-            return None
-        if filled:
-            full()
-        if Path(where).name.startswith(name) and (data is None) == (call == "fsync"):
-            seen.append(where)
-            if len(seen) == nth:
-                filled.append(where)
-                if data is not None and len(data) > 1:
-                    return write(fd, bytes(data[:len(data) // 2]))
-                full()
-        return None
-
-    def writing(fd, data):
-        n = check(fd, data)
-        return write(fd, data) if n is None else n
-
-    def syncing(fd):
-        check(fd, None)
-        return fsync(fd)
-
-    monkeypatch.setattr(os, "write", writing)
-    monkeypatch.setattr(os, "fsync", syncing)
-    return filled
-
-
-DISK_FULL_AT = [  # (case, the file's name begins, the call, the nth such call)
-    ("a-record", "trials.jsonl", "write", 3),
-    # the 2nd trial's record, by the tuner (the fake launcher wrote the 3rd result.json)
-    ("result-json", ".result-", "fsync", 4),
-    ("plan-toml", ".plan.toml.", "write", 3),
-    ("study-json-at-the-start", ".study.json.", "write", 1),
-    ("study-json-at-the-end", ".study.json.", "write", 2),
-]
-
-
-@pytest.mark.parametrize("case, name, call, nth", DISK_FULL_AT,
-                         ids=[c[0] for c in DISK_FULL_AT])
-def test_chaos_full_disk_stops_with_one_line_then_resume_loses_nothing(
-        tmp_path, monkeypatch, capsys, case, name, call, nth):
-    out = tmp_path / "run"
-    path = write_study(tmp_path, budget={**SEARCH_ONLY, "n_trials": 4}, sampler="random")
-    with monkeypatch.context() as patched:
-        a_stopped_worker(patched)
-        filled = full_disk(patched, out, name, call, nth)
-        assert tune(str(path), "--out", str(out), "--budget", "10m") == 3
-    assert filled, "the disk should have filled"
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err  # one line: what happened, and how to go on
-    assert err[0].startswith("harness tune: error: cannot write ") and \
-        "(No space left on device): the study stops" in err[0], err
-    assert f"harness tune --resume --out {out}" in err[0]
-    before = (out / "trials.jsonl").read_bytes()
-    assert parse_lines(out / "trials.jsonl", before)[1] == []  # no partial line left
-
-    # the space is back
-    assert tune("--resume", "--out", str(out), "--budget", "10m") == 0
-    assert (out / "trials.jsonl").read_bytes().startswith(before)  # nothing lost
-    records = one_readable_record_per_trial(out)
-    assert sum(r["status"] == "ok" and r["tags"]["phase"] == "search" for r in records) >= 2
-    info = json.loads((out / "study.json").read_text())
-    assert info["finished_at"] and info["n_trials"] == len(records)
-    assert (out / "best.toml").is_file()
-
-
-# --- kill -9 at random moments -----------------------------------------------------------
-# The tuner's writes a kill may land before or after (Optuna's own are inside its
-# tell; a kill between ask() and the worker tag is not tried: docs/reliability.md).
-MOMENTS = [(RunStore, "append"), (run_store, "write_atomic"), (TrialResult, "write"),
-           (TunerState, "tell"), (fake_launch, "launch")]
-
-
-def at_each_moment(monkeypatch: pytest.MonkeyPatch, tick) -> None:
-    """`tick(name, args)` before and after each of MOMENTS."""
-    for owner, name in MOMENTS:
-        real = getattr(owner, name)
-
-        def wrapped(*args, _real=real, _name=name, **kw):
-            tick(f"before {_name}", args)
-            value = _real(*args, **kw)
-            tick(f"after {_name}", args)
-            return value
-
-        monkeypatch.setattr(owner, name, wrapped)
-
-
-def kill_study(path: Path, out: Path, moment: int, tear: float | None) -> int:
-    """Run the study in a fork of this process, killed (SIGKILL) at its `moment`-th
-    tick; a record about to be appended then is torn first at fraction `tear` of its
-    line. Returns how the fork ended (the signal, or 0: the study ended first)."""
-    pid = os.fork()
-    if pid == 0:  # the tuner
-        try:
-            # It asks this process's torch-side helper (started by `moments`), which it
-            # cannot wait for (not its child: Popen.poll would call it ended), and which
-            # no kill interrupts mid-question (kills land at the ticks only).
-            helper = torch_helper.shared()
-            if helper._proc is not None:
-                helper._proc.poll = lambda: None
-            ticks = [0]
-
-            def tick(name, args):
-                ticks[0] += 1
-                if ticks[0] != moment:
-                    return
-                if name == "before append" and tear is not None:  # power lost mid-line
-                    store, record = args[0], args[1]
-                    line = (json.dumps(record.to_dict() if isinstance(record, TrialResult)
-                                       else record) + "\n").encode()
-                    with open(store.trials_jsonl, "ab") as f:
-                        f.write(line[:max(int(len(line) * tear), 1)])
-                os.kill(os.getpid(), signal.SIGKILL)
-
-            with pytest.MonkeyPatch.context() as patched:
-                at_each_moment(patched, tick)
-                tune(str(path), "--out", str(out), "--budget", "10m")
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-
-
-@pytest.fixture
-def moments(tmp_path_factory, monkeypatch) -> tuple[Path, list[str]]:
-    """The study the kill tests run, and its ticks, in order, run whole (in this
-    process: it also starts the torch-side helper the forks share)."""
-    root = tmp_path_factory.mktemp("whole")
-    path = write_study(root, budget={"ablation_repeats": 1, "confirm_repeats": 0,
-                                     "n_trials": 4}, sampler="random")
-    ticks: list[str] = []
-    with monkeypatch.context() as patched:
-        at_each_moment(patched, lambda name, args: ticks.append(name))
-        assert tune(str(path), "--out", str(root / "run"), "--budget", "10m") == 0
-    return path, ticks
-
-
-def test_chaos_kill_9_at_random_moments_then_resume(moments, tmp_path, capsys):
-    path, ticks = moments
-    appends = [i + 1 for i, name in enumerate(ticks) if name == "before append"]
-    for seed in range(4):
-        rng = random.Random(seed)
-        out = tmp_path / f"run-{seed}"
-        if seed % 2:  # power lost while a record was written: torn at a random byte
-            moment, tear = rng.choice(appends), rng.uniform(0.01, 0.99)
-        else:
-            moment, tear = rng.randint(1, len(ticks)), None
-        ended = kill_study(path, out, moment, tear)
-        # (0: this run ticked fewer times than the one counted, and ended first)
-        assert ended in (signal.SIGKILL, 0), (seed, moment, len(ticks))
-        if not (out / "study.toml").exists():
-            continue  # killed before the run folder was made: nothing to resume
-        assert tune("--resume", "--out", str(out), "--budget", "10m") == 0, (seed, moment)
-        records = one_readable_record_per_trial(out)
-        err = capsys.readouterr().err
-        torn = sorted(out.glob("trials.jsonl.torn-*"))
-        assert bool(torn) == (tear is not None and ended != 0), (seed, torn)
-        assert all(c.name in err for c in torn), (seed, err)
-        assert any(r["tags"]["phase"] == "ablation" for r in records), seed

@@ -54,7 +54,6 @@ from optuna.trial import FrozenTrial, TrialState
 from harness.records.result import TrialResult, read_result
 from harness.records.tags import tags_of
 from harness.tune.recovery.storage import fail_stale_trials
-from harness.tune.recovery.torn import torn_cause
 from harness.tune.recovery.workers import Worker
 from harness.tune.trial_job import left_a_job, rejoin_trial_job
 from harness.tune.tuner_state import RETRY_OF
@@ -178,9 +177,9 @@ def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | N
             return None
         ctx.remember(record)
         if tags_of(record).get("unreachable"):  # its worker could not queue it
-            retry = _may_retry(ctx, t)
+            retry = may_retry(ctx, t)
             if retry:
-                _queue_retry(ctx, t)
+                queue_retry(ctx, t)
             words = "queued to run again" if retry else "not run again (retries spent)"
             return f"trial {tid}: its worker stopped when the storage went away; {words}"
         return note
@@ -188,11 +187,22 @@ def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | N
         ctx.storage.set_trial_state_values(ctx.storage_id(t.number), state=TrialState.FAIL)
     except UpdateFinishedTrialError:
         return None
-    torn = torn_cause(ctx, t)  # its record was cut short: the bytes are named
+    torn = _torn_cause(ctx, t)  # its record was cut short: the bytes are named
     cause = (f"{torn.replace('{', '{{').replace('}', '}}')}: the tuner running this "
              "trial{who} stopped while writing it") if torn else \
         "the tuner running this trial{who} stopped before it ended"
     return _record_dead(ctx, t, cause)
+
+
+def _torn_cause(ctx: TunerState, t: FrozenTrial) -> str | None:
+    """Why trial `t` has no record, where a line cut out of trials.jsonl was its record
+    (harness.tune.recovery.torn): "record torn (...)"; None where none was."""
+    for u in ctx.run.store.kept():
+        tid, number = u.trial()
+        if number == t.number or (number is None
+                                  and tid == str(t.user_attrs.get("trial_id", t.number))):
+            return f"record torn ({u.where()})"
+    return None
 
 
 class StaleTrials:
@@ -217,7 +227,7 @@ def _record_dead(ctx: TunerState, t: FrozenTrial, cause: str, **tags: object) ->
 
 def _dead(ctx: TunerState, t: FrozenTrial, cause: str,
           **tags: object) -> tuple[TrialResult, str]:
-    retry = _may_retry(ctx, t)
+    retry = may_retry(ctx, t)
     owner = Worker.parse(t.user_attrs.get("worker"))
     cause = cause.format(who=f" ({owner.describe()})" if owner else "")
     words = "queued to run again" if retry else "not run again (retries spent)"
@@ -229,11 +239,11 @@ def _dead(ctx: TunerState, t: FrozenTrial, cause: str,
             "orphan": True, **tags}, f"{cause}; {words}")
     ctx.run.store.append(record)
     if retry:
-        _queue_retry(ctx, t)
+        queue_retry(ctx, t)
     return record, f"trial {tid}: {cause}; marked failed, {words}"
 
 
-def _may_retry(ctx: TunerState, t: FrozenTrial) -> bool:
+def may_retry(ctx: TunerState, t: FrozenTrial) -> bool:
     """Whether the failed trial's configuration runs again: not when it ran
     storage.retries + 1 times already, nor for an ablation trial (the ablation runs its
     own again)."""
@@ -242,7 +252,7 @@ def _may_retry(ctx: TunerState, t: FrozenTrial) -> bool:
     return len(t.user_attrs.get("retry_history", [])) < ctx.study.storage.retries
 
 
-def _queue_retry(ctx: TunerState, t: FrozenTrial) -> None:
+def queue_retry(ctx: TunerState, t: FrozenTrial) -> None:
     ctx.optuna_study.enqueue_trial(t.params, user_attrs={
         "phase": t.user_attrs.get("phase", "search"),
         RETRY_OF: t.user_attrs.get(RETRY_OF, t.number),

@@ -33,6 +33,7 @@ from optuna.trial import FrozenTrial
 from harness.records.result import read_result
 from harness.records.run_store import Unreadable
 from harness.records.tags import tags_of
+from harness.tune.recovery.resume import may_retry, queue_retry
 
 if TYPE_CHECKING:
     from harness.tune.tuner_state import TunerState
@@ -69,22 +70,6 @@ def settle_torn(ctx: TunerState) -> list[str]:
     return notes
 
 
-def torn_cause(ctx: TunerState, t: FrozenTrial) -> str | None:
-    """Why trial `t` has no record, where a cut line of trials.jsonl was its record:
-    "record torn (...)"; None where none was."""
-    for u in ctx.run.store.kept():
-        tid, number = u.trial()
-        if number == t.number or (number is None
-                                  and tid == str(t.user_attrs.get("trial_id", t.number))):
-            return f"record torn ({where(u)})"
-    return None
-
-
-def where(u: Unreadable) -> str:
-    kept = u.kept.name if u.kept is not None else "nowhere"
-    return f"{u.path.name} line {u.line}, byte {u.offset}; its bytes kept in {kept}"
-
-
 def _named_by(ctx: TunerState, u: Unreadable, trials: list[FrozenTrial], numbers: set[int],
               ids: set[str]) -> list[FrozenTrial]:
     """The finished trials line `u` may have been the record of."""
@@ -100,8 +85,6 @@ def _named_by(ctx: TunerState, u: Unreadable, trials: list[FrozenTrial], numbers
 
 
 def _settle(ctx: TunerState, t: FrozenTrial, u: Unreadable) -> str:
-    from harness.tune.recovery.resume import _may_retry, _queue_retry
-
     store = ctx.run.store
     tid = t.user_attrs.get("trial_id", t.number)
     path = store.trial_dir(tid) / "result.json"
@@ -114,18 +97,18 @@ def _settle(ctx: TunerState, t: FrozenTrial, u: Unreadable) -> str:
                       "optuna_number": t.number}
         store.append(found)
         ctx.remember(found.to_dict())
-        return f"trial {tid}: its record was torn ({where(u)}); recorded again from {path}"
-    retry = _may_retry(ctx, t) and not _retried(ctx, t)
+        return f"trial {tid}: its record was torn ({u.where()}); recorded again from {path}"
+    retry = may_retry(ctx, t) and not _retried(ctx, t)
     words = "queued to run again" if retry else "not run again"
     started = t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""
     record = ctx.failed_record(
         tid, t.user_attrs.get("plan"), started,
         {"phase": t.user_attrs.get("phase", "search"), "optuna_number": t.number,
-         "orphan": True}, f"record torn ({where(u)}), and no result.json; {words}")
+         "orphan": True}, f"record torn ({u.where()}), and no result.json; {words}")
     store.append(record)
     if retry:
-        _queue_retry(ctx, t)
-    return f"trial {tid}: its record was torn ({where(u)}); marked failed, {words}"
+        queue_retry(ctx, t)
+    return f"trial {tid}: its record was torn ({u.where()}); marked failed, {words}"
 
 
 def _retried(ctx: TunerState, t: FrozenTrial) -> bool:
