@@ -96,7 +96,7 @@ class Unreadable:
         tid, _ = self.trial()
         what = {True: "cut short", False: "not a record", None: "unreadable"}[self.torn]
         whose = f" (trial {tid}'s record)" if tid is not None else ""
-        head = self.data[:48].decode(errors="replace")
+        head = self.data[:self.glued_at][:48].decode(errors="replace")
         size = len(self.data) if self.glued_at is None else self.glued_at
         text = (f"{self.path} line {self.line} (byte {self.offset}) was {what}: "
                 f"{size} bytes{whose}, beginning {head!r}")
@@ -235,13 +235,22 @@ class RunStore:
         if not bad:
             return []
         cut = [self._keep(u) for u in bad]
-        if len(bad) == 1 and bad[0].torn:  # the usual case: a torn tail, truncated
-            with open(self.trials_jsonl, "r+b") as f:
+        if len(bad) == 1 and bad[0].torn and bad[0].salvaged is None:  # the usual case
+            with open(self.trials_jsonl, "r+b") as f:  # a torn tail: truncated
                 f.truncate(bad[0].offset)
                 os.fsync(f.fileno())
-        else:  # damage inside: the file written again without those lines
-            write_atomic(self.trials_jsonl, "".join(json.dumps(r, allow_nan=False) + "\n"
-                                                    for r in records))
+        else:  # damage inside: the file written again without those lines (the other
+            # lines' bytes as they were; a glued record on a line of its own)
+            at = {u.offset: u for u in bad}
+            kept, offset = [], 0
+            for chunk in data.split(b"\n"):
+                u = at.get(offset)
+                if u is None and chunk.strip():
+                    kept.append(chunk + b"\n")
+                elif u is not None and u.glued_at is not None:
+                    kept.append(chunk[u.glued_at:] + b"\n")
+                offset += len(chunk) + 1
+            write_atomic(self.trials_jsonl, b"".join(kept))
         self.cut.extend(cut)
         return cut
 
