@@ -80,21 +80,22 @@ def longest_of(workload: Any) -> int | None:
     return getattr(workload.config, "max_position_embeddings", None)
 
 
-def teacher_workload(spec: str) -> tuple[str, dict[str, Any]]:
-    """The teacher's workload name and arguments from the setting."""
+def teacher_workload(spec: str, seq_len: int) -> tuple[str, dict[str, Any]]:
+    """The teacher's workload name and arguments from the setting (an hf: folder's at the
+    student's sequence length, which its positions must cover)."""
     from harness.workloads.trained import saved_workload
 
     if spec.startswith("hf:"):
-        return spec, {}
+        return spec, {"seq_len": seq_len}
     return saved_workload(spec)
 
 
-def load_teacher(spec: str) -> tuple[Any, nn.Module]:
+def load_teacher(spec: str, seq_len: int) -> tuple[Any, nn.Module]:
     from harness.workloads import load_workload
     from harness.workloads.trained import load_trained
 
     if spec.startswith("hf:"):
-        workload = load_workload(spec, {})
+        workload = load_workload(spec, {"seq_len": seq_len})
         with torch.device("cpu"):
             return workload, workload.build_model()
     return load_trained(spec)
@@ -133,7 +134,7 @@ class Distill(Strategy):
             return reasons + [f"distill: the student '{plan.workload}' is not a language "
                               "model (gpt or hf:); distillation here mixes token losses"]
         try:
-            name, args = teacher_workload(settings.teacher)
+            name, args = teacher_workload(settings.teacher, student.tokens_per_sample)
             teacher = load_workload(name, args)
         except HarnessError as e:
             return reasons + [f"distill: teacher '{settings.teacher}': {e}"]
@@ -157,8 +158,9 @@ class Distill(Strategy):
         from harness.workloads import load_workload
 
         plan = setup.plan or Plan()
-        student_kind = kind_of(load_workload(plan.workload, plan.workload_args))
-        teacher_wl, teacher = load_teacher(settings.teacher)
+        student = load_workload(plan.workload, plan.workload_args)
+        student_kind = kind_of(student)
+        teacher_wl, teacher = load_teacher(settings.teacher, student.tokens_per_sample)
         teacher_kind = kind_of(teacher_wl)
         teacher.to(setup.device).eval().requires_grad_(False)
         if student_kind is None or teacher_kind is None:
