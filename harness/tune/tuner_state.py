@@ -57,6 +57,7 @@ class TunerState:
     on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # config key -> record
     held: HeldTrials = field(default_factory=HeldTrials)  # RUNNING here, no record yet
+    _correction: tuple[Any, Correction] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for r in self.run.store.records():
@@ -169,7 +170,14 @@ class TunerState:
 
     # --- what the study knows so far ----------------------------------------------------
     def correction(self) -> Correction:
-        return Correction.from_records(self.run.store.records(), self.run.facts.device_type)
+        """The estimator's correction from the records so far (fitted again only when a
+        record came or went: the search asks for it several times per trial)."""
+        records = self.run.store.records()
+        stamp = (len(records), records[-1].get("trial_id") if records else None)
+        if self._correction is None or self._correction[0] != stamp:
+            self._correction = (stamp, Correction.from_records(
+                records, self.run.facts.device_type))
+        return self._correction[1]
 
     def reference_trials(self) -> list[FrozenTrial]:
         return [t for t in self.optuna_study.get_trials(deepcopy=False)

@@ -57,10 +57,17 @@ class Predictions:
     def __init__(self, space: SearchSpace, facts: MachineFacts, torch_helper: Any):
         self.space, self.facts, self.torch_helper = space, facts, torch_helper
         self._raw: dict[str, dict[str, Any] | None] = {}  # by resolved configuration
-        self._plans: dict[str, tuple[Plan, dict[str, Any], str]] = {}  # by parameters
+        self._plans: dict[Any, tuple[Plan, dict[str, Any], str]] = {}  # by parameters
+        # rates under one correction (a new one comes with each measured trial)
+        self._rates: dict[str, float] = {}
+        self._rates_of: Correction | None = None
 
     def _plan(self, params: dict[str, Any]) -> tuple[Plan, dict[str, Any], str]:
-        k = key(params)
+        try:  # the parameters' values are scalars: a tuple hashes faster than JSON
+            k: Any = tuple(sorted(params.items()))
+            hash(k)
+        except TypeError:
+            k = key(params)
         if k not in self._plans:
             plan = self.space.plan(params)
             self._plans[k] = (plan, plan.to_dict(), resolved_key(self.facts, plan))
@@ -81,13 +88,16 @@ class Predictions:
              budget_bytes: float) -> float:
         """Predicted samples/s of `params`, corrected; 0 where it cannot be predicted or
         is predicted over the memory budget."""
-        plan, predicted = self.raw(params)
-        as_dict = self._plan(params)[1]
-        step = correction.step_time(predicted, as_dict) if predicted else None
-        peak = correction.peak_memory(predicted)
-        if not step or (peak is not None and peak > budget_bytes):
-            return 0.0
-        return plan.batch_size / step
+        if correction is not self._rates_of:
+            self._rates, self._rates_of = {}, correction
+        plan, as_dict, k = self._plan(params)
+        if k not in self._rates:
+            predicted = self.raw(params)[1]
+            step = correction.step_time(predicted, as_dict) if predicted else None
+            peak = correction.peak_memory(predicted)
+            over = peak is not None and peak > budget_bytes
+            self._rates[k] = 0.0 if not step or over else plan.batch_size / step
+        return self._rates[k]
 
     def fresh(self, ctx: TunerState, params: dict[str, Any], running: set[str]) -> bool:
         """Not measured yet, nor running (its plan walked once)."""
@@ -112,11 +122,12 @@ def model_pick(ctx: TunerState, running: set[str], predictions: Predictions,
              if predictions.fresh(ctx, p, running)]
     if not fresh:
         return None
-    rates = {key(p): predictions.rate(p, correction, ctx.run.budget_bytes) for p in fresh}
-    top = max(fresh, key=lambda p: rates[key(p)])
-    if rates[key(top)] < best.values[0] * (1 + MIN_GAIN):
+    rate, first = max((predictions.rate(p, correction, ctx.run.budget_bytes), -i)
+                      for i, p in enumerate(fresh))
+    top = fresh[-first]  # the first of the fastest, in the pool's order
+    if rate < best.values[0] * (1 + MIN_GAIN):
         return None
-    return top, (f"predicted {rates[key(top)]:.4g} samples/s by the estimator corrected from "
+    return top, (f"predicted {rate:.4g} samples/s by the estimator corrected from "
                  f"{correction.n_time} trials (best measured {best.values[0]:.4g})")
 
 
