@@ -104,6 +104,7 @@ def test_the_estimator_traces_a_checkpointed_vit():
 
 @pytest.mark.parametrize("name, args, words", [
     ("timm:resnet181", {}, ["has no model 'resnet181'", "did you mean 'resnet18'"]),
+    ("timm:hf-hub:timm/resnet18.a1_in1k", {}, ["not downloaded", "e.g. timm:resnet18"]),
     ("timm:resnet18", {"pretrained": True}, ["'pretrained' is not taken", "drop it"]),
     ("timm:resnet18", {"bogus": 1}, ["unexpected keyword argument 'bogus'"]),
     ("timm:resnet18", {"num_classes": 0}, ["num_classes must be a whole number"]),

@@ -56,6 +56,10 @@ def build_timm(name: str, args: dict[str, Any]) -> TimmWorkload:
     """`timm:<name>` with num_classes, image_size, in_chans and create_model's keywords."""
     lib = timm()
     where = f"workload 'timm:{name}'"
+    if name.startswith("hf-hub:") or "/" in name:
+        raise HarnessError(f"{where}: models from the Hugging Face hub are not downloaded "
+                           "here; name the architecture, e.g. timm:resnet18 (trained from "
+                           "its initialisation)")
     if not lib.is_model(name):
         known = lib.list_models()
         raise HarnessError(f"{where}: timm {lib.__version__} has no model '{name}'"
