@@ -135,6 +135,9 @@ class RunStore:
         self.journal = self.root / "optuna.journal"
         self._lock_file = self.root / ".lock"
         self.cut: list[Unreadable] = []  # lines this process cut out of trials.jsonl
+        # trials.jsonl's whole lines parsed so far (their bytes, records, line count):
+        # a study reads its records several times per trial, and the file only grows
+        self._parsed: tuple[bytes, list[dict[str, Any]], int] = (b"", [], 0)
         self.say: Callable[[str], None] = lambda text: print(text, file=sys.stderr,
                                                                flush=True)
 
@@ -203,16 +206,29 @@ class RunStore:
 
     def records(self) -> list[dict[str, Any]]:
         """The records of trials.jsonl, in order; a line that is not one is skipped
-        (`read` names it)."""
+        (`read` names it). The record dicts are shared between calls: read, don't change."""
         return self.read()[0]
 
     def read(self) -> tuple[list[dict[str, Any]], list[Unreadable]]:
-        """The records, and the lines that are not records."""
+        """The records, and the lines that are not records. Only what was appended since
+        the last read is parsed, while the file still begins with what was read then."""
         try:
             data = self.trials_jsonl.read_bytes()
         except FileNotFoundError:
             return [], []
-        return parse_lines(self.trials_jsonl, data)
+        prefix, known, lines = self._parsed
+        if not data.startswith(prefix):  # rewritten (repaired): parsed anew
+            prefix, known, lines = b"", [], 0
+        whole = data.rfind(b"\n") + 1  # the part made of whole lines
+        new, bad = parse_lines(self.trials_jsonl, data[len(prefix):whole],
+                               first_line=lines + 1, first_offset=len(prefix))
+        records = known + new
+        if not bad:
+            self._parsed = (data[:whole], records, lines + data.count(b"\n", len(prefix), whole))
+        tail, torn = parse_lines(self.trials_jsonl, data[whole:],
+                                 first_line=lines + 1 + data.count(b"\n", len(prefix), whole),
+                                 first_offset=whole)
+        return records + tail, bad + torn
 
     def repair(self) -> list[Unreadable]:
         """Cut every unreadable line out of trials.jsonl, each one's bytes kept beside
@@ -315,12 +331,14 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise
 
 
-def parse_lines(path: Path, data: bytes) -> tuple[list[dict[str, Any]], list[Unreadable]]:
-    """The records in `data` (a trials.jsonl), and its lines that are not records (a
-    whole record found glued after unreadable bytes is kept, and its line named)."""
+def parse_lines(path: Path, data: bytes, first_line: int = 1, first_offset: int = 0
+                ) -> tuple[list[dict[str, Any]], list[Unreadable]]:
+    """The records in `data` (a trials.jsonl, or its part from line `first_line` at byte
+    `first_offset`), and its lines that are not records (a whole record found glued
+    after unreadable bytes is kept, and its line named)."""
     records: list[dict[str, Any]] = []
     bad: list[Unreadable] = []
-    for _, record, unreadable in numbered_lines(path, data):
+    for _, record, unreadable in numbered_lines(path, data, first_line, first_offset):
         if record is not None:
             records.append(record)
         if unreadable is not None:
@@ -328,22 +346,24 @@ def parse_lines(path: Path, data: bytes) -> tuple[list[dict[str, Any]], list[Unr
     return records, bad
 
 
-def numbered_lines(path: Path, data: bytes
+def numbered_lines(path: Path, data: bytes, first_line: int = 1, first_offset: int = 0
                    ) -> Iterator[tuple[int, dict[str, Any] | None, Unreadable | None]]:
     """(line number, its record or None, the line as Unreadable or None) for each line
     of `data` that is not blank; a line may have both (a record glued after torn
-    bytes)."""
-    offset = 0
+    bytes). `data` may be the part of a file from line `first_line` at byte
+    `first_offset`."""
+    offset = first_offset
     chunks = data.split(b"\n")
     for i, chunk in enumerate(chunks):
         if chunk.strip():
             record = _record(chunk)
+            line = first_line + i
             if record is not None:
-                yield i + 1, record, None
+                yield line, record, None
             else:
                 at, salvaged = _glued(chunk)
-                yield i + 1, salvaged, Unreadable(
-                    path, i + 1, offset, chunk, torn=i == len(chunks) - 1,
+                yield line, salvaged, Unreadable(
+                    path, line, offset, chunk, torn=i == len(chunks) - 1,
                     salvaged=None if salvaged is None else str(salvaged.get("trial_id")),
                     glued_at=at)
         offset += len(chunk) + 1
