@@ -10,7 +10,7 @@
 - the zoo: a fixed sample of model types (SAMPLE, about 30 s on 2 CPU cores) held to the
   committed table (tests/zoo_hf.json, written by scripts/zoo_hf.py with the doc's table in
   docs/benchmarks/zoo_hf_cpu_2026-11-24.md); the full sweep is `slow` and runs only with
-  HARNESS_ZOO_FULL=1 (about 15 min): a type that was ok stays ok, every refusal is one line.
+  HARNESS_ZOO_FULL=1 (about 9 min on 2 cores): an ok type stays ok, a refusal is one line.
 """
 
 from __future__ import annotations
@@ -164,8 +164,56 @@ def test_a_forward_nothing_can_follow_is_said_in_one_line_and_measured_only():
     assert "\n" not in note and got.memory["activations"] == 0
 
 
+T5 = dict(num_layers=2, num_decoder_layers=2, d_model=64, num_heads=4, d_kv=16, d_ff=128,
+          vocab_size=512, seq_len=32, dropout_rate=0.0)
+
+
+def test_an_encoder_decoder_copies_with_noise():
+    workload = load_workload("hf:t5", T5)
+    assert workload.source.task == "seq2seq-lm"
+    src, decoder, labels = workload.batch(4, 0, "cpu")
+    assert torch.equal(decoder[:, 1:], labels[:, :-1]) and (decoder[:, 0] == 0).all()
+    changed = (src != labels).sum(1)  # 15% of 32 = 5 positions drawn again per row
+    assert (changed <= 5).all() and changed.sum() > 0
+    again = workload.batch(4, 0, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(again, (src, decoder, labels), strict=True))
+
+
+@pytest.mark.parametrize(("model_type", "args", "blocks"), [
+    ("t5", T5, "checkpoint (full): 4 of 4 x T5Block"),
+    ("bart", dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                  vocab_size=512, seq_len=32, max_position_embeddings=64, dropout=0.0),
+     "checkpoint (full): 4 of 4 x BartEncoderLayer + BartDecoderLayer"),
+])
+def test_an_encoder_decoder_checkpoints_both_stacks(model_type, args, blocks):
+    from harness.core.plan import Plan as P
+    from strategies import compose
+
+    workload = load_workload(f"hf:{model_type}", args)
+    base = train({}, workload=workload, steps=2)
+    assert train({"checkpoint": {}}, workload=workload, steps=2) == pytest.approx(base, abs=1e-5)
+    setup = compose(workload.build_model(), P(micro_batch_size=2, global_batch_size=2,
+                                              strategies={"checkpoint": {}}), "cpu")
+    assert any(n.startswith(blocks) for n in setup.notes), setup.notes
+
+
+def test_encoder_decoder_flops_count_both_stacks_and_cross_attention():
+    """T5 above: N counts the encoder's and decoder's matmul weights and the head (the
+    shared embedding counted out: T5 ties it to the head, counted once as the head; the
+    two relative-position bias tables, 32 buckets x 4 heads each, are lookups: out);
+    attention: encoder self (2 layers), decoder self and cross (2 + 2), each
+    12·heads·d_kv·T per token = 12·6·4·16·32 = 147,456."""
+    workload = load_workload("hf:t5", T5)
+    with torch.device("meta"):
+        model = workload.build_model()
+    n = sum(p.numel() for p in model.parameters())  # the tied embedding is the head
+    assert model.config.tie_word_embeddings
+    assert workload.flops_per_sample() == (6 * (n - 2 * 32 * 4) + 147_456) * 32
+
+
 # The zoo: a fixed sample, held to the committed table.
-SAMPLE = ["qwen2", "mixtral", "gpt2", "bert", "mamba"]
+SAMPLE = ["qwen2", "mixtral", "gpt2", "bert", "mamba", "t5"]
 
 
 def _table() -> dict[str, dict]:
@@ -192,7 +240,7 @@ def test_zoo_sample_holds_the_table(model_type):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("HARNESS_ZOO_FULL"),
-                    reason="the full zoo sweep (about 15 min): set HARNESS_ZOO_FULL=1")
+                    reason="the full zoo sweep (about 9 min): set HARNESS_ZOO_FULL=1")
 def test_full_zoo_holds_the_table():
     import sys
 

@@ -99,11 +99,36 @@ def find_blocks(model: nn.Module) -> Blocks | None:
         params = {id(p): p.numel() for _, c in item[1] for p in c.parameters()}
         return sum(params.values()), sum(len(c) for _, c in item[1])
 
+    both = _encoder_decoder(model, groups, size)
+    if both is not None:
+        return both
     cls, found = max(groups.items(), key=size)
     # A container inside another one of the same group is part of its blocks already.
     outer = [(p, c) for p, c in found
              if not any(q != p and (not q or p.startswith(q + ".")) for q, _ in found)]
     return _blocks(outer, cls)
+
+
+def _encoder_decoder(model: nn.Module, groups: dict[type, list[tuple[str, nn.Module]]],
+                     size) -> Blocks | None:
+    """An encoder-decoder whose two stacks have layers of two classes (BART's encoder and
+    decoder layers; T5's are one class, found as one group): both stacks' layers, the
+    encoder's first, so checkpointing and per-block sharding act on both."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None
+
+    def best(stack: str) -> tuple[type, list[tuple[str, nn.Module]]] | None:
+        mine = [(cls, [(p, c) for p, c in found if stack in p.split(".")])
+                for cls, found in groups.items()]
+        mine = [(cls, found) for cls, found in mine if found]
+        return max(mine, key=size) if mine else None
+
+    enc, dec = best("encoder"), best("decoder")
+    if enc is None or dec is None or enc[0] is dec[0]:
+        return None
+    blocks = _blocks(enc[1] + dec[1], enc[0])
+    blocks.name = f"{enc[0].__name__} + {dec[0].__name__}"
+    return blocks
 
 
 def _blocks(containers: list[tuple[str, nn.Module]], cls: type) -> Blocks:

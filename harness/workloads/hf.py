@@ -34,6 +34,7 @@ from harness.workloads.data import check_name, is_synthetic
 from harness.workloads.data import tokens as token_data
 from harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
 from harness.workloads.hf_moe import aux_loss_coef, inactive_parameters, routes_logits
+from harness.workloads.hf_seq2seq import seq2seq_batch, stack_layers, start_id
 from harness.workloads.tokens import IGNORE, masked, next_token
 
 ATTENTION = ("eager", "sdpa")
@@ -86,7 +87,21 @@ class HFWorkload(Workload):
                                        local_files_only=True, **kwargs)
         return cls.from_config(self.config, **kwargs)
 
+    @property
+    def seq2seq(self) -> bool:
+        return self.source.task == "seq2seq-lm"
+
+    def _seq2seq(self, batch_size: int, index: int, device: Any, val: bool = False) -> Any:
+        clean = None
+        if not is_synthetic(self.data) and torch.device(device).type != "meta":
+            clean, _ = token_data(self.data).next_token(batch_size, index, self.seq_len, "cpu",
+                                                        val)
+        return seq2seq_batch(clean, batch_size, index, self.seq_len, self.vocab,
+                             start_id(self.config), device)
+
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
+        if self.seq2seq:
+            return self._seq2seq(batch_size, index, device)
         if not is_synthetic(self.data):
             return token_data(self.data).next_token(batch_size, index, self.seq_len, device)
         if self.causal:
@@ -100,6 +115,8 @@ class HFWorkload(Workload):
     def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         if is_synthetic(self.data):
             return super().eval_batch(batch_size, index, device)
+        if self.seq2seq:
+            return self._seq2seq(batch_size, index, device, True)
         return token_data(self.data).next_token(batch_size, index, self.seq_len, device, True)
 
     def data_info(self) -> dict[str, Any]:
@@ -109,8 +126,12 @@ class HFWorkload(Workload):
         """Cross-entropy of the logits; a mixture of experts adds its router's auxiliary
         (load-balancing) loss as transformers does: times router_aux_loss_coef, when
         output_router_logits is on (the default here)."""
-        ids, labels = batch
-        out = model(input_ids=ids)
+        if len(batch) == 3:  # an encoder-decoder: noisy source, teacher-forced decoder
+            ids, decoder_ids, labels = batch
+            out = model(input_ids=ids, decoder_input_ids=decoder_ids)
+        else:
+            ids, labels = batch
+            out = model(input_ids=ids)
         loss = lm_loss(out.logits, labels)
         aux = getattr(out, "aux_loss", None)
         if aux is not None and self.aux_coef:
@@ -125,7 +146,10 @@ class HFWorkload(Workload):
 
     def flops_per_sample(self) -> float:
         """6N + 12·L·(heads·head_dim)·T per token (PaLM, appendix B), times T tokens
-        (the attention term only where the config has attention heads).
+        (the attention term only where the config has attention heads). An
+        encoder-decoder's N holds both stacks (each of the T source tokens meets the
+        encoder's, each of the T target tokens the decoder's), and its attention counts
+        the encoder's and decoder's self-attention and the cross-attention.
 
         A mixture of experts counts its active parameters: each routed expert group at
         k/E (experts per token over experts), the router and shared experts in full
@@ -142,7 +166,12 @@ class HFWorkload(Workload):
                    if isinstance(m, nn.Embedding) and id(m.weight) not in heads_out}
         n = sum(p.numel() for p in model.parameters()) - sum(lookups.values())
         n -= inactive_parameters(model, self.config)[0]  # MoE: the experts a token skips
-        per_token = 6 * n + 12 * attention_width(self.config) * self.seq_len
+        width = attention_width(self.config)
+        if self.seq2seq:  # encoder self-, decoder self- and cross-attention, T x T each
+            enc, dec = stack_layers(self.config)
+            per_layer = width // max(1, _int_field(self.config, "num_hidden_layers") or 1)
+            width = (enc + 2 * dec) * per_layer
+        per_token = 6 * n + 12 * width * self.seq_len
         return float(per_token * self.seq_len)
 
 
@@ -162,7 +191,8 @@ def attention_width(config: Any) -> int:
     if heads is None or layers is None:
         return 0
     hidden = _int_field(config, "hidden_size")
-    head_dim = _int_field(config, "head_dim") or (hidden // heads if hidden else 0)
+    head_dim = (_int_field(config, "head_dim") or _int_field(config, "d_kv")
+                or (hidden // heads if hidden else 0))
     return layers * heads * head_dim
 
 
@@ -190,7 +220,8 @@ def _needs_vocab(config: Any, where: str) -> None:
 
 def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
     """`hf:<spec>` with its [workload] arguments: config fields, plus seq_len,
-    attn_implementation ("eager" or "sdpa"), task ("auto", "causal-lm", "masked-lm")
+    attn_implementation ("eager" or "sdpa"), task ("auto", "causal-lm", "masked-lm",
+    "seq2seq-lm")
     and data ("synthetic", "text" or a token file)."""
     fields = dict(args)
     seq_len = fields.pop("seq_len", 128)
@@ -217,9 +248,10 @@ def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
                            "max_position_embeddings (n_positions for gpt2)")
     if not is_synthetic(data):
         check_name(data, "tokens", "[workload]")
-        if source.task != "causal-lm":
+        if source.task == "masked-lm":
             raise HarnessError(f"{where}: data = '{data}' trains causal LMs only (next-token "
-                               "prediction); use data = 'synthetic' for a masked LM")
+                               "prediction), and encoder-decoders (copy with noise); use "
+                               "data = 'synthetic' for a masked LM")
         token_data(data).check(seq_len, int(source.config.vocab_size), "[workload]",
                                "vocab_size")
     return HFWorkload(source, seq_len, attn, data)

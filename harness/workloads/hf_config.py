@@ -19,14 +19,14 @@ from harness.workloads import optional
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
            "pytorch_model.bin.index.json")
-TASKS = ("auto", "causal-lm", "masked-lm")
+TASKS = ("auto", "causal-lm", "masked-lm", "seq2seq-lm")
 
 
 @dataclass
 class HFSource:
     spec: str  # what followed "hf:"
     config: Any  # a transformers PretrainedConfig, with the arguments applied
-    task: str  # "causal-lm" or "masked-lm"
+    task: str  # "causal-lm", "masked-lm" or "seq2seq-lm" (an encoder-decoder)
     folder: Path | None  # hf:/path: the folder
     weights: bool  # hf:/path: weights lie in the folder (loaded by build_model)
 
@@ -120,28 +120,32 @@ def _rebuilt(config: Any, fields: dict[str, Any], model_type: str | None) -> Any
 
 
 def _task(config: Any, task: str, where: str) -> str:
-    """Masked LM for the model types transformers has a masked-LM head for (encoders:
-    BERT, RoBERTa ...), next-token prediction for the causal LMs; `task` overrides."""
+    """Seq2seq for the encoder-decoders (T5, BART ...: copy with noise), masked LM for
+    the model types transformers has a masked-LM head for (encoders: BERT, RoBERTa ...),
+    next-token prediction for the causal LMs; `task` overrides."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
 
     t = config.model_type
     can = {"causal-lm": t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-           "masked-lm": t in MODEL_FOR_MASKED_LM_MAPPING_NAMES}
+           "masked-lm": t in MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+           "seq2seq-lm": t in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES}
     if task == "auto":
-        task = "masked-lm" if can["masked-lm"] else "causal-lm"
+        task = next((k for k in ("seq2seq-lm", "masked-lm") if can[k]), "causal-lm")
     if not can[task]:
         heads = [k for k, v in can.items() if v]
         raise HarnessError(
             f"{where}: transformers has no {task} model for '{t}'"
             + (f"; set task = '{heads[0]}'" if heads else
-               "; only causal-LM and masked-LM models can be trained here")
+               "; only causal-LM, masked-LM and seq2seq-LM models can be trained here")
         )
     return task
 
 
 def model_class(source: HFSource) -> Any:
     tf = optional.transformers()
-    return tf.AutoModelForMaskedLM if source.task == "masked-lm" else tf.AutoModelForCausalLM
+    return {"masked-lm": tf.AutoModelForMaskedLM, "seq2seq-lm": tf.AutoModelForSeq2SeqLM}.get(
+        source.task, tf.AutoModelForCausalLM)

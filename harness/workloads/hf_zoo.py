@@ -1,7 +1,8 @@
-"""The zoo sweep: every model type transformers knows with a causal-LM or masked-LM
-head, built tiny (harness.workloads.hf_tiny), estimated (the activation trace included)
-and trained one step on the CPU, with checkpointing on where the block finder finds
-blocks. Each type comes out `ok` or `refused` with one line that says why.
+"""The zoo sweep: every model type transformers knows with a causal-LM, masked-LM or
+seq2seq-LM head (encoder-decoders train copy with noise), built tiny
+(harness.workloads.hf_tiny), estimated (the activation trace included) and trained one
+step on the CPU, with checkpointing on where the block finder finds blocks.
+Each type comes out `ok` or `refused` with one line that says why.
 
 `check("qwen2")` runs one type in this process; `scripts/zoo_hf.py` runs them all in
 worker processes and writes the table (docs/benchmarks/zoo_hf_cpu_2026-11-24.md);
@@ -33,14 +34,17 @@ class Outcome:
 
 
 def types() -> list[str]:
-    """Every model type with a causal-LM or masked-LM head in this transformers."""
+    """Every model type with a causal-LM, masked-LM or seq2seq-LM head in this
+    transformers."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
 
-    heads = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    heads = (set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+             | set(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES))
     return sorted(t for t in heads if t in CONFIG_MAPPING_NAMES)
 
 
@@ -70,8 +74,10 @@ def check(model_type: str, timeout_s: int = TIMEOUT_S) -> Outcome:
     """Build, estimate and train one step of a tiny `model_type`; never raises.
     `timeout_s` 0: no alarm of its own (under pytest-timeout, which uses SIGALRM)."""
     start = time.perf_counter()
-    old = signal.signal(signal.SIGALRM, _alarm) if timeout_s else None
-    signal.alarm(timeout_s) if timeout_s else None
+    old = None
+    if timeout_s:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(timeout_s)
     try:
         status, line = _check(model_type)
     except Exception as e:  # the sweep records every failure as a line
