@@ -1,9 +1,12 @@
 """The vision zoo's table holds (docs/benchmarks/zoo_vision_cpu_2026-11-24.md, made by
 tests/workloads/zoo_vision.py): every row is ok or refused in one line, none failed; a
 model ok there stays ok. Every run tries the fixed sample FAST (about 20 s); the whole
-list is marked slow."""
+list is marked slow and runs only with HARNESS_ZOO_FULL=1 (minutes: CI's suite leaves it
+out)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -46,6 +49,8 @@ def test_a_sample_of_the_zoo_still_trains(name):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("HARNESS_ZOO_FULL"),
+                    reason="the whole vision zoo (minutes): set HARNESS_ZOO_FULL=1")
 @pytest.mark.parametrize("name", [m for m in zoo_vision.MODELS if m not in zoo_vision.FAST])
 def test_the_whole_zoo_still_trains(name):
     _zoo_ready()
