@@ -1,4 +1,5 @@
-"""The optional packages behind `hf:` and `torchvision:` workloads, imported on first use.
+"""The optional packages behind `hf:`, `torchvision:` and `timm:` workloads, imported on
+first use (timm imports torchvision, so it goes through `require` too).
 
 A missing one is a HarnessError naming the extra to install. One known mismatch is
 mended: PyPI's torchvision wheel is built against the CUDA build of torch, so beside
