@@ -121,8 +121,10 @@ def table(rows: dict[str, dict]) -> str:
         conv = r["metrics"].get("convergence") or {}
         runs = conv.get("runs") or []
         seen = _seen(r)
-        busy_cell = (f"others {seen.get('other_cpu_share', 0):.0%}" if seen.get("flagged")
-                     else "")
+        share = seen.get("other_cpu_share")
+        busy_cell = ("" if not seen.get("flagged") else
+                     f"others {share:.0%}" if share is not None else
+                     f"load {r['metrics'].get('load')}")
         if conv.get("reached"):
             steps = [x["steps_to_target"] for x in runs]
             cell_steps = f"{statistics.median(steps):g} [{min(steps)}–{max(steps)}]"
@@ -144,17 +146,64 @@ def table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def steps_only(label: str, steps: int = 20) -> dict:
+    """In this process with one intra-op thread (two spin-wait on a loaded 2-core machine:
+    steps of seconds instead of tens of ms): each seed's run to the target, through the
+    shared cache, and the median of `steps` timed steps; a record shaped as bench's."""
+    import torch
+
+    from harness.core.target import maths_key
+    from harness.measure import target_cache
+    from harness.measure.convergence import train_to_target
+    from harness.measure.time_to_target import summarize
+    from harness.workloads import load_workload
+    from strategies import compose
+
+    torch.set_num_threads(1)
+    plan = plan_for(label)
+    workload = load_workload(plan.workload, plan.workload_args)
+    runs = []
+    for seed in plan.target.seeds:
+        key = maths_key(plan.to_dict(), seed, "cpu")
+        run_ = target_cache.lookup(key)
+        if run_ is None:
+            run_ = train_to_target(plan, workload, torch.device("cpu"), None, seed)
+            target_cache.store(key, run_)
+        runs.append(run_)
+        print(f"[{label}] seed {seed}: {run_['steps_to_target']} steps", flush=True)
+    torch.manual_seed(0)
+    setup = compose(workload.build_model(), plan.replace(target=None), "cpu")
+    times = []
+    for s in range(steps + 2):
+        batch = workload.batch(plan.batch_size, s, "cpu")
+        t0 = time.perf_counter()
+        setup.step([batch], workload.loss)
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times[2:])
+    conv = summarize(runs, step_s, plan.target.loss, plan.to_dict())
+    return {"plan": plan.to_dict(), "metrics": {"convergence": conv, "load": load(),
+            "interference": {"flagged": True, "other_cpu_share": None}}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--only", default="", help="these labels, e.g. adamw,lars-5")
+    p.add_argument("--steps-only", action="store_true",
+                   help="no bench trial: runs to the target and a step time in this "
+                        "process, one thread (see steps_only)")
     p.add_argument("--remeasure", type=int, default=1,
                    help="times a trial measured on a busy machine is measured again")
     args = p.parse_args()
     labels = [x for x in args.only.split(",") if x] or list(VARIANTS)
     rows = {}
     for label in labels:
-        r = run(label, args.out, args.remeasure)
+        if args.steps_only:
+            r = steps_only(label)
+            (args.out / label).mkdir(parents=True, exist_ok=True)
+            (args.out / label / "steps-only.json").write_text(json.dumps(r, default=str))
+        else:
+            r = run(label, args.out, args.remeasure)
         if r is not None:
             rows[label] = r
     text = table(rows)
