@@ -22,6 +22,15 @@ from tests.tiny import train
 from tests.workloads.tiny_hf import needs_torchvision
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small models' many small ops: one thread is faster on a shared CPU, and exact."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def needs_timm() -> None:
     from harness.workloads import optional
 

@@ -137,6 +137,10 @@ def try_model(name: str, args: dict[str, Any] | None = None) -> Outcome:
 
     args = dict(MODELS.get(name, SMALL) if args is None else args)
     start = time.perf_counter()
+    # One thread: the sweep checks that a model trains, not how fast; on a shared CPU
+    # two threads of many small ops waited on each other (60 s for FAST, 13 s on one).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     blocks = "-"
 
     def done(result: str, detail: str) -> Outcome:
@@ -166,6 +170,7 @@ def try_model(name: str, args: dict[str, Any] | None = None) -> Outcome:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         return done("failed", f"{type(e).__name__}: {first}")
     finally:
+        torch.set_num_threads(threads)
         gc.collect()
 
 
