@@ -157,10 +157,11 @@ def steps_only(label: str, steps: int = 20) -> dict:
     from harness.measure.convergence import train_to_target
     from harness.measure.time_to_target import summarize
     from harness.workloads import load_workload
-    from strategies import compose
+    from strategies import compose, resolved
 
     torch.set_num_threads(1)
-    plan = plan_for(label)
+    # settings written out in full, as bench records a plan: the same maths key
+    plan = resolved(plan_for(label))
     workload = load_workload(plan.workload, plan.workload_args)
     runs = []
     for seed in plan.target.seeds:
