@@ -3,10 +3,11 @@ first use (timm imports torchvision, so it goes through `require` too).
 
 A missing one is a HarnessError naming the extra to install. One known mismatch is
 mended: PyPI's torchvision wheel is built against the CUDA build of torch, so beside
-the CPU build its compiled ops (nms, roi_align ...) do not load, and `import
-torchvision` fails while registering `torchvision::nms`'s fake kernel (transformers
-imports torchvision when it is installed, so it fails too). Declaring the two op
-schemas that registration needs lets both import; the models never call those ops.
+the CPU build `import torchvision` (and transformers, which imports it) fails while
+registering `torchvision::nms`'s fake kernel. harness.core.torchvision_ops mends that
+before torchvision's first import in every process (`import harness` installs it, so
+DataLoader workers get it too); `require` keeps a second line for a process where
+torchvision's import failed all the same.
 """
 
 from __future__ import annotations
@@ -16,19 +17,8 @@ import importlib.util
 import sys
 from types import ModuleType
 
-import torch
-
+from harness.core import torchvision_ops
 from harness.core.errors import HarnessError
-
-_stub_ops: torch.library.Library | None = None  # kept alive: the schemas live with it
-
-
-def _declare_torchvision_ops() -> None:
-    global _stub_ops
-    if _stub_ops is None:
-        _stub_ops = torch.library.Library("torchvision", "DEF")
-        for op in ("nms", "qnms"):
-            _stub_ops.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 
 def _torchvision_importable() -> None:
@@ -42,7 +32,7 @@ def _torchvision_importable() -> None:
             raise
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
-        _declare_torchvision_ops()
+        torchvision_ops.declare()
         importlib.import_module("torchvision")
 
 
