@@ -45,6 +45,28 @@ def peft_module():
     return optional.require("peft", "peft")
 
 
+def inject(model, settings: LoraSettings) -> list[str]:
+    """Put `settings`' adapters into `model` in place and freeze every other parameter;
+    the names of the adapted layers. The estimator does the same on its meta-device
+    model (harness.estimator.facts), so that only the adapters count as trainable."""
+    peft = peft_module()
+    targets = list(settings.target_modules) or None
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    defaults = peft.utils.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    if targets is None and model_type not in defaults:
+        targets = "all-linear"
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
+                             lora_dropout=settings.dropout, target_modules=targets)
+    try:
+        peft.inject_adapter_in_model(config, model)
+    except ValueError as e:
+        raise HarnessError(f"lora: {e}; set target_modules to names of the model's "
+                           "linear layers") from None
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")})
+
+
 class Lora(Strategy):
     name = "lora"
     summary = ("LoRA adapters through peft on hf: models (rank, alpha, target modules): "
@@ -79,25 +101,10 @@ class Lora(Strategy):
         return reasons
 
     def apply(self, phase, setup, settings):
-        peft = peft_module()
         model = setup.model
-        targets = list(settings.target_modules) or None
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        defaults = peft.utils.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-        if targets is None and model_type not in defaults:
-            targets = "all-linear"
-        config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
-                                 lora_dropout=settings.dropout, target_modules=targets)
-        try:
-            peft.inject_adapter_in_model(config, model)
-        except ValueError as e:
-            raise HarnessError(f"lora: {e}; set target_modules to names of the model's "
-                               "linear layers") from None
-        adapted = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                          if hasattr(m, "lora_A")})
+        adapted = inject(model, settings)
         trained = total = 0
-        for name, p in model.named_parameters():
-            p.requires_grad_("lora_" in name)
+        for p in model.parameters():
             total += p.numel()
             trained += p.numel() if p.requires_grad else 0
         setup.notes.append(

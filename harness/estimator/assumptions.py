@@ -10,6 +10,16 @@ from harness.estimator.rank import RankMemory
 from harness.estimator.settings import Settings
 
 
+def _frozen(facts: ModelFacts, cfg: Settings) -> str:
+    """What the gradients and optimizer state leave out: the frozen parameters."""
+    trainable = sum(p.numel for p in facts.params if p.trainable)
+    if not facts.params or trainable == facts.parameters:
+        return ""
+    why = " (LoRA's adapters)" if cfg.lora is not None else ""
+    return (f", gradients and optimizer state for the {trainable:,} trainable ones{why} "
+            "only (frozen parameters have neither)")
+
+
 def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> list[str]:
     """Parameters, gradients, optimizer state, precision and compile."""
     width = facts.parameter_bytes / max(facts.parameters, 1)
@@ -24,8 +34,8 @@ def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> lis
     out = [
         f"Parameters ({width:g} bytes each, their dtype), gradients ({width:g}) and "
         f"{state} for Ψ = {facts.parameters:,} unique "
-        "parameters (tied weights once); gradients are held once, also across accumulation "
-        "micro-steps.",
+        f"parameters (tied weights once){_frozen(facts, cfg)}; gradients are held once, also "
+        "across accumulation micro-steps.",
         f"Activations are for one micro-batch of {micro_batch} samples per device.",
     ]
     if cfg.amp is not None:

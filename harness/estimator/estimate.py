@@ -47,7 +47,7 @@ def estimate(
     """
     cfg = Settings.of(plan)
     par = cfg.parallel
-    facts = ModelFacts.of(workload)
+    facts = ModelFacts.of(workload, cfg.lora)
     b = plan.micro_batch_size
     assumptions = state_assumptions(facts, cfg, b)
     parts = activation_parts(workload, facts, cfg, env.device_type, b)
@@ -138,13 +138,16 @@ def step_costs(plan: Plan, workload: Workload, facts: ModelFacts, cfg: Settings,
     par, shape = cfg.parallel, workload.shape
     layers = shape.layers if shape is not None else (facts.blocks or 0)
     model = facts.parameter_bytes // (par.tensor * par.pipeline)
+    # gradients are reduced, and the optimizer steps, for the trainable parameters only
+    trained = sum(p.bytes for p in facts.params if p.trainable) // (par.tensor * par.pipeline)
+    stepped = sum(p.trainable for p in facts.params)
     width = 2 if cfg.amp else 4
     act = plan.micro_batch_size * shape.seq_len * shape.hidden * width if shape else 0
     return StepCosts(
         microsteps=max(1, par.microbatches), blocks=max(1, layers // par.pipeline),
         compiled=cfg.compile, data=par.data, zero=par.zero, model_bytes=model,
         state_touched_bytes=worst.state.parameters + worst.state.optimizer_state,
-        gradient_bytes=model, param_tensors=max(1, len(facts.params) // par.pipeline),
+        gradient_bytes=trained, param_tensors=max(1, stepped // par.pipeline),
         optimizer_impl=cfg.optimizer_impl, tensor=par.tensor, activation_bytes=act)
 
 

@@ -1,9 +1,16 @@
-"""The model's sizes, read from the model built on the meta device."""
+"""The model's sizes, read from the model built on the meta device.
+
+Under [strategies.lora] the adapters are put into that model first, as the strategy
+puts them in at its module-swap phase (strategies.lora.inject): the adapters are
+parameters like the others, and only they are trainable, so gradients and optimizer
+state count them alone.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,11 +57,16 @@ class ModelFacts:
     params: tuple[Param, ...] = ()  # every unique parameter, in the model's order
 
     @classmethod
-    def of(cls, workload: Workload) -> ModelFacts:
+    def of(cls, workload: Workload, lora: Any = None) -> ModelFacts:
+        """`lora`: the plan's LoRA settings (strategies.lora.LoraSettings), if any."""
         from harness.workloads.attention import ATTENTION
 
         with torch.device("meta"):
             model = workload.build_model()
+            if lora is not None:
+                from strategies.lora import inject
+
+                inject(model, lora)
         params = list(model.parameters())  # unique by identity: tied weights once
         buffers = {id(b): b for b in model.buffers()}.values()
         blocks = find_blocks(model)  # `model.blocks`, or the repeated layers found

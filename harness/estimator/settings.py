@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.core.plan import Plan
 
@@ -26,6 +27,7 @@ class Settings:
     distributed: tuple[str, ...]  # distributed strategies in the plan
     parallel: Parallelism
     averaging: bool = False  # weight averaging keeps a copy of the trainable parameters
+    lora: Any = None  # strategies.lora.LoraSettings: only its adapters train
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
@@ -52,6 +54,7 @@ class Settings:
             max_grad_norm=lamb.max_grad_norm if lamb is not None else 0.0,
             distributed=tuple(sorted(n for n in parsed if get(n).distributed)),
             averaging="averaging" in parsed,
+            lora=parsed.get("lora"),
             parallel=Parallelism.of(plan, parsed),
         )
 

@@ -126,10 +126,10 @@ def _cached_facts(of: Any) -> Any:
     1.3B GPT): the same workload arguments give the same facts, so once per workload."""
     seen: dict[str, Any] = {}
 
-    def cached(cls: Any, workload: Any) -> Any:
+    def cached(cls: Any, workload: Any, lora: Any = None) -> Any:
         key = f"{type(workload).__qualname__}:{getattr(workload, 'cfg', None)!r}"
-        if key.endswith(":None"):
-            return of(workload)
+        if key.endswith(":None") or lora is not None:
+            return of(workload, lora)
         if key not in seen:
             seen[key] = of(workload)
         return seen[key]
