@@ -32,6 +32,9 @@ TINY_MOE = {"mixtral": dict(hidden_size=32, intermediate_size=64, num_hidden_lay
                             num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
                             seq_len=16, num_local_experts=4, num_experts_per_tok=2,
                             output_router_logits=False)}
+# An encoder-decoder (copy with noise), apart too: both stacks' blocks are sharded.
+TINY_SEQ2SEQ = {"t5": dict(num_layers=2, num_decoder_layers=2, d_model=32, num_heads=2, d_kv=16,
+                           d_ff=64, vocab_size=64, seq_len=16, dropout_rate=0.0)}
 
 
 def workload_spec(key: str) -> tuple[str, dict]:
@@ -40,6 +43,8 @@ def workload_spec(key: str) -> tuple[str, dict]:
         return f"torchvision:{key}", TINY_VISION[key]
     if key in TINY_MOE:
         return f"hf:{key}", TINY_MOE[key]
+    if key in TINY_SEQ2SEQ:
+        return f"hf:{key}", TINY_SEQ2SEQ[key]
     return f"hf:{key}", TINY_HF[key]
 
 
