@@ -179,6 +179,17 @@ def test_an_encoder_decoder_copies_with_noise():
     assert all(torch.equal(a, b) for a, b in zip(again, (src, decoder, labels), strict=True))
 
 
+def test_an_encoder_decoder_copies_real_text_too():
+    args = {k: v for k, v in T5.items() if k != "vocab_size"}
+    workload = load_workload("hf:t5", {**args, "data": "text"})
+    assert workload.vocab == 256  # the corpus is bytes
+    src, decoder, labels = workload.batch(2, 3, "cpu")
+    text = bytes(labels[0].tolist()).decode("latin-1")
+    assert text.isprintable() or "\n" in text  # help pages, not the recurrence
+    assert torch.equal(decoder[:, 1:], labels[:, :-1]) and (src != labels).any()
+    assert workload.loss(workload.build_model(), (src, decoder, labels)).item() > 0
+
+
 @pytest.mark.parametrize(("model_type", "args", "blocks"), [
     ("t5", T5, "checkpoint (full): 4 of 4 x T5Block"),
     ("bart", dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.workloads.hf_config import derived_fields
+
 SEQ_LEN = 32
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2, 64, 4, 2, 128, 512
 
@@ -55,7 +57,19 @@ def _default(model_type: str) -> Any:
 def tiny_fields(model_type: str) -> dict[str, Any]:
     """[workload] arguments for a tiny `model_type` (dropout left as the config has it)."""
     config = _default(model_type)
-    have = config.to_dict()
+    fields = _shrunk(config.to_dict())
+    for name, sub in vars(config).items():  # an encoder-decoder's or a hybrid's sub-configs
+        if hasattr(sub, "to_dict") and hasattr(sub, "model_type") and name != "text_config":
+            whole, small = sub.to_dict(), _shrunk(sub.to_dict())
+            for key in derived_fields(type(sub), small):  # derived again from the small ones
+                whole.pop(key, None)
+            fields[name] = {**whole, **small}
+    fields["seq_len"] = SEQ_LEN
+    return fields
+
+
+def _shrunk(have: dict[str, Any]) -> dict[str, Any]:
+    """The tiny values of the fields `have` (a config's to_dict()) holds."""
     fields: dict[str, Any] = {}
     experts = any(isinstance(have.get(n), int) for n in _EXPERTS)
     for value, names in _SET:
@@ -95,5 +109,7 @@ def tiny_fields(model_type: str) -> dict[str, Any]:
             fields[name] = 2
     if "first_k_dense_replace" in have:
         fields["first_k_dense_replace"] = 1  # one dense layer, one mixture of experts
-    fields["seq_len"] = SEQ_LEN
+    for name in ("encoder_hash_byte_group_vocab",):  # BLT's hash embeddings: rows, not width
+        if isinstance(have.get(name), int):
+            fields[name] = VOCAB
     return fields
