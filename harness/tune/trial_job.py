@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from harness.launch.local import LocalLauncher
 from harness.launch.torch_helper import TorchHelper
 from harness.records.result import TrialResult
 from harness.records.run_store import RunStore, write_atomic
+from harness.records.step_log import read_steps
 from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
@@ -170,10 +172,21 @@ def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
         result.reason = f"stopped at the study's deadline; {result.reason or ''}".rstrip("; ")
     if result.status == "pruned":
         tags["pruned"] = PRUNED_SLOW
+        result.metrics["slow_stop"] = _rate_at_stop(folder / "steps.log", result.plan)
     result.tags = {**result.tags, **tags}
     _keep_excess(result, budget_bytes)
     result.write(folder / "result.json")
     return result
+
+
+def _rate_at_stop(steps_file: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
+    """What a trial stopped for slowness measured before it was stopped: its steps, and
+    the median throughput the stop judged (harness.tune.search.slow_trials)."""
+    times = [t for t in read_steps(steps_file) if t > 0]
+    if not times:
+        return None
+    rate = Plan.from_dict(plan).batch_size / statistics.median(times)
+    return {"steps": len(times), "samples_per_s": rate}
 
 
 def _not_run(run: TrialRunner, trial_id: int | str, plan: Plan, predicted: dict | None,

@@ -58,6 +58,7 @@ class TunerState:
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # config key -> record
     held: HeldTrials = field(default_factory=HeldTrials)  # RUNNING here, no record yet
     _correction: tuple[Any, Correction] | None = field(default=None, repr=False)
+    slow_once: dict[str, int] = field(default_factory=dict)  # config key -> slow stops
 
     def __post_init__(self) -> None:
         for r in self.run.store.records():
@@ -155,11 +156,17 @@ class TunerState:
 
     def remember(self, record: dict[str, Any]) -> None:
         """Keep a measured configuration's record, so a repeat proposal reuses it. A
-        trial stopped early for slowness is not kept: proposed again, it runs again
-        (on a shared machine one unlucky moment should not rule a configuration out).
-        One measured twice on a busy machine is kept (harness.tune.search.busy_machine)."""
-        if not is_reference(record) or tags_of(record).get("pruned") == PRUNED_SLOW:
+        trial stopped early for slowness is kept the second time only: proposed again
+        once, it runs again (on a shared machine one unlucky moment should not rule a
+        configuration out), but not a third time. One measured twice on a busy machine
+        is kept (harness.tune.search.busy_machine)."""
+        if not is_reference(record):
             return
+        if tags_of(record).get("pruned") == PRUNED_SLOW:
+            k = config_key(record["plan"])
+            self.slow_once[k] = self.slow_once.get(k, 0) + 1
+            if self.slow_once[k] < 2:
+                return
         # FAIL says nothing of the configuration, except a figure still flagged after it
         # was measured again: kept, so the search does not run it over and over.
         busy = ((record.get("metrics") or {}).get("interference") or {}).get("flagged")

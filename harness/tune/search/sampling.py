@@ -22,7 +22,9 @@ while other processes used the machine (metrics.interference.flagged, after the
 tuner measured it again: harness.tune.search.busy_machine): such a figure is the machine's, so
 it is never the best nor the bar that prunes others, and the configuration may be
 proposed and measured again. A trial stopped
-early for being slow is PRUNED with its step throughputs as intermediate values.
+early for being slow reports its step throughputs as intermediate values, and is
+COMPLETE at the median throughput its stop judged (metrics.slow_stop; PRUNED where
+that is unknown or the study has other objectives).
 """
 
 from __future__ import annotations
@@ -101,6 +103,13 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
                        {"memory": excess, "runs": 0.0})
     why = tags.get("pruned")
     if status == "pruned" and why == PRUNED_SLOW:
+        # COMPLETE at the throughput the stop judged, not PRUNED: TPE ranks pruned
+        # trials above every infeasible one and fills its "good" set with them when
+        # few trials completed, so a slow configuration drew the sampler back to itself
+        # (one 127,302-configuration replay ran the same one 326 times)
+        stopped = (m.get("slow_stop") or {}).get("samples_per_s")
+        if stopped and objectives == ["throughput"]:
+            return Outcome(TrialState.COMPLETE, [float(stopped)], {"memory": 0.0, "runs": 0.0})
         return Outcome(TrialState.PRUNED, None, {"memory": 0.0, "runs": 0.0})
     if status == "pruned" and why == PRUNED_MEMORY:
         return Outcome(TrialState.COMPLETE, worst(predicted_peak), {"memory": excess,
