@@ -101,6 +101,18 @@ def test_a_mixture_of_experts_checkpoints_and_autocasts():
         base[0], abs=2e-2)
 
 
+def test_tensor_parallel_splits_a_mixtures_attention_and_refuses_its_experts():
+    def reasons(tensor: dict) -> list[str]:
+        plan = Plan(workload="hf:mixtral", workload_args=MIXTRAL, layout=Layout(tensor=2),
+                    global_batch_size=4, micro_batch_size=4, strategies={"tensor": tensor},
+                    device="cpu")
+        return reasons_against(plan, RuntimeEnv.detect("cpu"))
+
+    (why,) = reasons({})
+    assert "base_model_tp_plan uses moe_tp_experts" in why and "\n" not in why
+    assert reasons({"mlp": False}) == []  # run on 2 ranks: tests/workloads/run_hf_case.py
+
+
 def test_pipeline_refuses_a_router_loss_it_would_drop():
     plan = Plan(workload="hf:mixtral", workload_args={**MIXTRAL, "tie_word_embeddings": False},
                 layout=Layout(pipeline=2), global_batch_size=4, micro_batch_size=2,

@@ -49,6 +49,8 @@ CASES = [
     # A mixture of experts: every expert resident on each rank, routed per token.
     Case("mixtral-ddp", "mixtral", DATA, {"ddp": {}}),
     Case("mixtral-zero3-checkpoint", "mixtral", DATA, {"zero": {"stage": 3}, "checkpoint": {}}),
+    # Its experts cannot be split here (moe_tp_experts): the attention can.
+    Case("mixtral-tensor-attention-only", "mixtral", TENSOR, {"tensor": {"mlp": False}}, micro=8),
     # An encoder-decoder: FSDP2 and checkpointing on both stacks' T5Blocks.
     Case("t5-zero3-checkpoint", "t5", DATA, {"zero": {"stage": 3}, "checkpoint": {}}),
     Case("llama-tensor-attention-only-sdpa", "llama", TENSOR,
