@@ -93,6 +93,28 @@ def test_the_router_loss_is_in_the_trained_loss_as_transformers_adds_it():
     torch.testing.assert_close(off.loss(model, (ids, labels)), lm_loss(out.logits, labels))
 
 
+def test_an_encoder_decoder_mixture_trains_with_its_router_losses():
+    """Switch Transformers (top-1, experts in a ModuleDict): FLOPs count 1 of 4 experts;
+    the loss adds both stacks' z-loss and balance loss as transformers does."""
+    workload = load_workload("hf:switch_transformers", dict(
+        num_layers=2, num_decoder_layers=2, d_model=64, num_heads=4, d_kv=16, d_ff=128,
+        vocab_size=512, seq_len=32, num_experts=4, encoder_sparse_step=2,
+        decoder_sparse_step=2, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
+        dropout_rate=0.0, router_jitter_noise=0.0))
+    torch.manual_seed(0)
+    model = workload.build_model()
+    from harness.workloads.hf_moe import inactive_parameters
+
+    assert inactive_parameters(model, workload.config) == (2 * 65_536 * 3 // 4, None)
+    src, decoder, labels = workload.batch(2, 0, "cpu")
+    out = model(input_ids=src, decoder_input_ids=decoder, output_router_logits=True)
+    routers = 0.001 * (out.encoder_z_loss + out.decoder_z_loss + out.encoder_aux_loss
+                       + out.decoder_aux_loss)
+    assert routers > 0
+    torch.testing.assert_close(workload.loss(model, (src, decoder, labels)),
+                               lm_loss(out.logits, labels) + routers)
+
+
 def test_a_mixture_of_experts_checkpoints_and_autocasts():
     workload = load_workload("hf:mixtral", {**TINY_MOE["mixtral"], "output_router_logits": True})
     base = train({}, workload=workload, steps=2)

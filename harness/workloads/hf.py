@@ -33,7 +33,12 @@ from harness.workloads.base import Workload
 from harness.workloads.data import check_name, is_synthetic
 from harness.workloads.data import tokens as token_data
 from harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
-from harness.workloads.hf_moe import aux_loss_coef, inactive_parameters, routes_logits
+from harness.workloads.hf_moe import (
+    aux_loss_coef,
+    expert_groups,
+    inactive_parameters,
+    routes_logits,
+)
 from harness.workloads.hf_seq2seq import seq2seq_batch, stack_layers, start_id
 from harness.workloads.tokens import IGNORE, masked, next_token
 
@@ -128,6 +133,11 @@ class HFWorkload(Workload):
         output_router_logits is on (the default here)."""
         if len(batch) == 3:  # an encoder-decoder: noisy source, teacher-forced decoder
             ids, decoder_ids, labels = batch
+            if self.aux_coef and self._has_experts(model):  # an encoder-decoder MoE: its router
+                # losses (encoder's and decoder's, z-loss too) come with its own loss,
+                # the cross-entropy of the same labels at the same positions
+                return model(input_ids=ids, decoder_input_ids=decoder_ids, labels=labels,
+                             output_router_logits=True).loss
             out = model(input_ids=ids, decoder_input_ids=decoder_ids)
         else:
             ids, labels = batch
@@ -138,9 +148,20 @@ class HFWorkload(Workload):
             loss = loss + self.aux_coef * aux.to(loss.dtype)
         return loss
 
+    def _has_experts(self, model: nn.Module) -> bool:
+        """Whether the model has routed experts (a config may leave every layer dense:
+        NLLB-MoE at 2 layers), looked up once."""
+        if getattr(self, "_experts_seen", None) is None:
+            self._experts_seen = bool(expert_groups(model))
+        return self._experts_seen
+
     @property
     def aux_coef(self) -> float | None:
-        if not getattr(self.config, "output_router_logits", False):
+        """The router loss's weight where the model adds one: output_router_logits on,
+        or an encoder-decoder MoE without that field (Switch Transformers), whose forward is
+        then asked for them."""
+        on = getattr(self.config, "output_router_logits", None)
+        if on is None and not self.seq2seq or on is False:
             return None
         return aux_loss_coef(self.config)
 

@@ -45,9 +45,13 @@ def _field(config: Any, names: tuple[str, ...]) -> int | None:
     return None
 
 
+# Models whose code fixes k rather than reading it from the config.
+TOP_K_BY_TYPE = {"switch_transformers": 1, "nllb-moe": 2}
+
+
 def top_k(config: Any) -> int | None:
-    """Experts per token, where the config says."""
-    return _field(config, TOP_K_FIELDS)
+    """Experts per token, where the config says (or the model's code fixes it)."""
+    return _field(config, TOP_K_FIELDS) or TOP_K_BY_TYPE.get(getattr(config, "model_type", ""))
 
 
 def expert_groups(model: nn.Module) -> list[ExpertGroup]:
@@ -59,7 +63,7 @@ def expert_groups(model: nn.Module) -> list[ExpertGroup]:
         params = list(module.parameters())
         if not params:
             continue
-        if isinstance(module, nn.ModuleList):
+        if isinstance(module, nn.ModuleList | nn.ModuleDict):  # Switch: expert_0, expert_1 ...
             count = len(module)
         else:
             stacked = [p.shape[0] for p in params if p.dim() == 3]
