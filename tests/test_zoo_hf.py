@@ -10,7 +10,7 @@
 - the zoo: a fixed sample of model types (SAMPLE, about 30 s on 2 CPU cores) held to the
   committed table (tests/zoo_hf.json, written by scripts/zoo_hf.py with the doc's table in
   docs/benchmarks/zoo_hf_cpu_2026-11-24.md); the full sweep is `slow` and runs only with
-  HARNESS_ZOO_FULL=1 (about 9 min on 2 cores): an ok type stays ok, a refusal is one line.
+  HARNESS_ZOO_FULL=1 (1 to 9 min on 2 cores): an ok type stays ok, a refusal is one line.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def test_zoo_sample_holds_the_table(model_type):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("HARNESS_ZOO_FULL"),
-                    reason="the full zoo sweep (about 9 min): set HARNESS_ZOO_FULL=1")
+                    reason="the full zoo sweep (1 to 9 min): set HARNESS_ZOO_FULL=1")
 def test_full_zoo_holds_the_table():
     import sys
 
