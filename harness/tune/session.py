@@ -37,7 +37,14 @@ from harness.tune.final.results import write_results
 from harness.tune.final.summary import now
 from harness.tune.progress import Progress
 from harness.tune.recovery.follower import Announcer, run_follower
-from harness.tune.recovery.resume import StaleTrials, jobs_left, recover, rejoin, settle
+from harness.tune.recovery.resume import (
+    StaleTrials,
+    jobs_left,
+    recover,
+    rejoin,
+    settle,
+    wait_for_untagged,
+)
 from harness.tune.recovery.storage import (
     STORAGE_ENV,
     PatientStorage,
@@ -152,6 +159,8 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
         try:
             for note in repair_records(ctx):  # lines cut short: cut out, trials settled
                 store.say(note)
+            if args.resume:  # a tuner killed between Optuna's ask and its tag
+                wait_for_untagged(ctx, progress.line)
             left = jobs_left(ctx)  # first: these are waited for, not failed by recover
             for note in recover(ctx):
                 progress.line(note)

@@ -116,3 +116,25 @@ def test_chaos_kill_9_at_random_moments_then_resume(moments, tmp_path, capsys):
         assert bool(torn) == (tear is not None and ended != 0), (seed, torn)
         assert all(c.name in err for c in torn), (seed, err)
         assert any(r["tags"]["phase"] == "ablation" for r in records), seed
+
+
+def test_chaos_killed_between_ask_and_tag_then_resume(moments, tmp_path, monkeypatch):
+    """A tuner killed in the milliseconds between Optuna's ask() and its worker tag left
+    an untagged RUNNING trial: --resume waits out the grace in which another worker's
+    fresh trial would have been tagged (shortened here), then settles it."""
+    import optuna
+
+    from harness.tune.recovery import resume
+
+    path, _ = moments
+    out = tmp_path / "run"
+    assert tune(str(path), "--out", str(out), "--budget", "10m") == 0
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
+    study = optuna.load_study(study_name=json.loads((out / "study.json").read_text())["name"],
+                              storage=storage)
+    asked = study.ask()  # the kill: no tag, no record
+    monkeypatch.setattr(resume, "UNTAGGED_GRACE_S", 1.0)
+    assert tune("--resume", "--out", str(out), "--budget", "10m") == 0
+    records = one_readable_record_per_trial(out)
+    assert asked.number in {r["tags"].get("optuna_number") for r in records}

@@ -22,10 +22,11 @@ A worker is gone when its process (harness.tune.recovery.workers.Worker) no long
 this host. One on another host is taken to run; a trial with no owner tag is left
 alone for its first minute (another worker may have just asked for it; the
 tuner's storage tags the trials ask() creates as it creates them, so this is
-rare). On an RDB storage a worker on another host is known dead by its silence:
-Optuna fails a trial without a heartbeat for storage.grace, and `StaleTrials`
-(the storage's stale-trial callback, in whichever worker noticed) writes the
-failed record and queues the retry the same way.
+rare); `--resume` waits that minute out first (`wait_for_untagged`), so that no
+trial of the killed tuner is left RUNNING. On an RDB storage a worker on another
+host is known dead by its silence: Optuna fails a trial without a heartbeat for
+storage.grace, and `StaleTrials` (the storage's stale-trial callback, in whichever
+worker noticed) writes the failed record and queues the retry the same way.
 
 A retry is a queued trial with the user attrs {"retry_of": <first number>,
 "retry_history": [<numbers run so far>]}. (Optuna's RetryFailedTrialCallback is not
@@ -157,6 +158,25 @@ def _abandoned(t: FrozenTrial) -> bool:
     # No owner yet: killed between ask and tagging, or a worker that has just asked.
     age = time.time() - t.datetime_start.timestamp() if t.datetime_start else 0.0
     return age > UNTAGGED_GRACE_S
+
+
+def wait_for_untagged(ctx: TunerState, say: Callable[[str], None]) -> float:
+    """On --resume: wait until the RUNNING trials without an owner tag are older than
+    UNTAGGED_GRACE_S, so that `recover` can tell a trial whose tuner was killed between
+    Optuna's ask and its tag (settled then) from one another worker has just asked
+    (tagged by then). Seconds waited; 0 when there is none (the usual case)."""
+    running = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    young = [t for t in running if Worker.parse(t.user_attrs.get("worker")) is None
+             and t.datetime_start is not None and not _abandoned(t)]
+    if not young:
+        return 0.0
+    last = max(t.datetime_start.timestamp() for t in young)
+    wait = max(0.0, last + UNTAGGED_GRACE_S - time.time()) + 1.0
+    say(f"{len(young)} trial(s) RUNNING with no worker's tag, started moments ago: a tuner "
+        "killed between Optuna's ask and its tag, or a worker that has just asked; waiting "
+        f"{wait:.0f} s to tell which")
+    time.sleep(wait)
+    return wait
 
 
 def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | None:
