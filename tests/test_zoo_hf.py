@@ -8,7 +8,7 @@
   router's loss in the trained loss; checkpointing and bf16 autocast on them; pipeline
   refused with the reason (data parallel and ZeRO 3 are in tests/workloads/run_hf_case.py);
 - the zoo: a fixed sample of model types (SAMPLE, about 30 s on 2 CPU cores) held to the
-  committed table (tests/zoo_hf.json, written by scripts/zoo_hf.py with the doc's table in
+  committed table (tests/zoo_hf.json, written by tests/workloads/zoo_hf.py with the doc's table in
   docs/benchmarks/zoo_hf_cpu_2026-11-24.md); the full sweep is `slow` and runs only with
   HARNESS_ZOO_FULL=1 (1 to 9 min on 2 cores): an ok type stays ok, a refusal is one line.
 """
@@ -274,7 +274,7 @@ def _held(model_type: str, got, table: dict[str, dict]) -> None:
 
 @pytest.mark.parametrize("model_type", SAMPLE + ["refused"])
 def test_zoo_sample_holds_the_table(model_type):
-    from harness.workloads.hf_zoo import check
+    from tests.workloads.hf_zoo import check
 
     table = _table()
     if model_type == "refused":  # the first refusal of the table: still one line
@@ -292,7 +292,7 @@ def test_full_zoo_holds_the_table():
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     from zoo_hf import sweep
 
-    from harness.workloads.hf_zoo import Outcome, types
+    from tests.workloads.hf_zoo import Outcome, types
 
     table = _table()
     rows = sweep(types(), workers=2)

@@ -2,7 +2,7 @@
 
 `tiny_fields("qwen2")` gives the [workload] arguments of a model of 2 layers, width 64,
 4 attention heads (2 key/value heads), vocabulary 512 and, for a mixture of experts, 4
-experts with 2 per token: what the zoo sweep (scripts/zoo_hf.py, tests/test_zoo_hf.py)
+experts with 2 per token: what the zoo sweep (tests/workloads/zoo_hf.py, tests/test_zoo_hf.py)
 builds every model type with. Only fields the type's config has are set, by the names
 it uses (GPT-2's n_layer, T5's d_model ...), and they go to the config's constructor,
 so the fields it derives from them (layer_types ...) follow.

@@ -4,7 +4,7 @@ seq2seq-LM head (encoder-decoders train copy with noise), built tiny
 step on the CPU, with checkpointing on where the block finder finds blocks.
 Each type comes out `ok` or `refused` with one line that says why.
 
-`check("qwen2")` runs one type in this process; `scripts/zoo_hf.py` runs them all in
+`check("qwen2")` runs one type in this process; `tests/workloads/zoo_hf.py` runs them all in
 worker processes and writes the table (docs/benchmarks/zoo_hf_cpu_2026-11-24.md);
 tests/test_zoo_hf.py holds the table.
 """
@@ -147,7 +147,7 @@ def _how_traced(assumptions: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Worker: `python -m harness.workloads.hf_zoo OUT.jsonl TYPE ...` appends one JSON
+    """Worker: `python -m tests.workloads.hf_zoo OUT.jsonl TYPE ...` appends one JSON
     line per type ({"start": type} before it, so a crash names the type)."""
     import json
     import sys

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""The zoo sweep over transformers' model types (harness.workloads.hf_zoo), and its table.
+"""The zoo sweep over transformers' model types (tests.workloads.hf_zoo), and its table.
 
-    python scripts/zoo_hf.py                      # every type; writes the doc's table
-    python scripts/zoo_hf.py --types qwen2 t5     # some types; prints their rows
+    python tests/workloads/zoo_hf.py                      # every type; writes the doc's table
+    python tests/workloads/zoo_hf.py --types qwen2 t5     # some types; prints their rows
 
 Types run in worker processes (`--workers`, one torch thread each), each type under a
 timeout; a worker that dies takes only its current type with it (refused: "crashed").
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "benchmarks" / "zoo_hf_cpu_2026-11-24.md"
 TABLE = ROOT / "tests" / "zoo_hf.json"
 BEGIN, END = "<!-- zoo table begin -->", "<!-- zoo table end -->"
@@ -30,7 +30,7 @@ BEGIN, END = "<!-- zoo table begin -->", "<!-- zoo table end -->"
 
 def run_worker(names: list[str], out: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([sys.executable, "-m", "harness.workloads.hf_zoo", str(out), *names],
+    return subprocess.Popen([sys.executable, "-m", "tests.workloads.hf_zoo", str(out), *names],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=TABLE)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from harness.workloads.hf_zoo import types
+    from tests.workloads.hf_zoo import types
 
     names = args.types or types()
     start = time.perf_counter()
