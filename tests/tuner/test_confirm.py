@@ -188,11 +188,15 @@ def test_the_estimators_fastest_guesses_come_first():
 
 
 def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypatch):
-    """Trials of 0.3 s each, 60 configurations: 20 s cannot measure them all, so the
-    study searches until the final phases' expected share and ends near its deadline."""
+    """Trials of 0.3 s each, 120 configurations: 20 s cannot measure them all, so the
+    study searches until the final phases' expected share and ends near its deadline.
+    (Random proposals: with TPE on a small space the search may converge first, 25
+    proposals in a row already measured, which ends it by another rule.)"""
     monkeypatch.setenv("FAKE_TRIAL_S", "0.3")
     out = tmp_path / "run"
-    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 1})
+    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 1},
+                       global_batch_size=32, micro_batch_sizes=[1, 2, 4, 8, 16, 32],
+                       sampler="random")
     assert tune(str(path), "--out", str(out), "--budget", "20s") == 0
     info = json.loads((out / "study.json").read_text())
     # the trial times the tuner expects come from the test's peaks, not this CPU's

@@ -212,10 +212,15 @@ def test_resume_runs_again_only_the_ablation_trials_that_never_finished(tmp_path
     assert len(ids) == len(set(ids))
 
 
-def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_path, launched):
+def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_path, launched,
+                                                                          monkeypatch):
     """Tuners sharing a storage start together: one's trial is RUNNING, not yet tagged
     with its worker, when the other settles what dead workers left (seen in CI)."""
     import datetime as dt
+    import subprocess
+    import sys
+
+    import psutil
 
     from harness.tune.recovery import resume
     from harness.tune.recovery.workers import Worker
@@ -227,10 +232,22 @@ def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_pat
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
     study = optuna.load_study(study_name="quickstart", storage=storage)
     just_asked = study.ask()  # another worker's, this instant: no tag yet
-    assert tune("--resume", "--out", str(out), "--n-trials", "3") == 0
-    (t,) = [t for t in optuna_trials(out) if t.number == just_asked.number]
-    assert t.state == TrialState.RUNNING
-    assert all(r["tags"].get("optuna_number") != t.number for r in records(out))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me = Worker.this()
+        live = Worker(me.host, other.pid, psutil.Process(other.pid).create_time())
+
+        def tagged_meanwhile(seconds):  # --resume waits out the grace; the worker tags
+            storage.set_trial_user_attr(just_asked._trial_id, "worker", live.tag)
+
+        monkeypatch.setattr(resume, "_sleep", tagged_meanwhile)
+        assert tune("--resume", "--out", str(out), "--n-trials", "3") == 0
+        (t,) = [t for t in optuna_trials(out) if t.number == just_asked.number]
+        assert t.state == TrialState.RUNNING  # the live worker's: left alone
+        assert all(r["tags"].get("optuna_number") != t.number for r in records(out))
+    finally:
+        other.kill()
+        other.wait()
 
     def frozen(worker=None, age_s=0.0):
         start = dt.datetime.now() - dt.timedelta(seconds=age_s)

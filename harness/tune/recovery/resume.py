@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 # Optuna's ask and the tag (milliseconds). Younger, it may be another worker's that
 # has just asked: tuners sharing a storage start at the same moment.
 UNTAGGED_GRACE_S = 60
+_sleep = time.sleep  # wait_for_untagged's wait (a test stands in for the minute)
 
 
 def recover(ctx: TunerState) -> list[str]:
@@ -175,7 +176,7 @@ def wait_for_untagged(ctx: TunerState, say: Callable[[str], None]) -> float:
     say(f"{len(young)} trial(s) RUNNING with no worker's tag, started moments ago: a tuner "
         "killed between Optuna's ask and its tag, or a worker that has just asked; waiting "
         f"{wait:.0f} s to tell which")
-    time.sleep(wait)
+    _sleep(wait)
     return wait
 
 
