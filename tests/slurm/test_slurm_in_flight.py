@@ -75,7 +75,10 @@ def stopped_with_two_jobs_held(study: Path, run: Path, met: Path, sig: int) -> i
     its exit code."""
     tuner = subprocess.Popen([sys.executable, "-m", "harness", "tune", str(study), "--out",
                               str(run), "--quiet"], cwd=ROOT, env=env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             # a test run started in the background (`cmd &` in a
+                             # script) ignores SIGINT, and a child inherits that
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         give_up = time.monotonic() + 180
         while not (met.exists() and len(list(met.iterdir())) == 2):
