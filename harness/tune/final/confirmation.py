@@ -184,7 +184,7 @@ def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float 
                 break
             window = None
             if rnd >= budget.confirm_repeats and longer > 1:
-                window = longer * _window_s(recorded.get(of))
+                window = longer * window_s(recorded.get(of))
             run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
                       window_s=window or None)
         if ended != "done":
@@ -196,7 +196,7 @@ def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float 
     return ended
 
 
-def _window_s(record: dict[str, Any] | None) -> float:
+def window_s(record: dict[str, Any] | None) -> float:
     """The seconds of a record's measured window (0 where it says none)."""
     return float((((record or {}).get("metrics") or {}).get("window") or {}).get("seconds") or 0)
 

@@ -13,12 +13,13 @@ user attribute "ablation_owner") runs them; `--resume` takes the claim over.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
 from harness.tune.budget import MARGIN
 from harness.tune.final.ablation import run_ablation
-from harness.tune.final.confirmation import run_confirmation
+from harness.tune.final.confirmation import run_confirmation, window_s
 from harness.tune.final.time_reserve import (
     ablation_round_trials,
     final_trials,
@@ -93,18 +94,10 @@ def rounds_that_fit(ctx: TunerState) -> int:
     ablation = MARGIN * each * budget.ablation_repeats * ablation_round_trials(ctx)
     left = ctx.clock.left() - ablation - MARGIN * each * per_round * budget.confirm_repeats
     # the rounds beyond confirm_repeats measure LONGER_WINDOW times as long a window
-    longer = each + (LONGER_WINDOW - 1) * window_seconds(records)
+    seconds = [window_s(r) for r in records if r["status"] == "ok" and window_s(r)]
+    longer = each + (LONGER_WINDOW - 1) * (statistics.median(seconds) if seconds else 0.0)
     fit = budget.confirm_repeats + int(max(0.0, left) // (MARGIN * longer * per_round))
     return max(budget.confirm_repeats, min(MAX_ROUNDS, fit))
-
-
-def window_seconds(records: list) -> float:
-    """A measured window's median seconds over the study's ok trials (0 if none says)."""
-    import statistics
-
-    seconds = [w for r in records if r["status"] == "ok"
-               and (w := ((r.get("metrics") or {}).get("window") or {}).get("seconds"))]
-    return statistics.median(seconds) if seconds else 0.0
 
 
 def _claim(ctx: TunerState, take_over: bool) -> bool:

@@ -21,7 +21,6 @@ history stays the search's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from harness.records.result import TrialResult
 from harness.records.tags import VARIANT, tags_of
 from harness.tune.final.extra_trial import attempt_id
 from harness.tune.search.busy_machine import measure_again_if_busy
+from harness.tune.search.queue_next import resolved_key
 from harness.tune.trial_job import run_trial_job
 
 if TYPE_CHECKING:
@@ -107,11 +107,10 @@ def run_variants(ctx: TunerState, fits: Callable[[], bool]) -> VariantsRun:
         return out
     out.of = str(best["trial_id"])
     recorded = {str(r["trial_id"]): r for r in records}
-    measured = {_key(r.get("plan") or {}) for r in records if r["status"] == "ok"}
     base = Plan.from_dict(best["plan"])
     for i, v in enumerate(variants(best["plan"])):
         plan = base.replace(strategies=v.strategies, name=base.name)
-        if _key(plan.to_dict()) in measured:
+        if resolved_key(ctx.run.facts, plan) in ctx.measured:
             continue  # the search measured it already
         try:
             ctx.run.torch_helper.prepare(plan, ctx.run.facts.peaks)
@@ -140,11 +139,6 @@ def ranked_best(ctx: TunerState, records: list[dict[str, Any]]) -> dict[str, Any
     named = str(best.user_attrs.get("trial_id", best.number)) if best is not None else None
     rows = [r for r in ranked(records) if may_be_best(r, ctx.run.budget_bytes)]
     return next((r for r in rows if str(r["trial_id"]) == named), rows[0] if rows else None)
-
-
-def _key(plan: dict[str, Any]) -> str:
-    fields = ("strategies", "layout", "micro_batch_size", "global_batch_size")
-    return json.dumps({k: plan.get(k) for k in fields}, sort_keys=True, default=str)
 
 
 def _run(ctx: TunerState, trial_id: str, plan: Plan, tags: dict[str, Any]) -> TrialResult:
