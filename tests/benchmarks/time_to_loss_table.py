@@ -94,6 +94,21 @@ def busy(result: Path) -> bool:
                  .get("interference") or {}).get("flagged"))
 
 
+def convergence_cells(conv: dict, seconds) -> tuple[str, str, str]:
+    """A convergence record's table cells: steps to target (median [min-max] over the
+    seeds), time to target (`seconds` formats it) with the seeds' spread, samples."""
+    runs = conv.get("runs") or []
+    if conv.get("reached"):
+        steps = [x["steps_to_target"] for x in runs]
+        lo, hi = conv["time_spread_s"]
+        return (f"{statistics.median(steps):g} [{min(steps)}–{max(steps)}]",
+                f"**{seconds(conv['time_to_target_s'])}** [{lo:.1f}–{hi:.1f}]",
+                f"{conv['samples_to_target']:g}")
+    missed = [x for x in runs if not x["reached"]]
+    return (f"missed by {len(missed)} of {len(runs)} seeds",
+            f"not reached (best loss {conv.get('best_val_loss', float('nan')):.3f})", "—")
+
+
 def _s(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f} s"
 
@@ -119,17 +134,7 @@ def table(records: list[dict]) -> str:
         lr = runs[0].get("lr")
         seen = _seen(r)
         busy = f"others {seen.get('other_cpu_share', 0):.0%}" if seen.get("flagged") else ""
-        if conv["reached"]:
-            steps = [x["steps_to_target"] for x in runs]
-            cell_steps = f"{statistics.median(steps):g} [{min(steps)}–{max(steps)}]"
-            lo, hi = conv["time_spread_s"]
-            cell_time = f"**{_s(conv['time_to_target_s'])}** [{lo:.1f}–{hi:.1f}]"
-            samples = f"{conv['samples_to_target']:g}"
-        else:
-            missed = [x for x in runs if not x["reached"]]
-            cell_steps = f"missed by {len(missed)} of {len(runs)} seeds"
-            cell_time = f"not reached (best loss {conv['best_val_loss']:.3f})"
-            samples = "—"
+        cell_steps, cell_time, samples = convergence_cells(conv, _s)
         lines.append(f"| {batch} | {opt} | {lr:.3g} | {r['plan']['micro_batch_size']} | "
                      f"{conv['step_time_s'] * 1000:.1f} ms | {cell_steps} | {samples} | "
                      f"{cell_time} | {busy} |")

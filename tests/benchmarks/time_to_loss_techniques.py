@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from time_to_loss_table import QUIET_WAIT_S, _seen, busy, quietest  # noqa: E402
+from time_to_loss_table import (  # noqa: E402
+    QUIET_WAIT_S,
+    _seen,
+    busy,
+    convergence_cells,
+    quietest,
+)
 
 STUDY = "studies/time-to-loss-cpu.toml"
 BATCH = 16
@@ -119,23 +125,12 @@ def table(rows: dict[str, dict]) -> str:
              "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for label, r in rows.items():
         conv = r["metrics"].get("convergence") or {}
-        runs = conv.get("runs") or []
         seen = _seen(r)
         share = seen.get("other_cpu_share")
         busy_cell = ("" if not seen.get("flagged") else
                      f"others {share:.0%}" if share is not None else
                      f"load {r['metrics'].get('load')}")
-        if conv.get("reached"):
-            steps = [x["steps_to_target"] for x in runs]
-            cell_steps = f"{statistics.median(steps):g} [{min(steps)}–{max(steps)}]"
-            lo, hi = conv["time_spread_s"]
-            cell_time = f"**{conv['time_to_target_s']:.1f} s** [{lo:.1f}–{hi:.1f}]"
-            samples = f"{conv['samples_to_target']:g}"
-        else:
-            missed = [x for x in runs if not x["reached"]]
-            cell_steps = f"missed by {len(missed)} of {len(runs)} seeds"
-            cell_time = f"not reached (best loss {conv.get('best_val_loss', float('nan')):.3f})"
-            samples = "—"
+        cell_steps, cell_time, samples = convergence_cells(conv, lambda t: f"{t:.1f} s")
         step = conv.get("step_time_s")
         what = VARIANTS[label][0]
         mark = "baseline" if label == "adamw" else (verdict(r, base) if base else "—")
