@@ -1,6 +1,6 @@
 """Time to a target validation loss (objective time_to_loss): the validation loss of each
 configuration against samples and against its own wall-clock, the steps to target by
-global batch and optimizer (MLPerf's convergence points), and the headline's figures.
+global batch and technique (MLPerf's convergence points), and the headline's figures.
 
 Each record's metrics.convergence holds one run per seed: its curve (validation loss at
 fixed sample counts), steps and samples to target, and whether it reached it. The
@@ -33,6 +33,7 @@ class Point:
 
     trial_id: str
     optimizer: str
+    technique: str  # the optimizer and the maths-changing strategies, "adamw + curriculum"
     batch: int
     reached: bool
     steps: float | None
@@ -52,7 +53,9 @@ def points(run: Run) -> list[Point]:
                 or tags_of(rec).get("phase") in REPEATS):
             continue
         spread = conv.get("time_spread_s")
-        out.append(Point(str(tid), str(conv.get("optimizer")), int(conv.get("global_batch") or 0),
+        optimizer = str(conv.get("optimizer"))
+        out.append(Point(str(tid), optimizer, str(conv.get("technique") or optimizer),
+                         int(conv.get("global_batch") or 0),
                          bool(conv.get("reached")), conv.get("steps_to_target"),
                          conv.get("samples_to_target"), conv.get("time_to_target_s"),
                          tuple(spread) if spread else None, float(conv.get("best_val_loss")),
@@ -61,7 +64,7 @@ def points(run: Run) -> list[Point]:
 
 
 def _label(p: Point) -> str:
-    return f"#{p.trial_id} {p.optimizer} batch {p.batch}"
+    return f"#{p.trial_id} {p.technique} batch {p.batch}"
 
 
 def _curves(run: Run, wall: bool) -> Figure:
@@ -73,7 +76,7 @@ def _curves(run: Run, wall: bool) -> Figure:
         return Figure(key, title, None, empty="No trial trained to a target loss.")
     fig = new_figure(420, xaxis_title="seconds" if wall else "samples",
                      yaxis_title="validation loss", xaxis_type="log" if wall else "linear")
-    for i, p in enumerate(sorted(found, key=lambda q: (q.optimizer, q.batch))):
+    for i, p in enumerate(sorted(found, key=lambda q: (q.technique, q.batch))):
         step_s = p.conv.get("step_time_s")
         if wall and not step_s:
             continue
@@ -84,7 +87,7 @@ def _curves(run: Run, wall: bool) -> Figure:
                 x=xs, y=[c["val_loss"] for c in curve], mode="lines+markers",
                 name=_label(p), legendgroup=p.trial_id, showlegend=j == 0,
                 line={"color": COLORS[i % len(COLORS)], "width": 1.5,
-                      "dash": "solid" if p.optimizer == "adamw" else "dot"},
+                      "dash": "solid" if p.technique == "adamw" else "dot"},
                 hovertext=f"{_label(p)}, seed {r.get('seed')}", marker={"size": 4}))
     target = found[0].conv.get("target_loss")
     if target is not None:
@@ -92,7 +95,8 @@ def _curves(run: Run, wall: bool) -> Figure:
                       annotation_text=f"target {target:g}")
     return Figure(key, title, fig, caption=(
         f"Held-out loss (eval mode, no gradients, the same samples each time) against {what}, "
-        "one line per seed; AdamW solid, LAMB dotted. A curve that stops above the dashed "
+        "one line per seed; plain AdamW solid, any other optimizer or technique dotted. A "
+        "curve that stops above the dashed "
         "line missed the target within its cap."))
 
 
@@ -118,22 +122,23 @@ def _cell(p: Point | None) -> str:
 
 
 def steps_table(run: Run) -> str:
-    """Rows: global batch; columns: optimizer; each cell the fastest configuration's steps,
-    samples and time to target (median over seeds, [min–max]), or the loss it reached."""
+    """Rows: global batch; columns: technique (the optimizer and the maths-changing
+    strategies beside it); each cell the fastest configuration's steps, samples and time
+    to target (median over seeds, [min–max]), or the loss it reached."""
     found = points(run)
     if not found:
         return ""
-    optimizers = sorted({p.optimizer for p in found})
+    techniques = sorted({p.technique for p in found})
     best: dict[tuple[int, str], Point] = {}
     for p in found:
-        k = (p.batch, p.optimizer)
+        k = (p.batch, p.technique)
         have = best.get(k)
         if have is None or (p.time_s or float("inf")) < (have.time_s or float("inf")):
             best[k] = p
-    head = "".join(f"<th>{esc(o)}</th>" for o in optimizers)
+    head = "".join(f"<th>{esc(o)}</th>" for o in techniques)
     rows = "".join(
         f"<tr><th>{b}</th>" + "".join(f"<td>{esc(_cell(best.get((b, o))))}</td>"
-                                      for o in optimizers) + "</tr>"
+                                      for o in techniques) + "</tr>"
         for b in sorted({p.batch for p in found}))
     return f"<table><tr><th>global batch</th>{head}</tr>{rows}</table>"
 
@@ -155,7 +160,7 @@ def fastest(run: Run) -> tuple[Point | None, str]:
     lo1, hi1 = first.spread or (first.time_s, first.time_s)
     lo2, _ = second.spread or (second.time_s, second.time_s)
     if lo2 <= hi1:
-        return first, (f"#{second.trial_id} ({second.optimizer}, batch {second.batch}, "
+        return first, (f"#{second.trial_id} ({second.technique}, batch {second.batch}, "
                        f"{format_seconds(second.time_s)}) is within the spread over seeds: "
                        "the two are not told apart")
     return first, f"ahead of the next (#{second.trial_id}) beyond the spread over seeds"

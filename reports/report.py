@@ -34,7 +34,7 @@ def build_report(run: Run) -> str:
     ttl = fc.points(run)
     if ttl:  # trained to a target loss: the curves and MLPerf's convergence points
         body += [figure(fc.loss_vs_time(run)), figure(fc.loss_vs_samples(run)),
-                 section("ttl_table", "Steps to target by global batch and optimizer",
+                 section("ttl_table", "Steps to target by global batch and technique",
                          fc.steps_table(run), "The fastest configuration of each pair: median "
                          "over seeds, [fastest–slowest seed]; time = steps × its step time.")]
     body += [trials_html(run), failures_html(run), study_html(run),
@@ -64,7 +64,7 @@ def _time_to_target_card(run: Run) -> str:
         return card("time to target", "not reached", note, "bad")
     target = best.conv.get("target_loss")
     return card(f"time to validation loss {target:g}", format_seconds(best.time_s),
-                f"#{best.trial_id} {best.optimizer}, global batch {best.batch}, "
+                f"#{best.trial_id} {best.technique}, global batch {best.batch}, "
                 f"{best.steps:g} steps; {note}".rstrip("; "), "good")
 
 

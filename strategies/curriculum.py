@@ -146,6 +146,7 @@ class Curriculum(Strategy):
 
         setup.batch_transform = lambda step, batch: truncate(batch, schedule.length(step))
         setup.work_at = work_at
+        setup.length_schedule = schedule
         steps = -(-settings.samples // plan.batch_size)
         setup.notes.append(
             f"curriculum ({settings.schedule}): sequence length {schedule.length(0)} at step 0, "

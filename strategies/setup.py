@@ -87,6 +87,9 @@ class Setup:
     # (model FLOPs, tokens) of one sample at step i where a strategy changes them step
     # by step (the curriculum's lengths); None: the workload's fixed figures.
     work_at: Callable[[int], tuple[float, float | None]] | None = None
+    # The curriculum's length schedule (strategies.curriculum.Schedule): a target trial
+    # times its steps at several lengths (harness.measure.length_times).
+    length_schedule: Any = None
     steps_done: int = 0
 
     def build_optimizer(self) -> torch.optim.Optimizer:

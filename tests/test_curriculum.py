@@ -11,6 +11,7 @@ import strategies
 from harness.core.device import RuntimeEnv
 from harness.core.plan import Plan
 from harness.core.target import TargetSpec, maths_key
+from harness.measure import length_times as lt
 from harness.measure import convergence
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
@@ -142,3 +143,43 @@ def test_the_curriculum_has_its_own_maths_key():
     assert len(keys) == 5
     kept = convergence.maths_plan(plan().replace(target=TargetSpec(loss=1.0)))
     assert kept.strategies["curriculum"] == {"start": 8, "samples": 64}  # trained with it
+
+
+def test_the_lengths_timed_are_the_schedules_first_full_and_evenly_between():
+    # 16, 24, ..., 64: seven lengths, thinned to five with the first and the full kept
+    schedule = Schedule(CurriculumSettings(start=16, samples=2048), full=64, batch=16)
+    assert lt.lengths_to_time(schedule) == [16, 32, 40, 56, 64]
+    # 8, 16, ..., 64: indices 0, 1.75, 3.5, 5.25, 7 rounded half up
+    short = Schedule(CurriculumSettings(start=8, samples=64), full=64, batch=4)
+    assert lt.lengths_to_time(short) == [8, 24, 40, 48, 64]
+    few = Schedule(CurriculumSettings(start=48, samples=64), full=64, batch=4)
+    assert lt.lengths_to_time(few) == [48, 56, 64]
+
+
+def test_a_runs_time_adds_each_steps_time_at_its_length():
+    times = {8: 1.0, 64: 8.0}  # linear in between: 1 + 7 (n - 8) / 56
+    assert lt.step_time_at(times, 8) == 1.0 and lt.step_time_at(times, 64) == 8.0
+    assert lt.step_time_at(times, 36) == pytest.approx(4.5)
+    assert lt.step_time_at(times, 4) == 1.0 and lt.step_time_at(times, 128) == 8.0
+    schedule = Schedule(CurriculumSettings(start=8, samples=64), full=64, batch=4)
+    by_hand = sum(1 + 7 * (schedule.length(i) - 8) / 56 for i in range(20))
+    assert lt.run_seconds(times, schedule.length, 20) == pytest.approx(by_hand)
+
+
+def test_a_target_trials_time_to_target_counts_each_step_at_its_length(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    target = TargetSpec(loss=4.0, max_samples=256, eval_every=16, eval_samples=16, seeds=[0])
+    result = run_trial(prepare(plan(target=target), peaks={"fp32": PEAK}), "test")
+    assert result.status == "ok", result.reason
+    m = result.metrics
+    measured = m["step_time_by_length_s"]
+    schedule = Schedule(CurriculumSettings(start=8, samples=64), full=64, batch=4)
+    assert sorted(measured) == lt.lengths_to_time(schedule)
+    assert all(t > 0 for t in measured.values())
+    conv = m["convergence"]
+    steps = conv["steps_to_target"]
+    assert m["time_to_target_s"] == pytest.approx(
+        lt.run_seconds(measured, schedule.length, int(steps)))
+    assert conv["window_step_time_s"] == m["step_time_s"]["median"]
+    assert conv["step_time_s"] == pytest.approx(m["time_to_target_s"] / steps)
+    assert conv["technique"] == "adamw + curriculum"

@@ -89,6 +89,13 @@ def optimizer_name(strategies: dict[str, Any]) -> str:
     return next((name for name in OPTIMIZERS if name in strategies), "adamw")
 
 
+def technique_name(strategies: dict[str, Any]) -> str:
+    """What the plan trains with, in words: its optimizer and the maths-changing
+    strategies beside it, e.g. "adamw + curriculum" (the report's rows and legends)."""
+    return " + ".join([optimizer_name(strategies)]
+                      + [name for name in MATHS_STRATEGIES if name in strategies])
+
+
 def _settings(table: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in sorted((table or {}).items()) if k not in IMPLEMENTATION_SETTINGS}
 

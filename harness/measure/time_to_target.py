@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from harness.core.target import maths_key, optimizer_name, precision
+from harness.core.target import maths_key, optimizer_name, precision, technique_name
 from harness.measure import target_cache
 from harness.measure.convergence import train_to_target
 from harness.measure.prepare import Prepared
@@ -37,17 +37,35 @@ def seed_runs(prep: Prepared) -> list[dict[str, Any]]:
 
 
 def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss: float,
-              plan: dict[str, Any]) -> dict[str, Any]:
-    """metrics.convergence, and the schema's steps_to_target / time_to_target_s."""
+              plan: dict[str, Any], length_times: dict[int, float] | None = None
+              ) -> dict[str, Any]:
+    """metrics.convergence, and the schema's steps_to_target / time_to_target_s.
+
+    A seed's time is its steps to target x the measured step time; with a curriculum's
+    `length_times` (harness.measure.length_times), the sum of each step's time at its
+    length, and step_time_s is then that run's mean step (the window's is kept beside)."""
     reached = all(r["reached"] for r in runs)
     steps = [r["steps_to_target"] for r in runs if r["reached"]]
     times = [s * step_time_s for s in steps] if step_time_s else []
+    extra: dict[str, Any] = {}
+    if length_times and steps:
+        from harness.measure import length_times as lt
+
+        schedule = lt.schedule_of(plan, length_times)
+        times = [lt.run_seconds(length_times, schedule.length, s) for s in steps]
+        mid = statistics.median(steps)
+        extra = {"window_step_time_s": step_time_s,
+                 "step_time_by_length_s": {str(k): v for k, v in length_times.items()},
+                 "time_rule": "each step at its length's measured step time (curriculum), "
+                              "linear between the measured lengths"}
+        step_time_s = lt.run_seconds(length_times, schedule.length, round(mid)) / round(mid)
     strategies = plan.get("strategies") or {}
     out: dict[str, Any] = {
         "target_loss": target_loss,
         "reached": reached,
         "seeds": [r["seed"] for r in runs],
         "optimizer": optimizer_name(strategies),
+        "technique": technique_name(strategies),
         "precision": precision(strategies),
         "global_batch": plan.get("global_batch_size") or plan.get("micro_batch_size"),
         "step_time_s": step_time_s,
@@ -58,6 +76,7 @@ def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss
         "time_spread_s": [min(times), max(times)] if reached and times else None,
         "best_val_loss": min(r["best_val_loss"] for r in runs),
         "runs": runs,
+        **extra,
     }
     return out
 
@@ -69,7 +88,8 @@ def add_time_to_target(prep: Prepared, metrics: dict[str, Any]) -> tuple[str, st
     assert spec is not None
     plan = prep.plan.to_dict()
     step_s = (metrics.get("step_time_s") or {}).get("median")
-    conv = summarize(seed_runs(prep), step_s, spec.loss, plan)
+    conv = summarize(seed_runs(prep), step_s, spec.loss, plan,
+                     metrics.get("step_time_by_length_s"))
     metrics["convergence"] = conv
     metrics["steps_to_target"] = conv["steps_to_target"]
     metrics["time_to_target_s"] = conv["time_to_target_s"]

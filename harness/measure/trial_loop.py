@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 import traceback
+from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,6 +115,12 @@ def run_trial(
     return result
 
 
+def timed_lengths(setup: Any, plan: Any) -> bool:
+    """A target trial with a length curriculum: its run's steps are timed at their lengths
+    (harness.measure.length_times), not at the window's first ones only."""
+    return setup.length_schedule is not None and plan.target is not None
+
+
 def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any], str, str | None]:
     info = info or RankInfo()
     plan, device, workload = prep.plan, prep.device, prep.workload
@@ -173,6 +180,8 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 "warmup": time.perf_counter() - t_warmup}
     first = len(warm_times)
     window: list[torch.Tensor | None] = []  # the window's losses, still on the device
+    # a curriculum's target trial times its lengths on the window's last batches after it
+    last_batches: deque = deque(maxlen=4 if timed_lengths(setup, plan) else 0)
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
 
     def report_done() -> None:  # steps the device has finished; never waits for it
@@ -192,7 +201,9 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 others.start()
                 timer.start()
                 for i in range(first, first + n_window):
-                    loss = setup.step(feed(i), workload.loss)
+                    batch = feed(i)
+                    last_batches.append(batch)
+                    loss = setup.step(batch, workload.loss)
                     window.append(None if loss is None else loss.detach())
                     timer.step_done()
                     report_done()
@@ -278,6 +289,12 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         energy_j_per_sample=_energy_per_sample(ranks, len(step_times) * plan.batch_size),
         nvml=dataclasses.asdict(reading) if reading else None,
     )
+    if last_batches and status == "ok":  # the curriculum's steps at their lengths
+        from harness.measure import length_times as lt
+
+        metrics["step_time_by_length_s"] = lt.time_lengths(
+            setup, list(last_batches), workload.loss, lt.timed(device),
+            lt.lengths_to_time(setup.length_schedule), max(plan.steps, 3))
     if plan.save and status == "ok" and info.writes_result:  # harness bench --save
         from harness.workloads.trained import save_trained
 

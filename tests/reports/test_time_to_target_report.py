@@ -1,5 +1,5 @@
 """The page of a time-to-loss study: validation loss against wall-clock and samples, the
-steps-to-target table by global batch and optimizer, time to target in the headline, a
+steps-to-target table by global batch and technique, time to target in the headline, a
 miss shown as the loss it reached, and two times within the seeds' spread said to be so."""
 
 from __future__ import annotations
@@ -89,3 +89,23 @@ def test_the_confirmation_rounds_give_the_headline_its_time(tmp_path):
          "best_by_repeats": decision}))
     assert "its lead over the baseline is within the spread" in headline(
         load_run(tmp_path / "run")).basis
+
+
+def test_techniques_beside_the_same_optimizer_are_their_own_columns_and_legends(tmp_path):
+    """A curriculum or EMA run trains with AdamW too: the table and the curves tell them
+    from plain AdamW by the record's technique (older records: the optimizer alone)."""
+    recs = [r for r in synthetic_records(6, ablation=False) if r["status"] == "ok"][:3]
+    recs[0]["metrics"]["convergence"] = convergence("adamw", 16, [100, 110, 120], 0.01)
+    recs[1]["metrics"]["convergence"] = {**convergence("adamw", 16, [60, 70, 80], 0.01),
+                                         "technique": "adamw + curriculum"}
+    recs[2]["metrics"]["convergence"] = {**convergence("muon", 16, [80, 90, 95], 0.01),
+                                         "technique": "muon + averaging"}
+    run = load_run(write_run(tmp_path / "run", recs, objective="time_to_loss"))
+    table = fc.steps_table(run)
+    for column in ("<th>adamw</th>", "<th>adamw + curriculum</th>", "<th>muon + averaging</th>"):
+        assert column in table
+    assert "70 steps, 1120 samples" in table and "110 steps, 1760 samples" in table
+    best, _ = fc.fastest(run)
+    assert best.technique == "adamw + curriculum"
+    legends = {t.name for t in fc.loss_vs_samples(run).fig.data if t.showlegend}
+    assert any("adamw + curriculum batch 16" in name for name in legends)
