@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,28 @@ def plans(study_path: str, seeds: list[int] | None = None) -> list:
     return out
 
 
+def measure_until_quiet(folder: Path, plan, remeasure: int, say: str,
+                        timeout: str = "") -> None:
+    """One `harness bench` trial of `plan` into `folder`, unless a quiet result is there;
+    a result measured beside others' work is kept aside (result-busy-N.json) and measured
+    again, up to `remeasure` times (quietest() then picks the least disturbed)."""
+    result, runs = folder / "result.json", 0
+    while True:
+        if result.is_file() and (not busy(result) or runs > remeasure):
+            return
+        if result.is_file():
+            kept = len(list(folder.glob("result-busy-*.json")))
+            result.rename(folder / f"result-busy-{kept}.json")
+            time.sleep(QUIET_WAIT_S)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plan.toml").write_text(plan.to_toml())
+        print(f"{say} {time.strftime('%H:%M:%S')} load {os.getloadavg()}", flush=True)
+        subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
+                        "--out", str(folder), *(["--timeout", timeout] if timeout else [])],
+                       check=False)
+        runs += 1
+
+
 def run_all(study_path: str, out: Path, remeasure: int = REMEASURE,
             max_batch: int = 0, only: set[int] | None = None,
             seeds: list[int] | None = None, timeout: str = "") -> list[dict]:
@@ -55,21 +78,7 @@ def run_all(study_path: str, out: Path, remeasure: int = REMEASURE,
         folder = out / f"{i:02d}-b{plan.batch_size}-m{plan.micro_batch_size}-" \
                        f"{'lamb' if 'lamb' in plan.strategies else 'adamw'}"
         result = folder / "result.json"
-        for attempt in range(remeasure + 1):
-            if result.is_file() and not busy(result):
-                break
-            if result.is_file():  # measured beside others' work: kept aside, measured again
-                if attempt == remeasure:
-                    break
-                kept = len(list(folder.glob("result-busy-*.json")))
-                result.rename(folder / f"result-busy-{kept}.json")
-                time.sleep(QUIET_WAIT_S)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "plan.toml").write_text(plan.to_toml())
-            print(f"[{i}] {folder.name}", flush=True)
-            subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
-                            "--out", str(folder), *(["--timeout", timeout] if timeout else [])],
-                           check=False)
+        measure_until_quiet(folder, plan, remeasure, f"[{i}] {folder.name}", timeout)
         if result.is_file():
             records.append(quietest(folder))
     return records
