@@ -85,6 +85,22 @@ def test_the_maths_key_ignores_layout_and_kernels_not_what_changes_the_numbers()
     assert maths_key(p.to_dict(), 0, "cuda") != key
 
 
+def test_a_fine_tunings_saved_start_is_in_the_maths_key(tmp_path):
+    """hf:/folder trains from the folder's weights: saved again there (another size or
+    time), its runs to the target are another key; a hub name has no such part."""
+    folder = tmp_path / "base"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"0" * 8)
+    p = plan().replace(workload=f"hf:{folder}", workload_args={"seq_len": 32})
+    first = maths_key(p.to_dict(), 0, "cpu")
+    assert '"start_weights": [["model.safetensors", 8' in first
+    (folder / "model.safetensors").write_bytes(b"0" * 16)  # saved again
+    assert maths_key(p.to_dict(), 0, "cpu") != first
+    hub = maths_key(p.replace(workload="hf:llama").to_dict(), 0, "cpu")
+    assert "start_weights" not in hub
+
+
 def test_steps_to_target_are_cached_and_reused_only_where_the_maths_is_unchanged(monkeypatch):
     trained = []
     real = convergence.train_to_target

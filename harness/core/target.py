@@ -136,16 +136,25 @@ def maths_key(plan: dict[str, Any], seed: int, device_type: str) -> str:
         training["distill"]["teacher_weights"] = teacher_weights(training["distill"])
     if training:  # absent otherwise, so that the keys cached before stay valid
         table["training"] = training
+    start = folder_weights(str(workload.get("name", "")))
+    if start:  # an hf:/folder's saved weights (a fine-tuning's start): saved again, another key
+        table["start_weights"] = start
     return json.dumps(table, sort_keys=True, default=str)
 
 
 def teacher_weights(settings: dict[str, Any]) -> list[list[Any]]:
     """The distillation teacher's weight files (name, size, modification time), so that a
     teacher saved again in the same folder changes the maths key."""
+    return folder_weights(str(settings.get("teacher", "")))
+
+
+def folder_weights(where: str) -> list[list[Any]]:
+    """The files of a folder of weights (`hf:/folder` or a path): name, size and
+    modification time each; [] where `where` is not a folder (a hub name, "gpt")."""
     from pathlib import Path
 
-    folder = Path(str(settings.get("teacher", "")).removeprefix("hf:")).expanduser()
-    if not folder.is_dir():
+    folder = Path(where.removeprefix("hf:")).expanduser()
+    if not where or not folder.is_dir():
         return []
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir())
             if f.suffix in (".safetensors", ".bin", ".pt")]
