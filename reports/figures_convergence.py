@@ -46,7 +46,10 @@ class Point:
 
 
 def points(run: Run) -> list[Point]:
+    """One per configuration trained to the target; where the records train several
+    workloads (a folder of bench runs), each technique is named with its workload."""
     out = []
+    workloads = {}
     for tid, rec in run.records.items():
         conv = (rec.get("metrics") or {}).get("convergence")
         if (not isinstance(conv, dict) or not conv.get("runs")
@@ -54,17 +57,35 @@ def points(run: Run) -> list[Point]:
             continue
         spread = conv.get("time_spread_s")
         optimizer = str(conv.get("optimizer"))
+        workloads[str(tid)] = _workload(rec)
         out.append(Point(str(tid), optimizer, str(conv.get("technique") or optimizer),
                          int(conv.get("global_batch") or 0),
                          bool(conv.get("reached")), conv.get("steps_to_target"),
                          conv.get("samples_to_target"), conv.get("time_to_target_s"),
                          tuple(spread) if spread else None, float(conv.get("best_val_loss")),
                          len(conv["runs"]), conv))
+    if len(set(workloads.values())) > 1:
+        out = [dataclasses.replace(p, technique=f"{workloads[p.trial_id]}: {p.technique}")
+               for p in out]
     return out
 
 
+def _workload(rec: dict[str, Any]) -> str:
+    """The record's workload, short: an hf:/folder by its folder's name."""
+    w = (rec.get("plan") or {}).get("workload")
+    name = str((w.get("name") if isinstance(w, dict) else w) or "?")
+    if name.startswith("hf:") and "/" in name:
+        name = "hf:" + name.rstrip("/").rsplit("/", 1)[-1]
+    return name
+
+
+def tid(trial_id: str) -> str:
+    """A trial as the page names it: #12 for a study's, the folder's name for a bench's."""
+    return f"#{trial_id}" if trial_id.isdigit() else trial_id
+
+
 def _label(p: Point) -> str:
-    return f"#{p.trial_id} {p.technique} batch {p.batch}"
+    return f"{tid(p.trial_id)} {p.technique} batch {p.batch}"
 
 
 def _curves(run: Run, wall: bool) -> Figure:
@@ -160,10 +181,10 @@ def fastest(run: Run) -> tuple[Point | None, str]:
     lo1, hi1 = first.spread or (first.time_s, first.time_s)
     lo2, _ = second.spread or (second.time_s, second.time_s)
     if lo2 <= hi1:
-        return first, (f"#{second.trial_id} ({second.technique}, batch {second.batch}, "
+        return first, (f"{tid(second.trial_id)} ({second.technique}, batch {second.batch}, "
                        f"{format_seconds(second.time_s)}) is within the spread over seeds: "
                        "the two are not told apart")
-    return first, f"ahead of the next (#{second.trial_id}) beyond the spread over seeds"
+    return first, f"ahead of the next ({tid(second.trial_id)}) beyond the spread over seeds"
 
 
 

@@ -140,7 +140,9 @@ def _check(raw: list[tuple[str, Any]], notes: list[str]) -> dict[str, dict]:
             notes.append(f"{where}: not a schema-{SCHEMA} TrialResult (schema {got!r}); skipped")
             continue
         tid = r.get("trial_id")
-        tid = str(tid) if tid is not None else ("bench" if len(raw) == 1 else f"#{i}")
+        if tid is None:  # bench runs: one, or a folder of them named by their folders
+            tid = "bench" if len(raw) == 1 else (Path(where).parent.name or f"#{i}")
+        tid = str(tid)
         if tid in records:
             notes.append(f"trial {tid} is recorded more than once: the last record is used")
             del records[tid]

@@ -64,7 +64,7 @@ def _time_to_target_card(run: Run) -> str:
         return card("time to target", "not reached", note, "bad")
     target = best.conv.get("target_loss")
     return card(f"time to validation loss {target:g}", format_seconds(best.time_s),
-                f"#{best.trial_id} {best.technique}, global batch {best.batch}, "
+                f"{fc.tid(best.trial_id)} {best.technique}, global batch {best.batch}, "
                 f"{best.steps:g} steps; {note}".rstrip("; "), "good")
 
 

@@ -292,9 +292,12 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     if last_batches and status == "ok":  # the curriculum's steps at their lengths
         from harness.measure import length_times as lt
 
-        metrics["step_time_by_length_s"] = lt.time_lengths(
+        # timed on batches at hand: each length's step gets the window's mean data wait
+        wait = (metrics.get("data_wait_s") or 0.0) / len(step_times)
+        metrics["step_time_by_length_s"] = {n: t + wait for n, t in lt.time_lengths(
             setup, list(last_batches), workload.loss, lt.timed(device),
-            lt.lengths_to_time(setup.length_schedule), max(plan.steps, 3))
+            lt.lengths_to_time(setup.length_schedule), max(plan.steps, 3)).items()}
+        metrics["step_time_by_length_data_wait_s"] = wait
     if plan.save and status == "ok" and info.writes_result:  # harness bench --save
         from harness.workloads.trained import save_trained
 

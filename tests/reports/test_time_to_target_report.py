@@ -109,3 +109,22 @@ def test_techniques_beside_the_same_optimizer_are_their_own_columns_and_legends(
     assert best.technique == "adamw + curriculum"
     legends = {t.name for t in fc.loss_vs_samples(run).fig.data if t.showlegend}
     assert any("adamw + curriculum batch 16" in name for name in legends)
+
+
+def test_a_folder_of_bench_runs_names_them_by_folder_and_their_workloads(tmp_path):
+    """tests/benchmarks/time_to_loss_techniques.py writes one bench folder per row, two
+    workloads among them: the page names each by its folder, each column by workload."""
+    recs = [r for r in synthetic_records(6, ablation=False) if r["status"] == "ok"][:2]
+    recs[0]["metrics"]["convergence"] = convergence("adamw", 16, [100, 110, 120], 0.01)
+    recs[1]["metrics"]["convergence"] = {**convergence("adamw", 16, [60, 70, 80], 0.01),
+                                         "technique": "adamw + lora"}
+    recs[1]["plan"]["workload"] = {"name": f"hf:{tmp_path}/saved/base", "seq_len": 64}
+    for name, rec in zip(["adamw", "lora-8"], recs, strict=True):
+        rec.pop("trial_id", None)
+        (tmp_path / "rows" / name).mkdir(parents=True)
+        (tmp_path / "rows" / name / "result.json").write_text(json.dumps(rec))
+    run = load_run(tmp_path / "rows")
+    assert set(run.records) == {"adamw", "lora-8"}
+    table = fc.steps_table(run)
+    assert "<th>gpt: adamw</th>" in table and "<th>hf:base: adamw + lora</th>" in table
+    assert fc.fastest(run)[0].trial_id == "lora-8"
