@@ -44,6 +44,23 @@ def test_a_folder_with_a_config_only_builds_fresh_weights(tmp_path):
     assert len(workload.build_model().model.layers) == 1  # arguments override the file
 
 
+def test_a_bare_name_is_the_model_type_even_beside_a_folder_of_that_name(tmp_path,
+                                                                        monkeypatch):
+    """`harness bench --workload hf:llama --save llama` makes ./llama; the next hf:llama
+    run there is still the model type, and hf:./llama (or sub/llama) the folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama").mkdir()  # a --save folder, not yet written
+    args = {"seq_len": 16, "num_hidden_layers": 1, "hidden_size": 32,
+            "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "vocab_size": 64}
+    assert load_workload("hf:llama", args).source.folder is None
+    with pytest.raises(HarnessError, match="no config.json in"):
+        load_workload("hf:./llama", {"seq_len": 16})
+    tiny_hf("llama").config.save_pretrained(tmp_path / "sub" / "llama")
+    assert load_workload("hf:sub/llama", {"seq_len": 16}).source.folder == (
+        tmp_path / "sub" / "llama")
+
+
 @pytest.mark.parametrize(("name", "args", "message"), [
     ("hf:lama", {}, "knows no model type 'lama' (did you mean 'llama'?)"),
     ("hf:llama", {"num_hiden_layers": 2}, "'num_hiden_layers' is not a field of LlamaConfig "

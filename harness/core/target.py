@@ -153,8 +153,10 @@ def folder_weights(where: str) -> list[list[Any]]:
     modification time each; [] where `where` is not a folder (a hub name, "gpt")."""
     from pathlib import Path
 
-    folder = Path(where.removeprefix("hf:")).expanduser()
-    if not where or not folder.is_dir():
+    spec = where.removeprefix("hf:")
+    folder = Path(spec).expanduser()
+    # a bare name is a model type (harness.workloads.hf_config.is_folder), never a folder
+    if not spec or not (spec.startswith(("/", ".", "~")) or "/" in spec) or not folder.is_dir():
         return []
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir())
             if f.suffix in (".safetensors", ".bin", ".pt")]

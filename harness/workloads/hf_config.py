@@ -36,7 +36,10 @@ class HFSource:
 
 
 def is_folder(spec: str) -> bool:
-    return spec.startswith(("/", ".", "~")) or Path(spec).expanduser().is_dir()
+    """`hf:<spec>` names a folder: a path (/, ., ~ first) or a relative one with a "/"
+    that exists. A bare name is a model type, even beside a folder of that name (so
+    `--save llama` run here does not turn the next `hf:llama` into that folder)."""
+    return spec.startswith(("/", ".", "~")) or ("/" in spec and Path(spec).expanduser().is_dir())
 
 
 def _known_fields(config: Any) -> set[str]:
