@@ -17,6 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from harness.records.run_store import RunStore
+from harness.tune.recovery import resume
 from harness.tune.recovery.storage import PatientStorage
 from harness.tune.recovery.workers import Worker
 from harness.tune.tuner_state import TunerState
@@ -130,6 +131,9 @@ def test_an_outage_at_any_step_leaves_one_record_per_trial(tmp_path, postgres, m
     before = (out / "trials.jsonl").read_text()
 
     postgres.start()
+    # the claimed trial has no worker's tag: --resume waits out its grace (a minute; a
+    # second here) before settling it, as tests/tuner/test_kill_9_moments.py does
+    monkeypatch.setattr(resume, "UNTAGGED_GRACE_S", 1.0)
     assert tune("--resume", "--out", str(out), "--storage", postgres.url) == 0
     recs = records(out)
     assert (out / "trials.jsonl").read_text().startswith(before)  # nothing lost or rewritten
