@@ -101,6 +101,25 @@ def test_a_fine_tunings_saved_start_is_in_the_maths_key(tmp_path):
     assert "start_weights" not in hub
 
 
+def test_each_seed_draws_its_own_batches_and_seed_0_the_trials(monkeypatch):
+    """The seed sets the data order as well as the weights: seed 0 trains on the
+    workload's batches 0, 1, 2 ... (a trial's), seed 1 on its own stream."""
+    p = plan(target=TargetSpec(loss=0.0, max_samples=32, eval_every=16, eval_samples=8))
+    w = load_workload(p.workload, p.workload_args)
+    drawn: list[int] = []
+    real = w.batch
+
+    def spy(batch_size, index, device):
+        drawn.append(index)
+        return real(batch_size, index, device)
+
+    monkeypatch.setattr(w, "batch", spy)
+    for seed in (0, 1):
+        convergence.train_to_target(p, w, torch.device("cpu"), None, seed)
+    steps = 32 // p.batch_size
+    assert drawn == list(range(steps)) + [convergence.DATA_STRIDE + s for s in range(steps)]
+
+
 def test_steps_to_target_are_cached_and_reused_only_where_the_maths_is_unchanged(monkeypatch):
     trained = []
     real = convergence.train_to_target

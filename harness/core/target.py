@@ -31,7 +31,8 @@ from typing import Any, Literal
 from harness.core.config import bounded
 from harness.core.errors import HarnessError
 
-KEY_VERSION = 1
+# 2: each seed draws its own batches (harness.measure.convergence.data_index)
+KEY_VERSION = 2
 # Workload arguments that choose a kernel, not a result (gpt's attention: explicit or sdpa;
 # an hf: model's attn_implementation: eager or sdpa).
 KERNEL_ARGS = frozenset({"attention", "attn_implementation"})

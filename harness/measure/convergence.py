@@ -4,9 +4,11 @@ reaches `target.loss`, or the cap.
 It trains the plan's maths and nothing else (`maths_plan`): one process, no
 parallel layout, and of the strategies only those that change the numbers (amp's
 precision, LAMB, LARS, Muon, weight averaging) or keep memory in bounds without
-changing them (accumulation, checkpointing). The batch of step s is the workload's
-batch s, as in every trial. The lr is the plan's, scaled with the global batch and
-warmed up as [target] says.
+changing them (accumulation, checkpointing). The seed sets the initial weights and
+the data order (as MLPerf's seeds do): seed k's step s trains on the workload's batch
+s + k x DATA_STRIDE, so seed 0's is batch s, as in every trial, and a fine-tuning
+from saved weights still differs from seed to seed. The lr is the plan's, scaled with
+the global batch and warmed up as [target] says.
 
 The validation loss (harness.measure.validation) is taken every `eval_every` samples,
 between steps and off the training clock; the first at 0 samples, from the fresh
@@ -53,6 +55,16 @@ def maths_plan(plan: Plan) -> Plan:
                         optimizer=dataclasses.replace(plan.optimizer, lr=lr))
 
 
+# Seed k's batches start this far into the workload's stream: more steps than any run
+# takes, and a small enough index for a user's batch() that seeds numpy with it.
+DATA_STRIDE = 1_000_000
+
+
+def data_index(step: int, seed: int) -> int:
+    """The workload's batch index of seed `seed`'s step `step`."""
+    return step + seed * DATA_STRIDE
+
+
 def train_to_target(plan: Plan, workload: Workload, device: torch.device,
                     runtime: RuntimeEnv | None, seed: int) -> dict[str, Any]:
     spec = plan.target
@@ -84,7 +96,7 @@ def train_to_target(plan: Plan, workload: Workload, device: torch.device,
     next_eval = spec.eval_every
     while not stopped:
         t0 = time.perf_counter()
-        micro = split_batch(workload.batch(batch, step, device), micro_steps)
+        micro = split_batch(workload.batch(batch, data_index(step, seed), device), micro_steps)
         loss = setup.step(micro, workload.loss)
         schedule.step()
         value = float(loss) if loss is not None else math.nan  # reading it synchronises
