@@ -151,3 +151,23 @@ def test_the_settings_and_the_teachers_weights_are_in_the_maths_key(teacher):
     assert maths_key(plan(teacher).to_dict(), 0, "cpu") != before
     kept = convergence.maths_plan(plan(teacher).replace(target=TargetSpec(loss=1.0)))
     assert kept.strategies["distill"] == {"teacher": teacher}  # trained with it
+
+
+def test_the_estimate_holds_the_teacher_and_times_its_forward(teacher):
+    """The teacher's fp32 weights and the three logits tensors its KL keeps are in the
+    predicted peak; its forward (2 FLOPs per parameter and token) is in the predicted
+    step time, never in the model FLOPs."""
+    from harness.estimator.estimate import estimate
+
+    p = plan(teacher)
+    student = load_workload(p.workload, p.workload_args)
+    with_teacher = estimate(p, student, CPU, peak_flops=1e12)
+    alone = estimate(p.replace(strategies={}), student, CPU, peak_flops=1e12)
+    n = sum(q.numel() for q in load_workload("gpt", TEACHER).build_model().parameters())
+    kept = 3 * 4 * 16 * 64 * 4  # micro-batch x seq_len x vocab, fp32
+    assert with_teacher.memory["distill_teacher"] == n * 4 + kept
+    assert alone.memory["distill_teacher"] == 0
+    assert with_teacher.peak_memory_bytes - alone.peak_memory_bytes == n * 4 + kept
+    assert with_teacher.flops_per_step == alone.flops_per_step  # MFU: the student's
+    assert with_teacher.step_time_s > alone.step_time_s
+    assert any(a.startswith("distill: the teacher's") for a in with_teacher.assumptions)

@@ -23,6 +23,7 @@ from harness.estimator.result import Estimate
 from harness.estimator.settings import Settings
 from harness.estimator.step_costs import StepCosts
 from harness.estimator.step_time import step_time
+from harness.estimator.teacher import teacher_cost
 from harness.estimator.trace import TraceFailed, trace_activations, untraced
 from harness.workloads.base import Workload
 
@@ -72,14 +73,20 @@ def estimate(
     if flops_per_sample is None:
         flops_per_sample = float(workload.flops_per_sample())
     flops_per_step = (flops_per_sample + parts.recompute_flops_per_sample) * plan.batch_size
+    teacher = teacher_cost(plan, workload, b)  # distillation: beside the student
+    taught = teacher.forward_flops_per_sample * plan.batch_size if teacher else 0.0
     costs = step_costs(plan, workload, facts, cfg, worst)
-    seconds, mfu, how = step_time(flops_per_step, plan, env, peak_flops, bubble, costs)
+    seconds, mfu, how = step_time(flops_per_step + taught, plan, env, peak_flops, bubble, costs)
     assumptions.append(how)
 
     memory = {k: int(v) for k, v in worst.memory.items()}
     extra = device_terms(memory, cfg, overhead if env.device_type == "cuda" else None)
     if extra:
         assumptions.append(overhead_assumption(memory, overhead))
+    memory["distill_teacher"] = teacher.bytes if teacher else 0
+    if teacher:
+        assumptions.append(teacher.assumption())
+        extra += teacher.bytes
     return Estimate(
         peak_memory_bytes=int(worst.peak) + extra,
         step_time_s=seconds,
@@ -104,7 +111,7 @@ def estimate(
             "largest_rank": peaks.index(max(peaks)),
         },
         tensor={"ranks": par.tensor, "mlp": par.tensor_mlp},
-        device_overhead_bytes=extra,
+        device_overhead_bytes=extra - memory["distill_teacher"],
     )
 
 

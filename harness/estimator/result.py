@@ -26,6 +26,7 @@ COMPONENTS = (
     "pipeline_buffers",
     "device_context",
     "nccl_buffers",
+    "distill_teacher",
 )
 
 
@@ -48,7 +49,8 @@ class Estimate:
     buffers); gradient_buckets (DDP's buckets when they are not the gradients'
     own storage); pipeline_buffers (the stage outputs a pipeline schedule keeps);
     device_context (the CUDA context and the cuBLAS/attention workspaces) and
-    nccl_buffers (NCCL's, per communicator), measured once per GPU and zero on a CPU.
+    nccl_buffers (NCCL's, per communicator), measured once per GPU and zero on a CPU;
+    distill_teacher (a distillation teacher's weights and the logits its KL keeps).
 
     All of it is per device, on the largest rank. `phases` gives what lives
     above the persistent state at each moment of a step; the peak is the
