@@ -147,6 +147,13 @@ def test_contenders_and_the_decision():
     near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180])}, "0")
     assert near.best == "2" and near.baseline_within_spread
     assert "a lead this machine did not show" in summary.confirmation_text(near.as_dict())
+    assert near.indistinguishable == ["1"]  # the baseline is said apart, not in this list
+    # a baseline ahead of every configuration measured is the best, and said to be
+    ahead = confirm.decide({**table, "0": confirm.Standing("0", [250, 240, 260])}, "0")
+    assert ahead.best == "0" and ahead.median == 250
+    text = summary.confirmation_text(ahead.as_dict())
+    assert "best, the strict fp32 baseline" in text
+    assert "the strict fp32 baseline itself; no configuration measured was faster" in text
 
 
 def resolved_plan(plan: dict) -> dict:

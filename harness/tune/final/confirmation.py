@@ -126,15 +126,19 @@ def standings(records: list[dict[str, Any]], ids: list[str],
 
 def decide(table: dict[str, Standing], baseline_id: str | None,
            by: str = "throughput") -> Decision | None:
-    rivals = {i: s for i, s in table.items() if s.values and i != baseline_id}
-    if not rivals:
+    # The baseline is a configuration too: where it leads, it is the best (a study
+    # that found nothing faster says so rather than naming a slower configuration).
+    rivals = {i: s for i, s in table.items() if s.values}
+    if not any(i != baseline_id for i in rivals):
         return None
     sign = -1 if FIGURES[by][1] else 1  # the best has the highest sign x median
     lead = max(rivals.values(), key=lambda s: sign * s.median)
+
     def within(s: Standing) -> bool:
         return abs(lead.median - s.median) <= max(lead.spread, s.spread)
 
-    close = [i for i, s in rivals.items() if i != lead.trial_id and within(s)]
+    close = [i for i, s in rivals.items()
+             if i not in (lead.trial_id, baseline_id) and within(s)]
     summary = {i: _summary(s) for i, s in table.items() if s.values}
     base = table.get(baseline_id) if baseline_id is not None else None
     measured_base = base is not None and bool(base.values)

@@ -123,9 +123,10 @@ def confirmation_text(decision: dict[str, Any]) -> str:
              + (", [fastest, slowest seed]):" if timed else "):")]
     for trial_id, s in sorted(decision["standings"].items(),
                               key=lambda kv: kv[1]["median"] * (1 if timed else -1)):
-        mark = ("best" if str(trial_id) == str(decision["best"]) else
-                "strict fp32 baseline" if str(trial_id) == str(decision.get("baseline_id"))
-                else "")
+        is_base = str(trial_id) == str(decision.get("baseline_id"))
+        mark = ("best, the strict fp32 baseline" if is_base and str(trial_id) == str(
+            decision["best"]) else "best" if str(trial_id) == str(decision["best"]) else
+                "strict fp32 baseline" if is_base else "")
         seeds = f", [{s['seeds'][0]:.4g}, {s['seeds'][1]:.4g}]" if s.get("seeds") else ""
         lines.append(f"  trial {trial_id!s:<8} {s['median']:.4g} [{s['min']:.4g}, "
                      f"{s['max']:.4g}], n={s['n']}{seeds}  {mark}".rstrip())
@@ -134,7 +135,10 @@ def confirmation_text(decision: dict[str, Any]) -> str:
                                          else decision["median"] / base["median"])
     speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the strict fp32 "
              "baseline's median (TF32 off)" if ratio else "")
-    if ratio and decision.get("baseline_within_spread"):
+    if str(decision["best"]) == str(decision.get("baseline_id")):
+        speed = (": the strict fp32 baseline itself; no configuration measured was "
+                 f"{'sooner to the target' if timed else 'faster'}")
+    elif ratio and decision.get("baseline_within_spread"):
         speed += (f" (within the spread of the measurements{' and seeds' if timed else ''}: "
                   "a lead this machine did not show beyond its noise)")
     lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} {unit} median "
