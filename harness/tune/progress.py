@@ -17,7 +17,8 @@ from harness.tune.budget import Clock
 
 
 def describe_plan(plan: dict[str, Any]) -> str:
-    """`d2p1t1 mb 8 | fused(attention=sdpa, optimizer=fused) amp(dtype=bf16)`."""
+    """`d2p1t1 mb 8 | fused(attention=sdpa, optimizer=fused) amp(dtype=bf16)`; the global
+    batch too (`mb 16 gb 512`) where accumulation makes it more than mb x data."""
     lay = plan.get("layout") or {}
     parts = []
     for name, settings in (plan.get("strategies") or {}).items():
@@ -27,7 +28,10 @@ def describe_plan(plan: dict[str, Any]) -> str:
                           if k in _SHOWN.get(name, ()))
         parts.append(f"{name}({shown})" if shown else name)
     layout = f"d{lay.get('data', 1)}p{lay.get('pipeline', 1)}t{lay.get('tensor', 1)}"
-    return f"{layout} mb {plan.get('micro_batch_size')} | {' '.join(parts) or 'fp32 baseline'}"
+    mb, gb = plan.get("micro_batch_size"), plan.get("global_batch_size")
+    batch = f"mb {mb}" + (f" gb {gb}" if gb and mb and gb != mb * lay.get("data", 1) else "")
+    # no strategy: plain fp32 (the baseline's configuration, or the search's at its batch)
+    return f"{layout} {batch} | {' '.join(parts) or 'plain fp32'}"
 
 
 def standing(record: dict[str, Any]) -> tuple[float, str] | None:
