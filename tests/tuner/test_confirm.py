@@ -154,6 +154,10 @@ def test_contenders_and_the_decision():
     text = summary.confirmation_text(ahead.as_dict())
     assert "best, the strict fp32 baseline" in text
     assert "the strict fp32 baseline itself; no configuration measured was faster" in text
+    assert text.startswith("the contenders measured again")
+    once = {"0": confirm.Standing("0", [250]), "1": confirm.Standing("1", [200])}
+    text = summary.confirmation_text(confirm.decide(once, "0").as_dict())
+    assert text.startswith("the contenders (no round ran before the deadline")
 
 
 def resolved_plan(plan: dict) -> dict:

@@ -119,8 +119,11 @@ def confirmation_text(decision: dict[str, Any]) -> str:
     """The confirmation rounds' verdict (harness.tune.final.confirmation.Decision, as stored)."""
     timed = decision.get("objective") == "time_to_loss"  # seconds to target, lower is better
     unit = "s to target" if timed else "samples/s"
-    lines = [f"the contenders measured again ({unit}: median [min, max], n"
-             + (", [fastest, slowest seed]):" if timed else "):")]
+    again = any(s["n"] > 1 for s in decision["standings"].values())
+    lines = [("the contenders measured again" if again else
+              "the contenders (no round ran before the deadline: one measurement each)")
+             + f" ({unit}: median [min, max], n" + (", [fastest, slowest seed]):" if timed
+                                                   else "):")]
     for trial_id, s in sorted(decision["standings"].items(),
                               key=lambda kv: kv[1]["median"] * (1 if timed else -1)):
         is_base = str(trial_id) == str(decision.get("baseline_id"))
