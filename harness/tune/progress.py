@@ -16,6 +16,14 @@ from harness.records.tags import tags_of
 from harness.tune.budget import Clock
 
 
+def clip(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut at a word with "..." where it is longer
+    (the record keeps the whole reason)."""
+    if len(text) <= width:
+        return text
+    return text[:width - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+
+
 def describe_plan(plan: dict[str, Any]) -> str:
     """`d2p1t1 mb 8 | fused(attention=sdpa, optimizer=fused) amp(dtype=bf16)`; the global
     batch too (`mb 16 gb 512`) where accumulation makes it more than mb x data."""
@@ -109,7 +117,7 @@ class Progress:
             self.best = (ranks[0], record["trial_id"], describe_plan(record["plan"]), ranks[1])
         if not self.live_mode:
             shown = ranks[1] if ranks else (record.get("reason") or "")
-            shown = shown.splitlines()[0][:100] if shown else ""
+            shown = clip(shown.splitlines()[0], 100) if shown else ""
             busy = busy_note(record)
             if busy:
                 shown += f" (measured while the machine was busy: {busy})"
