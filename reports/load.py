@@ -79,7 +79,9 @@ def load_run(path: str | Path) -> Run:
     records = _check(raw, notes)
     if study is None:
         first = next(iter(records.values()), {})
-        study = {"name": first.get("study") or (first.get("plan") or {}).get("name") or p.name}
+        one = kind == "bench" and len(records) == 1  # a folder of bench runs: its name
+        study = {"name": first.get("study") or (one and (first.get("plan") or {}).get("name"))
+                 or p.name}
         if kind == "study":
             notes.append("no study.json: the study's name, budget and objective are unknown")
     rows = [flatten(r, i, tid) for i, (tid, r) in enumerate(records.items())]

@@ -124,7 +124,7 @@ def test_a_folder_of_bench_runs_names_them_by_folder_and_their_workloads(tmp_pat
         (tmp_path / "rows" / name).mkdir(parents=True)
         (tmp_path / "rows" / name / "result.json").write_text(json.dumps(rec))
     run = load_run(tmp_path / "rows")
-    assert set(run.records) == {"adamw", "lora-8"}
+    assert set(run.records) == {"adamw", "lora-8"} and run.name == "rows"
     table = fc.steps_table(run)
     assert "<th>gpt: adamw</th>" in table and "<th>hf:base: adamw + lora</th>" in table
     assert fc.fastest(run)[0].trial_id == "lora-8"
