@@ -57,7 +57,8 @@ class Workload(ABC):
 
     @abstractmethod
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
-        """Batch number `index`: the same for the same index, whatever the process."""
+        """Batch number `index` (any non-negative int; a seed's run to a target loss starts
+        at seed x 1,000,000): the same for the same index, whatever the process."""
 
     @abstractmethod
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
