@@ -183,3 +183,6 @@ def test_a_target_trials_time_to_target_counts_each_step_at_its_length(tmp_path,
     assert conv["window_step_time_s"] == m["step_time_s"]["median"]
     assert conv["step_time_s"] == pytest.approx(m["time_to_target_s"] / steps)
     assert conv["technique"] == "adamw + curriculum"
+    from harness.cli.bench_table import result_table
+
+    assert "step by length    length 8: " in result_table(result.to_dict())

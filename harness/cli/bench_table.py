@@ -99,6 +99,13 @@ def data_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             rows.append(("time to target", f"NOT REACHED: best validation loss "
                          f"{conv['best_val_loss']:.4g} against {conv['target_loss']:g}"))
+        lengths = conv.get("step_time_by_length_s")
+        if lengths:  # the curriculum: the step time above is the run's mean step
+            rows.append(("  step by length", "length " + ", ".join(
+                f"{k}: {format_seconds(v)}" for k, v in
+                sorted(lengths.items(), key=lambda kv: int(kv[0]))) + " (timed after the "
+                f"window, linear between; {format_seconds(conv['step_time_s'])} is the "
+                "run's mean step)"))
         cached = sum(bool(r.get("cached")) for r in conv["runs"])
         rows.append(("  steps from", f"{cached} cached, {seeds - cached} trained here"))
     return rows
