@@ -11,8 +11,8 @@ import strategies
 from harness.core.device import RuntimeEnv
 from harness.core.plan import Plan
 from harness.core.target import TargetSpec, maths_key
-from harness.measure import length_times as lt
 from harness.measure import convergence
+from harness.measure import length_times as lt
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
 from harness.workloads import load_workload

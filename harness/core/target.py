@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from harness.core.config import bounded
@@ -152,12 +153,9 @@ def teacher_weights(settings: dict[str, Any]) -> list[list[Any]]:
 def folder_weights(where: str) -> list[list[Any]]:
     """The files of a folder of weights (`hf:/folder` or a path): name, size and
     modification time each; [] where `where` is not a folder (a hub name, "gpt")."""
-    from pathlib import Path
-
     spec = where.removeprefix("hf:")
     folder = Path(spec).expanduser()
-    # a bare name is a model type (harness.workloads.hf_config.is_folder), never a folder
-    if not spec or not (spec.startswith(("/", ".", "~")) or "/" in spec) or not folder.is_dir():
+    if not spec or not is_folder(spec) or not folder.is_dir():
         return []
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir())
             if f.suffix in (".safetensors", ".bin", ".pt")]
@@ -165,3 +163,10 @@ def folder_weights(where: str) -> list[list[Any]]:
 
 def describe(spec: TargetSpec) -> dict[str, Any]:
     return asdict(spec)
+
+
+def is_folder(spec: str) -> bool:
+    """`hf:<spec>` names a folder: a path (/, ., ~ first) or a relative one with a "/"
+    that exists. A bare name is a model type, even beside a folder of that name (so
+    `--save llama` run here does not turn the next `hf:llama` into that folder)."""
+    return spec.startswith(("/", ".", "~")) or ("/" in spec and Path(spec).expanduser().is_dir())

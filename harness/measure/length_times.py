@@ -34,13 +34,13 @@ def lengths_to_time(schedule: Any) -> list[int]:
     return [seen[i] for i in sorted(picks)]
 
 
-def time_lengths(setup: Any, batches: list[Any], loss: Callable, timer_for: Callable,
+def time_lengths(setup: Any, batches: list[Any], loss: Callable, device: torch.device,
                  lengths: list[int], steps: int) -> dict[int, float]:
-    """{length: median step seconds} over `steps` steps at each length, after WARMUP_STEPS;
-    `timer_for()` makes a fresh harness.measure.timing.WindowTimer (device synchronised at
-    both ends). The steps train on `batches` in turn (the window's last ones, already
-    on the device: no data loading inside the timing); the schedule's own lengths are
-    restored afterwards."""
+    """{length: median step seconds} over `steps` steps at each length, after WARMUP_STEPS,
+    each length one window of harness.measure.timing.WindowTimer (the device synchronised
+    at both ends). The steps train on `batches` in turn (already on the device: no data
+    loading inside the timing); the schedule's own lengths are restored afterwards."""
+    from harness.measure.timing import WindowTimer
     from strategies.curriculum import truncate
 
     schedule_transform = setup.batch_transform
@@ -52,7 +52,7 @@ def time_lengths(setup: Any, batches: list[Any], loss: Callable, timer_for: Call
             for _ in range(WARMUP_STEPS):
                 setup.step(batches[i % len(batches)], loss)
                 i += 1
-            timer = timer_for()
+            timer = WindowTimer(device)
             timer.start()
             for _ in range(steps):
                 setup.step(batches[i % len(batches)], loss)
@@ -97,9 +97,3 @@ def schedule_of(plan: dict[str, Any], times: dict[int, float]) -> Any:
     settings = CurriculumSettings(**(plan.get("strategies") or {})["curriculum"])
     batch = plan.get("global_batch_size") or plan.get("micro_batch_size")
     return Schedule(settings, max(int(k) for k in times), int(batch))
-
-
-def timed(device: torch.device) -> Callable:
-    from harness.measure.timing import WindowTimer
-
-    return lambda: WindowTimer(device)

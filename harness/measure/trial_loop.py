@@ -20,7 +20,6 @@ import os
 import statistics
 import time
 import traceback
-from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
@@ -115,12 +114,6 @@ def run_trial(
     return result
 
 
-def timed_lengths(setup: Any, plan: Any) -> bool:
-    """A target trial with a length curriculum: its run's steps are timed at their lengths
-    (harness.measure.length_times), not at the window's first ones only."""
-    return setup.length_schedule is not None and plan.target is not None
-
-
 def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any], str, str | None]:
     info = info or RankInfo()
     plan, device, workload = prep.plan, prep.device, prep.workload
@@ -180,8 +173,6 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 "warmup": time.perf_counter() - t_warmup}
     first = len(warm_times)
     window: list[torch.Tensor | None] = []  # the window's losses, still on the device
-    # a curriculum's target trial times its lengths on the window's last batches after it
-    last_batches: deque = deque(maxlen=4 if timed_lengths(setup, plan) else 0)
     progress = step_writer(info.rank)  # the tuner's view of a running trial, or None
 
     def report_done() -> None:  # steps the device has finished; never waits for it
@@ -201,8 +192,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
                 others.start()
                 timer.start()
                 for i in range(first, first + n_window):
-                    batch = feed(i)
-                    last_batches.append(batch)
+                    batch = feed(i)  # the last one times a curriculum's lengths, below
                     loss = setup.step(batch, workload.loss)
                     window.append(None if loss is None else loss.detach())
                     timer.step_done()
@@ -289,13 +279,15 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
         energy_j_per_sample=_energy_per_sample(ranks, len(step_times) * plan.batch_size),
         nvml=dataclasses.asdict(reading) if reading else None,
     )
-    if last_batches and status == "ok":  # the curriculum's steps at their lengths
+    if setup.length_schedule is not None and plan.target is not None and status == "ok":
+        # a curriculum's run to the target: its steps timed at their lengths, not at the
+        # window's (the schedule's shortest); on the window's last batch, so each length's
+        # step gets the window's mean wait for data
         from harness.measure import length_times as lt
 
-        # timed on batches at hand: each length's step gets the window's mean data wait
         wait = (metrics.get("data_wait_s") or 0.0) / len(step_times)
         metrics["step_time_by_length_s"] = {n: t + wait for n, t in lt.time_lengths(
-            setup, list(last_batches), workload.loss, lt.timed(device),
+            setup, [batch], workload.loss, device,
             lt.lengths_to_time(setup.length_schedule), max(plan.steps, 3)).items()}
         metrics["step_time_by_length_data_wait_s"] = wait
     if plan.save and status == "ok" and info.writes_result:  # harness bench --save

@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.core.config import did_you_mean
 from harness.core.errors import HarnessError
+from harness.core.target import is_folder  # noqa: F401  (hf.py imports it here)
 from harness.workloads import optional
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -33,13 +34,6 @@ class HFSource:
     @property
     def model_type(self) -> str:
         return self.config.model_type
-
-
-def is_folder(spec: str) -> bool:
-    """`hf:<spec>` names a folder: a path (/, ., ~ first) or a relative one with a "/"
-    that exists. A bare name is a model type, even beside a folder of that name (so
-    `--save llama` run here does not turn the next `hf:llama` into that folder)."""
-    return spec.startswith(("/", ".", "~")) or ("/" in spec and Path(spec).expanduser().is_dir())
 
 
 def _known_fields(config: Any) -> set[str]:

@@ -249,8 +249,8 @@ def steps_only(label: str, out: Path, steps: int = 20) -> dict:
         from harness.measure import length_times as lt
 
         batches = [[workload.batch(plan.batch_size, s, "cpu")] for s in range(4)]
-        length_times = lt.time_lengths(setup, batches, workload.loss, lt.timed(torch.device(
-            "cpu")), lt.lengths_to_time(setup.length_schedule), steps)
+        length_times = lt.time_lengths(setup, batches, workload.loss, torch.device("cpu"),
+                                       lt.lengths_to_time(setup.length_schedule), steps)
     conv = summarize(runs, step_s, plan.target.loss, plan.to_dict(), length_times)
     return {"plan": plan.to_dict(), "metrics": {"convergence": conv, "load": load(),
             "interference": {"flagged": True, "other_cpu_share": None}}}
