@@ -165,10 +165,10 @@ class RunStore:
         new, bad = parse_lines(self.trials_jsonl, data[len(prefix):whole],
                                first_line=lines + 1, first_offset=len(prefix))
         records = known + new
+        lines += data.count(b"\n", len(prefix), whole)
         if not bad:
-            self._parsed = (data[:whole], records, lines + data.count(b"\n", len(prefix), whole))
-        tail, torn = parse_lines(self.trials_jsonl, data[whole:],
-                                 first_line=lines + 1 + data.count(b"\n", len(prefix), whole),
+            self._parsed = (data[:whole], records, lines)
+        tail, torn = parse_lines(self.trials_jsonl, data[whole:], first_line=lines + 1,
                                  first_offset=whole)
         return records + tail, bad + torn
 
