@@ -8,3 +8,7 @@ harness.launch.torch_helper. It may import harness.launch, harness.study,
 harness.records and harness.core; never harness.measure, harness.cli, strategies or
 harness.estimator. docs/architecture.md draws the subpackages.
 """
+
+from harness.tune.search.guided_sampler import CostModel, GuidedSampler, SimpleCostModel
+
+__all__ = ["CostModel", "GuidedSampler", "SimpleCostModel"]

@@ -54,9 +54,11 @@ from harness.tune.recovery.storage import (
 )
 from harness.tune.recovery.torn import repair_records
 from harness.tune.recovery.workers import spawn_helpers, wait_for
-from harness.tune.search.first_guesses import estimated_start
+from harness.tune.search.correction import Corrections
+from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
+from harness.tune.search.first_guesses import estimated_start, sample_size
+from harness.tune.search.guided_sampler import GuidedSampler
 from harness.tune.search.loop import Tuner
-from harness.tune.search.queue_next import Predictions
 from harness.tune.search.sampling import make_sampler
 from harness.tune.trial_job import TrialRunner
 from harness.tune.tuner_state import TunerState
@@ -120,8 +122,12 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
         checked.facts.peaks = fixed
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     size = checked.space.size()
-    optuna_study, created = _open(storage, study, make_sampler(study, size))
     predictions = Predictions(checked.space, checked.facts, checked.torch_helper)
+    corrections = Corrections(store.records, checked.facts.device_type)
+    sampler = make_sampler(study, size, EstimatorCostModel(
+        checked.space, predictions, corrections, checked.budget_bytes, study.seed,
+        sample_size(study.budget.time_s)))
+    optuna_study, created = _open(storage, study, sampler)
     if created:
         _enqueue_first(optuna_study, checked, predictions)
     if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
@@ -136,8 +142,7 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
 
         run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
                               study.layout.nnodes)
-    tuner = Tuner(TunerState(study, checked.space, optuna_study, storage, run, clock), settle,
-                  predictions)
+    tuner = Tuner(TunerState(study, checked.space, optuna_study, storage, run, clock), settle)
     if isinstance(storage, PatientStorage):  # RDB: record and retry what dead workers left
         storage.on_stale = StaleTrials(tuner.ctx)
     if main:
@@ -231,11 +236,13 @@ def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:
 
 def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy,
                    predictions: Predictions) -> None:
-    """The references, then the estimator's first guesses (TPE) or the whole grid."""
+    """The references, then the estimator's first guesses (TPE without the GuidedSampler,
+    which starts from them itself) or the whole grid."""
     references = [p for _, p in checked.references]
     for phase, params in checked.references:
         optuna_study.enqueue_trial(params, user_attrs={"phase": phase})
-    if checked.study.sampler in ("auto", "tpe"):  # a grid or random search is the user's
+    if checked.study.sampler in ("auto", "tpe") and not isinstance(optuna_study.sampler,
+                                                                   GuidedSampler):
         for params in estimated_start(checked, references, predictions):
             optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
     if checked.study.sampler == "grid":

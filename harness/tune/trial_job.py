@@ -65,6 +65,23 @@ class TrialRunner:
     expandable_segments: bool = True  # the study's budget.expandable_segments
 
 
+@dataclass
+class EarlyStop:
+    """The search's slow-trial rule (harness.tune.search.slow_trials), as the expected
+    cost of a trial sees it: stopped after `min_steps` when slower than the best so far
+    (`best_samples_per_s`) divided by `slower_than`."""
+
+    best_samples_per_s: float
+    slower_than: float
+    min_steps: int
+
+    def expected(self, correction: Correction, predicted: dict[str, Any], plan: Plan) -> bool:
+        """Whether the corrected prediction says this trial will be stopped early."""
+        step = correction.step_time(predicted, plan.to_dict())
+        return bool(step and self.slower_than and
+                    plan.batch_size / step * self.slower_than < self.best_samples_per_s)
+
+
 def command_for(store: RunStore, trial_id: int | str) -> str:
     return f"harness bench {shlex.quote(str(store.trial_dir(trial_id) / 'plan.toml'))}"
 
@@ -78,8 +95,11 @@ def run_trial_job(
     deadline: float,
     should_stop: Callable[[], str | None] | None = None,
     steps_file_name: str = "steps.log",
+    early_stop: EarlyStop | None = None,
 ) -> TrialResult:
-    """Run (or decide not to run) one trial; returns its record, also in result.json."""
+    """Run (or decide not to run) one trial; returns its record, also in result.json.
+    With `early_stop` (the search's slow-trial rule), a trial predicted to be stopped for
+    slowness is expected to cost only the steps before that stop."""
     # each rank's allocator capped at the budget; expandable segments as the study says
     plan = plan.replace(name=f"{run.name}-{trial_id}",
                         memory_budget_bytes=int(run.budget_bytes or 0) or None,
@@ -98,6 +118,10 @@ def run_trial_job(
     n_steps = prep.plan.warmup_steps + prep.plan.steps
     planned = prep.plan.to_dict()
     expected = correction.trial_seconds(predicted, n_steps, run.facts.device_type, planned)
+    if early_stop is not None and early_stop.expected(correction, predicted, prep.plan):
+        expected = min(expected, correction.trial_seconds(
+            predicted, prep.plan.warmup_steps + early_stop.min_steps, run.facts.device_type,
+            planned))
     # The corrected step time, learnt from the trials measured before this one: its
     # error against the measured step is the study's prediction error after n trials.
     predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,

@@ -37,7 +37,7 @@ from harness.tune.recovery.held import Held, HeldTrials
 from harness.tune.recovery.storage import Heartbeat, PatientStorage
 from harness.tune.recovery.workers import Worker
 from harness.tune.search import sampling
-from harness.tune.search.correction import Correction
+from harness.tune.search.correction import Corrections
 from harness.tune.search.sampling import outcome
 from harness.tune.trial_job import TrialRunner, command_for
 
@@ -57,10 +57,10 @@ class TunerState:
     on_event: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # config key -> record
     held: HeldTrials = field(default_factory=HeldTrials)  # RUNNING here, no record yet
-    _correction: tuple[Any, Correction] | None = field(default=None, repr=False)
     slow_once: dict[str, int] = field(default_factory=dict)  # config key -> slow stops
 
     def __post_init__(self) -> None:
+        self.correction = Corrections(self.run.store.records, self.run.facts.device_type)
         for r in self.run.store.records():
             self.remember(r)
         if isinstance(self.storage, PatientStorage):
@@ -176,16 +176,6 @@ class TunerState:
         self.measured.setdefault(config_key(record["plan"]), record)
 
     # --- what the study knows so far ----------------------------------------------------
-    def correction(self) -> Correction:
-        """The estimator's correction from the records so far (fitted again only when a
-        record came or went: the search asks for it several times per trial)."""
-        records = self.run.store.records()
-        stamp = (len(records), records[-1].get("trial_id") if records else None)
-        if self._correction is None or self._correction[0] != stamp:
-            self._correction = (stamp, Correction.from_records(
-                records, self.run.facts.device_type))
-        return self._correction[1]
-
     def reference_trials(self) -> list[FrozenTrial]:
         return [t for t in self.optuna_study.get_trials(deepcopy=False)
                 if t.user_attrs.get("phase", "search") in REFERENCE_PHASES]

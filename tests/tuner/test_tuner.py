@@ -4,7 +4,6 @@ the known optimum, early stopping, budgets, records, ablation, Optuna's view."""
 from __future__ import annotations
 
 import json
-import time
 import tomllib
 
 import optuna
@@ -178,10 +177,9 @@ def test_pareto_mode(tmp_path, launched, capsys):
 def test_a_trial_expected_to_overrun_is_not_started(tmp_path, launched):
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0})
-    t0 = time.monotonic()
     # the default overhead before calibration (5 s on a CPU) does not fit in 5 s
     assert tune(str(path), "--out", str(out), "--budget", "5s") == 1  # nothing tuned
-    assert time.monotonic() - t0 < 10 and launched == []
+    assert launched == []
     # each configuration proposed is skipped; after five in a row the search ends
     recs = records(out)
     assert len(recs) == 5

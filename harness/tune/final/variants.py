@@ -32,7 +32,7 @@ from harness.records.result import TrialResult
 from harness.records.tags import VARIANT, tags_of
 from harness.tune.final.extra_trial import attempt_id
 from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.search.queue_next import resolved_key
+from harness.tune.search.estimator_model import resolved_key
 from harness.tune.trial_job import run_trial_job
 
 if TYPE_CHECKING:

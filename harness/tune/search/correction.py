@@ -41,6 +41,7 @@ means only the measurement of a device's peak FLOPs: harness.measure.calibrate.)
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -174,3 +175,19 @@ class Correction:
         out = asdict(self)
         out["fit"] = self.fit.as_dict()
         return out
+
+
+class Corrections:
+    """The correction from a run folder's records so far, fitted again only when a record
+    came or went (the search asks for it several times per trial)."""
+
+    def __init__(self, records: Callable[[], list[dict[str, Any]]], device_type: str):
+        self.records, self.device_type = records, device_type
+        self._fitted: tuple[Any, Correction] | None = None
+
+    def __call__(self) -> Correction:
+        records = self.records()
+        stamp = (len(records), records[-1].get("trial_id") if records else None)
+        if self._fitted is None or self._fitted[0] != stamp:
+            self._fitted = (stamp, Correction.from_records(records, self.device_type))
+        return self._fitted[1]

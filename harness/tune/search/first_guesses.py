@@ -32,7 +32,7 @@ from harness.tune.search.correction import Correction
 from harness.tune.search.sampling import startup_trials
 
 if TYPE_CHECKING:
-    from harness.tune.search.queue_next import Predictions
+    from harness.tune.search.estimator_model import Predictions
 
 START = 5
 CAP = 16
@@ -82,13 +82,18 @@ def describe_start(study: Study, size: int | None, n_references: int) -> str:
         return f"{refs}, then NSGA-II (several objectives)"
     n = sample_size(study.budget.time_s)
     among = (f"all {size:,} configurations" if size is not None and size <= n
-             else f"a sample of {n} of {size:,} configurations" if size is not None
-             else f"a sample of {n} configurations (some settings are ranges)")
+             else f"a sample of {n} of {size:,} configurations, 8 more each trial"
+             if size is not None else f"a sample of {n} configurations (some settings "
+             "are ranges), 8 more each trial")
+    if study.objectives == ["throughput"]:
+        return (f"{refs}, then the GuidedSampler over {among}: the estimator's fastest "
+                "first, then the highest expected improvement of the estimator corrected "
+                "by the measured trials, with its uncertainty (one trial in five TPE's); a "
+                "trial over the memory budget runs again one micro-batch smaller (or "
+                "checkpointed)")
     guesses = max(START, min(CAP, (size if size is not None else 2 * CAP) // 2))
     return (f"{refs}, then up to {guesses} of the estimator's fastest predictions among "
-            f"{among}, then TPE ({startup_trials(size)} random start-up trials); "
-            "a repeated proposal queues an unmeasured neighbour of the best, a trial over "
-            "the memory budget runs again one micro-batch smaller (or checkpointed)")
+            f"{among}, then TPE ({startup_trials(size)} random start-up trials)")
 
 
 def candidates(configs: list[dict[str, Any]], seed: int | None) -> list[dict[str, Any]]:

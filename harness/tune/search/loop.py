@@ -1,11 +1,13 @@
 """The search: ask Optuna for a configuration, run it as a trial, record it, tell Optuna.
 
-`Tuner.search` runs search trials until the time left is what the final phases
+`Tuner.search` asks, runs and tells until the time left is what the final phases
 need (harness.tune.final.time_reserve), n_trials are done, five proposals in a row did not fit
-the time left, or every configuration of a finite space has been measured:
-ask, run (harness.tune.trial_job: refused / over memory / out of time are records
-that were never launched), record, tell (TunerState.record_then_tell: the record
-first, so a tuner stopped between the two loses nothing). Before each trial,
+the time left, every configuration of a finite space has been measured, or the sampler
+says it converged (harness.tune.search.guided_sampler: what to run next is the sampler's
+decision alone, with no queue beside it): ask, run (harness.tune.trial_job: refused / over
+memory / out of time are records that were never launched), record, tell
+(TunerState.record_then_tell: the record first, so a tuner stopped between the two
+loses nothing). Before each trial,
 `settle` (harness.tune.recovery.resume.settle, handed in by the session) fails and queues
 again the trials of workers that died meanwhile.
 
@@ -28,7 +30,6 @@ the same TunerState (harness.tune.tuner_state); this module imports neither.
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,17 +39,17 @@ import optuna
 
 from harness.core.plan import Plan
 from harness.records.result import TrialResult
-from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
+from harness.records.tags import PRUNED_TIME, tags_of
 from harness.tune.final.time_reserve import reserve_s
 from harness.tune.recovery.held import Held
-from harness.tune.search import queue_next
 from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.search.first_guesses import first_guess_pool, sample_size
+from harness.tune.search.estimator_model import resolved_key
+from harness.tune.search.guided_sampler import GuidedSampler
 from harness.tune.search.jobs_in_flight import InFlight, max_jobs
-from harness.tune.trial_job import command_for, run_trial_job
+from harness.tune.trial_job import EarlyStop, command_for, run_trial_job
 from harness.tune.tuner_state import RETRY_OF, TunerState
 
-DUPLICATE_LIMIT = 25  # proposals in a row of configurations already measured: converged
+DUPLICATE_LIMIT = 25  # repeats in a row, for a sampler that cannot say it converged (TPE)
 TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is over
 
 
@@ -56,17 +57,14 @@ TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is ove
 class Tuner:
     ctx: TunerState
     settle: Callable[[TunerState], list[str]]  # harness.tune.recovery.resume.settle
-    predictions: queue_next.Predictions | None = None  # shared with the first guesses
 
     def __post_init__(self) -> None:
         self.size = self.ctx.space.size()
         self._pool = InFlight(1)
         self._running: dict[str, threading.Event] = {}  # configurations in flight: set at end
-        self._rng = random.Random(self.ctx.study.seed)
-        ctx = self.ctx
-        self._predictions = self.predictions or queue_next.Predictions(
-            ctx.space, ctx.run.facts, ctx.run.torch_helper)
-        self._model_pool: list[dict[str, Any]] | None = None  # drawn when first needed
+        self._repeats = 0  # proposals in a row of configurations measured before
+        self._time_skips = 0  # proposals in a row that did not fit the time left
+        self._last: TrialResult | None = None
 
     def search_left(self) -> float:
         """Seconds the search may still start trials: until the time left is what the
@@ -75,68 +73,44 @@ class Tuner:
         return self.ctx.clock.left() - reserve_s(self.ctx)
 
     def search(self, first: Sequence[Callable[..., TrialResult]] = ()) -> str:
-        """Run search trials until a reason to stop; return that reason in words. Each of
-        `first` is called with the `should_stop` its launcher must poll."""
+        """Ask, run, tell until a reason to stop; return that reason in words. Each of
+        `first` (a stopped tuner's jobs, still running) is called with the `should_stop`
+        its launcher must poll, before anything new is asked for."""
         self._pool = pool = InFlight(max_jobs(self.ctx.run.launcher))
-        streak, skipped, last = 0, 0, None
-        priority: list[tuple[dict[str, Any], str]] = []  # run next: (params, why)
-
-        def ended(outcomes: list[tuple[TrialResult, bool]]) -> None:
-            nonlocal streak, skipped, last
-            for result, duplicate in outcomes:
-                streak = streak + 1 if duplicate else 0
-                if duplicate:  # TPE converging: something new near the best instead
-                    queue_next.neighbour_of_best(self.ctx, set(self._running), self._rng,
-                                                 self._predictions)
-                elif phase_of(result) in REFERENCE_PHASES:
-                    less = queue_next.smaller_after(self.ctx, result.to_dict(),
-                                                    set(self._running), self._predictions)
-                    if less is not None:
-                        priority.append(less)
-                if not priority:  # each trial corrects the model: its fastest next
-                    pick = queue_next.model_pick(self.ctx, set(self._running),
-                                                 self._predictions, self._pool_of_model())
-                    if pick is not None:
-                        priority.append(pick)
-                # A configuration expected not to fit the time left is skipped (its record
-                # says so); the search goes on with ones that may fit, unless none did lately.
-                timed = (result.tags or {}).get("pruned") == PRUNED_TIME
-                skipped, last = (skipped + 1 if timed else 0), result
-
         with pool:
             for wait in first:
-                ended(pool.room())
+                self._ended(pool.room())
                 pool.start(lambda wait=wait: (wait(pool.guard(None)), False))
             while True:
-                why = self._why_stop(streak, skipped, last)
+                why = self._why_stop()
                 if why is not None:
-                    pool.drain()  # recorded; what ends now changes neither why nor the queue
+                    pool.drain()  # recorded; what ends now does not change why
                     return why
                 done = pool.room()
                 if done:  # something ended: the reasons to stop first
-                    ended(done)
+                    self._ended(done)
                     continue
                 for note in self.settle(self.ctx):
                     self.ctx.on_event("note", {"text": note})
-                trial = (queue_next.start(self.ctx, *priority.pop(0)) if priority
-                         else self.ctx.optuna_study.ask())
+                trial = self.ctx.optuna_study.ask()  # the sampler decides (GuidedSampler)
                 pool.start(lambda trial=trial: self._search_trial(trial))
-                ended(pool.ended())
+                self._ended(pool.ended())
 
-    def _pool_of_model(self) -> list[dict[str, Any]]:
-        """The configurations the model ranks beside the best's neighbours: the first
-        guesses' sample (the same seeded draw, so their predictions are cached)."""
-        if self._model_pool is None:
-            study = self.ctx.study
-            self._model_pool = first_guess_pool(self.ctx.space, study.seed,
-                                                sample_size(study.budget.time_s))
-        return self._model_pool
+    def _ended(self, outcomes: list[tuple[TrialResult, bool]]) -> None:
+        for result, repeat in outcomes:
+            self._repeats = self._repeats + 1 if repeat else 0
+            # A configuration expected not to fit the time left is skipped (its record
+            # says so); the search goes on with ones that may fit, unless none did lately.
+            timed = (result.tags or {}).get("pruned") == PRUNED_TIME
+            self._time_skips = self._time_skips + 1 if timed else 0
+            self._last = result
 
-    def _why_stop(self, streak: int, skipped: int, last: TrialResult | None) -> str | None:
+    def _why_stop(self) -> str | None:
         ctx = self.ctx
-        if skipped >= TIME_SKIPS:
-            return (f"time: the last {skipped} configurations proposed were each "
-                    f"expected not to fit the time left ({last.reason if last else ''})")
+        if self._time_skips >= TIME_SKIPS:
+            last = self._last.reason if self._last else ""
+            return (f"time: the last {self._time_skips} configurations proposed were each "
+                    f"expected not to fit the time left ({last})")
         if self.search_left() <= 0:
             return "time: the rest of the budget is for the final measurements"
         n = ctx.study.budget.n_trials
@@ -144,9 +118,12 @@ class Tuner:
             return f"n_trials: {n} search trials done"
         if self.size is not None and len(ctx.measured) >= self.size:
             return f"search space exhausted: all {self.size} configurations measured"
-        if streak >= DUPLICATE_LIMIT:
-            return (f"converged: the sampler proposed {streak} configurations in a row "
-                    "that were already measured")
+        sampler = ctx.optuna_study.sampler
+        if isinstance(sampler, GuidedSampler) and sampler.converged:
+            return sampler.converged
+        if self._repeats >= DUPLICATE_LIMIT:
+            return (f"converged: the sampler proposed {self._repeats} configurations in a "
+                    "row that were already measured")
         return None
 
     def _search_trial(self, trial: optuna.Trial) -> tuple[TrialResult, bool]:
@@ -166,7 +143,7 @@ class Tuner:
         retry_of = trial.user_attrs.get(RETRY_OF)  # a dead worker's trial, run again
         if retry_of is not None:
             tags[RETRY_OF] = retry_of
-        key = queue_next.resolved_key(ctx.run.facts, plan)
+        key = resolved_key(ctx.run.facts, plan)
         original, claim = self._measured_or_claim(key) if phase == "search" else (None, None)
         try:
             return self._measure(trial, phase, plan, tags, original)
@@ -212,7 +189,9 @@ class Tuner:
                         if phase == "search" else None)
                 attempts.append(1)
                 return run_trial_job(ctx.run, trial.number, plan, tags, ctx.correction(),
-                                     ctx.clock.deadline, should_stop=self._pool.guard(stop))
+                                     ctx.clock.deadline, should_stop=self._pool.guard(stop),
+                                     early_stop=self._early_stop() if phase == "search"
+                                     else None)
 
             result = measure_again_if_busy(
                 attempt(), attempt, ctx.clock.budget_s, ctx.clock.left(),
@@ -224,6 +203,13 @@ class Tuner:
                                           "retry"})
         ctx.on_event("end", result.to_dict())
         return result, original is not None
+
+    def _early_stop(self) -> EarlyStop | None:
+        """The slow-trial rule as a trial's expected cost sees it (single objective)."""
+        best, pruning = self.ctx.best_throughput(), self.ctx.study.pruning
+        if best is None or len(self.ctx.study.objectives) != 1:
+            return None
+        return EarlyStop(best[0], pruning.slower_than, pruning.min_steps)
 
     def _slow_stop(self, trial: optuna.Trial, plan, report: bool = True):
         from harness.tune.search.busy_machine import BusyWatch

@@ -40,6 +40,7 @@ from optuna.trial import TrialState
 from harness.core.memory_need import budget_peak_bytes
 from harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
 from harness.study.study_file import Study
+from harness.tune.search.guided_sampler import CostModel, GuidedSampler
 
 CANNOT_RUN = 2.0**60  # the "runs" constraint's violation, in the memory's unit (bytes)
 OOM_AT_LEAST = 2.0**20  # an OOM whose peak and prediction fit: over by at least 1 MiB
@@ -137,7 +138,11 @@ def startup_trials(space_size: int | None) -> int:
     return 10 if space_size is None else max(3, min(10, space_size // 6))
 
 
-def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSampler:
+def make_sampler(study: Study, space_size: int | None,
+                 cost_model: CostModel | None = None) -> optuna.samplers.BaseSampler:
+    """The study's sampler: for one throughput objective (sampler "auto" or "tpe") with a
+    cost model, the GuidedSampler over it with TPE as its fallback; else TPE, NSGA-II,
+    random."""
     kind = study.sampler
     if kind == "auto":
         kind = "tpe" if len(study.objectives) == 1 else "nsga2"
@@ -147,8 +152,11 @@ def make_sampler(study: Study, space_size: int | None) -> optuna.samplers.BaseSa
             # Fewer random start-up trials on a small space; multivariate TPE with
             # groups models the conditional parameters (a setting only when on).
             startup = startup_trials(space_size)
-            return optuna.samplers.TPESampler(seed=study.seed, multivariate=True, group=True,
-                                              constant_liar=True, n_startup_trials=startup)
+            tpe = optuna.samplers.TPESampler(seed=study.seed, multivariate=True, group=True,
+                                             constant_liar=True, n_startup_trials=startup)
+            if cost_model is None or study.objectives != ["throughput"]:
+                return tpe
+            return GuidedSampler(cost_model, fallback=tpe, seed=study.seed)
         if kind == "nsga2":
             size = 20 if space_size is None else max(4, min(50, space_size // 4))
             return optuna.samplers.NSGAIISampler(seed=study.seed, population_size=size)

@@ -1,0 +1,134 @@
+"""The harness's cost model for the GuidedSampler: the estimator, asked through the
+torch-side helper, over the study's search space.
+
+    prior       samples/s from the estimator's step time, for a configuration whose
+                peak, corrected by the study's measured trials (runtime bytes and the
+                memory ratio: harness.tune.search.correction), fits the memory budget;
+                None where it does not, or where the plan is refused here. The step
+                time is the estimator's own: the sampler learns its error (surrogate)
+    features    the plan's factors (harness.tune.search.step_fit.factors: micro-batch,
+                layout axes, each technique and setting)
+    candidates  all of a small space; of a larger one a seeded sample (sample_size,
+                more for a longer study), GROW more drawn at each call, and the
+                neighbours of the TOP measured configurations
+    smaller     one micro-batch smaller, else checkpointed (harness.study.space_sampling)
+
+Each prediction is one request to the helper (0.1-0.2 s), cached per configuration.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from optuna.study import Study
+from optuna.trial import TrialState
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.study.machine_facts import MachineFacts
+from harness.study.search_space import SearchSpace, config_key
+from harness.study.space_sampling import neighbours, sample, smaller
+from harness.tune.search.correction import Correction
+from harness.tune.search.first_guesses import first_guess_pool
+from harness.tune.search.step_fit import factors
+
+GROW = 8  # configurations drawn afresh at each ask, so a large space is not judged on one sample
+TOP = 3  # the measured configurations whose neighbours are always candidates
+
+
+def resolved_key(facts: MachineFacts, plan: Plan) -> str:
+    """A plan's configuration as the trial will run it (every setting filled in)."""
+    return config_key(facts.resolved(plan))
+
+
+class Predictions:
+    """The estimator's predictions, asked of the torch-side helper once per configuration."""
+
+    def __init__(self, space: SearchSpace, facts: MachineFacts, torch_helper: Any):
+        self.space, self.facts, self.torch_helper = space, facts, torch_helper
+        self._raw: dict[str, dict[str, Any] | None] = {}  # by resolved configuration
+        self._plans: dict[Any, tuple[Plan, dict[str, Any], str]] = {}  # by parameters
+
+    def plan(self, params: dict[str, Any]) -> tuple[Plan, dict[str, Any], str]:
+        """(plan, plan as a dict, resolved key) of `params`, walked once."""
+        k: Any = tuple(sorted(params.items()))  # scalars: a tuple hashes faster than JSON
+        if k not in self._plans:
+            plan = self.space.plan(params)
+            self._plans[k] = (plan, plan.to_dict(), resolved_key(self.facts, plan))
+        return self._plans[k]
+
+    def raw(self, params: dict[str, Any]) -> tuple[Plan, dict[str, Any] | None]:
+        """The plan of `params` and the estimator's prediction (None: refused here)."""
+        plan, _, k = self.plan(params)
+        if k not in self._raw:
+            try:
+                prepared = self.torch_helper.prepare(plan, self.facts.peaks)
+                self._raw[k] = dict(prepared.predicted or {})
+            except HarnessError:
+                self._raw[k] = None
+        return plan, self._raw[k]
+
+    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float,
+             corrected_step: bool = True) -> float:
+        """Predicted samples/s of `params`; 0 where it cannot be predicted or is predicted
+        over the memory budget. The step time corrected by the study's fit, or the
+        estimator's own (`corrected_step` False)."""
+        plan, predicted = self.raw(params)
+        if not predicted:
+            return 0.0
+        as_dict = self.plan(params)[1]
+        step = (correction.step_time(predicted, as_dict) if corrected_step
+                else predicted.get("step_time_s"))
+        peak = correction.peak_memory(predicted)
+        if not step or (peak is not None and peak > budget_bytes):
+            return 0.0
+        return plan.batch_size / step
+
+
+class EstimatorCostModel:
+    """A harness.tune.search.guided_sampler.CostModel over a study's search space."""
+
+    def __init__(self, space: SearchSpace, predictions: Predictions,
+                 correction: Callable[[], Correction], budget_bytes: float,
+                 seed: int | None, pool_size: int):
+        self.space, self.predictions = space, predictions
+        self.correction, self.budget_bytes = correction, budget_bytes
+        self._rng = random.Random(seed)
+        self._pool = first_guess_pool(space, seed, pool_size)
+        self._now = correction()
+        size = space.size()
+        self._exhaustive = size is not None and len(self._pool) >= size
+
+    def candidates(self, study: Study) -> list[dict[str, Any]]:
+        self._now = self.correction()  # one correction for this ask's priors
+        if not self._exhaustive:
+            self._pool += sample(self.space, self._rng, GROW)
+        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.values and t.params and all(v <= 0 for v in t.constraints.values())]
+        if len(study.directions) == 1:
+            done.sort(key=lambda t: t.values[0],
+                      reverse=study.direction.name == "MAXIMIZE")
+        near = [p for t in done[:TOP] for p in neighbours(self.space, t.params)]
+        return self._pool + near
+
+    def prior(self, params: dict[str, Any]) -> float | None:
+        rate = self.predictions.rate(params, self._now, self.budget_bytes,
+                                     corrected_step=False)
+        return rate or None
+
+    def features(self, params: dict[str, Any]) -> dict[str, float]:
+        return factors(self.predictions.plan(params)[1])
+
+    def key(self, params: dict[str, Any]) -> str:
+        return self.predictions.plan(params)[2]
+
+    def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        return smaller(self.space, params)
+
+    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return neighbours(self.space, params)
+
+    def exhaustive(self) -> bool:
+        return self._exhaustive

@@ -1,0 +1,310 @@
+"""GuidedSampler: an Optuna sampler that ranks configurations by a cost model it corrects
+from the study's own trials, explores where that model is unsure, and says when it is done.
+
+    import optuna
+    from harness.tune import GuidedSampler, SimpleCostModel
+
+    def predicted(params):                    # your prior: higher is better
+        return 100 * params["batch"] / (1 + params["layers"])
+
+    grid = [{"batch": b, "layers": n} for b in (8, 16, 32) for n in (2, 4, 8)]
+    sampler = GuidedSampler(SimpleCostModel(predicted, grid), seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.optimize(lambda t: measure(t.suggest_categorical("batch", (8, 16, 32)),
+                                     t.suggest_categorical("layers", (2, 4, 8))),
+                   n_trials=20, callbacks=[sampler.stop_when_converged])
+
+How a trial's parameters are chosen (`before_trial`; enqueued trials keep theirs):
+
+    step-down      after a trial over the memory constraint, the same configuration
+                   needing less memory (`CostModel.smaller`), when not measured yet
+    neighbours     after the fallback proposed a configuration measured already, the
+                   unmeasured neighbour of the best with the highest expected improvement
+    fallback       every FALLBACK_EVERY-th trial once MIN_OBSERVED are measured: the
+                   fallback sampler (TPE by default), a model of its own, in case the
+                   surrogate's features cannot express what decides this surface
+    the model      otherwise, the candidate (`CostModel.candidates`) with the highest
+                   expected improvement over the best measured, where each candidate's
+                   belief is the cost model's prior corrected by the surrogate
+                   (harness.tune.search.surrogate): its mean, and an uncertainty that
+                   the study's own errors set. Before anything is measured that is the
+                   prior's order: the estimator's start
+
+Candidates measured, queued or running (Optuna's RUNNING and WAITING trials: the
+constant liar for trials in flight) are never chosen again; a configuration whose trial
+failed for lack of time is left alone for a while. `converged` is set only when, among
+at least `min_candidates` candidates, none is likely (PROB_STOP) to beat the best by
+more than `noise`, and their expected number that would is under EXPECTED_STOP; until
+then the search goes on, however many trials in a row brought nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study, StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from harness.tune.search.surrogate import Surrogate, expected_improvement, prob_above
+
+FALLBACK_EVERY = 5  # one trial in five is the fallback's
+MIN_OBSERVED = 6  # measured configurations before the fallback, and before convergence
+PROB_STOP = 0.05  # converged: no candidate this likely to beat the best by the noise ...
+EXPECTED_STOP = 0.5  # ... and fewer than this many expected to, over all candidates
+NOISE = 0.03  # a gain this small is within run-to-run spread
+TIME_FAILED_PAUSE = 10  # trials before a configuration that did not fit the time is tried again
+PICK = "guided_by"  # the user attribute naming why the sampler chose a trial's parameters
+
+
+class CostModel(Protocol):
+    """What the sampler knows before measuring. Parameters are Optuna's, as a dict."""
+
+    def candidates(self, study: Study) -> list[dict[str, Any]]:
+        """The configurations to rank now (may grow from call to call)."""
+
+    def prior(self, params: dict[str, Any]) -> float | None:
+        """Predicted objective value (> 0); None: predicted not to run or not to fit."""
+
+    def features(self, params: dict[str, Any]) -> dict[str, float]:
+        """What the prior's error may depend on: one-hot choices, log2 sizes."""
+
+    def key(self, params: dict[str, Any]) -> str:
+        """One configuration as run (two parameter sets may run the same)."""
+
+    def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The same configuration needing less memory; None when there is none."""
+
+    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The configurations one choice away."""
+
+    def exhaustive(self) -> bool:
+        """Whether `candidates` lists every configuration (then the sampler may call the
+        search converged at any number of them, not only beyond `min_candidates`)."""
+
+
+class SimpleCostModel:
+    """A CostModel over a list of candidate parameter dicts and a prediction function:
+    features are one-hot values (and log2 of positive numbers), neighbours differ in one
+    value, and nothing is known of memory."""
+
+    def __init__(self, predict: Callable[[dict[str, Any]], float | None],
+                 candidates: Sequence[dict[str, Any]]):
+        self.predict, self.pool = predict, [dict(c) for c in candidates]
+
+    def candidates(self, study: Study) -> list[dict[str, Any]]:
+        return self.pool
+
+    def prior(self, params: dict[str, Any]) -> float | None:
+        return self.predict(params)
+
+    def features(self, params: dict[str, Any]) -> dict[str, float]:
+        out = {f"{k}={v}": 1.0 for k, v in params.items()}
+        for k, v in params.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                out[f"log2 {k}"] = math.log2(v)
+        return out
+
+    def key(self, params: dict[str, Any]) -> str:
+        return json.dumps(params, sort_keys=True, default=str)
+
+    def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
+    def exhaustive(self) -> bool:
+        return True
+
+    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [c for c in self.pool
+                if sum(c.get(k) != v for k, v in params.items()) == 1 and c.keys() == params.keys()]
+
+
+class GuidedSampler(BaseSampler):
+    def __init__(self, cost_model: CostModel, fallback: BaseSampler | None = None,
+                 seed: int | None = None, noise: float = NOISE, min_candidates: int = 256,
+                 memory_constraint: str = "memory"):
+        self.cost_model = cost_model
+        self.fallback = fallback or optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+        self.noise, self.min_candidates = noise, min_candidates
+        self.memory_constraint = memory_constraint
+        self._rng = random.Random(seed)
+        self._picks: dict[int, tuple[dict[str, Any], str]] = {}  # trial number -> (params, why)
+        self._decided: set[int] = set()
+        self._chosen = 0  # trials this sampler decided (not enqueued ones)
+        self._step_down: dict[str, Any] | None = None
+        self._near_best = False
+        self._noted: int | None = None  # the last finished trial _note_last acted on
+        self.converged: str | None = None  # why the search may stop, once it may
+
+    # --- Optuna's sampler interface ---------------------------------------------------------
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial
+                                    ) -> dict[str, BaseDistribution]:
+        if trial.number in self._picks:
+            return {}
+        return self.fallback.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if trial.number in self._picks:
+            return {}
+        return self.fallback.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        params = self._picks.get(trial.number, ({}, ""))[0]
+        if param_name in params:
+            value = params[param_name]
+            if param_distribution._contains(param_distribution.to_internal_repr(value)):
+                return value
+        return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.fallback.before_trial(study, trial)
+        fresh = trial.state == TrialState.RUNNING and not trial.params
+        if not fresh or trial.number in self._decided or "fixed_params" in trial.system_attrs:
+            return  # a Trial object made again for a trial under way, or an enqueued one
+        self._decided.add(trial.number)
+        pick = self._choose(study)
+        if pick is not None:
+            self._picks[trial.number] = pick
+            study._storage.set_trial_user_attr(trial._trial_id, PICK, pick[1])
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.fallback.after_trial(study, trial, state, values)
+        self._picks.pop(trial.number, None)
+
+    def stop_when_converged(self, study: Study, trial: FrozenTrial) -> None:
+        """A callback for `study.optimize`: stop once the sampler says it converged."""
+        if self.converged:
+            study.stop()
+
+    # --- the choice -------------------------------------------------------------------------
+    def _choose(self, study: Study) -> tuple[dict[str, Any], str] | None:
+        if len(study.directions) != 1:
+            return None  # several objectives: the fallback's (NSGA-II) alone
+        trials = study.get_trials(deepcopy=False)
+        sign = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
+        observed, taken = self._observed(trials, sign)
+        taken |= {self.cost_model.key(p) for p, _ in self._picks.values()}  # asked, not told
+        self._note_last(trials, taken)
+        if self._step_down is not None:
+            params, self._step_down = self._step_down, None
+            if self.cost_model.key(params) not in taken:
+                return params, "the same configuration needing less memory after one over it"
+        self._chosen += 1
+        if len(observed) >= MIN_OBSERVED and self._chosen % FALLBACK_EVERY == 0:
+            return None
+        best = max(observed.values(), key=lambda o: o[1], default=None)
+        pool = self.cost_model.candidates(study)
+        if self._near_best and best is not None:
+            self._near_best = False
+            near = self._rank(self.cost_model.neighbours(best[0]), observed, taken, sign, best)
+            if near is not None:
+                return near[0], f"a neighbour of the best ({near[1]})"
+        ranked = self._rank(pool, observed, taken, sign, best, judge=True)
+        return ranked if ranked is None else (ranked[0], ranked[1])
+
+    def _observed(self, trials: list[FrozenTrial], sign: float
+                  ) -> tuple[dict[str, tuple[dict[str, Any], float]], set[str]]:
+        """Measured feasible configurations (key -> (params, sign x log value, the median
+        of its measurements)), and every configuration measured, queued or in flight."""
+        scores: dict[str, tuple[dict[str, Any], list[float]]] = {}
+        taken: set[str] = set()
+        recent = {t.number for t in trials[-TIME_FAILED_PAUSE:]}
+        for t in trials:
+            params = t.params or t.system_attrs.get("fixed_params")
+            if not params:
+                continue
+            k = self.cost_model.key(params)
+            if t.state == TrialState.FAIL:
+                if t.number in recent:
+                    taken.add(k)
+                continue
+            taken.add(k)
+            feasible = all(v <= 0 for v in (t.constraints or {}).values())
+            if t.state == TrialState.COMPLETE and feasible and t.values and t.values[0] > 0:
+                scores.setdefault(k, (params, []))[1].append(sign * math.log(t.values[0]))
+        return {k: (p, float(np.median(v))) for k, (p, v) in scores.items()}, taken
+
+    def _note_last(self, trials: list[FrozenTrial], taken: set[str]) -> None:
+        """What the last finished trial asks for next: a step down after one over memory,
+        the best's neighbours after a repeat of a configuration measured before."""
+        done = [t for t in trials if t.state.is_finished() and t.params]
+        if not done or done[-1].number == self._noted:
+            return
+        last = done[-1]
+        self._noted = last.number
+        if (last.constraints or {}).get(self.memory_constraint, 0) > 0:
+            self._step_down = self.cost_model.smaller(last.params)
+        k = self.cost_model.key(last.params)
+        earlier = [t for t in done[:-1] if t.params and self.cost_model.key(t.params) == k]
+        if earlier:
+            self._near_best = True
+
+    def _rank(self, pool: list[dict[str, Any]], observed: dict, taken: set[str], sign: float,
+              best: tuple[dict[str, Any], float] | None, judge: bool = False
+              ) -> tuple[dict[str, Any], str] | None:
+        """The fresh candidate with the highest expected improvement, and why; with
+        `judge`, also whether the search has converged."""
+        model = self.cost_model
+        fresh, seen = [], set()
+        for params in pool:
+            k = model.key(params)
+            prior = model.prior(params) if k not in taken and k not in seen else None
+            seen.add(k)
+            if prior:
+                fresh.append((params, sign * math.log(prior)))
+        if not fresh:
+            if judge and observed:
+                self.converged = "every candidate the cost model offers was measured"
+            return None
+        surrogate = self._surrogate(observed, sign)
+        mean, sd = surrogate.predict([model.features(p) for p, _ in fresh])
+        mean = mean + np.array([s for _, s in fresh])
+        order = list(range(len(fresh)))
+        self._rng.shuffle(order)  # ties (a prior that cannot tell them apart) in a seeded order
+        if best is None:
+            i = max(order, key=lambda j: mean[j])
+            return fresh[i][0], "the cost model's fastest prediction (nothing measured yet)"
+        gain = expected_improvement(mean, sd, best[1])
+        i = max(order, key=lambda j: gain[j])
+        if judge:
+            self._judge(mean, sd, best[1], len(observed), len(fresh) + len(observed))
+            if self.converged and not self.cost_model.exhaustive() and \
+                    len(fresh) + len(observed) < self.min_candidates:
+                self.converged = None  # a sample too small to speak for the space
+        why = (f"expected improvement {math.expm1(gain[i]):.1%} over the best measured: "
+               f"predicted {math.exp(sign * mean[i]):.4g}, within x/{math.exp(sd[i]):.2f} at "
+               f"one sd (the cost model corrected by {surrogate.n} measured)")
+        return fresh[i][0], why
+
+    def _surrogate(self, observed: dict, sign: float) -> Surrogate:
+        """Fitted to log(measured / prior) of each measured configuration, in the
+        objective's direction (a minimised objective's signs flipped)."""
+        rows, y = [], []
+        for params, score in observed.values():
+            prior = self.cost_model.prior(params)
+            if prior:
+                rows.append(self.cost_model.features(params))
+                y.append(score - sign * math.log(prior))
+        return Surrogate(rows, y)
+
+    def _judge(self, mean: np.ndarray, sd: np.ndarray, best: float, n_observed: int,
+               n_candidates: int) -> None:
+        bar = best + math.log1p(self.noise)
+        p = prob_above(mean, sd, bar)
+        if (n_observed >= MIN_OBSERVED and p.max() < PROB_STOP and p.sum() < EXPECTED_STOP):
+            self.converged = (f"converged: of {n_candidates} configurations the model ranks, "
+                              f"none is {PROB_STOP:.0%} likely to beat the best by more than "
+                              f"{self.noise:.0%} (at most {p.max():.1%}; "
+                              f"{p.sum():.2f} expected in all)")
+        else:
+            self.converged = None
