@@ -136,7 +136,11 @@ def run_trial_job(
             f"{correction.n_memory} measured trial(s)) is over the memory budget "
             f"{format_bytes(run.budget_bytes)}"))
     left = deadline - time.time()
-    if not fits(expected, left):
+    # Before any trial is measured the steps' time is the estimator's alone (on a busy
+    # machine its measured peak can be 20x low): only the start-up may rule a trial out.
+    judged = expected if correction.n_time else correction.start_seconds(
+        run.facts.device_type, planned)
+    if not fits(judged, left):
         tags["pruned"] = PRUNED_TIME
         return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
             f"not started: expected to take {format_seconds(expected)} ({MARGIN}x that "

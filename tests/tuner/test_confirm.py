@@ -170,8 +170,8 @@ def test_the_estimators_fastest_guesses_come_first():
     from types import SimpleNamespace
 
     from harness.core.errors import HarnessError
+    from harness.tune.search.estimator_model import Predictions
     from harness.tune.search.first_guesses import START, estimated_start
-    from harness.tune.search.queue_next import Predictions
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 

@@ -63,10 +63,9 @@ def test_check_says_how_a_large_study_starts(tmp_path, capsys):
     assert main(["tune", str(path), "--out", str(tmp_path / "run"), "--check"]) == 0
     start = next(line for line in capsys.readouterr().out.splitlines()
                  if line.strip().startswith("start"))
-    assert ("2 reference(s), then up to 16 of the estimator's fastest predictions among a "
-            "sample of 64 of 2,744 configurations, then TPE (10 random start-up trials)"
-            in start), start
-    assert "one micro-batch smaller" in start and "neighbour of the best" in start
+    assert ("2 reference(s), then the GuidedSampler over a sample of 64 of 2,744 "
+            "configurations, 8 more each trial: the estimator's fastest first" in start), start
+    assert "one micro-batch smaller" in start and "expected improvement" in start
 
 
 def test_neighbours_differ_in_one_choice():
@@ -117,12 +116,10 @@ def test_an_oom_queues_the_same_configuration_one_micro_batch_smaller(tmp_path):
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
         str(out / "optuna.journal")))
     trials = optuna.load_study(study_name="quickstart", storage=storage).trials
-    queued = [t for t in trials if "went over the memory budget" in
-              t.user_attrs.get("queued_because", "")]
+    queued = [t for t in trials if "less memory" in t.user_attrs.get("guided_by", "")]
     assert queued, [t.user_attrs for t in trials]
     first = queued[0]
-    assert first.user_attrs["queued_because"] == f"trial {baseline['trial_id']} went over " \
-                                                 "the memory budget"
+    assert first.number == baseline["tags"]["optuna_number"] + 1  # the very next trial
     ran = next(r for r in recs if r["trial_id"] == first.number)
     assert ran["plan"]["micro_batch_size"] == 8
     def techniques(r):  # accumulation follows from the micro-batch size
@@ -161,13 +158,14 @@ def test_a_search_that_ends_early_gives_its_time_to_more_confirmation_rounds(tmp
 def test_the_corrected_estimator_picks_the_next_trial():
     """After a few measured trials the next is the unmeasured configuration the corrected
     estimator predicts fastest: here the estimator ignores bf16, which halves the step on
-    this machine; four measured trials (one with bf16) teach the correction that, and the
-    pick is the fastest configuration not yet measured, which the raw estimator would not
-    rank first."""
+    this machine; four measured trials (one with bf16) teach the GuidedSampler's surrogate
+    that, and its pick is the fastest configuration not yet measured, which the raw
+    estimator would not rank first."""
     from types import SimpleNamespace
 
+    from harness.tune import GuidedSampler
     from harness.tune.search.correction import Correction
-    from harness.tune.search.queue_next import Predictions, model_pick
+    from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
@@ -185,32 +183,18 @@ def test_the_corrected_estimator_picks_the_next_trial():
     every = space.enumerate()
     measured = [p for p in every if not p["fused"] and not p["checkpoint"]
                 and p["micro_batch_size"] in (4, 8)]  # amp on and off, micro 4 and 8
-    records = []
-    for p in measured:
-        plan = space.plan(p)
-        records.append({"status": "ok", "plan": plan.to_dict(), "duration_s": 1.0,
-                        "predicted": {"step_time_s": raw_step(plan),  # and before it ran:
-                                      "corrected_step_time_s": true_step(plan) * 1.05},
-                        "metrics": {"step_time_s": {"median": true_step(plan)}}})
-    rate = {key(p): 16 / true_step(space.plan(p)) for p in every}
-    best = max(measured, key=lambda p: rate[key(p)])
+    rate = {key(p): space.plan(p).batch_size / true_step(space.plan(p)) for p in every}
     facts = SimpleNamespace(peaks={}, resolved=lambda plan: plan)
-    ctx = SimpleNamespace(
-        study=SimpleNamespace(objectives=["throughput"]), space=space,
-        run=SimpleNamespace(facts=facts, budget_bytes=1e9,
-                            store=SimpleNamespace(records=lambda: records)),
-        best_trial=lambda: SimpleNamespace(params=best, values=[rate[key(best)]]),
-        correction=lambda: Correction.from_records(records, "cpu"),
-        optuna_study=SimpleNamespace(get_trials=lambda **kw: []),
-        measured={config_key(space.plan(p)): {} for p in measured})
-    predictions = Predictions(space, facts, TorchHelper())
-    pick, why = model_pick(ctx, set(), predictions, every)
-    assert space.plan(pick).strategies.get("amp") is not None
-    assert space.plan(pick).micro_batch_size == 16
+    model = EstimatorCostModel(space, Predictions(space, facts, TorchHelper()),
+                               lambda: Correction(), 1e9, seed=0, pool_size=64)
+    sampler = GuidedSampler(model, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for p in measured:
+        study.add_trial(optuna.trial.create_trial(
+            params=p, distributions=space.distributions(p), values=[rate[key(p)]]))
+    trial = study.ask()
+    plan = space.suggest(trial)
+    assert plan.strategies.get("amp") is not None and plan.micro_batch_size == 16
+    pick = dict(trial.params)
     assert rate[key(pick)] == max(rate[key(p)] for p in every if p not in measured)
-    assert why.startswith("predicted ") and "corrected from 4 trials" in why
-    for r in records[-2:]:  # lately the model was 50% off: TPE proposes until it learns
-        r["predicted"]["corrected_step_time_s"] = r["metrics"]["step_time_s"]["median"] * 1.5
-    assert model_pick(ctx, set(), predictions, every) is None
-    ctx.correction = lambda: Correction.from_records(records[:3], "cpu")
-    assert model_pick(ctx, set(), predictions, every) is None  # too few trials yet
+    assert "expected improvement" in study.trials[-1].user_attrs["guided_by"]

@@ -55,9 +55,10 @@ def test_one_trial_gives_the_common_ratio_and_unknown_factors_weigh_nothing():
     space = wide_space()
     plan = space.plan(sample(space, random.Random(3), 1)[0]).to_dict()
     fit = StepFit([(plan, 2.0, 1.0)])
-    assert math.isclose(fit.ratio(plan), 2.0) and math.isclose(fit.ratio(None), 2.0)
+    # the surrogate keeps the noise it assumes (15% in log units): within 1% of the ratio
+    assert math.isclose(fit.ratio(plan), 2.0, rel_tol=0.01) and fit.ratio(None) == 2.0
     other = {**plan, "strategies": {**plan["strategies"], "never-seen": {}}}
-    assert math.isclose(fit.ratio(other), 2.0)
+    assert math.isclose(fit.ratio(other), 2.0, rel_tol=0.01)
     assert "never-seen" in factors(other) and "accumulation" not in factors(other)
 
 

@@ -155,14 +155,19 @@ class Correction:
             return self.fit.ratio(plan) * predicted["step_time_s"]
         return self.step_ratio * predicted["step_time_s"]
 
-    def trial_seconds(self, predicted: dict[str, Any] | None, steps: int,
-                      device_type: str, plan: dict[str, Any] | None = None) -> float:
-        """How long a trial is expected to take, start to record."""
+    def start_seconds(self, device_type: str, plan: dict[str, Any] | None = None) -> float:
+        """A trial's expected time beyond its steps (starting, building, compiling)."""
         default = DEFAULT_OVERHEAD_S.get(device_type, DEFAULT_OVERHEAD_S["cuda"])
         overhead = self.overhead_s if self.overhead_s is not None else default
         if compiled(plan):
             overhead = self.overhead_compiled_s if self.overhead_compiled_s is not None else (
                 overhead + DEFAULT_COMPILE_S.get(device_type, DEFAULT_COMPILE_S["cuda"]))
+        return overhead
+
+    def trial_seconds(self, predicted: dict[str, Any] | None, steps: int,
+                      device_type: str, plan: dict[str, Any] | None = None) -> float:
+        """How long a trial is expected to take, start to record."""
+        overhead = self.start_seconds(device_type, plan)
         step = self.step_time(predicted, plan) or 0.0
         if plan is not None:  # a window padded to its least duration (2 s on CUDA)
             warmup = int(plan.get("warmup_steps") or 0)

@@ -28,11 +28,31 @@ from optuna.trial import TrialState
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.study.machine_facts import MachineFacts
-from harness.study.search_space import SearchSpace, config_key
+from harness.study.search_space import NotInSpace, SearchSpace, config_key
 from harness.study.space_sampling import neighbours, sample, smaller
 from harness.tune.search.correction import Correction
-from harness.tune.search.first_guesses import first_guess_pool
 from harness.tune.search.step_fit import factors
+
+SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
+MOST = 1024  # the most (a long study's): a prediction takes 0.1-0.2 s of the helper
+PER_PREDICTION_S = 30.0  # one more configuration ranked per this much of the budget
+
+
+def sample_size(budget_s: float) -> int:
+    """How many configurations the estimator ranks: more for a longer study (a day's
+    study can spend a few minutes predicting), from SAMPLE to MOST."""
+    return int(min(MOST, max(SAMPLE, budget_s // PER_PREDICTION_S)))
+
+
+def first_guess_pool(space: SearchSpace, seed: int | None,
+                     n: int = SAMPLE) -> list[dict[str, Any]]:
+    """The configurations the estimator ranks first: all of a small space, else a
+    seeded sample of `n` (and a few more, for the references it leaves out)."""
+    size = space.size()
+    if size is not None and size <= n + 2:
+        return space.enumerate()
+    return sample(space, random.Random(seed), n + 2)
+
 
 GROW = 8  # configurations drawn afresh at each ask, so a large space is not judged on one sample
 TOP = 3  # the measured configurations whose neighbours are always candidates
@@ -121,8 +141,11 @@ class EstimatorCostModel:
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         return factors(self.predictions.plan(params)[1])
 
-    def key(self, params: dict[str, Any]) -> str:
-        return self.predictions.plan(params)[2]
+    def key(self, params: dict[str, Any]) -> str | None:
+        try:
+            return self.predictions.plan(params)[2]
+        except NotInSpace:  # a trial in flight whose parameters are not all suggested yet
+            return None
 
     def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
         return smaller(self.space, params)

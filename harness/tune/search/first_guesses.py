@@ -22,42 +22,22 @@ bounds the cost. `describe_start` says in a line how a study starts (`--check`).
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harness.study.search_space import SearchSpace
-from harness.study.space_sampling import sample
 from harness.study.study_file import Study
 from harness.tune.checked_study import CheckedStudy
 from harness.tune.search.correction import Correction
+from harness.tune.search.estimator_model import (
+    SAMPLE,
+    Predictions,
+    first_guess_pool,
+    sample_size,
+)
 from harness.tune.search.sampling import startup_trials
-
-if TYPE_CHECKING:
-    from harness.tune.search.estimator_model import Predictions
 
 START = 5
 CAP = 16
 TIE = 0.05  # predictions this close to the fastest are the estimator's tie
-SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
-MOST = 1024  # the most (a long study's): a prediction takes 0.1-0.2 s of the helper
-PER_PREDICTION_S = 30.0  # one more configuration ranked per this much of the budget
-
-
-def sample_size(budget_s: float) -> int:
-    """How many configurations the estimator ranks: more for a longer study (a day's
-    study can spend a few minutes predicting), from SAMPLE to MOST."""
-    return int(min(MOST, max(SAMPLE, budget_s // PER_PREDICTION_S)))
-
-
-def first_guess_pool(space: SearchSpace, seed: int | None,
-                     n: int = SAMPLE) -> list[dict[str, Any]]:
-    """The configurations the estimator ranks first: all of a small space, else a
-    seeded sample of `n` (and a few more, for the references it leaves out)."""
-    size = space.size()
-    if size is not None and size <= n + 2:
-        return space.enumerate()
-    return sample(space, random.Random(seed), n + 2)
-
-
 def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]],
                     predictions: Predictions) -> list[dict[str, Any]]:
     """The configurations to measure first, as parameters (none of `taken`)."""

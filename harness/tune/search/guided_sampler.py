@@ -76,8 +76,9 @@ class CostModel(Protocol):
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         """What the prior's error may depend on: one-hot choices, log2 sizes."""
 
-    def key(self, params: dict[str, Any]) -> str:
-        """One configuration as run (two parameter sets may run the same)."""
+    def key(self, params: dict[str, Any]) -> str | None:
+        """One configuration as run (two parameter sets may run the same); None for
+        parameters that are not a whole configuration (a trial's, while suggested)."""
 
     def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """The same configuration needing less memory; None when there is none."""
@@ -224,6 +225,8 @@ class GuidedSampler(BaseSampler):
             if not params:
                 continue
             k = self.cost_model.key(params)
+            if k is None:  # in flight, its parameters not all suggested yet
+                continue
             if t.state == TrialState.FAIL:
                 if t.number in recent:
                     taken.add(k)
@@ -246,7 +249,7 @@ class GuidedSampler(BaseSampler):
             self._step_down = self.cost_model.smaller(last.params)
         k = self.cost_model.key(last.params)
         earlier = [t for t in done[:-1] if t.params and self.cost_model.key(t.params) == k]
-        if earlier:
+        if k is not None and earlier:
             self._near_best = True
 
     def _rank(self, pool: list[dict[str, Any]], observed: dict, taken: set[str], sign: float,
@@ -258,13 +261,13 @@ class GuidedSampler(BaseSampler):
         fresh, seen = [], set()
         for params in pool:
             k = model.key(params)
-            prior = model.prior(params) if k not in taken and k not in seen else None
+            prior = model.prior(params) if k and k not in taken and k not in seen else None
             seen.add(k)
             if prior:
                 fresh.append((params, sign * math.log(prior)))
         if not fresh:
             if judge and observed:
-                self.converged = "every candidate the cost model offers was measured"
+                self.converged = "converged: every configuration the cost model offers was measured"
             return None
         surrogate = self._surrogate(observed, sign)
         mean, sd = surrogate.predict([model.features(p) for p, _ in fresh])
