@@ -177,6 +177,10 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
             progress.line(f"search ended: {outcome.stopped}")
             if outcome.helpers:
                 wait_for(outcome.helpers, ctx.clock.left() + 30)
+                for note in settle(ctx):  # a helper that died after this search ended
+                    progress.line(note)
+                if ctx.retries_waiting():  # its trial is owed a run
+                    outcome.stopped = tuner.search()
             outcome.spent["search"] = time.time() - began
             if not args.helper:
                 done = outcome.stopped.startswith(("converged", "search space exhausted"))

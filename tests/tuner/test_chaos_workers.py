@@ -42,6 +42,7 @@ def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
             running = [t.number for t in journal_trials(out / "optuna.journal")
                        if t.state == TrialState.RUNNING and t.datetime_start is not None
                        and f"|{helper.pid}|" in t.user_attrs.get("worker", "")
+                       and "plan" in t.user_attrs  # measuring, not still being chosen
                        and time.time() - t.datetime_start.timestamp() > 0.3]
         time.sleep(0.1)
     assert running, "the helper never ran a trial"

@@ -83,18 +83,26 @@ class Tuner:
                 pool.start(lambda wait=wait: (wait(pool.guard(None)), False))
             while True:
                 why = self._why_stop()
-                if why is not None:
+                if why is not None and not self._settled():
                     pool.drain()  # recorded; what ends now does not change why
                     return why
                 done = pool.room()
                 if done:  # something ended: the reasons to stop first
                     self._ended(done)
                     continue
-                for note in self.settle(self.ctx):
-                    self.ctx.on_event("note", {"text": note})
+                if why is not None or self._settled():  # a dead worker's trial: owed a run
+                    continue
                 trial = self.ctx.optuna_study.ask()  # the sampler decides (GuidedSampler)
                 pool.start(lambda trial=trial: self._search_trial(trial))
                 self._ended(pool.ended())
+
+    def _settled(self) -> bool:
+        """Settle what dead workers left (their trials failed and queued again); whether
+        anything was (then the reasons to stop are weighed again: n_trials owes a retry)."""
+        notes = self.settle(self.ctx)
+        for note in notes:
+            self.ctx.on_event("note", {"text": note})
+        return bool(notes)
 
     def _ended(self, outcomes: list[tuple[TrialResult, bool]]) -> None:
         for result, repeat in outcomes:
