@@ -206,8 +206,8 @@ def test_the_page_holds_the_figures(out):
     assert "- `tests/kernels/test_kernel_layernorm.py::test_grad[(4, 1)-torch.float32]`" in page
     assert "did not run: only 12 s left" in page
     # bench: rate, spread, window, MFU both ways, memory against prediction
-    assert ("| quickstart | ok | 748.9 | 10.70 [10.59, 10.91] (n=20) | 720.5 over 180 steps, "
-            "2.00 s |") in page
+    assert ("| quickstart | ok | 748.9 | 10.70 [10.59, 10.91] (n=20) | 3.0% | 720.5 over 180 "
+            "steps, 2.00 s |") in page
     assert "| 66.3% | 98.3% of 667 TFLOP/s |" in page  # 655.9 TFLOP/s over 989.4 and 667
     assert "| quickstart | 1.24 GiB (1.24 GiB / 2.24 GiB) | 953.67 MiB | -24.9% " in page
     assert "| 10.70 | 2.70 | -74.8% |" in page

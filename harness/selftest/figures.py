@@ -123,7 +123,7 @@ def bench_figures(record: dict[str, Any]) -> dict[str, Any]:
     window = m.get("window") if isinstance(m.get("window"), dict) else None
     return {
         "status": record.get("status"), "reason": record.get("reason"),
-        "samples_per_s": num(m.get("samples_per_s")),
+        "samples_per_s": num(m.get("samples_per_s")), "tokens_per_s": num(m.get("tokens_per_s")),
         "step": {k: num(st.get(k)) for k in ("median", "p10", "p90", "stdev")}
         | {"n": st.get("n")},
         "window": window,
