@@ -118,7 +118,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
              else timing.time_limit)
     found = proof.boxes(phases, limit, budget, timing, args.rehearse)
     if args.plan:
-        print(proof.plan_text(found, limit, args.rehearse))
+        print(proof.plan_text(found, limit, timing))
         return 0
     # absolute: the steps run in the repository's root, whatever the folder here
     plans = ([p.resolve() for p in find_plans(args.plans)] if args.plans

@@ -134,8 +134,12 @@ def environment(out: Path, state: dict[str, Any]) -> dict[str, Any]:
     fallback = {"device_name": device.get("name"), "driver": device.get("driver"),
                 "torch": device.get("torch"), "cuda": device.get("cuda"),
                 "triton": device.get("triton"), "gpus": device.get("count")}
-    return {k: facts.get(k) or v for k, v in fallback.items()} | {
+    found = {k: facts.get(k) or v for k, v in fallback.items()} | {
         "memory_bytes": device.get("memory_bytes")}
+    if state.get("rehearsal"):  # the stand-in name, and the CPU it stands on
+        on = facts.get("device_name")
+        found["device_name"] = device.get("name") + (f" (on {on})" if on else "")
+    return found
 
 
 def header(out: Path, state: dict[str, Any], date: str) -> list[str]:

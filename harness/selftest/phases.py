@@ -140,12 +140,13 @@ def run_tune(run: Run, study: Path, budget_s: float) -> bool:
     folder = run.out / "tune"
     entry: dict[str, Any] = {"study": str(study), "dir": str(folder.relative_to(run.out))}
     run.state["phases"]["tune"] = entry
-    budget = min(budget_s, run.left() - proof.TUNE_OVERHEAD_S)
-    least = proof.TUNE_MIN_S if not run.rehearse else 10.0
+    timing = proof.REHEARSAL if run.rehearse else proof.GPU
+    budget = min(budget_s, run.left() - timing.tune_overhead)
+    least = timing.tune_min
     if budget < least:
         entry.clear()
         entry["skipped"] = (f"only {max(run.left(), 0):.0f} s left in its box; the tune "
-                            f"needs {least + proof.TUNE_OVERHEAD_S:.0f} s at least "
+                            f"needs {least + timing.tune_overhead:.0f} s at least "
                             "(run it alone: --only tune,report)")
         run.save()
         return False
@@ -189,8 +190,8 @@ def run_table(run: Run, study: Path, folder: Path) -> bool:
     GPU sessions add to one table."""
     entry: dict[str, Any] = {"study": str(study), "dir": str(folder)}
     run.state["phases"]["table"] = entry
-    budget = run.left() - proof.TUNE_OVERHEAD_S - TABLE_END_S
-    if budget < proof.TUNE_MIN_S:
+    budget = run.left() - proof.GPU.tune_overhead - TABLE_END_S
+    if budget < proof.GPU.tune_min:
         entry["skipped"] = f"only {max(run.left(), 0):.0f} s left within the time limit"
         run.save()
         return False
@@ -199,7 +200,7 @@ def run_table(run: Run, study: Path, folder: Path) -> bool:
             "--budget", f"{budget:.0f}s", "--quiet"]
     if (folder / "study.json").exists():
         argv.append("--resume")
-    step = run.step(argv, run.out / "table.log", budget + proof.TUNE_OVERHEAD_S + TABLE_END_S)
+    step = run.step(argv, run.out / "table.log", budget + proof.GPU.tune_overhead + TABLE_END_S)
     trials = read_jsonl(folder / "trials.jsonl")
     entry.update(step=step.to_json(), before=before, after=len(trials),
                  ok=sum(t.get("status") == "ok" for t in trials))

@@ -26,26 +26,29 @@ from pathlib import Path
 from harness.core.errors import HarnessError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: its tests/ and studies/
-START_S = 15.0  # this process and the device probe, before the first phase
-TUNE_OVERHEAD_S = 30.0  # the tuner's start and its last records, beyond its budget
-TUNE_MIN_S = 60.0  # a shorter study proves nothing
 
 
 @dataclass(frozen=True)
 class Timing:
     """The default boxes of one kind of run, in seconds; the tune's is its budget plus
-    TUNE_OVERHEAD_S."""
+    its overhead."""
 
     tests: float
     bench: float
     report: float
     tune_budget: float
     time_limit: float
+    tune_min: float  # a shorter study proves nothing
+    start: float  # this process and the device probe, before the first phase
+    tune_overhead: float  # the tuner's start and its last records, beyond its budget
+    end: float  # kept at the end: a step's stop (runner.GRACE_S) and the last page
 
 
-GPU = Timing(tests=100.0, bench=135.0, report=30.0, tune_budget=150.0, time_limit=480.0)
+GPU = Timing(tests=100.0, bench=135.0, report=30.0, tune_budget=150.0, time_limit=480.0,
+             tune_min=60.0, start=15.0, tune_overhead=30.0, end=20.0)
 # The rehearsal: the same phases on the CPU in 2 minutes (a quiet 2-core machine)
-REHEARSAL = Timing(tests=25.0, bench=45.0, report=20.0, tune_budget=20.0, time_limit=120.0)
+REHEARSAL = Timing(tests=20.0, bench=40.0, report=15.0, tune_budget=15.0, time_limit=120.0,
+                   tune_min=10.0, start=5.0, tune_overhead=15.0, end=10.0)
 
 PHASES = ("tests", "bench", "tune", "report", "rest", "table")
 DEFAULT_PHASES = PHASES[:5]  # the table (the search replay's GPU table) only when asked
@@ -109,9 +112,9 @@ REHEARSAL_STUDY = "studies/selftest/rehearse-tune.toml"
 
 # The rehearsal's tiny sizes, given to `harness bench` as flags over each plan
 TINY_FLAGS = ("--device", "cpu", "--micro-batch-size", "2", "--global-batch-size", "2",
-              "--steps", "2", "--warmup-steps", "1",
-              "--arg", "layers=1", "--arg", "heads=2", "--arg", "hidden=64",
-              "--arg", "seq_len=64", "--arg", "vocab=512")
+              "--steps", "2", "--warmup-steps", "1")
+TINY_GPT = ("--arg", "layers=1", "--arg", "heads=2", "--arg", "hidden=64",
+            "--arg", "seq_len=64", "--arg", "vocab=512")
 # What a CPU cannot run, and what stands in for it there: float8 emulated (same casts,
 # high-precision matmuls); no compile (a CPU compiles for longer than the rehearsal)
 CPU_STAND_INS = {"float8": {"emulate": True}, "fused": {"compile": False}}
@@ -126,7 +129,9 @@ def rehearsal_flags(plan: Path) -> list[str]:
     CPU cannot run given with their stand-ins (a --strategy flag replaces the plan's
     settings of that strategy, so they are all repeated)."""
     data = tomllib.loads(plan.read_text())
-    flags = list(TINY_FLAGS)
+    workload = data.get("workload")
+    name = workload.get("name") if isinstance(workload, dict) else workload
+    flags = list(TINY_FLAGS) + (list(TINY_GPT) if name == "gpt" else [])
     for name, settings in (data.get("strategies") or {}).items():
         if name in CPU_STAND_INS:
             merged = {**(settings or {}), **CPU_STAND_INS[name]}
@@ -149,7 +154,7 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
           rehearse: bool = False) -> list[Box]:
     """The box of each phase asked, in order. tests and bench get their defaults, or a
     share of what the tune and the report leave within `limit_s` (refused below a
-    minute together); the tune its budget plus its start; `rest` what is left."""
+    minute together); the tune its budget plus its overhead; `rest` what is left."""
     what = {
         "tests": ("the `gpu` tests that are not slow, and tests/kernels" if not rehearse
                   else "pytest: the `gpu` selection (skipped on the CPU) and one kernel file"),
@@ -161,20 +166,24 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
         "rest": "the slow `gpu` tests, then the other plans of " + REST_PLANS,
         "table": "harness tune of the GPU table study, resumed",
     }
-    fixed = {"tune": budget_s + TUNE_OVERHEAD_S, "report": timing.report}
+    fixed = {"tune": budget_s + timing.tune_overhead, "report": timing.report}
     wanted = {"tests": timing.tests, "bench": timing.bench}
-    left = limit_s - START_S - sum(fixed[p] for p in phases if p in fixed)
+    left = limit_s - timing.start - timing.end - sum(fixed[p] for p in phases if p in fixed)
     asked = {p: s for p, s in wanted.items() if p in phases}
-    if "tune" in phases and budget_s < TUNE_MIN_S:
+    if "tune" in phases and budget_s < timing.tune_min:
         raise HarnessError(f"--tune-budget {budget_s:.0f}s: a study this short proves "
-                           f"nothing; give it {TUNE_MIN_S:.0f}s at least")
+                           f"nothing; give it {timing.tune_min:.0f}s at least")
     if left < (60.0 if asked else 0.0):
         need = limit_s - left + (60.0 if asked else 0.0)
         raise HarnessError(f"--time-limit {limit_s:.0f}s leaves {max(left, 0):.0f} s for "
                            f"{' and '.join(asked) or 'the phases'} after the tune and the "
                            f"report: raise it to {math.ceil(need)}s or more, or lower "
                            "--tune-budget")
-    scale = min(1.0, left / sum(asked.values())) if asked else 1.0
+    # a shorter limit shrinks tests and bench; a longer one gives the surplus to the rest
+    # (or the table), or, where neither runs, to tests and bench
+    fill = not {"rest", "table"} & set(phases)
+    scale = left / sum(asked.values()) if asked else 1.0
+    scale = scale if fill else min(1.0, scale)
     sizes = {**{p: s * scale for p, s in asked.items()}, **fixed}
     # what is left goes to the rest, or else to the table
     spare = max(0.0, left - sum(sizes[p] for p in asked))
@@ -183,13 +192,14 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
     return [Box(p, round(sizes[p], 1), what[p]) for p in PHASES if p in phases]
 
 
-def plan_text(found: list[Box], limit_s: float, rehearse: bool) -> str:
+def plan_text(found: list[Box], limit_s: float, timing: Timing) -> str:
     """The lines `harness selftest --gpu --plan` prints."""
+    rehearse = timing is REHEARSAL
     kind = "rehearsal on the CPU" if rehearse else "GPU proof"
     lines = [f"harness selftest --gpu{' --rehearse' if rehearse else ''}: the {kind}, "
              f"phases in order, each stopped at its box"]
-    start = START_S
-    lines.append(f"  {'start':<7} {START_S:5.0f} s  this process and the device probe")
+    start = timing.start
+    lines.append(f"  {'start':<7} {timing.start:5.0f} s  this process and the device probe")
     for box in found:
         if box.phase in ("rest", "table") and box.seconds <= 0:
             lines.append(f"  {'rest':<7}     0 s  not in this run: a longer --time-limit "
@@ -197,6 +207,8 @@ def plan_text(found: list[Box], limit_s: float, rehearse: bool) -> str:
             continue
         lines.append(f"  {box.phase:<7} {box.seconds:5.0f} s  {box.what}")
         start += box.seconds
+    lines.append(f"  {'end':<7} {timing.end:5.0f} s  kept for stopping a step and the last page")
+    start += timing.end
     lines.append(f"  {'total':<7} {start:5.0f} s  ({start / 60:.1f} min; time limit "
                  f"{limit_s / 60:.1f} min)")
     return "\n".join(lines)
