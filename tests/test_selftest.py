@@ -187,6 +187,10 @@ def test_tune_figures(out):
     assert t["ratio"] is None  # the baseline did not run ok
     assert t["memory_error"] == pytest.approx(0.15) and t["memory_n"] == 2  # |+10%|, |-20%|
     assert t["step_error"] == pytest.approx(0.10, abs=1e-3) and t["step_n"] == 2
+    assert t["model_error"] is None and t["model_n"] == 0  # no trial had a correction
+    trials[2]["predicted"].update(corrected_step_time_s=0.53 * 1.05, corrected_from_trials=1)
+    t = tune_figures(trials, {})
+    assert t["model_error"] == pytest.approx(0.05) and t["model_n"] == 1
     trials[0] = record(120.8, 0.53, 1, 1, 1.0, phase="baseline")
     assert tune_figures(trials, {})["ratio"] == pytest.approx(3.0)
     # a trial that ran but held more than the budget is named (it is never the best)

@@ -327,7 +327,9 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
              f"| estimator error, peak memory | {pct(t['memory_error'])} median "
              f"\\|predicted - measured\\| / measured over {t['memory_n']} measured trial(s)"
              f" (calibrated where calibrated; raw estimator {pct(t['memory_error_raw'])}) |",
-             f"| estimator error, step time | {pct(t['step_error'])} over {t['step_n']} |"]
+             f"| estimator error, step time | {pct(t['step_error'])} over {t['step_n']} |",
+             f"| step-time model error (corrected by the earlier trials) | "
+             f"{pct(t['model_error'])} over {t['model_n']} |"]
     lines += rows + [""]
     for o in t["over_budget"]:
         lines += [f"Trial {o['trial_id']} ran at {rate(o['samples_per_s'])} samples/s but held "
