@@ -206,7 +206,7 @@ def test_the_page_holds_the_figures(out):
                  "| Triton | 3.6.0 |", "`harness selftest --gpu`", "24.2 min"):
         assert text in page, text
     # tests: counts, the failing id, the suite that did not run
-    assert "| `pytest -m gpu tests` | 2 | 1 | 0 | 1 | 96 s | 1 |" in page
+    assert '| `pytest -m "gpu and not slow"` | 2 | 1 | 0 | 1 | 96 s | 1 |' in page
     assert "- `tests/kernels/test_kernel_layernorm.py::test_grad[(4, 1)-torch.float32]`" in page
     assert "did not run: only 12 s left" in page
     # bench: rate, spread, window, MFU both ways, memory against prediction

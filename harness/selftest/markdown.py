@@ -18,7 +18,8 @@ from harness.selftest.figures import (
     tune_figures,
 )
 
-TESTS_SUITES = {"gpu": "`pytest -m gpu tests`", "kernels": "`pytest tests/kernels`"}
+TESTS_SUITES = {"gpu": "`pytest -m \"gpu and not slow\"`", "kernels": "`pytest tests/kernels`",
+               "gpu-slow": "`pytest -m \"gpu and slow\"`"}
 
 
 def pct(x: float | None, signed: bool = False) -> str:
