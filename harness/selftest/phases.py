@@ -150,7 +150,7 @@ def run_tune(run: Run, study: Path, budget_s: float) -> bool:
                             "(run it alone: --only tune,report)")
         run.save()
         return False
-    if budget < budget_s:
+    if budget < budget_s - 0.5:
         entry["note"] = (f"The budget was cut from {budget_s:.0f} s to {budget:.0f} s to end "
                          "within its box.")
     entry["budget_s"] = round(budget)

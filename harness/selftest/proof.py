@@ -117,7 +117,8 @@ TINY_GPT = ("--arg", "layers=1", "--arg", "heads=2", "--arg", "hidden=64",
             "--arg", "seq_len=64", "--arg", "vocab=512")
 # What a CPU cannot run, and what stands in for it there: float8 emulated (same casts,
 # high-precision matmuls); no compile (a CPU compiles for longer than the rehearsal)
-CPU_STAND_INS = {"float8": {"emulate": True}, "fused": {"compile": False}}
+CPU_STAND_INS = {"float8": {"emulate": True},
+                 "fused": {"compile": False, "compile_mode": "default"}}
 
 
 def _flag_value(value: object) -> str:
