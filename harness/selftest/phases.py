@@ -26,6 +26,7 @@ from harness.selftest.runner import Step, run_logged
 
 BENCH_LIMIT_S = 300.0  # one bench at most
 BENCH_MARGIN_S = 15.0  # the bench's own start and record, beyond its trial's timeout
+REHEARSAL_MARGIN_S = 5.0
 MIN_STEP_S = 15.0  # a step is not started with less of its box left than this
 MIN_REHEARSAL_STEP_S = 5.0
 
@@ -123,9 +124,10 @@ def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
         folder = run.out / "bench" / stem
         shutil.rmtree(folder, ignore_errors=True)  # no record from an earlier run stays
         limit = min(BENCH_LIMIT_S, run.left())
+        margin = REHEARSAL_MARGIN_S if run.rehearse else BENCH_MARGIN_S
         flags = proof.rehearsal_flags(path) if run.rehearse else ["--device", "cuda"]
         argv = [run.python, "-m", "harness", "bench", str(path), *flags, "--out", str(folder),
-                "--timeout", f"{max(limit - BENCH_MARGIN_S, 5):.0f}"]
+                "--timeout", f"{max(limit - margin, 5):.0f}"]
         entry.update(dir=str(folder.relative_to(run.out)))
         step = run.step(argv, run.out / "bench" / f"{stem}.log", limit)
         entry["step"] = step.to_json()
