@@ -79,9 +79,10 @@ def test_the_proofs_plans_and_study_are_the_ones_the_issue_names():
     for path in proof.CORE_PLANS:
         data = tomllib.loads((ROOT / path).read_text())
         names.append(data.get("name", Path(path).stem))
-    assert names == ["quickstart", "amp-bf16", "fused", "checkpoint", "checkpoint-selective",
-                     "gpt2-small-bf16", "gpt2-small-float8-tensorwise",
-                     "gpt2-small-float8-rowwise", "gpt-medium", "gpt2-small-cuda-graphs"]
+    assert names == ["gpt2-small-bf16", "gpt2-small-float8-tensorwise",
+                     "gpt2-small-float8-rowwise", "gpt2-small-cuda-graphs",
+                     "checkpoint-selective", "quickstart", "amp-bf16", "fused", "checkpoint",
+                     "gpt-medium"]
     plans = {n: tomllib.loads((ROOT / p).read_text()) for n, p in zip(names, proof.CORE_PLANS,
                                                                      strict=True)}
     good = plans["gpt2-small-bf16"]
@@ -201,3 +202,34 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path)
         assert text in page, text
     assert "Not finished" not in page
     assert not (tmp_path / "docs").exists()  # a rehearsal's page stays in its out folder
+
+
+def test_the_rest_runs_what_the_benches_box_left_out_in_its_place(tmp_path):
+    """A plan the bench's box cut is the first the rest runs; the page lists it once."""
+    from harness.selftest import phases as ph
+    from harness.selftest.runner import Step
+
+    state = {"phases": {}, "runs": []}
+    ran: list[str] = []
+
+    def fake_step(argv, log, timeout_s):
+        ran.append(Path(argv[argv.index("bench") + 1]).stem)
+        folder = Path(argv[argv.index("--out") + 1])
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({"status": "ok"}))
+        return Step(command=" ".join(argv), log=log.name, rc=0, seconds=1.0)
+
+    run = ph.Run(tmp_path, time.monotonic() + 3600, state, lambda: None, echo=False)
+    run.step = fake_step
+    core = [ROOT / p for p in proof.CORE_PLANS[:2]]
+    run.phase_end = time.monotonic() - 1  # the bench's box is over before it starts
+    ph.run_bench(run, core, 1, "the proof's plans")
+    assert ran == [] and all(e["skipped"].startswith("out of time")
+                             for e in state["phases"]["bench"]["plans"])
+    run.phase_end = time.monotonic() + 3600
+    rest = ph.rest_plans(ROOT, state)
+    assert rest[:2] == core and (ROOT / "studies/plans/lamb.toml") in rest
+    assert (ROOT / proof.CORE_PLANS[5]) not in rest  # a core plan is never run twice
+    ph.run_bench(run, rest[:3], 1, "")
+    names = [e["name"] for e in state["phases"]["bench"]["plans"]]
+    assert ran == [p.stem for p in rest[:3]] and len(names) == len(set(names)) == 3

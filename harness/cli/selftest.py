@@ -25,13 +25,14 @@ WHAT = """\
 harness selftest --gpu proves the GPU path in 8 minutes on one H100 or H200, each phase
 stopped at its time box (--plan prints them):
   tests   pytest -m "gpu and not slow" (the files that mark gpu tests), pytest tests/kernels
-  bench   harness bench of the plans that matter most: quickstart, amp-bf16, fused,
-          checkpoint (full and selective), GPT-2 small bf16 + SDPA + fused AdamW at
-          micro-batch 64, the same with float8 (tensorwise, rowwise), gpt-medium, and
-          the same with CUDA graphs (compile reduce-overhead)
+  bench   harness bench of the plans that matter most: GPT-2 small bf16 + SDPA + fused
+          AdamW at micro-batch 64, the same with float8 (tensorwise, rowwise) and with
+          CUDA graphs (compile reduce-overhead), selective checkpointing, quickstart,
+          amp-bf16, fused, checkpoint, gpt-medium
   tune    harness tune studies/selftest/gpt2-small-tune.toml (about 3 minutes)
   report  harness report of the tune
-  rest    with a longer --time-limit: the slow gpu tests and the other plans
+  rest    with a longer --time-limit: the slow gpu tests, the plans the bench's box
+          left out and the other plans
 After every step it rewrites selftest.json in the out folder and the page
 docs/benchmarks/gpu_<device>_<date>.md, which says which phases did not finish. Without
 CUDA it says so and runs nothing; --rehearse runs the same phases on the CPU with tiny
@@ -233,12 +234,13 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
 
 
 def _rest(run, gpus: int) -> bool:
-    """The slow gpu tests, then the other single-GPU plans, while the box has time."""
+    """The slow gpu tests, then the proof's plans the bench's box left out and the other
+    single-GPU plans, while the box has time."""
     from harness.selftest import phases as ph
     from harness.selftest import proof
 
     ok = ph.run_tests(run, proof.REST_TESTS)
-    plans = ph.rest_plans(run.root)
+    plans = ph.rest_plans(run.root, run.state)
     if plans:
         ok = ph.run_bench(run, plans, gpus, "") and ok
     return ok

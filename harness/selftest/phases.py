@@ -60,7 +60,7 @@ class Run:
 
 
 def _out_of_box(run: Run) -> str:
-    return (f"out of time: {max(run.left(), 0):.0f} s left in this phase's box (a longer "
+    return (f"{OUT_OF_TIME}: {max(run.left(), 0):.0f} s left in this phase's box (a longer "
             "--time-limit gives it more)")
 
 
@@ -93,11 +93,18 @@ def _bench_ok(folder: Path) -> bool:
     return bool(record) and record.get("status") == "ok"
 
 
-def rest_plans(root: Path) -> list[Path]:
-    """The plans of proof.REST_PLANS that the proof's own list leaves out."""
+OUT_OF_TIME = "out of time"
+
+
+def rest_plans(root: Path, state: dict[str, Any]) -> list[Path]:
+    """The proof's plans its bench's box left out, then the plans of proof.REST_PLANS
+    that the proof's own list leaves out."""
     core = {(root / p).resolve() for p in proof.CORE_PLANS}
+    entries = (state["phases"].get("bench") or {}).get("plans") or []
+    cut = [Path(e["plan"]) for e in entries
+           if str(e.get("skipped", "")).startswith(OUT_OF_TIME)]
     found = sorted(Path(p) for p in glob.glob(str(root / proof.REST_PLANS)))
-    return [p for p in found if p.resolve() not in core]
+    return cut + [p for p in found if p.resolve() not in core]
 
 
 def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
@@ -109,6 +116,9 @@ def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
     dirs = {e["dir"].split("/")[-1] for e in entries if e.get("dir")}
     ok = True
     for path in plans:
+        # a plan an earlier box left out, run now: its place on the page is taken
+        entries[:] = [e for e in entries if not (e.get("plan") == str(path) and str(
+            e.get("skipped", "")).startswith(OUT_OF_TIME))]
         fit = plan_fit(path, gpus)
         entry: dict[str, Any] = {"plan": str(path), "name": fit.name,
                                  "ranks_per_node": fit.ranks_per_node}
