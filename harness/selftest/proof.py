@@ -43,13 +43,14 @@ class Timing:
     start: float  # this process and the device probe, before the first phase
     tune_overhead: float  # the tuner's start and its last records, beyond its budget
     end: float  # kept at the end: a step's stop (runner.GRACE_S) and the last page
+    core_min: float  # tests and bench together get at least this, or the limit is refused
 
 
 GPU = Timing(tests=100.0, bench=135.0, report=30.0, tune_budget=150.0, time_limit=480.0,
-             tune_min=60.0, start=15.0, tune_overhead=30.0, end=20.0)
+             tune_min=60.0, start=15.0, tune_overhead=30.0, end=20.0, core_min=60.0)
 # The rehearsal: the same phases on the CPU in 2 minutes (a quiet 2-core machine)
-REHEARSAL = Timing(tests=20.0, bench=40.0, report=15.0, tune_budget=15.0, time_limit=120.0,
-                   tune_min=10.0, start=5.0, tune_overhead=15.0, end=10.0)
+REHEARSAL = Timing(tests=15.0, bench=40.0, report=13.0, tune_budget=25.0, time_limit=120.0,
+                   tune_min=10.0, start=5.0, tune_overhead=12.0, end=10.0, core_min=30.0)
 
 PHASES = ("tests", "bench", "tune", "report", "rest", "table")
 DEFAULT_PHASES = PHASES[:5]  # the table (the search replay's GPU table) only when asked
@@ -159,7 +160,7 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
           rehearse: bool = False) -> list[Box]:
     """The box of each phase asked, in order. tests and bench get their defaults, or a
     share of what the tune and the report leave within `limit_s` (refused below a
-    minute together); the tune its budget plus its overhead; `rest` what is left."""
+    `timing.core_min` together); the tune its budget plus its overhead; `rest` what is left."""
     what = {
         "tests": ("the `gpu` tests that are not slow, and tests/kernels" if not rehearse
                   else "pytest: the `gpu` selection (skipped on the CPU) and one kernel file"),
@@ -178,8 +179,9 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
     if "tune" in phases and budget_s < timing.tune_min:
         raise HarnessError(f"--tune-budget {budget_s:.0f}s: a study this short proves "
                            f"nothing; give it {timing.tune_min:.0f}s at least")
-    if left < (60.0 if asked else 0.0):
-        need = limit_s - left + (60.0 if asked else 0.0)
+    least = timing.core_min if asked else 0.0
+    if left < least:
+        need = limit_s - left + least
         raise HarnessError(f"--time-limit {limit_s:.0f}s leaves {max(left, 0):.0f} s for "
                            f"{' and '.join(asked) or 'the phases'} after the tune and the "
                            f"report: raise it to {math.ceil(need)}s or more, or lower "
