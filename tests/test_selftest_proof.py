@@ -63,6 +63,9 @@ def test_the_time_limit_and_the_tune_budget_change_the_boxes():
     core = ["tests", "bench", "tune", "report"]
     filled = {b.phase: b.seconds for b in proof.boxes(core, 960, 150, proof.GPU)}
     assert filled["bench"] > default["bench"] and "rest" not in filled
+    assert filled["report"] > default["report"]
+    assert sum(filled.values()) == pytest.approx(960 - proof.GPU.start - proof.GPU.end,
+                                                 abs=0.5)
     with pytest.raises(HarnessError, match=r"--time-limit 300s leaves .* raise it to"):
         proof.boxes(list(proof.DEFAULT_PHASES), 300, 150, proof.GPU)
     with pytest.raises(HarnessError, match="--tune-budget 30s"):
@@ -180,7 +183,7 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path)
     out = tmp_path / "st"
     start = time.monotonic()
     done = selftest("--gpu", "--rehearse", "--out", str(out), "--only", "tests,bench,tune,report",
-                    "--time-limit", "14m", "--tune-budget", "90s", cwd=tmp_path, timeout=850)
+                    "--time-limit", "14m", "--tune-budget", "60s", cwd=tmp_path, timeout=850)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert time.monotonic() - start < 850
     state = json.loads((out / "selftest.json").read_text())

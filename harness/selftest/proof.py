@@ -190,8 +190,11 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
     # (or the table), or, where neither runs, to tests and bench
     fill = not {"rest", "table"} & set(phases)
     scale = left / sum(asked.values()) if asked else 1.0
-    scale = scale if fill else min(1.0, scale)
-    sizes = {**{p: s * scale for p, s in asked.items()}, **fixed}
+    sizes = {**{p: s * min(1.0, scale) for p, s in asked.items()}, **fixed}
+    if fill and scale > 1.0:  # the surplus to tests, bench and the report alike
+        grow = asked | ({"report": timing.report} if "report" in phases else {})
+        scale = (left + grow.get("report", 0.0)) / sum(grow.values())
+        sizes |= {p: s * scale for p, s in grow.items()}
     # what is left goes to the rest, or else to the table
     spare = max(0.0, left - sum(sizes[p] for p in asked))
     sizes["rest"] = spare
