@@ -187,6 +187,10 @@ def test_tune_figures(out):
     assert t["ratio"] is None  # the baseline did not run ok
     assert t["memory_error"] == pytest.approx(0.15) and t["memory_n"] == 2  # |+10%|, |-20%|
     assert t["step_error"] == pytest.approx(0.10, abs=1e-3) and t["step_n"] == 2
+    assert t["model_error"] is None and t["model_n"] == 0  # no trial had a correction
+    trials[2]["predicted"].update(corrected_step_time_s=0.53 * 1.05, corrected_from_trials=1)
+    t = tune_figures(trials, {})
+    assert t["model_error"] == pytest.approx(0.05) and t["model_n"] == 1
     trials[0] = record(120.8, 0.53, 1, 1, 1.0, phase="baseline")
     assert tune_figures(trials, {})["ratio"] == pytest.approx(3.0)
     # a trial that ran but held more than the budget is named (it is never the best)
@@ -202,12 +206,12 @@ def test_the_page_holds_the_figures(out):
                  "| Triton | 3.6.0 |", "`harness selftest --gpu`", "24.2 min"):
         assert text in page, text
     # tests: counts, the failing id, the suite that did not run
-    assert "| `pytest -m gpu tests` | 2 | 1 | 0 | 1 | 96 s | 1 |" in page
+    assert '| `pytest -m "gpu and not slow"` | 2 | 1 | 0 | 1 | 96 s | 1 |' in page
     assert "- `tests/kernels/test_kernel_layernorm.py::test_grad[(4, 1)-torch.float32]`" in page
     assert "did not run: only 12 s left" in page
     # bench: rate, spread, window, MFU both ways, memory against prediction
-    assert ("| quickstart | ok | 748.9 | 10.70 [10.59, 10.91] (n=20) | 720.5 over 180 steps, "
-            "2.00 s |") in page
+    assert ("| quickstart | ok | 748.9 | 10.70 [10.59, 10.91] (n=20) | 3.0% | 720.5 over 180 "
+            "steps, 2.00 s |") in page
     assert "| 66.3% | 98.3% of 667 TFLOP/s |" in page  # 655.9 TFLOP/s over 989.4 and 667
     assert "| quickstart | 1.24 GiB (1.24 GiB / 2.24 GiB) | 953.67 MiB | -24.9% " in page
     assert "| 10.70 | 2.70 | -74.8% |" in page

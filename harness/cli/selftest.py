@@ -1,15 +1,18 @@
 """`harness selftest --gpu`: the GPU path proved in one command (harness/selftest/).
 
 This process never touches CUDA: it asks NVML and a short-lived torch child which
-devices there are, and every phase runs as subprocesses with timeouts, so one failing
-phase never stops the others. Exit code 0 when every phase run passed, 1 otherwise; 0
-without a CUDA device (nothing is run); 2 for a mistake in the flags.
+devices there are, and every phase runs as subprocesses, each phase within its time box
+(harness/selftest/proof.py), so one failing phase never stops the others. Exit code 0
+when every phase run passed, 1 otherwise; 0 without a CUDA device (nothing is run); 2
+for a mistake in the flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import shlex
+import signal
 import sys
 import time
 from datetime import datetime
@@ -19,51 +22,62 @@ from harness.core.errors import HarnessError
 from harness.core.units import parse_duration
 
 WHAT = """\
-harness selftest --gpu runs, on a machine with CUDA, in about 25 minutes on one H100:
-  tests  python -m pytest -m gpu tests, and python -m pytest tests/kernels
-  bench  harness bench of every plan under studies/plans/ whose ranks per node fit the
-         CUDA devices here (the others are listed as skipped, with the reason)
-  tune   harness tune studies/gpt2-small-1gpu.toml for 15 minutes, then harness report
-and writes docs/benchmarks/gpu_<device>_<date>.md: the environment, each figure with its
-spread, tuned over the fp32 baseline, MFU against the datasheet and the measured peak,
-and the estimator's error. Logs and records go to runs/selftest-<date>/. Without CUDA it
-says so and runs nothing."""
+harness selftest --gpu proves the GPU path in 8 minutes on one H100 or H200, each phase
+stopped at its time box (--plan prints them):
+  tests   pytest -m "gpu and not slow" (the files that mark gpu tests), pytest tests/kernels
+  bench   harness bench of the plans that matter most: GPT-2 small bf16 + SDPA + fused
+          AdamW at micro-batch 64, the same with float8 (tensorwise, rowwise) and with
+          CUDA graphs (compile reduce-overhead), selective checkpointing, quickstart,
+          amp-bf16, fused, checkpoint, gpt-medium
+  tune    harness tune studies/selftest/gpt2-small-tune.toml (about 3 minutes)
+  report  harness report of the tune
+  rest    with a longer --time-limit: the slow gpu tests, the plans the bench's box
+          left out and the other plans
+After every step it rewrites selftest.json in the out folder and the page
+docs/benchmarks/gpu_<device>_<date>.md, which says which phases did not finish. Without
+CUDA it says so and runs nothing; --rehearse runs the same phases on the CPU with tiny
+sizes and a stand-in device name, within 2 minutes."""
 
-DEFAULT_PLANS = "studies/plans/*.toml"
-DEFAULT_STUDY = "studies/gpt2-small-1gpu.toml"
 TABLE_STUDY = "studies/gpt2-small-1gpu-table.toml"
+REHEARSAL_DEVICE = "Rehearsal CPU"  # the stand-in device name of --rehearse
 
 
 def add_selftest_parser(sub: argparse._SubParsersAction) -> None:
+    from harness.selftest.proof import DEFAULT_PHASES, PHASES
+
     p = sub.add_parser("selftest", help="prove the GPU path: gpu tests, benches, a short tune",
                        description=WHAT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu", action="store_true",
                    help="the GPU selftest (required: the only one for now)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the phases and their time boxes and exit (needs no GPU)")
+    p.add_argument("--rehearse", action="store_true",
+                   help="run the same phases on the CPU with tiny sizes and a stand-in "
+                        "device name (2 minutes), into runs/selftest-rehearsal-<date>")
     p.add_argument("--out", metavar="DIR",
-                   help="logs, records and selftest.json (default runs/selftest-<date>); a "
+                   help="logs, records, selftest.json (default runs/selftest-<date>); a "
                         "later run with --only into the same folder adds to its page")
-    p.add_argument("--only", metavar="PHASES", default="tests,bench,tune",
-                   help="a subset of tests,bench,tune (e.g. --only tests,bench), to split "
-                        "the run into shorter ones; or table: measure the GPU table for the "
+    p.add_argument("--only", metavar="PHASES", default=",".join(DEFAULT_PHASES),
+                   help=f"a subset of {','.join(PHASES)} (default "
+                        f"{','.join(DEFAULT_PHASES)}); table: measure the GPU table for the "
                         "search replay (every configuration of " + TABLE_STUDY + ") into "
                         "tests/benchmarks/tables/, resuming what earlier sessions measured")
-    p.add_argument("--tune-budget", metavar="TIME", default="15m",
-                   help="the study's wall clock (default 15m)")
-    p.add_argument("--time-limit", metavar="TIME", default="25m",
-                   help="the whole run (default 25m): benches that would not fit are "
-                        "skipped, saying so")
-    p.add_argument("--plans", metavar="GLOB", default=DEFAULT_PLANS,
-                   help=f"the plans to bench (default {DEFAULT_PLANS})")
-    p.add_argument("--study", default=DEFAULT_STUDY,
-                   help=f"the study to tune (default {DEFAULT_STUDY})")
+    p.add_argument("--tune-budget", metavar="TIME",
+                   help="the study's wall clock (default 150s; 20s rehearsed)")
+    p.add_argument("--time-limit", metavar="TIME",
+                   help="the whole run (default 8m; 2m rehearsed): a longer one adds the "
+                        "rest, a shorter one shortens the tests' and benches' boxes")
+    p.add_argument("--plans", metavar="GLOB",
+                   help="bench these plans instead of the proof's own list")
+    p.add_argument("--study", help="tune this study instead of the proof's own")
     p.add_argument("--doc", metavar="PATH",
-                   help="the markdown page (default "
-                        "docs/benchmarks/gpu_<device>_<YYYY-MM-DD>.md)")
+                   help="the markdown page (default docs/benchmarks/gpu_<device>_<date>.md; "
+                        "rehearsed: in the out folder)")
     p.set_defaults(func=cmd_selftest)
 
 
 def _phases(text: str) -> list[str]:
-    from harness.selftest.state import PHASES
+    from harness.selftest.proof import PHASES
 
     asked = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in asked if p not in PHASES]
@@ -76,10 +90,11 @@ def _phases(text: str) -> list[str]:
 def _command(args: argparse.Namespace) -> str:
     """The command as run: `harness selftest --gpu` and the flags that differ from the
     defaults."""
-    words = ["harness", "selftest", "--gpu"]
-    defaults = {"out": None, "only": "tests,bench,tune", "tune_budget": "15m",
-                "time_limit": "25m", "plans": DEFAULT_PLANS, "study": DEFAULT_STUDY,
-                "doc": None}
+    from harness.selftest.proof import DEFAULT_PHASES
+
+    words = ["harness", "selftest", "--gpu"] + (["--rehearse"] if args.rehearse else [])
+    defaults = {"out": None, "only": ",".join(DEFAULT_PHASES), "tune_budget": None,
+                "time_limit": None, "plans": None, "study": None, "doc": None}
     for key, default in defaults.items():
         if getattr(args, key) != default:
             words += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
@@ -87,7 +102,8 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from harness.selftest.device import find_cuda
+    from harness.selftest import proof
+    from harness.selftest.device import Device, find_cuda
     from harness.selftest.plans import find_plans
 
     if not args.gpu:
@@ -96,66 +112,135 @@ def cmd_selftest(args: argparse.Namespace) -> int:
               "now): harness selftest --gpu", file=sys.stderr)
         return 2
     phases = _phases(args.only)
-    budget = parse_duration(args.tune_budget, "--tune-budget")
-    limit = parse_duration(args.time_limit, "--time-limit")
-    device, why = find_cuda()
-    if device is None:
-        print(f"harness selftest --gpu: no CUDA device here ({why}); nothing was run")
+    timing = proof.REHEARSAL if args.rehearse else proof.GPU
+    budget = (parse_duration(args.tune_budget, "--tune-budget") if args.tune_budget
+              else timing.tune_budget)
+    limit = (parse_duration(args.time_limit, "--time-limit") if args.time_limit
+             else timing.time_limit)
+    found = proof.boxes(phases, limit, budget, timing, args.rehearse)
+    if args.plan:
+        print(proof.plan_text(found, limit, timing))
         return 0
-    plans = find_plans(args.plans) if "bench" in phases else []
+    # absolute: the steps run in the repository's root, whatever the folder here
+    plans = ([p.resolve() for p in find_plans(args.plans)] if args.plans
+             else [proof.ROOT / p for p in proof.CORE_PLANS])
     if "bench" in phases and not plans:
         raise HarnessError(f"--plans {args.plans!r}: no .toml file matches")
-    if "tune" in phases and not Path(args.study).is_file():
-        raise HarnessError(f"--study {args.study}: no such file")
-    return _run(args, phases, plans, budget, limit, device)
+    study = (Path(args.study).resolve() if args.study else
+             proof.ROOT / (proof.REHEARSAL_STUDY if args.rehearse else proof.GPU_STUDY))
+    if "tune" in phases and not study.is_file():
+        raise HarnessError(f"--study {args.study or study}: no such file")
+    if args.rehearse:
+        device = Device(count=1, name=REHEARSAL_DEVICE, torch=_version("torch"))
+    else:
+        device, why = find_cuda()
+        if device is None:
+            print(f"harness selftest --gpu: no CUDA device here ({why}); nothing was run")
+            return 0
+    return _run(args, phases, found, plans, study, budget, limit, device)
 
 
-def _run(args: argparse.Namespace, phases: list[str], plans: list[Path], budget: float,
-         limit: float, device) -> int:
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a machine's or `timeout`'s stop) as Ctrl-C: the running step's processes
+    are stopped, and the page says which phases did not finish."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], study: Path,
+         budget: float, limit: float, device) -> int:
     from harness.selftest import phases as ph
+    from harness.selftest import proof
     from harness.selftest import state as st
     from harness.selftest.device import slug
     from harness.selftest.markdown import build
 
     start, now = time.monotonic(), datetime.now()
     date = f"{now:%Y-%m-%d}"
-    out = Path(args.out or f"runs/selftest-{date}")
-    doc = Path(args.doc or f"docs/benchmarks/gpu_{slug(device.name)}_{date}.md")
+    default_out = f"runs/selftest-rehearsal-{date}" if args.rehearse else f"runs/selftest-{date}"
+    out = Path(args.out or default_out).resolve()
+    name = f"gpu_{slug(device.name)}_{date}.md"
+    doc = Path(args.doc or (out / name if args.rehearse else Path("docs/benchmarks") / name))
     state = st.load(out)
     state["device"] = device.to_json()
+    state["rehearsal"] = bool(args.rehearse)
+    progress = {p: "waiting" for p in phases}
     record = {"command": _command(args), "started_at": f"{now:%Y-%m-%d %H:%M:%S}",
-              "wall_s": 0.0, "phases": phases}
+              "wall_s": 0.0, "phases": phases, "progress": progress,
+              "boxes": {b.phase: b.seconds for b in found}}
     state["runs"].append(record)
     for phase in phases:  # what this run does replaces what an earlier run left
         state["phases"].pop(phase, None)
+    if "tune" in phases or "report" in phases:
+        (state["phases"].get("tune") or {}).pop("report", None)
 
     def save() -> None:
         record["wall_s"] = round(time.monotonic() - start, 1)
         st.save(out, state)
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(build(out, state, date), encoding="utf-8")
 
-    run = ph.Run(out, start + limit, state, save)
+    run = ph.Run(out, start + limit, state, save, rehearse=args.rehearse)
+    _stop_on_sigterm()
     save()
     print(f"[selftest] {device.name} x {device.count}, driver {device.driver}, torch "
           f"{device.torch}, CUDA {device.cuda}; phases {','.join(phases)} within "
-          f"{limit / 60:.0f} min; out {out}", flush=True)
-    reserve = ph.tune_reserve(budget) if "tune" in phases else 0.0
+          f"{limit / 60:.1f} min; out {out}; page {doc}", flush=True)
     results: dict[str, bool] = {}
+    runners = {
+        "tests": lambda: ph.run_tests(run, proof.CORE_TESTS),
+        "bench": lambda: ph.run_bench(run, plans, device.count, args.plans
+                                      or f"the proof's {len(plans)} plans"),
+        "tune": lambda: ph.run_tune(run, study, budget),
+        "report": lambda: ph.run_report(run),
+        "rest": lambda: _rest(run, device.count),
+        "table": lambda: ph.run_table(run, proof.ROOT / TABLE_STUDY, proof.ROOT / (
+            f"tests/benchmarks/tables/gpt2-small-1gpu_{slug(device.name)}")),
+    }
+    seconds = {b.phase: b.seconds for b in found}
     try:
-        if "tests" in phases:
-            results["tests"] = ph.run_tests(run, reserve)
-        if "bench" in phases:
-            results["bench"] = ph.run_bench(run, plans, device.count, args.plans, reserve)
-        if "tune" in phases:
-            results["tune"] = ph.run_tune(run, Path(args.study), budget)
-        if "table" in phases:
-            folder = Path(f"tests/benchmarks/tables/gpt2-small-1gpu_{slug(device.name)}")
-            results["table"] = ph.run_table(run, Path(TABLE_STUDY), folder)
+        for i, phase in enumerate(phases):
+            later = sum(seconds[p] for p in phases[i + 1:])
+            run.phase_end = min(time.monotonic() + seconds[phase], run.deadline - later)
+            if phase in ("rest", "table") and run.left() < run.min_step:
+                progress[phase] = "not in this run"
+                continue
+            progress[phase] = "running"
+            save()
+            results[phase] = runners[phase]()
+            progress[phase] = "done"
+    except KeyboardInterrupt:
+        print("[selftest] stopped", flush=True)
+        results["stopped"] = False
     finally:
+        for phase, where in progress.items():
+            if where == "running":
+                progress[phase] = "stopped"
         save()
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(build(out, state, date), encoding="utf-8")
     for phase, ok in results.items():
         print(f"[selftest] {phase}: {'ok' if ok else 'FAILED'}")
     print(f"[selftest] wrote {doc} ({time.monotonic() - start:.0f} s; logs and records in "
           f"{out})")
     return 0 if all(results.values()) else 1
+
+
+def _rest(run, gpus: int) -> bool:
+    """The slow gpu tests, then the proof's plans the bench's box left out and the other
+    single-GPU plans, while the box has time."""
+    from harness.selftest import phases as ph
+    from harness.selftest import proof
+
+    ok = ph.run_tests(run, proof.REST_TESTS)
+    plans = ph.rest_plans(run.root, run.state)
+    if plans:
+        ok = ph.run_bench(run, plans, gpus, "") and ok
+    return ok

@@ -6,6 +6,7 @@ left (its record, its junit file, its run folder) is read back and written as on
 markdown page. This process never touches CUDA: it learns the device from NVML, or
 from a short-lived `python -c "import torch; ..."`.
 
+    proof.py     what the GPU proof runs, in which order, and each phase's time box
     device.py    the CUDA devices here, without CUDA in this process
     plans.py     which plans fit the devices here
     runner.py    a subprocess with a timeout, teed to a log

@@ -123,7 +123,7 @@ def bench_figures(record: dict[str, Any]) -> dict[str, Any]:
     window = m.get("window") if isinstance(m.get("window"), dict) else None
     return {
         "status": record.get("status"), "reason": record.get("reason"),
-        "samples_per_s": num(m.get("samples_per_s")),
+        "samples_per_s": num(m.get("samples_per_s")), "tokens_per_s": num(m.get("tokens_per_s")),
         "step": {k: num(st.get(k)) for k in ("median", "p10", "p90", "stdev")}
         | {"n": st.get("n")},
         "window": window,
@@ -182,7 +182,7 @@ def tune_figures(trials: list[dict[str, Any]], info: dict[str, Any] | None) -> d
     best_rate = num(get(best, "metrics.samples_per_s")) if best else None
     # a configuration proposed again carries the first run's figures: count it once
     measured = [t for t in ok if not get(t, "tags.duplicate_of")]
-    mem_errors, raw_errors, step_errors = [], [], []
+    mem_errors, raw_errors, step_errors, model_errors = [], [], [], []
     for t in measured:
         pred = t.get("predicted") or {}
         mem = get(t, "metrics.peak_memory_bytes")
@@ -191,9 +191,12 @@ def tune_figures(trials: list[dict[str, Any]], info: dict[str, Any] | None) -> d
         raw_errors.append(signed_error(pred.get("peak_memory_bytes"), mem))
         step = get(t, "metrics.step_time_s.median")
         step_errors.append(signed_error(pred.get("step_time_s"), step))
+        if pred.get("corrected_from_trials"):  # the step-time model, after earlier trials
+            model_errors.append(signed_error(pred.get("corrected_step_time_s"), step))
     mem_err, mem_n = _median_abs(mem_errors)
     raw_err, _ = _median_abs(raw_errors)
     step_err, step_n = _median_abs(step_errors)
+    model_err, model_n = _median_abs(model_errors)
     best_figures = bench_figures(best) if best else None
     return {
         "n": len(trials),
@@ -211,6 +214,7 @@ def tune_figures(trials: list[dict[str, Any]], info: dict[str, Any] | None) -> d
         "ratio": best_rate / base_rate if best_rate and base_rate else None,
         "memory_error": mem_err, "memory_error_raw": raw_err, "memory_n": mem_n,
         "step_error": step_err, "step_n": step_n,
+        "model_error": model_err, "model_n": model_n,
         "peaks": info.get("peaks") or None,
         "over_budget": _over_budget(measured, num(info.get("memory_budget_bytes"))),
         "memory_budget_bytes": num(info.get("memory_budget_bytes")),

@@ -17,9 +17,9 @@ from harness.selftest.figures import (
     read_jsonl,
     tune_figures,
 )
-from harness.selftest.state import PHASES
 
-TESTS_SUITES = {"gpu": "`pytest -m gpu tests`", "kernels": "`pytest tests/kernels`"}
+TESTS_SUITES = {"gpu": "`pytest -m \"gpu and not slow\"`", "kernels": "`pytest tests/kernels`",
+               "gpu-slow": "`pytest -m \"gpu and slow\"`"}
 
 
 def pct(x: float | None, signed: bool = False) -> str:
@@ -71,6 +71,46 @@ def spread(step: dict[str, Any]) -> str:
     return f"{ms(step['median'])} [{ms(step.get('p10'))}, {ms(step.get('p90'))}] (n={step['n']})"
 
 
+def relative_spread(step: dict[str, Any]) -> float | None:
+    """(p90 - p10) / median of the step times (the target is 5% at most)."""
+    p10, p90, median = step.get("p10"), step.get("p90"), step.get("median")
+    return (p90 - p10) / median if None not in (p10, p90) and median else None
+
+
+REFERENCE = "gpt2-small-bf16"  # the plans named gpt2-small-* change one thing of it
+CHANGED = {"gpt2-small-float8-tensorwise": "float8, tensorwise",
+           "gpt2-small-float8-rowwise": "float8, rowwise",
+           "gpt2-small-cuda-graphs": "CUDA graphs (compile reduce-overhead)"}
+
+
+def against_reference(ran: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> list[str]:
+    """float8 and CUDA graphs each against the bf16 plan they change, or why not."""
+    by_name = {e["name"]: r for e, r in ran}
+    if not any(name in by_name for name in CHANGED):
+        return []
+    ref = by_name.get(REFERENCE)
+    ref_rate = bench_figures(ref)["samples_per_s"] if ref else None
+    lines = [f"Against `{REFERENCE}` (bf16 + SDPA + fused AdamW, micro-batch 64; "
+             f"{rate(ref_rate)} samples/s), one change each:", ""]
+    for name, what in CHANGED.items():
+        if name not in by_name:
+            continue
+        record = by_name[name]
+        if record is None:
+            lines.append(f"- {what}: no record (see the bench's log)")
+            continue
+        f = bench_figures(record)
+        if f["status"] != "ok":
+            lines.append(f"- {what}: {f['status']}: {cell(f['reason'] or '-')}")
+        elif ref_rate:
+            lines.append(f"- {what}: {rate(f['samples_per_s'])} samples/s, "
+                         f"**{f['samples_per_s'] / ref_rate:.2f}x** bf16")
+        else:
+            lines.append(f"- {what}: {rate(f['samples_per_s'])} samples/s; the bf16 plan "
+                         "has no ok record to compare with")
+    return lines + [""]
+
+
 def _records(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
     for entry in get_plans(state):
@@ -95,8 +135,12 @@ def environment(out: Path, state: dict[str, Any]) -> dict[str, Any]:
     fallback = {"device_name": device.get("name"), "driver": device.get("driver"),
                 "torch": device.get("torch"), "cuda": device.get("cuda"),
                 "triton": device.get("triton"), "gpus": device.get("count")}
-    return {k: facts.get(k) or v for k, v in fallback.items()} | {
+    found = {k: facts.get(k) or v for k, v in fallback.items()} | {
         "memory_bytes": device.get("memory_bytes")}
+    if state.get("rehearsal"):  # the stand-in name, and the CPU it stands on
+        on = facts.get("device_name")
+        found["device_name"] = device.get("name") + (f" (on {on})" if on else "")
+    return found
 
 
 def header(out: Path, state: dict[str, Any], date: str) -> list[str]:
@@ -114,12 +158,32 @@ def header(out: Path, state: dict[str, Any], date: str) -> list[str]:
                      f"{secs(run.get('wall_s'))}, started {run.get('started_at', '?')}) |")
     total = sum(r.get("wall_s") or 0 for r in runs)
     lines += [f"| total wall time | {secs(total)} |", f"| out folder | `{out}` |", ""]
-    # the table is measured only when asked for (--only table): not "missing" otherwise
-    missing = [p for p in PHASES if p not in state["phases"] and p != "table"]
+    if state.get("rehearsal"):
+        lines += ["**A rehearsal on the CPU** (`--rehearse`): the device name is a stand-in and "
+                  "the sizes are tiny; it checks that every phase runs and reports, and no "
+                  "figure on this page is a GPU's.", ""]
+    lines += unfinished(runs[-1] if runs else {})
+    # the core of the proof; the report, the rest and the table are reported in their place
+    missing = [p for p in ("tests", "bench", "tune") if p not in state["phases"]]
     if missing:
         lines += [f"Not run: {', '.join(missing)} (run `harness selftest --gpu --only "
                   f"{','.join(missing)} --out {out}` to add them to this page).", ""]
     return lines
+
+
+def unfinished(run: dict[str, Any]) -> list[str]:
+    """Which phases of the last run had not finished when the page was written (all of
+    them, once it ends, unless it was stopped) and the box each had."""
+    progress = run.get("progress") or {}
+    boxes = run.get("boxes") or {}
+    words = {"running": "running", "waiting": "not started", "stopped": "stopped midway",
+             "not in this run": "not in this run (a longer --time-limit adds it)"}
+    open_ = [f"{p} ({words.get(w, w)})" for p, w in progress.items() if w != "done"]
+    if not open_:
+        return []
+    plan = ", ".join(f"{p} {secs(s)}" for p, s in boxes.items() if s)
+    return [f"Not finished when this page was written: {', '.join(open_)}. Time boxes: "
+            f"{plan or '-'}.", ""]
 
 
 def tests_section(out: Path, state: dict[str, Any]) -> list[str]:
@@ -159,8 +223,9 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
     lines = ["## Bench", "",
              f"{len(plans)} plan(s) matched `{bench.get('pattern')}`: {len(ran)} run, "
              f"{len(skipped)} skipped. Step times in ms: median [p10, p90] (steps timed).", "",
-             "| plan | status | samples/s | step time | window | MFU (datasheet) "
-             "| MFU (measured peak) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| plan | status | samples/s | step time | p10-p90 spread | window "
+             "| MFU (datasheet) | MFU (measured peak) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     memory = ["| plan | peak memory (allocated / reserved) | predicted | error "
               "| step time | predicted | error |", "| --- | --- | --- | --- | --- | --- | --- |"]
     sources, problems = set(), []
@@ -169,7 +234,7 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
             step = entry.get("step") or {}
             why = "timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
             said = last_words(out / step["log"]) if step.get("log") else ""
-            lines.append(f"| {entry['name']} | no record | - | - | - | - | - |")
+            lines.append(f"| {entry['name']} | no record | - | - | - | - | - | - |")
             problems.append(f"{entry['name']}: no result.json ({why}{': ' if said else ''}"
                             f"{cell(said)}); log `{step.get('log')}`")
             continue
@@ -185,8 +250,8 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
         measured = (f"{pct(f['mfu_measured'])} of {tflops(f['measured_peak_flops'])}"
                     if f["mfu_measured"] is not None else "-")
         lines.append(f"| {entry['name']} | {f['status']} | {rate(f['samples_per_s'])} | "
-                     f"{spread(f['step'])} | {window} | {pct(f['mfu_datasheet'])} | "
-                     f"{measured} |")
+                     f"{spread(f['step'])} | {pct(relative_spread(f['step']))} | {window} | "
+                     f"{pct(f['mfu_datasheet'])} | {measured} |")
         if f["datasheet_source"]:
             sources.add(f"{f['peak_dtype'] or '?'}: {f['datasheet_source']}")
         split = (f" ({format_bytes(f['allocated'])} / {format_bytes(f['reserved'])})"
@@ -197,6 +262,7 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
                       f"{pct(f['step_error'], True)} |")
     lines += ["", "Memory and step time (ms), measured against the estimator's prediction "
               "(error: (predicted - measured) / measured):", "", *memory, ""]
+    lines += against_reference(ran)
     if sources:
         lines += ["Datasheet peaks: " + "; ".join(sorted(sources)) + ".", ""]
     if problems:
@@ -225,7 +291,8 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
     step = tune.get("step") or {}
     folder = out / tune["dir"]
     t = tune_figures(read_jsonl(folder / "trials.jsonl"), read_json(folder / "study.json"))
-    exit_text = "timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
+    exit_text = ("timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
+                 if step else "not finished when this page was written")
     lines += [f"`{short(step.get('command'))}`: {exit_text} after {secs(step.get('seconds'))}"
               f" (budget {secs(tune.get('budget_s'))}; stopped: {t['stopped_because'] or '-'})."
               f" Log `{step.get('log')}`.", ""]
@@ -239,7 +306,9 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
     if best:
         f = best["figures"]
         rows += [f"| best | trial {best['trial_id']} ({best['phase']}): "
-                 f"{rate(best['samples_per_s'])} samples/s, step {spread(f['step'])} ms |",
+                 f"{rate(best['samples_per_s'])} samples/s"
+                 + (f", {rate(f['tokens_per_s'])} tokens/s" if f["tokens_per_s"] else "")
+                 + f", step {spread(f['step'])} ms |",
                  f"| its configuration | `{cell(best['config'])}` |",
                  f"| its MFU | {pct(f['mfu_datasheet'])} of the datasheet peak, "
                  f"{pct(f['mfu_measured'])} of the measured "
@@ -259,7 +328,9 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
              f"| estimator error, peak memory | {pct(t['memory_error'])} median "
              f"\\|predicted - measured\\| / measured over {t['memory_n']} measured trial(s)"
              f" (calibrated where calibrated; raw estimator {pct(t['memory_error_raw'])}) |",
-             f"| estimator error, step time | {pct(t['step_error'])} over {t['step_n']} |"]
+             f"| estimator error, step time | {pct(t['step_error'])} over {t['step_n']} |",
+             f"| step-time model error (corrected by the earlier trials) | "
+             f"{pct(t['model_error'])} over {t['model_n']} |"]
     lines += rows + [""]
     for o in t["over_budget"]:
         lines += [f"Trial {o['trial_id']} ran at {rate(o['samples_per_s'])} samples/s but held "
@@ -275,6 +346,8 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
         ok = "written" if rs.get("rc") == 0 else f"failed (exit code {rs.get('rc')})"
         lines += [f"Report: `{report.get('html')}` {ok} (`{short(rs.get('command'))}`, "
                   f"log `{rs.get('log')}`).", ""]
+    elif report.get("skipped"):
+        lines += [f"Report: not made: {report['skipped']}.", ""]
     return lines
 
 
@@ -295,7 +368,7 @@ def build(out: Path, state: dict[str, Any], date: str) -> str:
     lines = header(out, state, date)
     sections = {"tests": tests_section, "bench": bench_section, "tune": tune_section,
                 "table": table_section}
-    for phase in PHASES:
+    for phase in sections:  # in PHASES' order; the report is in the tune's section
         if phase in state["phases"]:
             lines += sections[phase](out, state)
     return "\n".join(lines).rstrip() + "\n"

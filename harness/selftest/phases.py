@@ -1,13 +1,16 @@
 """The selftest's phases, each step a subprocess (see runner.py) under the run's clock.
 
-The whole run has a time limit. Each phase keeps back what the phases after it need
-(the tune's budget and its report), so a slow test suite or bench costs benches, which
-are skipped with the reason, and not the tune. Each phase records what it ran in the
-state (state.py) as it goes and says whether everything it ran passed.
+Each phase runs within its time box (proof.py): `Run.left()` is the time to the end of
+the phase's box, or of the whole run if that comes first. A step still running at the
+end is stopped; what did not fit is recorded with the reason. Each phase records what
+it ran in the state (state.py) as it goes, and `Run.save` rewrites selftest.json and the
+page after every step, so a run stopped at any moment leaves what it measured.
 """
 
 from __future__ import annotations
 
+import glob
+import math
 import shutil
 import sys
 import time
@@ -16,23 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.selftest import proof
 from harness.selftest.figures import read_json, read_jsonl
 from harness.selftest.plans import plan_fit
 from harness.selftest.runner import Step, run_logged
 
-TEST_SUITES = {  # name -> (pytest arguments, its time limit in seconds)
-    "gpu": (["-m", "gpu", "tests"], 600.0),
-    "kernels": (["tests/kernels"], 420.0),
-}
-BENCH_LIMIT_S = 300.0  # one bench at most (the trial's own timeout is 60 s less)
-BENCH_GUESS_S = 60.0  # what a bench is expected to take before one has run
-# the tuner's budget counts from its command's start: this is the interpreter's start
-# and the study's last records, beyond it
-TUNE_STARTUP_S = 20.0
-TUNE_MIN_S = 120.0  # a shorter study proves nothing
-REPORT_LIMIT_S = 300.0
-REPORT_KEEP_S = 45.0  # kept back for the report when planning the tune
-MIN_STEP_S = 60.0  # a test suite is not started with less time than this
+BENCH_LIMIT_S = 300.0  # one bench at most
+BENCH_MARGIN_S = 15.0  # the bench's own start and record, beyond its trial's timeout
+REHEARSAL_MARGIN_S = 5.0
+MIN_STEP_S = 15.0  # a step is not started with less of its box left than this
+MIN_REHEARSAL_STEP_S = 5.0
 
 
 @dataclass
@@ -40,48 +36,58 @@ class Run:
     out: Path
     deadline: float  # time.monotonic() by which the whole run should be done
     state: dict[str, Any]
-    save: Callable[[], Any]  # writes the state
+    save: Callable[[], Any]  # writes the state and the page
     python: str = sys.executable
     echo: bool = True
+    rehearse: bool = False  # on the CPU, tiny sizes (proof.py)
+    root: Path = proof.ROOT  # the repository: steps run there (tests/, studies/)
+    phase_end: float = math.inf  # the end of the running phase's box
     failed: list[str] = field(default_factory=list)
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return min(self.deadline, self.phase_end) - time.monotonic()
+
+    @property
+    def min_step(self) -> float:
+        return MIN_REHEARSAL_STEP_S if self.rehearse else MIN_STEP_S
 
     def step(self, argv: list[str], log: Path, timeout_s: float) -> Step:
-        return run_logged(argv, log, timeout_s, root=self.out, echo=self.echo)
+        # a rehearsal proves the steps run, not their figures: busy figures are accepted
+        # (a shared CPU is never quiet, and a busy trial would be measured again)
+        env = {"HARNESS_QUIET_SHARE": "1"} if self.rehearse else None
+        return run_logged(argv, log, timeout_s, root=self.out, echo=self.echo, cwd=self.root,
+                          env=env)
 
     def say(self, text: str) -> None:
         if self.echo:
             print(f"[selftest] {text}", flush=True)
 
 
-def tune_reserve(budget_s: float) -> float:
-    """The time the tune phase needs: its budget, the tuner's start and the report."""
-    return budget_s + TUNE_STARTUP_S + REPORT_KEEP_S
+def _out_of_box(run: Run) -> str:
+    return (f"{OUT_OF_TIME}: {max(run.left(), 0):.0f} s left in this phase's box (a longer "
+            "--time-limit gives it more)")
 
 
-def run_tests(run: Run, keep_s: float) -> bool:
-    """pytest -m gpu over tests/, then tests/kernels, each with a junit file."""
-    entries: list[dict[str, Any]] = []
-    run.state["phases"]["tests"] = {"runs": entries}
+def run_tests(run: Run, suites: tuple[proof.Suite, ...]) -> bool:
+    """Each pytest selection with a junit file, while its box has time."""
+    entries: list[dict[str, Any]] = run.state["phases"].setdefault("tests", {"runs": []})["runs"]
     ok = True
-    for name, (selection, limit) in TEST_SUITES.items():
-        available = run.left() - keep_s
-        if available < MIN_STEP_S:
-            entries.append({"name": name, "skipped": f"only {max(available, 0):.0f} s left "
-                            "within the time limit after what later phases need"})
+    for suite in suites:
+        if run.left() < run.min_step:
+            entries.append({"name": suite.name, "skipped": _out_of_box(run)})
             ok = False
             run.save()
             continue
-        junit = run.out / "tests" / f"{name}.xml"
+        junit = run.out / "tests" / f"{suite.name}.xml"
         junit.unlink(missing_ok=True)
-        argv = [run.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection,
-                f"--junitxml={junit}"]
-        step = run.step(argv, run.out / "tests" / f"{name}.log", min(limit, available))
-        entries.append({"name": name, "step": step.to_json(),
-                        "junit": str(junit.relative_to(run.out))})
-        ok = ok and step.ok
+        argv = [run.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                *proof.suite_args(suite, run.root, run.rehearse), f"--junitxml={junit}"]
+        entry: dict[str, Any] = {"name": suite.name, "junit": str(junit.relative_to(run.out))}
+        entries.append(entry)
+        step = run.step(argv, run.out / "tests" / f"{suite.name}.log", run.left())
+        entry["step"] = step.to_json()
+        # pytest's 5: nothing selected (the rehearsal's `gpu` selection on a CPU)
+        ok = ok and (step.ok or (step.rc == 5 and not step.timed_out))
         run.save()
     return ok
 
@@ -91,13 +97,32 @@ def _bench_ok(folder: Path) -> bool:
     return bool(record) and record.get("status") == "ok"
 
 
-def run_bench(run: Run, plans: list[Path], gpus: int, pattern: str, keep_s: float) -> bool:
-    """`harness bench` of each plan whose ranks per node fit the GPUs here, while time
-    is left; the others are listed with the reason."""
-    entries: list[dict[str, Any]] = []
-    run.state["phases"]["bench"] = {"pattern": pattern, "gpus": gpus, "plans": entries}
-    ok, took, dirs = True, [], set()
+OUT_OF_TIME = "out of time"
+
+
+def rest_plans(root: Path, state: dict[str, Any]) -> list[Path]:
+    """The proof's plans its bench's box left out, then the plans of proof.REST_PLANS
+    that the proof's own list leaves out."""
+    core = {(root / p).resolve() for p in proof.CORE_PLANS}
+    entries = (state["phases"].get("bench") or {}).get("plans") or []
+    cut = [Path(e["plan"]) for e in entries
+           if str(e.get("skipped", "")).startswith(OUT_OF_TIME)]
+    found = sorted(Path(p) for p in glob.glob(str(root / proof.REST_PLANS)))
+    return cut + [p for p in found if p.resolve() not in core]
+
+
+def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
+    """`harness bench` of each plan whose ranks per node fit the GPUs here, in order,
+    while the box has time; the others are listed with the reason."""
+    bench = run.state["phases"].setdefault("bench", {"pattern": what, "gpus": gpus,
+                                                     "plans": []})
+    entries: list[dict[str, Any]] = bench["plans"]
+    dirs = {e["dir"].split("/")[-1] for e in entries if e.get("dir")}
+    ok = True
     for path in plans:
+        # a plan an earlier box left out, run now: its place on the page is taken
+        entries[:] = [e for e in entries if not (e.get("plan") == str(path) and str(
+            e.get("skipped", "")).startswith(OUT_OF_TIME))]
         fit = plan_fit(path, gpus)
         entry: dict[str, Any] = {"plan": str(path), "name": fit.name,
                                  "ranks_per_node": fit.ranks_per_node}
@@ -105,22 +130,21 @@ def run_bench(run: Run, plans: list[Path], gpus: int, pattern: str, keep_s: floa
         if not fit.fits:
             entry["skipped"] = fit.reason
             continue
-        available = run.left() - keep_s
-        expected = max(took) if took else BENCH_GUESS_S
-        if available < expected:
-            entry["skipped"] = (f"out of time: {max(available, 0):.0f} s left for benches "
-                                f"within the time limit, a bench takes about {expected:.0f} s")
+        if run.left() < run.min_step:
+            entry["skipped"] = _out_of_box(run)
             continue
         stem = path.stem if path.stem not in dirs else f"{path.stem}-{len(dirs)}"
         dirs.add(stem)
         folder = run.out / "bench" / stem
         shutil.rmtree(folder, ignore_errors=True)  # no record from an earlier run stays
-        limit = min(BENCH_LIMIT_S, available)
-        argv = [run.python, "-m", "harness", "bench", str(path), "--device", "cuda",
-                "--out", str(folder), "--timeout", f"{max(limit - 60, 30):.0f}"]
+        limit = min(BENCH_LIMIT_S, run.left())
+        margin = REHEARSAL_MARGIN_S if run.rehearse else BENCH_MARGIN_S
+        flags = proof.rehearsal_flags(path) if run.rehearse else ["--device", "cuda"]
+        argv = [run.python, "-m", "harness", "bench", str(path), *flags, "--out", str(folder),
+                "--timeout", f"{max(limit - margin, 5):.0f}"]
+        entry.update(dir=str(folder.relative_to(run.out)))
         step = run.step(argv, run.out / "bench" / f"{stem}.log", limit)
-        took.append(step.seconds)
-        entry.update(dir=str(folder.relative_to(run.out)), step=step.to_json())
+        entry["step"] = step.to_json()
         ok = ok and step.ok and _bench_ok(folder)
         run.save()
     run.save()
@@ -128,39 +152,49 @@ def run_bench(run: Run, plans: list[Path], gpus: int, pattern: str, keep_s: floa
 
 
 def run_tune(run: Run, study: Path, budget_s: float) -> bool:
-    """`harness tune` of the study for the budget (less if the time limit is near), then
-    `harness report` on its run folder."""
+    """`harness tune` of the study for the budget, less where its box is shorter."""
     folder = run.out / "tune"
     entry: dict[str, Any] = {"study": str(study), "dir": str(folder.relative_to(run.out))}
     run.state["phases"]["tune"] = entry
-    budget = min(budget_s, run.left() - TUNE_STARTUP_S - REPORT_KEEP_S)
-    if budget < TUNE_MIN_S:
+    timing = proof.REHEARSAL if run.rehearse else proof.GPU
+    budget = min(budget_s, run.left() - timing.tune_overhead)
+    least = timing.tune_min
+    if budget < least:
         entry.clear()
-        entry["skipped"] = (f"only {max(run.left(), 0):.0f} s left within the time limit; "
-                            f"the tune needs {TUNE_MIN_S + TUNE_STARTUP_S:.0f} s at least "
-                            "(run it alone: --only tune)")
+        entry["skipped"] = (f"only {max(run.left(), 0):.0f} s left in its box; the tune "
+                            f"needs {least + timing.tune_overhead:.0f} s at least "
+                            "(run it alone: --only tune,report)")
         run.save()
         return False
-    if budget < budget_s:
+    if budget < budget_s - 0.5:
         entry["note"] = (f"The budget was cut from {budget_s:.0f} s to {budget:.0f} s to end "
-                         "within the time limit.")
+                         "within its box.")
     entry["budget_s"] = round(budget)
     shutil.rmtree(folder, ignore_errors=True)  # a new study, not a resumed one
     argv = [run.python, "-m", "harness", "tune", str(study), "--budget", f"{budget:.0f}s",
-            "--out", str(folder)]
-    step = run.step(argv, run.out / "tune.log", budget + TUNE_STARTUP_S + 240)
+            "--out", str(folder), "--quiet"]
+    run.save()
+    step = run.step(argv, run.out / "tune.log", run.left())
     entry["step"] = step.to_json()
     run.save()
     trials = read_jsonl(folder / "trials.jsonl")
-    ok = step.ok and any(t.get("status") == "ok" for t in trials)
-    if not (folder / "study.json").exists():
+    return step.ok and any(t.get("status") == "ok" for t in trials)
+
+
+def run_report(run: Run) -> bool:
+    """`harness report` on the tune's run folder, into tune-report.html."""
+    tune = run.state["phases"].get("tune") or {}
+    folder = run.out / tune["dir"] if tune.get("dir") else None
+    if folder is None or not (folder / "study.json").exists():
+        tune["report"] = {"skipped": "the tune left no study.json to report on"}
+        run.save()
         return False
     html = run.out / "tune-report.html"
     report = run.step([run.python, "-m", "harness", "report", str(folder), "--out", str(html)],
-                      run.out / "report.log", REPORT_LIMIT_S)
-    entry["report"] = {"html": str(html.relative_to(run.out)), "step": report.to_json()}
+                      run.out / "report.log", run.left())
+    tune["report"] = {"html": str(html.relative_to(run.out)), "step": report.to_json()}
     run.save()
-    return ok and report.ok
+    return report.ok
 
 
 TABLE_END_S = 60.0  # kept back after the table's study, for its last trial to stop
@@ -172,8 +206,8 @@ def run_table(run: Run, study: Path, folder: Path) -> bool:
     GPU sessions add to one table."""
     entry: dict[str, Any] = {"study": str(study), "dir": str(folder)}
     run.state["phases"]["table"] = entry
-    budget = run.left() - TUNE_STARTUP_S - TABLE_END_S
-    if budget < TUNE_MIN_S:
+    budget = run.left() - proof.GPU.tune_overhead - TABLE_END_S
+    if budget < proof.GPU.tune_min:
         entry["skipped"] = f"only {max(run.left(), 0):.0f} s left within the time limit"
         run.save()
         return False
@@ -182,7 +216,7 @@ def run_table(run: Run, study: Path, folder: Path) -> bool:
             "--budget", f"{budget:.0f}s", "--quiet"]
     if (folder / "study.json").exists():
         argv.append("--resume")
-    step = run.step(argv, run.out / "table.log", budget + TUNE_STARTUP_S + TABLE_END_S)
+    step = run.step(argv, run.out / "table.log", budget + proof.GPU.tune_overhead + TABLE_END_S)
     trials = read_jsonl(folder / "trials.jsonl")
     entry.update(step=step.to_json(), before=before, after=len(trials),
                  ok=sum(t.get("status") == "ok" for t in trials))

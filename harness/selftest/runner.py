@@ -69,13 +69,14 @@ def stop_tree(proc: subprocess.Popen) -> None:
 
 
 def run_logged(argv: list[str], log: Path, timeout_s: float, *, root: Path | None = None,
-               echo: bool = True) -> Step:
-    """Run `argv` until it ends or `timeout_s` passes; its stdout and stderr go to `log`
-    (and here, when `echo`). Never raises for what the child does."""
+               echo: bool = True, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> Step:
+    """Run `argv` (in `cwd`) until it ends or `timeout_s` passes; its stdout and stderr go
+    to `log` (and here, when `echo`). Never raises for what the child does."""
     log.parent.mkdir(parents=True, exist_ok=True)
     command = shlex.join(argv)
     shown = str(log.relative_to(root)) if root and log.is_relative_to(root) else str(log)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     timed_out = False
     with open(log, "w", encoding="utf-8") as f:
@@ -85,7 +86,8 @@ def run_logged(argv: list[str], log: Path, timeout_s: float, *, root: Path | Non
             print(f"$ {command}   (up to {timeout_s:.0f} s; log: {log})", flush=True)
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+                                    cwd=cwd)
         except OSError as e:
             f.write(f"[selftest] could not start: {e}\n")
             return Step(command, None, 0.0, shown)

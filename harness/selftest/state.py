@@ -1,9 +1,11 @@
-"""selftest.json in the out folder: the device, each run of the command, and what each
-phase ran (its steps, what it skipped and why). A later run into the same folder with
+"""selftest.json in the out folder: the device, each run of the command (with where
+each of its phases got: waiting, running, done or stopped), and what each phase ran
+(its steps, what it skipped and why). A later run into the same folder with
 `--only` replaces the phases it runs and keeps the others, so the page written at its
 end covers every phase run so far.
 
-    {"device": {...}, "runs": [{"command", "started_at", "wall_s", "phases"}],
+    {"device": {...}, "rehearsal": bool,
+     "runs": [{"command", "started_at", "wall_s", "phases", "progress": {phase: ...}}],
      "phases": {"tests": {"runs": [...]}, "bench": {"plans": [...]}, "tune": {...},
                 "table": {...}}}
 """
@@ -16,8 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.selftest.proof import PHASES  # noqa: F401  (the phases, in their order)
+
 FILE = "selftest.json"
-PHASES = ("tests", "bench", "tune", "table")
 
 
 def load(out: Path) -> dict[str, Any]:
