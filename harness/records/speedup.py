@@ -70,6 +70,13 @@ class Ratio:
             return f"{self.n_a} pairs of measurements taken close together"
         return f"{self.n_a} and {self.n_b} measurements"
 
+    @property
+    def method_text(self) -> str:
+        if self.method == "paired":
+            return ("Hodges-Lehmann estimate of the pairs' log ratios, Wilcoxon signed-rank "
+                    "interval")
+        return ("Hodges-Lehmann estimate of every pairwise log ratio, Mann-Whitney interval")
+
     def text(self) -> str:
         """'1.05x (95% interval [0.93, 1.18], 5 and 5 measurements): not distinguishable
         at this n'."""

@@ -121,33 +121,42 @@ def test_a_configuration_measured_only_on_a_busy_machine_is_never_best(
 
 
 def test_contenders_and_the_decision():
-    def rec(trial_id, rate, phase="search", of=None):
-        tags = {"phase": phase, **({"confirm": {"of": of, "round": 0}} if of is not None else {})}
-        return {"trial_id": trial_id, "status": "ok", "tags": tags, "plan": {"name": trial_id},
+    def rec(trial_id, rate, phase="search", of=None, rnd=0):
+        tags = {"phase": phase,
+                **({"confirm": {"of": of, "round": rnd}} if of is not None else {})}
+        config = of if of is not None else trial_id  # a round measures its trial's plan
+        return {"trial_id": trial_id, "status": "ok", "tags": tags,
+                "plan": {"name": trial_id, "micro_batch_size": config},
                 "metrics": {"samples_per_s": rate, "peak_memory_bytes": 1}}
 
     recs = [rec(0, 100, "baseline"), rec(1, 200), rec(2, 190), rec(3, 150),
-            rec("c1", 170, "confirm", 1), rec("c1b", 175, "confirm", 1),
-            rec("c2", 185, "confirm", 2), rec("c2b", 188, "confirm", 2),
-            rec("c0", 110, "confirm", 0)]
+            rec("c1", 170, "confirm", 1), rec("c1b", 175, "confirm", 1, 1),
+            rec("c2", 185, "confirm", 2), rec("c2b", 188, "confirm", 2, 1),
+            rec("c2c", 187, "confirm", 2, 2), rec("c0", 110, "confirm", 0),
+            rec("c0b", 104, "confirm", 0, 1), rec("c0c", 106, "confirm", 0, 2)]
     assert [r["trial_id"] for r in confirm.contenders(recs, 0.2, 0)] == [1, 2]
     assert [r["trial_id"] for r in confirm.contenders(recs, 0.01, 0)] == [1, 2]  # two at least
     assert [r["trial_id"] for r in confirm.contenders(recs, 0.6, 0)] == [1, 2, 3, 0]
     table = confirm.standings(recs, ["1", "2", "0"])
     decision = confirm.decide(table, "0")
-    # trial 1: [200, 170, 175] median 175; trial 2: [190, 185, 188] median 188
-    assert decision.best == "2" and decision.median == 188
-    # the gap (13) is within trial 1's spread (half of 200 - 170 = 15)
+    # trial 1: [200, 170, 175] median 175; trial 2: [190, 185, 188, 187] median 187.5
+    assert decision.best == "2" and decision.median == 187.5
+    # 4 against 3 measurements: no 95% interval, so not told apart
     assert decision.indistinguishable == ["1"]
-    assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 2}
-    assert not decision.baseline_within_spread  # 188 against 105: a lead beyond the noise
+    assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 4}
+    # 4 and 4 with no overlap: faster, its interval from 185/110 to 190/100
+    assert not decision.baseline_within_spread
+    vs = decision.versus_baseline
+    assert vs["verdict"] == "faster" and vs["lo"] == pytest.approx(185 / 110)
     text = summary.confirmation_text(decision.as_dict())
-    assert "1.79x the strict fp32 baseline's median" in text and "did not show" not in text
-    # a baseline whose measurements reach the best's: the lead is said to be noise
-    near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180])}, "0")
+    assert "1.79x the strict fp32 baseline (TF32 off; 95% interval [1.68, 1.90]" in text
+    assert "not distinguishable" not in text.split("best:")[1].split("\n")[0]
+    # a baseline whose measurements reach the best's: the lead is not distinguishable
+    near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180, 170])}, "0")
     assert near.best == "2" and near.baseline_within_spread
-    assert "a lead this machine did not show" in summary.confirmation_text(near.as_dict())
+    assert "not distinguishable at this n" in summary.confirmation_text(near.as_dict())
     assert near.indistinguishable == ["1"]  # the baseline is said apart, not in this list
+    assert confirm.open_question(near, "0") == ["2", "1", "0"]  # what more rounds measure
     # a baseline ahead of every configuration measured is the best, and said to be
     ahead = confirm.decide({**table, "0": confirm.Standing("0", [250, 240, 260])}, "0")
     assert ahead.best == "0" and ahead.median == 250
