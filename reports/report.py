@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from statistics import median
 
 from harness.core.units import format_bytes, format_seconds
+from harness.records.speedup import NOISE_THRESHOLD
 from reports import figures_convergence as fc
 from reports import figures_memory as fm
 from reports import figures_perf as perf
@@ -73,6 +73,8 @@ def headline_html(run: Run, h: Headline) -> str:
     parts = [f'<p class="verdict">{e(h.verdict)}</p>']
     if h.caution:
         parts.append(f'<p class="note bad">{e(h.caution)}</p>')
+    if h.study is not None and h.study.drift is not None and h.study.drift.named:
+        parts.append(f'<p class="note bad">{e(h.study.drift.text())}.</p>')
     if h.speedup is None:
         parts += [f'<p class="note">{e(m)}</p>' for m in h.missing]
     cards = [_time_to_target_card(run)] if fc.points(run) else []
@@ -83,8 +85,11 @@ def headline_html(run: Run, h: Headline) -> str:
                           "good" if h.speedup >= 1 else "bad"))
     if b is not None:
         tok = f", {rate(b['tokens_per_s'])} tokens/s" if num(b["tokens_per_s"]) else ""
-        cards.append(card("best throughput", f"{rate(b['samples_per_s'])} samples/s",
-                          f"trial {b['trial_id']}{tok}"))
+        pooled = h.study.best if h.study is not None else None
+        best_rate = pooled.median if pooled else b["samples_per_s"]
+        cards.append(card("best throughput", f"{rate(best_rate)} samples/s",
+                          f"trial {b['trial_id']}{tok}" + (
+                              f"; median of {pooled.n} measurements" if pooled else "")))
         mem = format_bytes(num(b["peak_memory_bytes"]))
         detail = (f"{h.memory_ratio:.2f}× the baseline's "
                   f"{format_bytes(num(base['peak_memory_bytes']))}" if h.memory_ratio else "")
@@ -102,12 +107,7 @@ def headline_html(run: Run, h: Headline) -> str:
                                                f"{b['global_batch_size']:g}"),
                 ("workload", f"{b['workload']} {b['workload_args']}"),
                 ("why this one", run.best_note)]
-        if h.repeats:
-            again = median(h.repeats)
-            vs = (f" ({again / base['samples_per_s']:.2f}× the baseline)" if h.speedup else "")
-            rows.append(("re-measured (leave-one-out)", f"{len(h.repeats)}×: median "
-                         f"{rate(again)}{vs}, range {rate(min(h.repeats))}–"
-                         f"{rate(max(h.repeats))} samples/s"))
+        rows += _pooled_rows(h)
         if base is not None:
             rows.append(("baseline", f"trial {base['trial_id']} ({run.baseline_note}): "
                                      f"{base['config']}, {base['status']}"))
@@ -120,6 +120,26 @@ def headline_html(run: Run, h: Headline) -> str:
                    "".join(parts))
 
 
+
+
+def _pooled_rows(h: Headline) -> list[tuple[str, str]]:
+    """The figures the headline's verdict rests on, and how it is made."""
+    v = h.study
+    if v is None:
+        return []
+    rows = []
+    for name, p in (("best, every measurement pooled", v.best),
+                    ("baseline, every measurement pooled", v.baseline)):
+        if p is not None:
+            phases = ", ".join(f"{k} {n}" for k, n in p.phases.items())
+            window = (f"; windows {p.windows[0]:.3g}–{p.windows[1]:.3g} s" if p.windows
+                      else "")
+            rows.append((name, f"{p.text()} ({phases}{window})"))
+    r = v.versus_baseline
+    if r is not None:
+        rows.append(("how the verdict is made", f"{r.method_text}, over {r.basis}; "
+                     f"{NOISE_THRESHOLD:.0%} noise threshold (docs/measuring.md)"))
+    return rows
 
 
 def effects_table(effects) -> str:
