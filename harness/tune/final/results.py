@@ -88,9 +88,14 @@ def write_results(ctx: TunerState, stopped: str,
         print(said)
     if decision:
         print(confirmation_text(decision))
-    elif not said:
+    else:
         base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
-        if rate and base_rate:
+        r = verdict.versus_baseline if verdict else None
+        if r is not None and verdict is not None and verdict.best is not None:
+            print(f"best: trial {best_id}, {verdict.best.text()}, {r.estimate:.2f}x the strict "
+                  f"fp32 baseline (TF32 off; trial {baseline['trial_id']}; {r.interval}, "
+                  f"{r.basis}): {verdict.verdict}")
+        elif rate and base_rate:
             print(f"best: trial {best_id}, {rate / base_rate:.2f}x the strict fp32 baseline "
                   f"(TF32 off; trial {baseline['trial_id']}; one measurement each)")
     over_tf32 = tf32_line(records, baseline, (decision or {}).get("median") or rate,

@@ -71,8 +71,9 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
             f"{format_bytes(m.get('peak_memory_bytes')):>11} "
             f"{format_bytes(p.get('calibrated_peak_memory_bytes')):>11}  "
             f"{describe_plan(r['plan'])}{_to_target(m)}")
-    lines.append("  samples/s: the median of every quiet measurement of the configuration "
-                 "(search, rounds, ablation, variants), n of them")
+    if rows:
+        lines.append("  samples/s: the median of every quiet measurement of the configuration "
+                     "(search, rounds, ablation, variants), n of them")
     if multi:
         lines.append("  * on the Pareto front of throughput and peak memory")
     if over & {r["trial_id"] for r in rows[:top]}:
