@@ -227,3 +227,41 @@ def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypa
     # fixed share ended it); how much of the 20 s that is, a benchmark measures
     assert info["stopped_because"].startswith(
         "time: the rest of the budget is for the final measurements"), info["stopped_because"]
+
+
+@pytest.mark.slow
+def test_rounds_go_on_where_the_verdict_is_open(tmp_path, launched, tweak):
+    """The fastest configurations (150 samples/s or more in the fake's model) all measured
+    at one mean with ±10% seeded noise: the rounds asked for cannot tell them apart, so
+    further rounds measure just those (the baseline too until it is decided against the
+    best: 3 and 3 measurements give no interval), up to the stated cap, and the decision
+    says how many rounds ran."""
+    import random
+
+    rng = random.Random(38)
+
+    def twins(plan, rate, index):
+        return (170 * rng.uniform(0.9, 1.1) if rate >= 150 else rate), None
+
+    tweak.TWEAK = twins
+    out = tmp_path / "run"
+    path = write_study(tmp_path, sampler="grid", pruning={"slower_than": 0},
+                       budget={"ablation_repeats": 0, "confirm_repeats": 2, "variants": False,
+                               "n_trials": 8})
+    assert tune(str(path), "--out", str(out), "--budget", "10m") == 0
+    rounds: dict[int, set[str]] = {}
+    for r in records(out):
+        if r["tags"]["phase"] == "confirm":
+            rounds.setdefault(r["tags"]["confirm"]["round"], set()).add(
+                str(r["tags"]["confirm"]["of"]))
+    decision = json.loads((out / "study.json").read_text())["best_by_repeats"]
+    extra = [rounds[i] for i in sorted(rounds) if i >= 2]
+    assert decision["rounds"] == len(rounds) == 2 + len(extra)
+    assert extra and len(extra) <= confirm.MAX_EXTRA_ROUNDS
+    base = str(decision["baseline_id"])
+    assert base in rounds[0] and base in rounds[1]
+    assert all(base not in r for r in extra[1:])  # decided after one more measurement
+    assert all(len(r - {base}) >= 2 for r in extra)  # the best and whom it did not lead
+    assert decision["versus_baseline"]["verdict"] == "faster"
+    if len(extra) < confirm.MAX_EXTRA_ROUNDS:  # stopped before the cap: decided at last
+        assert decision["indistinguishable"] == []

@@ -261,7 +261,7 @@ def open_question(decision: Decision | None, baseline_id: str | None) -> list[st
     if not decision.indistinguishable and not base_open:
         return []
     ids = [decision.best, *decision.indistinguishable]
-    return ids + ([baseline_id] if baseline_id is not None and baseline_id not in ids else [])
+    return ids + ([baseline_id] if base_open and baseline_id not in ids else [])
 
 
 def _round(ctx: TunerState, params: dict[str, dict[str, Any] | None], rnd: int,
