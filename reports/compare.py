@@ -118,12 +118,20 @@ def speedups(labels, heads: list[Headline]) -> Figure:
                      legend={"orientation": "h", "y": -0.2})
     x = [esc(lab, 50) for lab in labels]
     for name, key, color in (("fp32 baseline", "baseline", "#7f8c8d"), ("best", "best", COLORS[0])):
-        y = [None if getattr(h, key) is None else getattr(h, key)["samples_per_s"] for h in heads]
+        y = [_figure(h, key) for h in heads]
         text = [f"{h.speedup:.2f}×" if key == "best" and h.speedup else "" for h in heads]
         fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=color, text=text,
                              textposition="outside"))
     return Figure("speedups", title, fig, caption="Throughput of each run's fp32 baseline and "
-                  "best configuration; the label is the speedup within that run.")
+                  "best configuration, each the median of every quiet measurement of it; the "
+                  "label is the speedup within that run (its interval: the table above).")
+
+
+def _figure(h: Headline, which: str) -> float | None:
+    """The pooled median of a run's best or baseline, else its one trial's figure."""
+    p = getattr(h.study, which, None) if h.study is not None else None
+    row = getattr(h, which)
+    return p.median if p is not None else None if row is None else row["samples_per_s"]
 
 
 def effects_side_by_side(labels, effects: list[Effects]) -> Figure:

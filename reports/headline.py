@@ -34,7 +34,6 @@ class Headline:
     command: str = ""
     best_toml_command: str = ""
     repeats: list[float] = field(default_factory=list)  # best re-measured (ablation)
-    caution: str = ""     # the re-measurements do not reproduce the best's search figure
     basis: str = "one measurement each"  # what the speedup's two figures are
     tf32_speedup: float | None = None  # best samples/s over the fp32+TF32 trial's
     tf32_id: str | None = None

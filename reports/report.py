@@ -71,8 +71,6 @@ def _time_to_target_card(run: Run) -> str:
 def headline_html(run: Run, h: Headline) -> str:
     b, base = h.best, h.baseline
     parts = [f'<p class="verdict">{e(h.verdict)}</p>']
-    if h.caution:
-        parts.append(f'<p class="note bad">{e(h.caution)}</p>')
     if h.study is not None and h.study.drift is not None and h.study.drift.named:
         parts.append(f'<p class="note bad">{e(h.study.drift.text())}.</p>')
     if h.speedup is None:
@@ -170,7 +168,8 @@ def _bytes_range(x) -> str:
 def trials_html(run: Run) -> str:
     t = trial_table(run)
     cols = [("trial", "text"), ("phase", "text"), ("status", "text"), ("configuration", "wide"),
-            ("layout", "text"), ("micro-batch", "num"), ("samples/s", "num"), ("× baseline", "num"),
+            ("layout", "text"), ("micro-batch", "num"), ("samples/s", "num"),
+            ("configuration: median, n", "num"), ("× baseline", "num"),
             ("step time (p10–p90)", "num"), ("MFU", "num"), ("peak memory", "num"),
             ("duration", "num"), ("reason", "long")]
     rows = []
@@ -189,6 +188,8 @@ def trials_html(run: Run) -> str:
                 if isinstance(r.duplicate_of, str) else ""), r.label),
             (e(r.layout), r.layout), (_n(r.micro_batch_size, "{:g}"), r.micro_batch_size),
             (e(rate(r.samples_per_s)), r.samples_per_s),
+            (e(f"{rate(r.config_median_samples_per_s)}, n={r.config_n}") if r.config_n else "–",
+             r.config_median_samples_per_s),
             (_n(r.speedup_vs_baseline, "{:.2f}×"), r.speedup_vs_baseline),
             (_step(r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s),
              r.step_time_median_s),

@@ -265,3 +265,7 @@ def test_rounds_go_on_where_the_verdict_is_open(tmp_path, launched, tweak):
     assert decision["versus_baseline"]["verdict"] == "faster"
     if len(extra) < confirm.MAX_EXTRA_ROUNDS:  # stopped before the cap: decided at last
         assert decision["indistinguishable"] == []
+    # best.toml's comment: the pooled figure, and the ratio with its interval and verdict
+    head = (out / "best.toml").read_text().splitlines()
+    assert "samples/s median [" in head[0] and "pooled" in head[0]
+    assert head[1].startswith("# Against the strict fp32 baseline: ") and "interval" in head[1]
