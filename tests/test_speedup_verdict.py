@@ -100,11 +100,13 @@ def test_every_phase_of_a_configuration_pools_into_one_figure():
             record("v", {"fused": {}}, 90, 4, {"phase": "variant"}),
             {**record("busy", {}, 200, 5), "metrics": busy},
             record("dup", {}, 300, 6, {"phase": "search", "duplicate_of": 0}),
+            record("r", {}, 74, 8, {"phase": "search", "retry_of": 4}),  # a resumed session
             {**record("oom", {}, 1, 7), "status": "oom"}]
     pools = pool(recs)
     assert len(pools) == 2
     plain = pools[config_key(recs[0]["plan"])]
-    assert plain.values == [70, 76] and plain.phases == {"baseline": 1, "ablation": 1}
+    assert plain.values == [70, 76, 74]
+    assert plain.phases == {"baseline": 1, "ablation": 1, "search": 1}
     fused = pools[config_key(recs[1]["plan"])]
     assert fused.n == 3 and fused.median == 84 and (fused.lo, fused.hi) == (80, 90)
 
