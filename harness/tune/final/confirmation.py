@@ -164,14 +164,16 @@ def versus(a: Standing, b: Standing) -> Ratio:
 
 
 def decide(table: dict[str, Standing], baseline_id: str | None,
-           by: str = "throughput") -> Decision | None:
+           by: str = "throughput", named: str | None = None) -> Decision | None:
+    """The best of `table` (or the one `named` already, its figures anew) and whom it
+    does not lead."""
     # The baseline is a configuration too: where it leads, it is the best (a study
     # that found nothing faster says so rather than naming a slower configuration).
     rivals = {i: s for i, s in table.items() if s.values}
     if not any(i != baseline_id for i in rivals):
         return None
     sign = -1 if FIGURES[by][1] else 1  # the best has the highest sign x median
-    lead = max(rivals.values(), key=lambda s: sign * s.median)
+    lead = rivals.get(str(named)) or max(rivals.values(), key=lambda s: sign * s.median)
 
     def within(s: Standing) -> bool:
         if s is lead:
@@ -249,6 +251,21 @@ def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float 
         decision.rounds = rnd
         ctx.optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended
+
+
+def refreshed(decision: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stored throughput decision with every measurement since (the ablation's) pooled
+    in: the same best, its figures and ratios anew, so the summary gives one figure per
+    configuration. A time-to-target decision is returned as it is."""
+    if decision.get("objective", "throughput") != "throughput":
+        return decision
+    base = decision.get("baseline_id")
+    new = decide(standings(records, list(decision["standings"])),
+                 None if base is None else str(base), named=str(decision["best"]))
+    if new is None:
+        return decision
+    new.rounds = decision.get("rounds", 0)
+    return new.as_dict()
 
 
 def open_question(decision: Decision | None, baseline_id: str | None) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 from harness.records.predicates import busy_note
 from harness.records.tags import tags_of
 from harness.records.verdict import StudyVerdict, study_verdict
+from harness.tune.final.confirmation import refreshed
 from harness.tune.final.summary import (
     ablation_table,
     confirmation_text,
@@ -86,8 +87,8 @@ def write_results(ctx: TunerState, stopped: str,
     said = verdict_text(verdict) if verdict else ""
     if said:
         print(said)
-    if decision:
-        print(confirmation_text(decision))
+    if decision:  # its figures with the ablation's measurements pooled in
+        print(confirmation_text(refreshed(decision, records)))
     else:
         base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
         r = verdict.versus_baseline if verdict else None
