@@ -151,6 +151,11 @@ def test_contenders_and_the_decision():
     text = summary.confirmation_text(decision.as_dict())
     assert "1.79x the strict fp32 baseline (TF32 off; 95% interval [1.68, 1.90]" in text
     assert "not distinguishable" not in text.split("best:")[1].split("\n")[0]
+    # the ablation measures the best again afterwards: the summary pools that in too
+    later = {**rec("a1", 150, "ablation"), "plan": {"name": "a1", "micro_batch_size": 2}}
+    again = confirm.refreshed({**decision.as_dict(), "rounds": 3}, [*recs, later])
+    assert again["best"] == "2" and again["n"] == 5 and again["median"] == 187
+    assert again["rounds"] == 3 and again["standings"]["1"] == decision.standings["1"]
     # a baseline whose measurements reach the best's: the lead is not distinguishable
     near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180, 170])}, "0")
     assert near.best == "2" and near.baseline_within_spread
