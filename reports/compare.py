@@ -44,6 +44,15 @@ def build_compare(runs: list[Run]) -> str:
                 + ", ".join(str(r.path) for r in runs), nav, "".join(body))
 
 
+def ratio_lines(runs: list[Run]) -> list[str]:
+    """For the terminal: each run's best over the first run's best, pooled, with its
+    interval and verdict."""
+    heads = [headline(r) for r in runs]
+    labels = _labels(runs)
+    return [f"{lab}: best over {labels[0]}'s best: {text}" for lab, text in
+            zip(labels[1:], _best_over_first(heads)[1:], strict=True)]
+
+
 def _labels(runs: list[Run]) -> list[str]:
     names = [r.name for r in runs]
     return [n if names.count(n) == 1 else f"{n} ({r.path})" for n, r in zip(names, runs,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.records.verdict import study_verdict
 from harness.tune.final.summary import ablation_table, table, verdict_text
-from reports.compare import build_compare
+from reports.compare import build_compare, ratio_lines
 from reports.effects import technique_effects
 from reports.headline import headline
 from reports.load import load_run
@@ -62,3 +62,5 @@ def test_compare_gives_the_ratio_of_two_studies_an_interval(tmp_path):
     page = build_compare([load_run(FIXTURE), load_run(other)])
     assert "1.00x (95% interval" in page and SAME in page
     assert "n=5" in page
+    (line,) = ratio_lines([load_run(FIXTURE), load_run(other)])
+    assert "best over quickstart" in line and line.endswith(SAME)

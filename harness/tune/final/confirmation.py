@@ -17,16 +17,19 @@ the ablation's; a flagged one counts in none). It *leads* a rival when the ratio
 two, with its interval (harness.records.speedup: over the rounds' pairs where there are
 enough, else over every measurement), is "faster"; rivals it does not lead are listed as
 indistinguishable from it here, and its ratio over the baseline is kept
-(`versus_baseline`). Where it leads neither the baseline nor every rival at this n,
+(`versus_baseline`). Where it does not lead every rival, or the baseline, at this n,
 and `more()` says time is left, further rounds (of the best, those it does not lead and
-the baseline) measure windows `longer` times as long, up to MAX_EXTRA_ROUNDS.
+the baseline while that is open) measure windows `longer` times as long, up to
+MAX_EXTRA_ROUNDS.
 
 A study of time to a target loss (objective time_to_loss) is ranked by time to target
 instead, lowest median first: each round's record is that configuration's steps to
 target, taken from the cache (the maths has not changed), times the step time that
 round measured. Its spread also covers the seeds' (the fastest and the slowest seed's
 steps times each measured step time), so two configurations whose seeds overlap are
-not told apart by the step time alone. The decision is kept in the Optuna
+not told apart by the step time alone (the rule there stays the spread: the seeds'
+spread is not a measurement's noise, and an interval over measurements would miss
+it). The decision is kept in the Optuna
 study's user attribute "best_by_repeats" (TunerState.best_trial reads it) and in
 study.json.
 """
