@@ -167,3 +167,14 @@ def test_a_lead_whose_every_technique_is_noise_is_held_back():
     assert [(t.name, t.ratio.method, t.ratio.verdict) for t in v.techniques] == [
         ("a", "paired", SAME), ("b", "paired", SAME)]
     assert v.held_back and v.verdict == SAME and "no speedup is claimed" in v.headline()
+    # the tuner's summary prints the confirmation's ratio over the baseline held back too
+    from harness.tune.final.results import _agreeing
+    from harness.tune.final.summary import confirmation_text
+
+    figure = {"median": 110.0, "min": 108.0, "max": 112.0, "n": 6}
+    decision = {"best": "best-0", "median": 110.0, "n": 6, "indistinguishable": [],
+                "standings": {"best-0": figure, "base-0": {**figure, "median": 100.0}},
+                "baseline_id": "base-0", "baseline": {**figure, "median": 100.0},
+                "versus_baseline": v.versus_baseline.as_dict()}
+    line = confirmation_text(_agreeing(decision, v)).split("best: ")[1]
+    assert "not distinguishable at this n (held back" in line and "): faster" not in line

@@ -7,7 +7,7 @@ from typing import Any
 
 from harness.records.predicates import busy_note
 from harness.records.tags import tags_of
-from harness.records.verdict import StudyVerdict, study_verdict
+from harness.records.verdict import SAME, StudyVerdict, study_verdict
 from harness.tune.final.confirmation import refreshed
 from harness.tune.final.summary import (
     ablation_table,
@@ -88,7 +88,7 @@ def write_results(ctx: TunerState, stopped: str,
     if said:
         print(said)
     if decision:  # its figures with the ablation's measurements pooled in
-        print(confirmation_text(refreshed(decision, records)))
+        print(confirmation_text(_agreeing(refreshed(decision, records), verdict)))
     else:
         base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
         r = verdict.versus_baseline if verdict else None
@@ -133,3 +133,13 @@ def _best_comment(verdict: StudyVerdict | None, throughput: bool) -> tuple[Any, 
                + (" (held back: no technique is beyond the noise)" if verdict.held_back
                   else "") if r else "")
     return verdict.best, against
+
+
+def _agreeing(decision: dict[str, Any], verdict: StudyVerdict | None) -> dict[str, Any]:
+    """The decision as the summary prints it: where the study's verdict held the lead
+    back (no technique beyond the noise), its ratio over the baseline says so too."""
+    vs = decision.get("versus_baseline")
+    if not vs or verdict is None or not verdict.held_back:
+        return decision
+    return {**decision, "versus_baseline": {
+        **vs, "verdict": f"{SAME} (held back: the ablation finds no technique beyond the noise)"}}
