@@ -121,13 +121,19 @@ def test_drift_of_ten_percent_over_a_study_is_named():
                 recs.append(record(f"{cfg}-{rnd}", {"cfg": {"n": cfg}},
                                    speed * machine * rng.uniform(0.97, 1.03), at))
                 at += 1
-        return drift(pool(recs))
+        return recs
 
-    named = [study(seed, 0.10) for seed in range(50)]
+    named = [drift(pool(study(seed, 0.10))) for seed in range(50)]
     assert sum(d.named for d in named) >= 45
     assert all(d.late_over_early.estimate < 1 for d in named if d.named)
     assert "the machine drifted" in named[0].text()
-    steady = [study(seed, 0.0) for seed in range(50)]
+    # the tuner's summary names it under its headline
+    from harness.tune.final.summary import verdict_text
+
+    said = verdict_text(study_verdict(study(0, 0.10), "2-0", "0-0")).splitlines()
+    assert said[0].startswith("The best configuration trains") and said[-1].startswith(
+        "  the machine drifted: measurements in the second half of the study ran 0.9")
+    steady = [drift(pool(study(seed, 0.0))) for seed in range(50)]
     assert sum(d.named for d in steady) <= 5
 
 
