@@ -48,7 +48,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from harness.core.errors import HarnessError
-    from reports.compare import build_compare
+    from reports.compare import build_compare, ratio_lines
     from reports.load import load_run
 
     if len(args.run_dirs) < 2:
@@ -60,4 +60,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_compare(runs), encoding="utf-8")
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {len(runs)} runs")
+    for line in ratio_lines(runs):
+        print(line)
     return 0

@@ -1,5 +1,9 @@
 """`harness compare RUN_DIR RUN_DIR...`: studies side by side (two clusters, two torch
-versions, two workloads): best configurations, speedups, per-technique effects."""
+versions, two workloads): best configurations, speedups, per-technique effects.
+
+Every figure is a configuration's pooled measurements (harness.records.pooled), and
+every ratio between two runs (each best over the first run's, each configuration
+measured in both) carries its 95% interval and verdict (harness.records.speedup)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from harness.core.units import format_bytes
+from harness.records.pooled import Pooled, compare, pool
 from reports.effects import Effects, technique_effects
 from reports.environment import environment
 from reports.figures_perf import measured, pareto_front
@@ -26,7 +31,9 @@ def build_compare(runs: list[Run]) -> str:
     body += [figure(f) for f in figs]
     body.append(section("same", "The same configurations in each run", same_configs(runs, labels),
                         "Configurations measured (status ok) in every run, by the first run's "
-                        "throughput; the ratio is each run's samples/s over the first run's."))
+                        "throughput: each the median of every quiet measurement of it in that "
+                        "run, and n; the ratio is each run's over the first run's, with its "
+                        "95% interval and verdict (docs/measuring.md)."))
     notes = [(lab, n) for lab, r in zip(labels, runs, strict=True) for n in r.notes]
     if notes:
         body.append(section("notes", "Notes on the records", "<ul>" + "".join(
@@ -35,6 +42,15 @@ def build_compare(runs: list[Run]) -> str:
            ("fronts", "Throughput × memory"), ("same", "Same configurations")]
     return page("Comparison: " + " vs ".join(labels), f"{len(runs)} runs: "
                 + ", ".join(str(r.path) for r in runs), nav, "".join(body))
+
+
+def ratio_lines(runs: list[Run]) -> list[str]:
+    """For the terminal: each run's best over the first run's best, pooled, with its
+    interval and verdict."""
+    heads = [headline(r) for r in runs]
+    labels = _labels(runs)
+    return [f"{lab}: best over {labels[0]}'s best: {text}" for lab, text in
+            zip(labels[1:], _best_over_first(heads)[1:], strict=True)]
 
 
 def _labels(runs: list[Run]) -> list[str]:
@@ -55,11 +71,15 @@ def summary_table(runs, labels, heads: list[Headline], effects: list[Effects]) -
     rows.append(("layout, micro-batch", [
         "–" if h.best is None else f"{h.best['layout']}, {h.best['micro_batch_size']:g}"
         for h in heads]))
-    rows.append(("best samples/s", [_best(h, "samples_per_s", rate) for h in heads]))
-    rows.append(("baseline samples/s", ["–" if h.baseline is None else rate(
-        h.baseline["samples_per_s"]) for h in heads]))
-    rows.append(("speedup over fp32", [f"{h.speedup:.2f}×" if h.speedup else
+    rows.append(("best samples/s", [_pooled(h, "best") or _best(h, "samples_per_s", rate)
+                                    for h in heads]))
+    rows.append(("baseline samples/s", [_pooled(h, "baseline") or ("–" if h.baseline is None
+                                                                   else rate(h.baseline[
+                                                                       "samples_per_s"]))
+                                        for h in heads]))
+    rows.append(("speedup over fp32", [f"{h.speedup:.2f}× ({h.basis})" if h.speedup else
                                        (" ".join(h.missing) or "–") for h in heads]))
+    rows.append((f"best over {labels[0]}'s best", _best_over_first(heads)))
     rows.append(("best peak memory", [_best(h, "peak_memory_bytes", format_bytes) for h in heads]))
     rows.append(("best MFU", [_best(h, "mfu", pct) for h in heads]))
     techniques = sorted({x.technique for ef in effects for x in ef.items})
@@ -74,6 +94,22 @@ def summary_table(runs, labels, heads: list[Headline], effects: list[Effects]) -
     return (f"<table><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
             '<p class="note">Rows in bold differ between the runs.</p>'
             "<style>tr.differs th{font-weight:700;color:#0b5cad}</style>")
+
+
+def _pooled(h: Headline, which: str) -> str:
+    """A headline's pooled figure ('80.22 samples/s median [73.7, 85.08], n=5'), or ''."""
+    p = getattr(h.study, which, None) if h.study is not None else None
+    return p.text() if p is not None else ""
+
+
+def _best_over_first(heads: list[Headline]) -> list[str]:
+    """Each run's best over the first run's, both pooled, with the interval."""
+    first = heads[0].study.best if heads[0].study is not None else None
+    out = ["–"]
+    for h in heads[1:]:
+        mine = h.study.best if h.study is not None else None
+        out.append(compare(mine, first).text() if mine and first else "–")
+    return out
 
 
 def _best(h: Headline, key: str, fmt=str) -> str:
@@ -91,12 +127,20 @@ def speedups(labels, heads: list[Headline]) -> Figure:
                      legend={"orientation": "h", "y": -0.2})
     x = [esc(lab, 50) for lab in labels]
     for name, key, color in (("fp32 baseline", "baseline", "#7f8c8d"), ("best", "best", COLORS[0])):
-        y = [None if getattr(h, key) is None else getattr(h, key)["samples_per_s"] for h in heads]
+        y = [_figure(h, key) for h in heads]
         text = [f"{h.speedup:.2f}×" if key == "best" and h.speedup else "" for h in heads]
         fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=color, text=text,
                              textposition="outside"))
     return Figure("speedups", title, fig, caption="Throughput of each run's fp32 baseline and "
-                  "best configuration; the label is the speedup within that run.")
+                  "best configuration, each the median of every quiet measurement of it; the "
+                  "label is the speedup within that run (its interval: the table above).")
+
+
+def _figure(h: Headline, which: str) -> float | None:
+    """The pooled median of a run's best or baseline, else its one trial's figure."""
+    p = getattr(h.study, which, None) if h.study is not None else None
+    row = getattr(h, which)
+    return p.median if p is not None else None if row is None else row["samples_per_s"]
 
 
 def effects_side_by_side(labels, effects: list[Effects]) -> Figure:
@@ -156,21 +200,31 @@ def fronts(labels, runs: list[Run]) -> Figure:
 
 
 def same_configs(runs: list[Run], labels: list[str], limit: int = 20) -> str:
-    keyed = []
-    for r in runs:
-        m = measured(r, ablation=False)
-        mbs = m["micro_batch_size"].map(lambda v: "?" if v != v else f"{v:g}")
-        key = m["config"] + " | " + m["layout"] + " | mb " + mbs
-        keyed.append(m.assign(_key=key).groupby("_key")["samples_per_s"].median())
-    common = set(keyed[0].index).intersection(*[set(k.index) for k in keyed[1:]])
+    keyed = [_pooled_by_label(r) for r in runs]
+    common = set(keyed[0]).intersection(*[set(k) for k in keyed[1:]])
     if not common:
         return '<p class="empty">No configuration was measured in every run.</p>'
-    order = sorted(common, key=lambda k: -keyed[0][k])[:limit]
+    order = sorted(common, key=lambda k: -keyed[0][k].median)[:limit]
     head = "".join(f"<th>{e(lab)}</th>" for lab in labels)
     rows = "".join(
         f"<tr><td>{e(k)}</td>" + "".join(
-            f'<td class="n">{e(rate(s[k]))}'
-            + (f" ({s[k] / keyed[0][k]:.2f}×)" if i else "") + "</td>"
+            f'<td class="n">{e(rate(s[k].median))}, n={s[k].n}'
+            + (f" ({e(compare(s[k], keyed[0][k]).text())})" if i else "") + "</td>"
             for i, s in enumerate(keyed)) + "</tr>" for k in order)
     return (f"<table><thead><tr><th>configuration | layout | micro-batch</th>{head}</tr>"
             f"</thead><tbody>{rows}</tbody></table>")
+
+
+def _pooled_by_label(run: Run) -> dict[str, Pooled]:
+    """Each configuration's pooled measurements, by 'configuration | layout | mb N'."""
+    out: dict[str, Pooled] = {}
+    t = run.trials
+    for p in pool(list(run.records.values())).values():
+        tid = p.measurements[0].trial_id
+        if tid not in t.index:
+            continue
+        row = t.loc[tid]
+        mbs = row["micro_batch_size"]
+        key = f"{row['config']} | {row['layout']} | mb {'?' if mbs != mbs else f'{mbs:g}'}"
+        out.setdefault(key, p)
+    return out

@@ -1,12 +1,14 @@
 """What each technique bought: its effect on throughput and peak memory, with the spread.
 
 From ablation records (the tuner's leave-one-out trials of the best configuration,
-each technique turned off in turn and repeated): the reference is the best
-configuration re-measured (`without` null); for technique T every pair (reference
-repeat, repeat without T) gives a throughput ratio reference / without and a memory
-difference without - reference. The effect is the median over repeats, its spread
-the smallest and largest pair. An effect is called *clear* only when the two sets of
-measurements do not overlap (asv's rule: a ratio within run-to-run spread is noise).
+each technique turned off in turn and repeated): the throughput effect of technique T
+is the best's configuration over the configuration without T, each every quiet
+measurement of it in the study pooled, with its 95% interval and verdict
+(harness.records.verdict: the very comparison the headline makes where the
+configuration without T is the baseline's). An effect is *clear* only when that verdict
+is faster or slower; within the noise threshold, or at too small an n, it is not. The
+memory effect is the median of the ablation's own pairs (without - with), with their
+smallest and largest.
 
 With no ablation records the fallback compares search trials that differ in exactly
 that one technique (everything else equal), labelled as such: they were not repeated,
@@ -19,6 +21,9 @@ import json
 from dataclasses import dataclass, field
 from statistics import median
 
+from harness.records.pooled import pool, pool_of
+from harness.records.speedup import SAME, Ratio
+from harness.records.verdict import techniques
 from reports.frame import strategies_of
 from reports.load import Run
 from reports.style import num
@@ -38,6 +43,7 @@ class Effect:
     memory_saved_hi: float | None = None
     clear: bool | None = None         # None: too few measurements to tell
     failures: dict[str, int] = field(default_factory=dict)  # status -> count, without it
+    ratio: Ratio | None = None        # ablation: the pooled comparison, with its interval
 
     @property
     def verdict(self) -> str:
@@ -48,6 +54,9 @@ class Effect:
             return "no measurement without it"
         pct = (self.speedup - 1) * 100
         what = f"{'+' if pct >= 0 else ''}{pct:.1f}% throughput"
+        if self.ratio is not None:
+            r = self.ratio
+            return f"{what} ({r.interval}, {r.basis}): {r.verdict}"
         if self.clear is None:
             return what + " (one measurement each: spread unknown)"
         return what + ("" if self.clear else " — within run-to-run spread (noise)")
@@ -79,9 +88,10 @@ def _from_ablation(run: Run, abl) -> Effects:
     ref = ok[ok["ablation_without"].isna()]
     of = abl["ablation_of"].dropna()
     best_id = of.iloc[0] if len(of) else run.best_id
-    note = (f"Leave-one-out trials of trial {best_id}: each "
-            "technique turned off in turn, everything else fixed, repeated. Bars: median; "
-            "whiskers: smallest and largest of every (best, without) pair.")
+    note = (f"Leave-one-out trials of trial {best_id}: each technique turned off in turn, "
+            "everything else fixed, repeated. Bars: the best's throughput over the "
+            "throughput without it, every measurement of each configuration in the study "
+            "pooled (Hodges-Lehmann); whiskers: its 95% interval (docs/measuring.md).")
     if not len(ref):
         best = run.row(run.best_id)
         if best is None or best["status"] != "ok":
@@ -99,6 +109,10 @@ def _from_ablation(run: Run, abl) -> Effects:
                            "was the fastest configuration measured.", [])
         return Effects("ablation", f"No leave-one-out trial of trial {best_id} (each technique "
                        "turned off in turn) was recorded: the study stopped before them.", [])
+    records = list(run.records.values())
+    pools = pool(records)
+    best_pool = pool_of(records, best_id, pools)
+    pooled = {t.name: t for t in techniques(records, str(best_id), best_pool, pools)}
     items = []
     for name, grp in without.groupby("ablation_without", sort=True):
         e = Effect(str(name), "ablation", n_reference=len(ref))
@@ -108,8 +122,17 @@ def _from_ablation(run: Run, abl) -> Effects:
         if len(good):
             _fill(e, list(ref["samples_per_s"]), list(good["samples_per_s"]),
                   list(ref["peak_memory_bytes"]), list(good["peak_memory_bytes"]))
+        t = pooled.get(str(name))
+        if t is not None and t.ratio is not None:  # the pooled figures decide
+            r = e.ratio = t.ratio
+            e.n, e.n_reference = r.n_a if r.method == "paired" else r.n_b, r.n_a
+            e.speedup = r.estimate
+            e.speedup_lo, e.speedup_hi = (r.lo, r.hi) if r.lo is not None else (
+                r.estimate, r.estimate)
+            e.clear = None if r.lo is None else r.verdict != SAME
         items.append(e)
     return Effects("ablation", note, items)
+
 
 
 def _fill(e: Effect, thr_with, thr_without, mem_with, mem_without) -> None:

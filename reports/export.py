@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.records.pooled import config_key, pool
 from reports.load import Run
 
 # (column in the export, column of the trial frame)
@@ -37,13 +38,21 @@ INTEGER = ("world_size", "micro_batch_size", "global_batch_size", "steps_measure
 
 def trial_table(run: Run) -> pd.DataFrame:
     """Every trial with the columns above, plus its speedup over the study's fp32 baseline
-    (empty where the baseline did not finish) and the estimator's memory error."""
+    (this measurement over the baseline trial's; empty where the baseline did not
+    finish), its configuration's pooled figure (the median of every quiet measurement of
+    it, and their n: harness.records.pooled) and the estimator's memory error."""
     t = run.trials
     out = pd.DataFrame({name: t[src] for name, src in COLUMNS}).reset_index(drop=True)
     base = run.row(run.baseline_id)
     ok_base = base is not None and base["status"] == "ok" and base["samples_per_s"] > 0
     out.insert(out.columns.get_loc("samples_per_s") + 1, "speedup_vs_baseline",
                t["samples_per_s"].to_numpy() / base["samples_per_s"] if ok_base else math.nan)
+    # the one figure of each trial's configuration: every quiet measurement of it pooled
+    pools = pool(list(run.records.values()))
+    mine = [pools.get(config_key((run.records.get(tid) or {}).get("plan"))) for tid in t.index]
+    at = out.columns.get_loc("speedup_vs_baseline") + 1
+    out.insert(at, "config_median_samples_per_s", [p.median if p else math.nan for p in mine])
+    out.insert(at + 1, "config_n", [p.n if p else 0 for p in mine])
     out.insert(out.columns.get_loc("predicted_memory_bytes") + 1, "memory_error_pct",
                (t["predicted_memory_bytes"] / t["peak_memory_bytes"] - 1).to_numpy() * 100)
     out.insert(1, "is_best", (t["trial_id"] == run.best_id).to_numpy())

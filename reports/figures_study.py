@@ -59,7 +59,8 @@ def effects_figure(effects: Effects) -> Figure:
                                text=" " + esc(e.verdict, 70), font={"color": "#c0392b"})
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(zeroline=True, zerolinecolor="#555")
-    caption = effects.note + (" Grey bars: the difference is within run-to-run spread."
+    caption = effects.note + (" Grey bars: not distinguishable at this n (the interval "
+                              "reaches within the 2% noise threshold)."
                               if any(e.clear is False for e in items) else "")
     return Figure("effects", title, fig, caption=caption)
 

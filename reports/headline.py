@@ -1,9 +1,11 @@
 """The headline of a study: its best configuration against its own strict fp32 baseline
 (TF32 off), and against fp32+TF32 (the baseline plus [strategies.tf32]) where measured.
 
-Honest by construction: the speedup is best samples/s over baseline samples/s of the
-same study; where either is missing or did not finish, `missing` says so in words
-and no number is made up.
+Honest by construction: the speedup is the best's configuration over the baseline's,
+each every quiet measurement of it in the study pooled, with its interval and verdict
+(harness.records.verdict, the same object the tuner's summary and the ablation table
+read); where either is missing or did not finish, `missing` says so in words and no
+number is made up.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from harness.records.verdict import StudyVerdict, study_verdict
 from reports import figures_convergence as fc
 from reports.load import Run
 from reports.style import num
@@ -31,10 +34,11 @@ class Headline:
     command: str = ""
     best_toml_command: str = ""
     repeats: list[float] = field(default_factory=list)  # best re-measured (ablation)
-    caution: str = ""     # the re-measurements do not reproduce the best's search figure
     basis: str = "one measurement each"  # what the speedup's two figures are
     tf32_speedup: float | None = None  # best samples/s over the fp32+TF32 trial's
     tf32_id: str | None = None
+    tf32_text: str = "one measurement each"  # what the fp32+TF32 ratio rests on
+    study: StudyVerdict | None = None  # the pooled figures, intervals and verdicts
 
     @property
     def verdict(self) -> str:
@@ -49,7 +53,10 @@ class Headline:
             return "A study of one trial: there is nothing to compare it with."
         if self.speedup is not None:
             over = (f" It trains {self.tf32_speedup:.2f}× as fast as fp32+TF32 (trial "
-                    f"{self.tf32_id}, one measurement each)." if self.tf32_speedup else "")
+                    f"{self.tf32_id}, {self.tf32_text})." if self.tf32_speedup else "")
+            said = self.study.headline() if self.study is not None else ""
+            if said:
+                return said + over
             return (f"The best configuration trains {self.speedup:.2f}× as fast as the strict "
                     f"fp32 baseline of this study (TF32 off; {self.basis}).{over}")
         return "The best configuration is shown below. " + " ".join(self.missing)
@@ -68,13 +75,6 @@ def headline(run: Run) -> Headline:
         abl = t[(t["phase"] == "ablation") & t["ablation_without"].isna()
                 & (t["status"] == "ok")]
         h.repeats = [x for x in map(num, abl["samples_per_s"]) if x is not None]
-        first = num(b["samples_per_s"])
-        if h.repeats and first and not min(h.repeats) / 1.1 <= first <= max(h.repeats) * 1.1:
-            h.caution = (
-                f"Caution: re-measured {len(h.repeats)}× in the leave-one-out trials, the best "
-                f"configuration ran at {min(h.repeats):.4g}–{max(h.repeats):.4g} samples/s, not "
-                f"the {first:.4g} of its search trial; the speedup below rests on that one "
-                "measurement.")
     if base is None:
         h.missing.append("There is no fp32 baseline trial in this study, so no speedup is "
                          "given.")
@@ -87,16 +87,25 @@ def headline(run: Run) -> Headline:
                          "beat it here.")
     elif b is not None:
         h.speedup = b["samples_per_s"] / base["samples_per_s"]
-        # a study of time to a target loss: how much sooner the best reaches it
-        repeats = _by_repeats(run, b, base) or (
-            fc.speedup(run, str(b["trial_id"]), str(base["trial_id"]))
-            if fc.ranks_by_time(run) else None)
-        if repeats:
-            h.speedup, h.basis = repeats
+        if fc.ranks_by_time(run):  # a study of time to a target loss: how much sooner
+            repeats = _by_repeats(run, b, base) or fc.speedup(
+                run, str(b["trial_id"]), str(base["trial_id"]))
+            if repeats:
+                h.speedup, h.basis = repeats
+        else:  # every measurement of each configuration pooled, with its interval
+            h.study = study_verdict(list(run.records.values()), b["trial_id"],
+                                    base["trial_id"])
+            r = h.study.versus_baseline
+            if r is not None:
+                h.speedup, h.basis = r.estimate, f"{r.interval}, {r.basis}: {h.study.verdict}"
         ref = _tf32_reference(t, base)
         if ref is not None and num(b["samples_per_s"]):
             h.tf32_speedup = b["samples_per_s"] / ref["samples_per_s"]
             h.tf32_id = str(ref["trial_id"])
+            if h.study is not None and h.study.best is not None:
+                r = _versus(run, h.study, str(ref["trial_id"]))
+                if r is not None:
+                    h.tf32_speedup, h.tf32_text = r.estimate, f"{r.interval}, {r.basis}"
         if num(base["peak_memory_bytes"]) and num(b["peak_memory_bytes"]) is not None:
             h.memory_ratio = b["peak_memory_bytes"] / base["peak_memory_bytes"]
     if b is None and counts.get("ok"):
@@ -135,3 +144,11 @@ def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str]
         text += ("; its lead over the baseline is within the spread of those measurements"
                  + (" and seeds" if timed else ""))
     return (ref / b if timed else b / ref), text
+
+
+def _versus(run: Run, v: StudyVerdict, trial_id: str):
+    """The best's pool over trial `trial_id`'s configuration's pool (a Ratio), or None."""
+    from harness.records.pooled import compare, pool_of
+
+    other = pool_of(list(run.records.values()), trial_id)
+    return compare(v.best, other) if other is not None and v.best is not None else None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from statistics import median
 
 from harness.core.units import format_bytes, format_seconds
+from harness.records.speedup import NOISE_THRESHOLD
 from reports import figures_convergence as fc
 from reports import figures_memory as fm
 from reports import figures_perf as perf
@@ -71,8 +71,8 @@ def _time_to_target_card(run: Run) -> str:
 def headline_html(run: Run, h: Headline) -> str:
     b, base = h.best, h.baseline
     parts = [f'<p class="verdict">{e(h.verdict)}</p>']
-    if h.caution:
-        parts.append(f'<p class="note bad">{e(h.caution)}</p>')
+    if h.study is not None and h.study.drift is not None and h.study.drift.named:
+        parts.append(f'<p class="note bad">{e(h.study.drift.text())}.</p>')
     if h.speedup is None:
         parts += [f'<p class="note">{e(m)}</p>' for m in h.missing]
     cards = [_time_to_target_card(run)] if fc.points(run) else []
@@ -83,8 +83,11 @@ def headline_html(run: Run, h: Headline) -> str:
                           "good" if h.speedup >= 1 else "bad"))
     if b is not None:
         tok = f", {rate(b['tokens_per_s'])} tokens/s" if num(b["tokens_per_s"]) else ""
-        cards.append(card("best throughput", f"{rate(b['samples_per_s'])} samples/s",
-                          f"trial {b['trial_id']}{tok}"))
+        pooled = h.study.best if h.study is not None else None
+        best_rate = pooled.median if pooled else b["samples_per_s"]
+        cards.append(card("best throughput", f"{rate(best_rate)} samples/s",
+                          f"trial {b['trial_id']}{tok}" + (
+                              f"; median of {pooled.n} measurements" if pooled else "")))
         mem = format_bytes(num(b["peak_memory_bytes"]))
         detail = (f"{h.memory_ratio:.2f}× the baseline's "
                   f"{format_bytes(num(base['peak_memory_bytes']))}" if h.memory_ratio else "")
@@ -102,12 +105,7 @@ def headline_html(run: Run, h: Headline) -> str:
                                                f"{b['global_batch_size']:g}"),
                 ("workload", f"{b['workload']} {b['workload_args']}"),
                 ("why this one", run.best_note)]
-        if h.repeats:
-            again = median(h.repeats)
-            vs = (f" ({again / base['samples_per_s']:.2f}× the baseline)" if h.speedup else "")
-            rows.append(("re-measured (leave-one-out)", f"{len(h.repeats)}×: median "
-                         f"{rate(again)}{vs}, range {rate(min(h.repeats))}–"
-                         f"{rate(max(h.repeats))} samples/s"))
+        rows += _pooled_rows(h)
         if base is not None:
             rows.append(("baseline", f"trial {base['trial_id']} ({run.baseline_note}): "
                                      f"{base['config']}, {base['status']}"))
@@ -120,6 +118,26 @@ def headline_html(run: Run, h: Headline) -> str:
                    "".join(parts))
 
 
+
+
+def _pooled_rows(h: Headline) -> list[tuple[str, str]]:
+    """The figures the headline's verdict rests on, and how it is made."""
+    v = h.study
+    if v is None:
+        return []
+    rows = []
+    for name, p in (("best, every measurement pooled", v.best),
+                    ("baseline, every measurement pooled", v.baseline)):
+        if p is not None:
+            phases = ", ".join(f"{k} {n}" for k, n in p.phases.items())
+            window = (f"; windows {p.windows[0]:.3g}–{p.windows[1]:.3g} s" if p.windows
+                      else "")
+            rows.append((name, f"{p.text()} ({phases}{window})"))
+    r = v.versus_baseline
+    if r is not None:
+        rows.append(("how the verdict is made", f"{r.method_text}, over {r.basis}; "
+                     f"{NOISE_THRESHOLD:.0%} noise threshold (docs/measuring.md)"))
+    return rows
 
 
 def effects_table(effects) -> str:
@@ -150,7 +168,8 @@ def _bytes_range(x) -> str:
 def trials_html(run: Run) -> str:
     t = trial_table(run)
     cols = [("trial", "text"), ("phase", "text"), ("status", "text"), ("configuration", "wide"),
-            ("layout", "text"), ("micro-batch", "num"), ("samples/s", "num"), ("× baseline", "num"),
+            ("layout", "text"), ("micro-batch", "num"), ("samples/s", "num"),
+            ("configuration: median, n", "num"), ("× baseline", "num"),
             ("step time (p10–p90)", "num"), ("MFU", "num"), ("peak memory", "num"),
             ("duration", "num"), ("reason", "long")]
     rows = []
@@ -169,6 +188,8 @@ def trials_html(run: Run) -> str:
                 if isinstance(r.duplicate_of, str) else ""), r.label),
             (e(r.layout), r.layout), (_n(r.micro_batch_size, "{:g}"), r.micro_batch_size),
             (e(rate(r.samples_per_s)), r.samples_per_s),
+            (e(f"{rate(r.config_median_samples_per_s)}, n={r.config_n}") if r.config_n else "–",
+             r.config_median_samples_per_s),
             (_n(r.speedup_vs_baseline, "{:.2f}×"), r.speedup_vs_baseline),
             (_step(r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s),
              r.step_time_median_s),

@@ -109,8 +109,12 @@ def test_the_summary_names_strict_fp32_and_the_tf32_speedup():
 def test_the_report_names_strict_fp32_and_the_tf32_speedup(tmp_path):
     recs = _records()
     h = headline(load_run(write_run(tmp_path / "run", recs, name="t")))
-    assert h.speedup == 5.0 and h.tf32_speedup == 2.5 and h.tf32_id == "1"
+    assert h.speedup == pytest.approx(5.0) and h.tf32_speedup == pytest.approx(2.5)
+    assert h.tf32_id == "1"
     assert "strict fp32 baseline" in h.verdict and "2.50× as fast as fp32+TF32" in h.verdict
+    # one measurement each: no interval, and the headline says so in its first sentence
+    assert h.verdict.startswith("The best configuration is not distinguishable from the "
+                                "strict fp32 baseline at this n: 5.00x")
     h = headline(load_run(write_run(tmp_path / "run2", [recs[0], recs[2]], name="t")))
     assert h.tf32_speedup is None and "fp32+TF32" not in h.verdict
 

@@ -65,9 +65,14 @@ def test_headline_is_best_over_baseline_of_the_same_study(tmp_path):
     run = load_run(write_run(tmp_path / "s", synthetic_records(40)))
     h = headline(run)
     best, base = run.trials.loc[run.best_id], run.trials.loc[run.baseline_id]
-    assert h.speedup == pytest.approx(best["samples_per_s"] / base["samples_per_s"])
+    # every measurement of each configuration pooled: the Hodges-Lehmann ratio lies among
+    # the ratios of the best's measurements to the baseline's, the search's among them
+    v = h.study
+    assert h.speedup == pytest.approx(v.versus_baseline.estimate)
+    assert best["samples_per_s"] in v.best.values and base["samples_per_s"] in v.baseline.values
+    ratios = sorted(a / b for a in v.best.values for b in v.baseline.values)
+    assert ratios[0] <= h.speedup <= ratios[-1]
     assert h.memory_ratio == pytest.approx(best["peak_memory_bytes"] / base["peak_memory_bytes"])
-    assert h.caution == ""  # the leave-one-out repeats reproduce the best's figure
     page = build_report(run)
     assert f"{h.speedup:.2f}×" in page and "Reproduce the best configuration" in page
     assert "harness bench" in page and "best.toml" in page
@@ -133,17 +138,27 @@ def test_a_damaged_journal_falls_back_to_the_records(tmp_path):
 
 
 @pytest.mark.parametrize("within", [False, True])
-def test_the_headline_takes_the_confirmation_rounds_medians(tmp_path, within):
+def test_the_headline_pools_the_confirmation_rounds(tmp_path, within):
+    import copy
+
     recs = [r for r in synthetic_records(8, ablation=False) if r["status"] == "ok"][:2]
     recs[0]["tags"]["phase"] = "baseline"
-    base, best = (str(r["trial_id"]) for r in recs)
-    decision = {"objective": "throughput", "best": best, "median": 300.0, "n": 3,
-                "indistinguishable": [], "baseline_id": base, "standings": {},
-                "baseline": {"median": 200.0, "min": 190.0, "max": 210.0, "n": 3},
-                "baseline_within_spread": within}  # as confirmation.decide writes it
-    run = load_run(write_run(tmp_path / "run", recs, best_trial_id=recs[1]["trial_id"],
-                             baseline_trial_id=recs[0]["trial_id"], best_by_repeats=decision))
+    base, best = recs
+    base["metrics"]["samples_per_s"], best["metrics"]["samples_per_s"] = 200.0, 300.0
+    again = {False: ([190, 210, 205, 195], [290, 310, 305, 295]),  # apart: faster
+             True: ([190, 310, 205, 195], [290, 210, 305, 310])}[within]  # overlapping
+    for rnd, (b, a) in enumerate(zip(*again, strict=True)):
+        for r, rate in ((best, a), (base, b)):
+            c = copy.deepcopy(r)
+            c["trial_id"] = f"confirm-{r['trial_id']}-{rnd}"
+            c["tags"] = {"phase": "confirm", "confirm": {"of": str(r["trial_id"]), "round": rnd}}
+            c["metrics"]["samples_per_s"] = float(rate)
+            recs.append(c)
+    run = load_run(write_run(tmp_path / "run", recs, best_trial_id=best["trial_id"],
+                             baseline_trial_id=base["trial_id"]))
     h = headline(run)
-    assert h.speedup == pytest.approx(1.5)
-    assert "medians over 3 and 3 measurements" in h.basis
-    assert ("its lead over the baseline is within the spread" in h.basis) == within
+    assert h.study.best.n == h.study.baseline.n == 5  # the search's and 4 rounds' each
+    assert h.study.best.median == 300.0 and h.study.baseline.median == 200.0
+    assert "5 and 5 measurements" in h.basis
+    assert h.verdict.startswith("The best configuration is not distinguishable") == within
+    assert h.study.verdict == ("not distinguishable at this n" if within else "faster")

@@ -121,33 +121,47 @@ def test_a_configuration_measured_only_on_a_busy_machine_is_never_best(
 
 
 def test_contenders_and_the_decision():
-    def rec(trial_id, rate, phase="search", of=None):
-        tags = {"phase": phase, **({"confirm": {"of": of, "round": 0}} if of is not None else {})}
-        return {"trial_id": trial_id, "status": "ok", "tags": tags, "plan": {"name": trial_id},
+    def rec(trial_id, rate, phase="search", of=None, rnd=0):
+        tags = {"phase": phase,
+                **({"confirm": {"of": of, "round": rnd}} if of is not None else {})}
+        config = of if of is not None else trial_id  # a round measures its trial's plan
+        return {"trial_id": trial_id, "status": "ok", "tags": tags,
+                "plan": {"name": trial_id, "micro_batch_size": config},
                 "metrics": {"samples_per_s": rate, "peak_memory_bytes": 1}}
 
     recs = [rec(0, 100, "baseline"), rec(1, 200), rec(2, 190), rec(3, 150),
-            rec("c1", 170, "confirm", 1), rec("c1b", 175, "confirm", 1),
-            rec("c2", 185, "confirm", 2), rec("c2b", 188, "confirm", 2),
-            rec("c0", 110, "confirm", 0)]
+            rec("c1", 170, "confirm", 1), rec("c1b", 175, "confirm", 1, 1),
+            rec("c2", 185, "confirm", 2), rec("c2b", 188, "confirm", 2, 1),
+            rec("c2c", 187, "confirm", 2, 2), rec("c0", 110, "confirm", 0),
+            rec("c0b", 104, "confirm", 0, 1), rec("c0c", 106, "confirm", 0, 2)]
     assert [r["trial_id"] for r in confirm.contenders(recs, 0.2, 0)] == [1, 2]
     assert [r["trial_id"] for r in confirm.contenders(recs, 0.01, 0)] == [1, 2]  # two at least
     assert [r["trial_id"] for r in confirm.contenders(recs, 0.6, 0)] == [1, 2, 3, 0]
     table = confirm.standings(recs, ["1", "2", "0"])
     decision = confirm.decide(table, "0")
-    # trial 1: [200, 170, 175] median 175; trial 2: [190, 185, 188] median 188
-    assert decision.best == "2" and decision.median == 188
-    # the gap (13) is within trial 1's spread (half of 200 - 170 = 15)
+    # trial 1: [200, 170, 175] median 175; trial 2: [190, 185, 188, 187] median 187.5
+    assert decision.best == "2" and decision.median == 187.5
+    # 4 against 3 measurements: no 95% interval, so not told apart
     assert decision.indistinguishable == ["1"]
-    assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 2}
-    assert not decision.baseline_within_spread  # 188 against 105: a lead beyond the noise
+    assert decision.baseline == {"median": 105.0, "min": 100, "max": 110, "n": 4}
+    # 4 and 4 with no overlap: faster, its interval from 185/110 to 190/100
+    assert not decision.baseline_within_spread
+    vs = decision.versus_baseline
+    assert vs["verdict"] == "faster" and vs["lo"] == pytest.approx(185 / 110)
     text = summary.confirmation_text(decision.as_dict())
-    assert "1.79x the strict fp32 baseline's median" in text and "did not show" not in text
-    # a baseline whose measurements reach the best's: the lead is said to be noise
-    near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180])}, "0")
+    assert "1.79x the strict fp32 baseline (TF32 off; 95% interval [1.68, 1.90]" in text
+    assert "not distinguishable" not in text.split("best:")[1].split("\n")[0]
+    # the ablation measures the best again afterwards: the summary pools that in too
+    later = {**rec("a1", 150, "ablation"), "plan": {"name": "a1", "micro_batch_size": 2}}
+    again = confirm.refreshed({**decision.as_dict(), "rounds": 3}, [*recs, later])
+    assert again["best"] == "2" and again["n"] == 5 and again["median"] == 187
+    assert again["rounds"] == 3 and again["standings"]["1"] == decision.standings["1"]
+    # a baseline whose measurements reach the best's: the lead is not distinguishable
+    near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180, 170])}, "0")
     assert near.best == "2" and near.baseline_within_spread
-    assert "a lead this machine did not show" in summary.confirmation_text(near.as_dict())
+    assert "not distinguishable at this n" in summary.confirmation_text(near.as_dict())
     assert near.indistinguishable == ["1"]  # the baseline is said apart, not in this list
+    assert confirm.open_question(near, "0") == ["2", "1", "0"]  # what more rounds measure
     # a baseline ahead of every configuration measured is the best, and said to be
     ahead = confirm.decide({**table, "0": confirm.Standing("0", [250, 240, 260])}, "0")
     assert ahead.best == "0" and ahead.median == 250
@@ -218,3 +232,45 @@ def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypa
     # fixed share ended it); how much of the 20 s that is, a benchmark measures
     assert info["stopped_because"].startswith(
         "time: the rest of the budget is for the final measurements"), info["stopped_because"]
+
+
+@pytest.mark.slow
+def test_rounds_go_on_where_the_verdict_is_open(tmp_path, launched, tweak):
+    """The fastest configurations (150 samples/s or more in the fake's model) all measured
+    at one mean with ±10% seeded noise: the rounds asked for cannot tell them apart, so
+    further rounds measure just those (the baseline too until it is decided against the
+    best: 3 and 3 measurements give no interval), up to the stated cap, and the decision
+    says how many rounds ran."""
+    import random
+
+    rng = random.Random(38)
+
+    def twins(plan, rate, index):
+        return (170 * rng.uniform(0.9, 1.1) if rate >= 150 else rate), None
+
+    tweak.TWEAK = twins
+    out = tmp_path / "run"
+    path = write_study(tmp_path, sampler="grid", pruning={"slower_than": 0},
+                       budget={"ablation_repeats": 0, "confirm_repeats": 2, "variants": False,
+                               "n_trials": 8})
+    assert tune(str(path), "--out", str(out), "--budget", "10m") == 0
+    rounds: dict[int, set[str]] = {}
+    for r in records(out):
+        if r["tags"]["phase"] == "confirm":
+            rounds.setdefault(r["tags"]["confirm"]["round"], set()).add(
+                str(r["tags"]["confirm"]["of"]))
+    decision = json.loads((out / "study.json").read_text())["best_by_repeats"]
+    extra = [rounds[i] for i in sorted(rounds) if i >= 2]
+    assert decision["rounds"] == len(rounds) == 2 + len(extra)
+    assert extra and len(extra) <= confirm.MAX_EXTRA_ROUNDS
+    base = str(decision["baseline_id"])
+    assert base in rounds[0] and base in rounds[1]
+    assert all(base not in r for r in extra[1:])  # decided after one more measurement
+    assert all(len(r - {base}) >= 2 for r in extra)  # the best and whom it did not lead
+    assert decision["versus_baseline"]["verdict"] == "faster"
+    if len(extra) < confirm.MAX_EXTRA_ROUNDS:  # stopped before the cap: decided at last
+        assert decision["indistinguishable"] == []
+    # best.toml's comment: the pooled figure, and the ratio with its interval and verdict
+    head = (out / "best.toml").read_text().splitlines()
+    assert "samples/s median [" in head[0] and "pooled" in head[0]
+    assert head[1].startswith("# Against the strict fp32 baseline: ") and "interval" in head[1]

@@ -2,9 +2,13 @@
 
 At the end of a study the best configuration is run again with each of its
 techniques turned off in turn, everything else fixed, and itself, each `repeats`
-times (so the spread between repeats shows which differences are real). The
-order is round by round (best, without A, without B, ...; then again), so a
-study whose time runs out still has every configuration at least once.
+times. The order is round by round (best, without A, without B, ...; then again),
+so a study whose time runs out still has every configuration at least once, and
+each repeat's measurements are pairs taken close together. What a technique bought
+is judged on every measurement of each configuration, pooled across the study's
+phases, with an interval (harness.records.verdict): the configuration without a
+technique may be one the study measured before (the baseline's, for a best with one
+technique), and then it is the very comparison the headline makes.
 
 Only techniques the search turned on are left out: the data-parallel wrapper,
 pipeline and tensor parallel follow from the layout, and accumulation from the

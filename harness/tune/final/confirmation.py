@@ -11,18 +11,25 @@ the machine falls on all of them. Each record is tagged
 
     {"phase": "confirm", "confirm": {"of": <trial_id measured again>, "round": r}}
 
-The best is the contender with the highest median over its measurements (the
-search's and the rounds'; a flagged one counts in none). It *leads* a rival when the
-gap between their medians is larger than the spread of either (half its range of
-measurements); when it does not lead every rival, those it does not lead are
-listed as indistinguishable from it here.
+The best is the contender with the highest median over every measurement of its
+configuration (harness.records.pooled: the search's, the rounds', a resumed session's,
+the ablation's; a flagged one counts in none). It *leads* a rival when the ratio of the
+two, with its interval (harness.records.speedup: over the rounds' pairs where there are
+enough, else over every measurement), is "faster"; rivals it does not lead are listed as
+indistinguishable from it here, and its ratio over the baseline is kept
+(`versus_baseline`). Where it does not lead every rival, or the baseline, at this n,
+and `more()` says time is left, further rounds (of the best, those it does not lead and
+the baseline while that is open) measure windows `longer` times as long, up to
+MAX_EXTRA_ROUNDS.
 
 A study of time to a target loss (objective time_to_loss) is ranked by time to target
 instead, lowest median first: each round's record is that configuration's steps to
 target, taken from the cache (the maths has not changed), times the step time that
 round measured. Its spread also covers the seeds' (the fastest and the slowest seed's
 steps times each measured step time), so two configurations whose seeds overlap are
-not told apart by the step time alone. The decision is kept in the Optuna
+not told apart by the step time alone (the rule there stays the spread: the seeds'
+spread is not a measurement's noise, and an interval over measurements would miss
+it). The decision is kept in the Optuna
 study's user attribute "best_by_repeats" (TunerState.best_trial reads it) and in
 study.json.
 """
@@ -30,15 +37,19 @@ study.json.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.records.pooled import config_key, in_time_order, measurement_of
 from harness.records.predicates import may_be_best, ranked
+from harness.records.speedup import FASTER, Ratio, ratio
 from harness.records.tags import tags_of
 from harness.tune.final.extra_trial import attempt_id, run_extra
 from harness.tune.tuner_state import BEST_BY_REPEATS, TunerState
 
 MAX_CONTENDERS = 4
+MAX_EXTRA_ROUNDS = 6  # rounds beyond those asked for, where the verdict is still open
 KEY = BEST_BY_REPEATS
 # what the rounds compare, by objective: the record's figure, and whether lower is better
 FIGURES = {"throughput": ("samples_per_s", False), "time_to_loss": ("time_to_target_s", True)}
@@ -64,6 +75,8 @@ class Standing:
     trial_id: str
     values: list[float] = field(default_factory=list)  # one per measurement
     seeds: list[float] = field(default_factory=list)  # time to target: each one's seeds'
+    pairs: list[Hashable | None] = field(default_factory=list)  # each value's round, if any
+    windows: list[float] = field(default_factory=list)  # the measured windows, seconds
 
     @property
     def median(self) -> float:
@@ -86,6 +99,10 @@ class Decision:
     baseline_id: str | None = None
     objective: str = "throughput"  # or "time_to_loss": the medians are seconds to target
     baseline_within_spread: bool = False  # the best does not lead the baseline beyond it
+    # throughput: the best over the baseline (harness.records.speedup.Ratio, as a dict)
+    versus_baseline: dict[str, Any] | None = None
+    rounds: int = 0  # the confirmation rounds that ran
+    window_s: list[float] | None = None  # the shortest and longest window measured
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +127,10 @@ def contenders(records: list[dict[str, Any]], margin: float, budget_bytes: float
 
 def standings(records: list[dict[str, Any]], ids: list[str],
               by: str = "throughput") -> dict[str, Standing]:
-    """Each trial's measurements: its own (if quiet) and its confirmation rounds'."""
+    """Each trial's measurements: its own (if quiet) and its confirmation rounds'; for
+    throughput, every quiet measurement of its configuration (harness.records.pooled)."""
+    if by == "throughput":
+        return _pooled(records, ids)
     out = {i: Standing(i) for i in ids}
     for r in records:
         tags = tags_of(r)
@@ -119,22 +139,50 @@ def standings(records: list[dict[str, Any]], ids: list[str],
             continue
         if tags.get("phase") == "confirm" or str(r["trial_id"]) == of:
             out[of].values.append(figure(r, by))
-            if by == "time_to_loss":
-                out[of].seeds.extend(seed_times(r))
+            out[of].seeds.extend(seed_times(r))
     return out
 
 
+def _pooled(records: list[dict[str, Any]], ids: list[str]) -> dict[str, Standing]:
+    out = {i: Standing(i) for i in ids}
+    keys: dict[str, str] = {}  # configuration -> the contender's id
+    for r in records:
+        if str(r["trial_id"]) in out:
+            keys.setdefault(config_key(r.get("plan")), str(r["trial_id"]))
+    for at, r in enumerate(in_time_order(records)):
+        m = measurement_of(r, at)
+        of = (str((tags_of(r).get("confirm") or {}).get("of", "")) or
+              keys.get(config_key(r.get("plan"))))
+        if m is not None and of in out:
+            out[of].values.append(m.value)
+            out[of].pairs.append(m.pair)
+            if m.window_s:
+                out[of].windows.append(m.window_s)
+    return out
+
+
+def versus(a: Standing, b: Standing) -> Ratio:
+    """a over b (throughput), with its interval and verdict."""
+    return ratio(a.values, b.values, a.pairs or None, b.pairs or None)
+
+
 def decide(table: dict[str, Standing], baseline_id: str | None,
-           by: str = "throughput") -> Decision | None:
+           by: str = "throughput", named: str | None = None) -> Decision | None:
+    """The best of `table` (or the one `named` already, its figures anew) and whom it
+    does not lead."""
     # The baseline is a configuration too: where it leads, it is the best (a study
     # that found nothing faster says so rather than naming a slower configuration).
     rivals = {i: s for i, s in table.items() if s.values}
     if not any(i != baseline_id for i in rivals):
         return None
     sign = -1 if FIGURES[by][1] else 1  # the best has the highest sign x median
-    lead = max(rivals.values(), key=lambda s: sign * s.median)
+    lead = rivals.get(str(named)) or max(rivals.values(), key=lambda s: sign * s.median)
 
     def within(s: Standing) -> bool:
+        if s is lead:
+            return True
+        if by == "throughput":  # the interval decides (harness.records.speedup)
+            return versus(lead, s).verdict != FASTER
         return abs(lead.median - s.median) <= max(lead.spread, s.spread)
 
     close = [i for i, s in rivals.items()
@@ -142,9 +190,13 @@ def decide(table: dict[str, Standing], baseline_id: str | None,
     summary = {i: _summary(s) for i, s in table.items() if s.values}
     base = table.get(baseline_id) if baseline_id is not None else None
     measured_base = base is not None and bool(base.values)
+    against = (versus(lead, base).as_dict() if by == "throughput" and measured_base
+               and base is not lead else None)
+    windows = [w for s in rivals.values() for w in s.windows]
     return Decision(lead.trial_id, lead.median, len(lead.values), sorted(close, key=str),
                     summary, _summary(base) if measured_base else None, baseline_id, by,
-                    measured_base and within(base))
+                    measured_base and within(base), against,
+                    window_s=[min(windows), max(windows)] if windows else None)
 
 
 def _summary(s: Standing) -> dict[str, Any]:
@@ -154,10 +206,13 @@ def _summary(s: Standing) -> dict[str, Any]:
     return out
 
 
-def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float = 1.0) -> str:
+def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float = 1.0,
+                     more: Callable[[int], bool] | None = None) -> str:
     """Measure the contenders again (`repeats` rounds; budget.confirm_repeats by default)
     and name the best; returns how it ended, in words. Rounds beyond
-    budget.confirm_repeats measure windows `longer` times each contender's own."""
+    budget.confirm_repeats measure windows `longer` times each contender's own. Where
+    the verdict is still open after them, further rounds run while `more(trials)` says
+    that many more trials fit (at most MAX_EXTRA_ROUNDS)."""
     budget = ctx.study.budget
     repeats = budget.confirm_repeats if repeats is None else repeats
     by = ranked_by(ctx.study.objectives)
@@ -176,28 +231,72 @@ def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float 
         picked.append(baseline)
     params = {str(r["trial_id"]): _params_of(ctx, r) for r in picked}
     recorded = {str(r["trial_id"]): r for r in records}
-    ended = "done"
-    for rnd in range(repeats):
-        for of, p in params.items():
-            trial_id = f"confirm-{of}-{rnd}"
-            run_id = attempt_id(recorded, trial_id) if p is not None else None
-            if run_id is None:
-                continue
-            if ctx.clock.left() <= 0:
-                ended = "time: the deadline came before every round ran"
-                break
-            window = None
-            if rnd >= budget.confirm_repeats and longer > 1:
-                window = longer * window_s(recorded.get(of))
-            run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
-                      window_s=window or None)
-        if ended != "done":
-            break
     base_id = str(baseline["trial_id"]) if baseline is not None else None
+    ended, rnd = "done", 0
+    while ended == "done":
+        if rnd >= repeats:  # the rounds asked for ran: more only where the verdict is open
+            decision = decide(standings(ctx.run.store.records(), list(params), by), base_id, by)
+            still = open_question(decision, base_id) if by == "throughput" else []
+            if not still or more is None or rnd >= repeats + MAX_EXTRA_ROUNDS:
+                break
+            if not more(len(still)):
+                ended = "done; the verdict is still open, and no time is left for more rounds"
+                break
+            ctx.on_event("note", {"text": f"round {rnd + 1}: the confirmation cannot yet "
+                                          f"separate trial(s) {', '.join(still)}"})
+        else:
+            still = list(params)
+        ended = _round(ctx, {i: params[i] for i in still}, rnd, recorded,
+                       longer if rnd >= budget.confirm_repeats else 1.0)
+        rnd += 1
     decision = decide(standings(ctx.run.store.records(), list(params), by), base_id, by)
     if decision is not None:
+        decision.rounds = rnd
         ctx.optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended
+
+
+def refreshed(decision: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stored throughput decision with every measurement since (the ablation's) pooled
+    in: the same best, its figures and ratios anew, so the summary gives one figure per
+    configuration. A time-to-target decision is returned as it is."""
+    if decision.get("objective", "throughput") != "throughput":
+        return decision
+    base = decision.get("baseline_id")
+    new = decide(standings(records, list(decision["standings"])),
+                 None if base is None else str(base), named=str(decision["best"]))
+    if new is None:
+        return decision
+    new.rounds = decision.get("rounds", 0)
+    return new.as_dict()
+
+
+def open_question(decision: Decision | None, baseline_id: str | None) -> list[str]:
+    """The trial ids a further round should measure: the best, the rivals it does not
+    lead, and the baseline where it does not lead that either (none when all is said)."""
+    if decision is None:
+        return []
+    vs = decision.versus_baseline
+    base_open = vs is not None and vs["verdict"] != FASTER
+    if not decision.indistinguishable and not base_open:
+        return []
+    ids = [decision.best, *decision.indistinguishable]
+    return ids + ([baseline_id] if base_open and baseline_id not in ids else [])
+
+
+def _round(ctx: TunerState, params: dict[str, dict[str, Any] | None], rnd: int,
+           recorded: dict[str, dict[str, Any]], longer: float) -> str:
+    """One round: each configuration in `params` measured once, in order."""
+    for of, p in params.items():
+        run_id = attempt_id(recorded, f"confirm-{of}-{rnd}") if p is not None else None
+        if run_id is None:
+            continue
+        if ctx.clock.left() <= 0:
+            return "time: the deadline came before every round ran"
+        window = longer * window_s(recorded.get(of)) if longer > 1 else None
+        run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
+                  window_s=window or None)
+    return "done"
 
 
 def window_s(record: dict[str, Any] | None) -> float:

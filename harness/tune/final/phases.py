@@ -5,7 +5,10 @@ When the search ended early (converged, or its space measured) the time it did n
 need goes, in a budget of an hour or more, first to the best's variants (the
 precisions and compile modes the space left out, harness.tune.final.variants), then
 to more confirmation rounds, those beyond budget.confirm_repeats with windows
-LONGER_WINDOW times as long (less noise on the figures that name the best).
+LONGER_WINDOW times as long (less noise on the figures that name the best). In any
+budget, where the rounds asked for leave the verdict open (the best not told apart from
+a rival or from the baseline at this n), further rounds of those run while they fit
+beside the ablation (`extra_round_fits`), up to confirmation.MAX_EXTRA_ROUNDS.
 
 Of the workers sharing a study, the one holding the study's claim (the storage's
 user attribute "ablation_owner") runs them; `--resume` takes the claim over.
@@ -64,7 +67,9 @@ def run_final_phases(ctx: TunerState, take_over: bool, say: Callable[[str], None
                 if rounds > budget.confirm_repeats else "")
         say("the contenders for the best measured again, in rounds" + more)
         began = time.time()
-        say(f"confirmation: {run_confirmation(ctx, rounds, longer=LONGER_WINDOW)}")
+        ended = run_confirmation(ctx, rounds, longer=LONGER_WINDOW,
+                                 more=lambda trials: extra_round_fits(ctx, trials))
+        say(f"confirmation: {ended}")
         spent["confirmation"] = time.time() - began
     say("ablation of the best configuration")
     began = time.time()
@@ -82,6 +87,24 @@ def variant_fits(ctx: TunerState) -> bool:
     return ctx.clock.left() >= MARGIN * each * (1 + final_trials(ctx, records))
 
 
+def extra_round_fits(ctx: TunerState, trials: int) -> bool:
+    """Whether a further confirmation round of `trials` trials, with LONGER_WINDOW times
+    longer windows, fits in the time left beside the ablation."""
+    budget = ctx.study.budget
+    records = ctx.run.store.records()
+    each = trial_seconds(records)
+    if each is None:
+        return False
+    ablation = MARGIN * each * budget.ablation_repeats * ablation_round_trials(ctx)
+    return ctx.clock.left() - ablation >= MARGIN * _longer_trial_s(records, each) * trials
+
+
+def _longer_trial_s(records: list, each: float) -> float:
+    """A trial's seconds when its window is LONGER_WINDOW times as long."""
+    seconds = [window_s(r) for r in records if r["status"] == "ok" and window_s(r)]
+    return each + (LONGER_WINDOW - 1) * (statistics.median(seconds) if seconds else 0.0)
+
+
 def rounds_that_fit(ctx: TunerState) -> int:
     """Confirmation rounds that fit the time left beside the ablation, from
     budget.confirm_repeats to MAX_ROUNDS."""
@@ -94,8 +117,7 @@ def rounds_that_fit(ctx: TunerState) -> int:
     ablation = MARGIN * each * budget.ablation_repeats * ablation_round_trials(ctx)
     left = ctx.clock.left() - ablation - MARGIN * each * per_round * budget.confirm_repeats
     # the rounds beyond confirm_repeats measure LONGER_WINDOW times as long a window
-    seconds = [window_s(r) for r in records if r["status"] == "ok" and window_s(r)]
-    longer = each + (LONGER_WINDOW - 1) * (statistics.median(seconds) if seconds else 0.0)
+    longer = _longer_trial_s(records, each)
     fit = budget.confirm_repeats + int(max(0.0, left) // (MARGIN * longer * per_round))
     return max(budget.confirm_repeats, min(MAX_ROUNDS, fit))
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from harness.records.predicates import busy_note
 from harness.records.tags import tags_of
+from harness.records.verdict import SAME, StudyVerdict, study_verdict
+from harness.tune.final.confirmation import refreshed
 from harness.tune.final.summary import (
     ablation_table,
     confirmation_text,
@@ -15,6 +17,7 @@ from harness.tune.final.summary import (
     table,
     tf32_line,
     variants_table,
+    verdict_text,
     write_best,
 )
 from harness.tune.final.variants import VARIANTS_KEY
@@ -51,12 +54,17 @@ def write_results(ctx: TunerState, stopped: str,
     baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"),
                     None)
     decision = confirmed_decision(ctx, best_id)
+    # one figure per configuration, and the ratios with their intervals (throughput)
+    verdict = (study_verdict(records, best_id, baseline and baseline["trial_id"])
+               if "throughput" in study.objectives else None)
     rate = None
     if best is not None:
         if "throughput" in study.objectives:
             rate = best.values[study.objectives.index("throughput")]
             rate = decision["median"] if decision else rate
-        write_best(store, study.name, best_id, best.user_attrs["plan"], rate)
+            rate = verdict.best.median if verdict and verdict.best else rate
+        write_best(store, study.name, best_id, best.user_attrs["plan"], rate,
+                   *_best_comment(verdict, "throughput" in study.objectives))
     store.update_info(
         finished_at=now(), best_trial_id=best_id,
         baseline_trial_id=baseline["trial_id"] if baseline else None,
@@ -64,6 +72,7 @@ def write_results(ctx: TunerState, stopped: str,
         wall_clock_s=round(clock.elapsed(), 1),
         calibration=ctx.correction().as_dict(),  # study.json's key
         best_by_repeats=decision,
+        verdict=verdict.as_dict() if verdict else None,  # harness.records.verdict
         variants=_user_attr(ctx, VARIANTS_KEY),
         time_spent={k: round(v, 1) for k, v in (spent or {}).items()},
     )
@@ -75,21 +84,30 @@ def write_results(ctx: TunerState, stopped: str,
         parts = [f"{name} {v:.0f} s" for name, v in spent.items()]
         unused = max(clock.left(), 0.0)
         print(f"time: {', '.join(parts)}; {unused:.0f} s of the budget unused")
-    if decision:
-        print(confirmation_text(decision))
+    said = verdict_text(verdict) if verdict else ""
+    if said:
+        print(said)
+    if decision:  # its figures with the ablation's measurements pooled in
+        print(confirmation_text(_agreeing(refreshed(decision, records), verdict)))
     else:
         base_rate = baseline and (baseline.get("metrics") or {}).get("samples_per_s")
-        if rate and base_rate:
+        r = verdict.versus_baseline if verdict else None
+        if r is not None and verdict is not None and verdict.best is not None:
+            print(f"best: trial {best_id}, {verdict.best.text()}, {r.estimate:.2f}x the strict "
+                  f"fp32 baseline (TF32 off; trial {baseline['trial_id']}; {r.interval}, "
+                  f"{r.basis}): {verdict.verdict}")
+        elif rate and base_rate:
             print(f"best: trial {best_id}, {rate / base_rate:.2f}x the strict fp32 baseline "
                   f"(TF32 off; trial {baseline['trial_id']}; one measurement each)")
-    over_tf32 = tf32_line(records, baseline, (decision or {}).get("median") or rate)
+    over_tf32 = tf32_line(records, baseline, (decision or {}).get("median") or rate,
+                          verdict.best if verdict else None)
     if over_tf32 and (decision or {}).get("objective") != "time_to_loss":
         print(over_tf32)
     if best_id is not None:
         text = ablation_table(records, best_id)
         if text:
             print(text)
-        text = variants_table(records, (decision or {}).get("median") or rate)
+        text = variants_table(records, rate)
         if text:
             print(text)
         print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")
@@ -104,3 +122,24 @@ def write_results(ctx: TunerState, stopped: str,
               "(each record's reason says why)", file=sys.stderr)
     print(f"records: {store.trials_jsonl}")
     return best_id is not None
+
+
+def _best_comment(verdict: StudyVerdict | None, throughput: bool) -> tuple[Any, str]:
+    """best.toml's figure (the pooled one) and its ratio over the baseline, in words."""
+    if verdict is None or not throughput:
+        return None, ""
+    r = verdict.versus_baseline
+    against = (f"{r.estimate:.2f}x ({r.interval}, {r.basis}): {verdict.verdict}"
+               + (" (held back: no technique is beyond the noise)" if verdict.held_back
+                  else "") if r else "")
+    return verdict.best, against
+
+
+def _agreeing(decision: dict[str, Any], verdict: StudyVerdict | None) -> dict[str, Any]:
+    """The decision as the summary prints it: where the study's verdict held the lead
+    back (no technique beyond the noise), its ratio over the baseline says so too."""
+    vs = decision.get("versus_baseline")
+    if not vs or verdict is None or not verdict.held_back:
+        return decision
+    return {**decision, "versus_baseline": {
+        **vs, "verdict": f"{SAME} (held back: the ablation finds no technique beyond the noise)"}}

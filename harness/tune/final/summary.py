@@ -7,9 +7,12 @@ from typing import Any
 
 from harness.core.plan import Plan
 from harness.core.units import format_bytes, format_rate, format_seconds
+from harness.records.pooled import Pooled, compare, config_key, pool
 from harness.records.predicates import busy_note, may_be_best, ranked
 from harness.records.run_store import RunStore, write_atomic
+from harness.records.speedup import NOISE_THRESHOLD, Ratio
 from harness.records.tags import VARIANT, tags_of
+from harness.records.verdict import StudyVerdict, techniques
 from harness.tune.final.ablation import ablation_rows
 from harness.tune.progress import describe_plan
 
@@ -37,26 +40,40 @@ def pareto(rows: list[dict[str, Any]]) -> set[Any]:
 
 def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
           memory_budget: float | None = None) -> str:
-    """The measured configurations, fastest first; `!` marks one whose peak was over
-    `memory_budget`, `~` one measured while the machine was busy (they ran, but are
-    never the best)."""
+    """The measured configurations, fastest first, each by its one figure: the median
+    of every quiet measurement of it, in any phase (harness.records.pooled), and their
+    n; `!` marks one whose peak was over `memory_budget`, `~` one measured while the
+    machine was busy (they ran, but are never the best)."""
     rows = ranked(records)
+    pools = pool(records)
+
+    def pooled(r: dict[str, Any]) -> Pooled | None:
+        return pools.get(config_key(r.get("plan")))
+
+    if not any(r["metrics"].get("time_to_target_s") for r in rows):  # throughput: by pool
+        rows.sort(key=lambda r: -(p.median if (p := pooled(r)) else
+                                  r["metrics"].get("samples_per_s") or 0))
     front = pareto(rows) if multi else set()
     busy = {r["trial_id"] for r in rows if busy_note(r)}
     over = {r["trial_id"] for r in rows if not may_be_best(r, memory_budget)} - busy
-    lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'step':>10} "
+    lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'n':>3} {'step':>10} "
              f"{'peak mem':>11} {'predicted':>11}  configuration"]
     for i, r in enumerate(rows[:top], start=1):
         m, p = r["metrics"], r.get("predicted") or {}
         mark = ("!" if r["trial_id"] in over else "~" if r["trial_id"] in busy
                 else "*" if r["trial_id"] in front else " ")
+        figure = pooled(r)
         lines.append(
             f"{i:>3}{mark} {r['trial_id']!s:>8}  {r['tags'].get('phase', ''):<10} "
-            f"{format_rate(m.get('samples_per_s'), ''):>12} "
+            f"{format_rate(figure.median if figure else m.get('samples_per_s'), ''):>12} "
+            f"{figure.n if figure else 1:>3} "
             f"{format_seconds((m.get('step_time_s') or {}).get('median')):>10} "
             f"{format_bytes(m.get('peak_memory_bytes')):>11} "
             f"{format_bytes(p.get('calibrated_peak_memory_bytes')):>11}  "
             f"{describe_plan(r['plan'])}{_to_target(m)}")
+    if rows:
+        lines.append("  samples/s: the median of every quiet measurement of the configuration "
+                     "(search, rounds, ablation, variants), n of them")
     if multi:
         lines.append("  * on the Pareto front of throughput and peak memory")
     if over & {r["trial_id"] for r in rows[:top]}:
@@ -73,36 +90,86 @@ def status_counts(records: list[dict[str, Any]]) -> str:
 
 
 def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
+    """The ablation of trial `of`: each configuration's pooled figure, and what each
+    technique bought (the best over the configuration without it, with its interval)."""
     rows = ablation_rows(records, of)
     if not rows:
         return ""
-    lines = [f"ablation of trial {of} (samples/s over repeats: median [min, max], n):"]
+    pools = pool(records)
+    best = next((pools.get(config_key(r.get("plan"))) for r in records
+                 if str(r.get("trial_id")) == str(of)), None)
+    effects = {t.name: t for t in techniques(records, str(of), best, pools)}
+    lines = [f"ablation of trial {of} (samples/s, every measurement of each configuration "
+             "pooled: median [min, max], n; what a technique bought: the best over the "
+             "configuration without it)"]
+    if best is not None:
+        lines.append(f"  {'the best itself':<24} {_figure(best)}")
     for row in rows:
-        name = "the best itself" if row["without"] is None else f"without {row['without']}"
-        if row["median"] is None:
-            lines.append(f"  {name:<24} {', '.join(row['statuses'])}")
-        else:
-            lines.append(f"  {name:<24} {row['median']:.4g} [{row['min']:.4g}, "
-                         f"{row['max']:.4g}], n={row['n']}")
+        if row["without"] is None:
+            continue
+        name = f"without {row['without']}"
+        t = effects.get(str(row["without"]))
+        if t is None or t.without is None:
+            lines.append(f"  {name:<24} {', '.join(row['statuses'])}: needed, the "
+                         "configuration did not run without it")
+            continue
+        bought = f"  {row['without']}: {t.ratio.text()}" if t.ratio else ""
+        lines.append(f"  {name:<24} {_figure(t.without)}{bought}")
+    return "\n".join(lines)
+
+
+def _figure(p: Pooled) -> str:
+    return f"{p.median:.4g} [{p.lo:.4g}, {p.hi:.4g}], n={p.n}"
+
+
+def verdict_text(v: StudyVerdict) -> str:
+    """The study's verdict (harness.records.verdict), its headline first: what the best
+    is worth against the baseline, what that rests on, and drift where there was some."""
+    head = v.headline()
+    if not head:
+        return ""
+    lines = [head]
+    if v.best is not None and v.baseline is not None and not v.same_configuration:
+        lines.append(f"  best, trial {v.best_id}: {v.best.text()}; strict fp32 baseline, "
+                     f"trial {v.baseline_id}: {v.baseline.text()} (every quiet measurement "
+                     "of each configuration, any phase)")
+    r = v.versus_baseline
+    if r is not None:
+        windows = [w for p in (v.best, v.baseline) if p and p.windows for w in p.windows]
+        span = (f", windows of {min(windows):.3g}-{max(windows):.3g} s" if windows else "")
+        lines.append(f"  the verdict rests on {r.basis}{span}; {r.method_text}, "
+                     f"noise threshold {NOISE_THRESHOLD:.0%} (docs/measuring.md)")
+    if v.drift is not None and v.drift.named:
+        lines.append("  " + v.drift.text())
     return "\n".join(lines)
 
 
 def variants_table(records: list[dict[str, Any]], best_rate: float | None) -> str:
     """The best's variants (harness.tune.final.variants): each one's samples/s against the
-    best's, and the settings worth adding to the study's space."""
+    best's pooled figure, with its interval, and the settings worth adding to the space."""
     from harness.tune.final.variants import variant_rows
 
     of = next((str(tags_of(r)["variant"]["of"]) for r in records
                if tags_of(r).get("phase") == VARIANT), None)
     if of is None:
         return ""
-    lines = [f"variants of trial {of}, settings the search left out (one measurement each):"]
+    pools = pool(records)
+    by_id = {str(r.get("trial_id")): r for r in records}
+    best = pools.get(config_key(by_id[of].get("plan"))) if of in by_id else None
+    lines = [f"variants of trial {of}, settings the search left out (measured once each; "
+             "against the best's pooled figure):"]
     faster = []
     for row in variant_rows(records, of):
         rate = row["samples_per_s"]
-        if row["status"] == "ok" and rate and best_rate:
+        mine = pools.get(config_key(by_id[str(row["trial_id"])].get("plan")))
+        if row["status"] == "ok" and rate and mine is not None and best is not None:
+            r = compare(mine, best)
+            lines.append(f"  {row['change']:<40} {mine.median:.4g} samples/s, {r.text()}")
+            if mine.median > best.median:
+                faster.append(row["change"])
+        elif row["status"] == "ok" and rate and best_rate:
             lines.append(f"  {row['change']:<40} {rate:.4g} samples/s, "
-                         f"{rate / best_rate:.2f}x the best")
+                         f"{rate / best_rate:.2f}x the best (one measurement)")
             if rate > best_rate:
                 faster.append(row["change"])
         else:
@@ -138,19 +205,30 @@ def confirmation_text(decision: dict[str, Any]) -> str:
                                          else decision["median"] / base["median"])
     speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the strict fp32 "
              "baseline's median (TF32 off)" if ratio else "")
+    vs = decision.get("versus_baseline")
+    if vs:  # throughput: the interval and the verdict (harness.records.speedup)
+        r = Ratio(**vs)
+        speed = (f", {r.estimate:.2f}x the strict fp32 baseline (TF32 off; {r.interval}, "
+                 f"{r.basis}): {r.verdict}")
     if str(decision["best"]) == str(decision.get("baseline_id")):
         speed = (": the strict fp32 baseline itself; no configuration measured was "
                  f"{'sooner to the target' if timed else 'faster'}")
-    elif ratio and decision.get("baseline_within_spread"):
+    elif ratio and decision.get("baseline_within_spread") and not vs:
         speed += (f" (within the spread of the measurements{' and seeds' if timed else ''}: "
                   "a lead this machine did not show beyond its noise)")
     lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} {unit} median "
                  f"over {decision['n']} measurements{speed}")
     close = ", ".join(map(str, decision["indistinguishable"]))
+    rule = ("the medians' gap is within the spread of the measurements and seeds" if timed
+            else "its ratio over each is not distinguishable at this n" if vs or not base
+            else "the medians' gap is within the spread of the measurements")
     if close:
-        lines.append(f"  indistinguishable from it here (the medians' gap is within the spread "
-                     f"of the measurements{' and seeds' if timed else ''}): trial(s) {close}; "
+        lines.append(f"  indistinguishable from it here ({rule}): trial(s) {close}; "
                      f"best.toml names the {'lowest' if timed else 'highest'} median")
+    if decision.get("rounds"):
+        window = decision.get("window_s")
+        span = f", windows of {window[0]:.3g}-{window[1]:.3g} s" if window else ""
+        lines.append(f"  {decision['rounds']} confirmation round(s){span}")
     return "\n".join(lines)
 
 
@@ -173,22 +251,32 @@ def tf32_reference(records: list[dict[str, Any]], baseline: dict[str, Any] | Non
 
 
 def tf32_line(records: list[dict[str, Any]], baseline: dict[str, Any] | None,
-              best_rate: float | None) -> str:
-    """The best's speedup over fp32+TF32 where such a trial was measured, else ""."""
+              best_rate: float | None, best: Pooled | None = None) -> str:
+    """The best's speedup over fp32+TF32 where such a trial was measured, else "": over
+    the pooled figures with its interval where `best` (the best's pool) is given."""
     ref = tf32_reference(records, baseline)
     if ref is None or not best_rate:
         return ""
     ref_rate = ref["metrics"]["samples_per_s"]
+    mine = pool(records).get(config_key(ref.get("plan")))
+    if best is not None and mine is not None:
+        r = compare(best, mine)
+        return (f"  {r.estimate:.2f}x fp32+TF32 (trial {ref['trial_id']}, {mine.text()}; "
+                f"{r.interval}, {r.basis}): {r.verdict}")
     return (f"  {best_rate / ref_rate:.2f}x fp32+TF32 (trial {ref['trial_id']}, "
             f"{ref_rate:.4g} samples/s; one measurement)")
 
 
 def write_best(store: RunStore, study_name: str, trial_id: Any, plan: dict[str, Any],
-               rate: float | None) -> None:
+               rate: float | None, figure: Pooled | None = None, against: str = "") -> None:
+    """best.toml, its comment naming the best's figure: `figure` (every measurement of its
+    configuration, pooled) where given, and `against`, its ratio over the baseline."""
     best = Plan.from_dict(plan).replace(name=f"{study_name}-best")
-    head = (f"# The best configuration of study {study_name}: trial {trial_id}"
-            + (f", {format_rate(rate, 'samples/s')}" if rate else "") + ".\n"
-            f"# Re-run it: harness bench {store.best_toml}\n")
+    said = (f", {figure.text()} (every quiet measurement of this configuration, pooled)"
+            if figure is not None else f", {format_rate(rate, 'samples/s')}" if rate else "")
+    head = (f"# The best configuration of study {study_name}: trial {trial_id}{said}.\n"
+            + (f"# Against the strict fp32 baseline: {against}\n" if against else "")
+            + f"# Re-run it: harness bench {store.best_toml}\n")
     write_atomic(store.best_toml, head + best.to_toml())
 
 

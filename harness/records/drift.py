@@ -1,0 +1,71 @@
+"""Did the machine drift? Measurements late in a study against early ones.
+
+A configuration measured several times should give the same figure early and late; when
+the machine itself changes (thermal limits, a neighbour's load, a clock that ramps
+down), the late measurements move beyond the early ones' spread. Each configuration
+measured twice or more is taken against its own median (so configurations of different
+speeds pool), the study's measurements are split at their middle in time, and the late
+half is compared with the early half by the method of harness.records.speedup: drift is
+named when the interval of late over early lies beyond the noise threshold.
+
+Drift touches every comparison between figures taken at different times: those of a
+configuration measured only early or only late against the rest most; the pairs of the
+interleaved rounds least (both members of a pair share the moment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.records.pooled import Pooled
+from harness.records.speedup import SAME, Ratio, ratio
+
+MIN_EACH_HALF = 4  # fewer than 4 + 4 measurements: no interval reaches 95%
+
+
+@dataclass
+class Drift:
+    late_over_early: Ratio
+    early_only: list[str] = field(default_factory=list)  # a trial id per configuration
+    late_only: list[str] = field(default_factory=list)
+
+    @property
+    def named(self) -> bool:
+        return self.late_over_early.verdict != SAME
+
+    def text(self) -> str:
+        r = self.late_over_early
+        way = "faster" if r.estimate > 1 else "slower"
+        out = (f"the machine drifted: measurements in the second half of the study ran "
+               f"{r.estimate:.2f}x the first half's ({r.interval}; each configuration against "
+               f"its own median), {way} late")
+        touched = [f"measured only early: trial(s) {', '.join(self.early_only)}"] * bool(
+            self.early_only) + [f"measured only late: trial(s) {', '.join(self.late_only)}"
+                                ] * bool(self.late_only)
+        out += ("; it touches the figures compared across that time"
+                + (f" ({'; '.join(touched)})" if touched else "")
+                + ", less the interleaved rounds' pairs")
+        return out
+
+
+def drift(pools: dict[str, Pooled]) -> Drift | None:
+    """Late over early across the study (None: too few repeated measurements to tell)."""
+    moments = sorted(m.at for p in pools.values() for m in p.measurements)
+    if not moments:
+        return None
+    middle = moments[(len(moments) - 1) // 2]  # the early half ends here
+    early, late = [], []
+    early_only, late_only = [], []
+    for p in pools.values():
+        if p.n < 2:  # a figure of one measurement has no early and late of its own
+            continue
+        first = p.measurements[0].trial_id
+        if all(m.at <= middle for m in p.measurements):
+            early_only.append(first)
+        elif all(m.at > middle for m in p.measurements):
+            late_only.append(first)
+        for m in p.measurements:
+            (early if m.at <= middle else late).append(m.value / p.median)
+    if min(len(early), len(late)) < MIN_EACH_HALF:
+        return None
+    return Drift(ratio(late, early), early_only, late_only)

@@ -1,0 +1,66 @@
+"""Issue 38's study (tests/fixtures/issue38-quickstart, made from the issue's table): the
+tuner's summary, the report and `harness compare` tell one story. Its search alone said
+1.11x and its ablation -0.6%; pooled, every output says not distinguishable, with the
+same interval. Nothing here runs or times a trial."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from harness.records.verdict import study_verdict
+from harness.tune.final.summary import ablation_table, table, verdict_text
+from reports.compare import build_compare, ratio_lines
+from reports.effects import technique_effects
+from reports.headline import headline
+from reports.load import load_run
+from reports.report import build_report
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "issue38-quickstart"
+INTERVAL = "1.06x (95% interval [0.95, 1.16], 5 and 5 measurements)"
+SAME = "not distinguishable at this n"
+
+
+def records() -> list[dict]:
+    return [json.loads(line) for line in (FIXTURE / "trials.jsonl").read_text().splitlines()]
+
+
+def test_the_summary_says_not_distinguishable_first_and_the_ablation_agrees():
+    recs = records()
+    said = verdict_text(study_verdict(recs, 13, 0))
+    assert said.startswith("The best configuration is not distinguishable from the strict "
+                           f"fp32 baseline at this n: {INTERVAL}.")
+    assert "80.22 samples/s median [73.7, 85.08], n=5" in said
+    assert "75.52 samples/s median [69.26, 83.54], n=5" in said
+    assert "windows of" in said and "noise threshold 2%" in said
+    ablation = ablation_table(recs, 13)
+    assert f"fused: {INTERVAL}: {SAME}" in ablation
+    assert "without fused            75.52 [69.26, 83.54], n=5" in ablation
+    # the ranked table gives each configuration its pooled figure and n
+    rows = table(recs, multi=False).splitlines()
+    assert "80.22" in rows[1] and rows[1].split()[4] == "5"
+
+
+def test_the_report_and_its_ablation_agree():
+    run = load_run(FIXTURE)
+    h = headline(run)
+    assert h.verdict.startswith("The best configuration is not distinguishable from the "
+                                "strict fp32 baseline at this n")
+    (fused,) = technique_effects(run).items
+    assert fused.speedup == h.speedup and (fused.speedup_lo, fused.speedup_hi) == (
+        h.study.versus_baseline.lo, h.study.versus_baseline.hi)
+    assert fused.clear is False and fused.verdict.endswith(SAME)
+    page = build_report(run)
+    assert INTERVAL in page and "Mann-Whitney interval" in page
+    assert "1.11" not in h.verdict  # the search's lone figure is no longer the headline
+
+
+def test_compare_gives_the_ratio_of_two_studies_an_interval(tmp_path):
+    other = tmp_path / "again"
+    shutil.copytree(FIXTURE, other)
+    page = build_compare([load_run(FIXTURE), load_run(other)])
+    assert "1.00x (95% interval" in page and SAME in page
+    assert "n=5" in page
+    (line,) = ratio_lines([load_run(FIXTURE), load_run(other)])
+    assert "best over quickstart" in line and line.endswith(SAME)
