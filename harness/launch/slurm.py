@@ -23,9 +23,12 @@ Here, in the caller's process, the launcher waits for the job and:
 - cancels it when the caller is interrupted (Ctrl-C, or SIGTERM while a job is out),
   and leaves it queued never.
 
-The record gets tags["cluster"]: the launcher, job id, node list, partition, queue
-wait (not in the trial's duration_s) and the jobs tried; the job's stdout and
-stderr are copied into the trial's logs/ (slurm-<job>-<task>.out/.err).
+The record gets tags["cluster"]: the launcher, job id, node list, each node's name
+and each rank's node, partition, queue wait (not in the trial's duration_s) and the
+jobs tried; the job's stdout and stderr are copied into the trial's logs/
+(slurm-<job>-<task>.out/.err), beside each node's rank logs (logs/node<K>/). A trial
+of several nodes that failed or hung is told from every node's logs (harness.launch.
+slurm_nodes): the rank that failed first on any node, or where each rank was stopped.
 
 The job in flight is written down (slurm/job.json in the trial's folder) as soon as
 it is submitted, so a caller killed meanwhile loses nothing: `rejoin` waits for that
@@ -53,6 +56,7 @@ from harness.core.cluster import JOB_MARGIN_S, ClusterSpec
 from harness.core.errors import HarnessError
 from harness.core.prepared import PreparedPlan
 from harness.launch import procs
+from harness.launch import slurm_nodes as nodes
 from harness.launch import slurm_queue as queue
 from harness.launch.launcher import Launcher
 from harness.launch.slurm_record import (
@@ -91,6 +95,12 @@ class SlurmLauncher(Launcher):
 
     def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
                **kwargs: Any) -> TrialResult:
+        # A study of layout.nnodes > 1 gives every trial its nodes and an endpoint for
+        # followers on them (harness.tune.recovery.follower); a job has all its nodes
+        # and meets on its first one, so only the count is kept.
+        if kwargs.get("node_rank", 0) == 0:
+            kwargs.pop("node_rank", None)
+            kwargs.pop("rdzv_endpoint", None)
         return launch(prepared, out_dir, command, cluster=self.cluster, **kwargs)
 
     def has_job(self, folder: str | Path) -> bool:
@@ -254,7 +264,12 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
                 break
     record = _record(prepared, out, job.command, job.study, job.trial_id, job.started_at,
                      attempts, job.timeout)
-    record.tags = {**record.tags, "cluster": cluster_tag(job.partition, attempts)}
+    last = attempts[-1]
+    names = nodes.node_names(nodes.read_nodes(out, last.job_id),
+                             last.info.nodes if last.info else "")
+    nodes.across_nodes(record, out, names)  # a failure or a hang, told from every node
+    record.tags = {**record.tags, "cluster": cluster_tag(
+        job.partition, attempts, names, nodes.rank_nodes(record, out, names))}
     copy_logs(out, attempts)
     record.write(out / "result.json")
     return record

@@ -76,10 +76,14 @@ def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
         command=command, started_at=started_at or None, duration_s=duration_s)
 
 
-def cluster_tag(partition: str | None, attempts: list[Attempt]) -> dict[str, Any]:
+def cluster_tag(partition: str | None, attempts: list[Attempt], node_names: list[str],
+                rank_nodes: list[str | None]) -> dict[str, Any]:
+    """tags["cluster"]: `nodes` is Slurm's node list ("n[1-2]"), `node_names` each node by
+    index, `rank_nodes` the node of each rank (harness.launch.slurm_nodes)."""
     last = attempts[-1]
     info = last.info or JobInfo("NOT_SUBMITTED")
     return {"launcher": "slurm", "job_id": last.job_id, "nodes": info.nodes,
+            "node_names": node_names, "rank_nodes": rank_nodes,
             "partition": info.partition or partition, "queue_wait_s": info.queue_wait_s,
             "state": info.state, "jobs": [a.as_tag() for a in attempts]}
 
