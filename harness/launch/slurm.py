@@ -89,9 +89,10 @@ class SlurmLauncher(Launcher):
 
     may_leave_jobs = True
 
-    def __init__(self, cluster: ClusterSpec):
+    def __init__(self, cluster: ClusterSpec, nnodes: int = 1):
         self.cluster = cluster
         self.max_jobs = cluster.max_jobs
+        self.nnodes = nnodes  # a study's layout.nnodes: every trial's job spans them
 
     def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
                **kwargs: Any) -> TrialResult:
@@ -101,6 +102,7 @@ class SlurmLauncher(Launcher):
         if kwargs.get("node_rank", 0) == 0:
             kwargs.pop("node_rank", None)
             kwargs.pop("rdzv_endpoint", None)
+        kwargs.setdefault("nnodes", self.nnodes)
         return launch(prepared, out_dir, command, cluster=self.cluster, **kwargs)
 
     def has_job(self, folder: str | Path) -> bool:
@@ -119,11 +121,12 @@ class SlurmLauncher(Launcher):
 
 
 def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
-                 trial_timeout_s: float) -> SlurmLauncher:
-    """The launcher for a study's trials, once Slurm has said it would take the largest
-    of their jobs (sbatch --test-only); else a HarnessError naming the cause."""
-    check(cluster, device_type, max(world_sizes), trial_timeout_s)
-    return SlurmLauncher(cluster)
+                 trial_timeout_s: float, nnodes: int = 1) -> SlurmLauncher:
+    """The launcher for a study's trials (each a job of `nnodes` nodes when more than
+    one), once Slurm has said it would take the largest of their jobs (sbatch
+    --test-only); else a HarnessError naming the cause."""
+    check(cluster, device_type, max(world_sizes), trial_timeout_s, nnodes)
+    return SlurmLauncher(cluster, nnodes)
 
 
 def check(cluster: ClusterSpec, device_type: str, world_size: int, timeout_s: float,
