@@ -45,7 +45,7 @@ def _saving(folder: Path, module: torch.nn.Module) -> Any:
     saved: dict[str, torch.Tensor] = {}
     path = folder / f"rank{dist.get_rank()}.pt"
 
-    def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(state, bucket):  # noqa: ANN001 (DDP refuses a bucket annotated as a string)
         params = list(bucket.parameters())
 
         def keep(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
