@@ -75,6 +75,9 @@ DEADLINE_GRACE_S = 15.0  # for a job's launcher to stop its trial at the caller'
 # How often the job's state is asked for (one squeue call): often at first, when short
 # trials end, then less, so as not to load the controller (nor a CPU trial beside it).
 POLL_S = (0.5, 5.0)
+# A controller that has not answered (squeue failing, not "no such job") for this long:
+# the job is given up (scancel tried) and recorded, so that no trial waits for ever.
+CONTROLLER_PATIENCE_S = 600.0
 
 JOB_FILE = "job.json"  # in the trial's slurm/: the jobs submitted for it (see `rejoin`)
 
@@ -306,16 +309,21 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
     job_id = attempt.job_id
     assert job_id is not None
     started: float | None = None
+    answered = time.monotonic()  # when the controller last answered
     done, pause = False, POLL_S[0]
     try:
         while True:
             info = queue.job_info(job_id)
             now = time.monotonic()
+            if info.state != "UNREACHABLE":
+                answered = now
             if started is None and info.state in ("RUNNING", "COMPLETING"):
                 started = now
             if info.over:
                 break
-            if info.state == "PENDING" and info.reason in queue.NEVER_RUNS:
+            if now - answered > CONTROLLER_PATIENCE_S:
+                attempt.stopped, attempt.why = "unreachable", info.reason
+            elif info.state == "PENDING" and info.reason in queue.NEVER_RUNS:
                 attempt.stopped, attempt.why = "never", info.reason
             elif started is not None and now > started + timeout + STARTUP_S:
                 attempt.stopped = "timeout"
@@ -325,7 +333,8 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
                 attempt.stopped, attempt.why = "pruned", reason
             if attempt.stopped:
                 queue.cancel(job_id)
-                info = queue.wait_gone(job_id)
+                if attempt.stopped != "unreachable":  # (no answer to wait for)
+                    info = queue.wait_gone(job_id)
                 break
             time.sleep(pause)
             pause = min(POLL_S[1], pause * 1.25)

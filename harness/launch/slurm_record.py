@@ -21,7 +21,8 @@ class Attempt:
 
     job_id: str | None  # None: sbatch refused it
     info: JobInfo | None = None  # as it left the queue
-    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned or never
+    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned, never or
+    # unreachable (the controller stopped answering)
     why: str | None = None  # should_stop's reason, or sbatch's refusal
     ran_s: float = 0.0  # from its start (as seen here) to its end
 
@@ -45,6 +46,10 @@ def reason_for(attempt: Attempt, timeout: float, startup_s: float,
                           "than the partition, account or QOS allow) and was cancelled; "
                           "check the [cluster] table against `sinfo` and `scontrol show "
                           "partition`")
+    if attempt.stopped == "unreachable":
+        return "failed", (f"{where} was given up: the Slurm controller stopped answering "
+                          f"(squeue: {attempt.why or 'no answer'}); scancel was tried; "
+                          "check `scontrol ping`")
     if attempt.stopped == "pruned":
         return "pruned", attempt.why or "stopped early"
     if attempt.stopped == "timeout":
