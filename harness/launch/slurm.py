@@ -271,9 +271,9 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
     record = _record(prepared, out, job.command, job.study, job.trial_id, job.started_at,
                      attempts, job.timeout)
     last = attempts[-1]
-    names = nodes.node_names(nodes.read_nodes(out, last.job_id),
-                             last.info.nodes if last.info else "")
-    nodes.across_nodes(record, out, names)  # a failure or a hang, told from every node
+    written = nodes.read_nodes(out, last.job_id)
+    names = nodes.node_names(written, last.info.nodes if last.info else "")
+    nodes.across_nodes(record, out, names, written)  # a failure or a hang, from every node
     record.tags = {**record.tags, "cluster": cluster_tag(
         job.partition, attempts, names, nodes.rank_nodes(record, out, names))}
     copy_logs(out, attempts)

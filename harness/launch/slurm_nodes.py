@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from harness.launch.verdict import STDERR_LINES
 from harness.records.result import TrialResult
 
 STACK_CHARS = 3000  # of each stopped rank's stack, in the record
+LOST_NODE_WAIT_S = 30.0  # for Slurm's word on a node whose part of the job never ended
 
 
 def node_file(job_dir: Path, job_id: str, node: int) -> Path:
@@ -103,16 +105,20 @@ def rank_nodes(record: TrialResult, out: Path, names: list[str]) -> list[str | N
     return found
 
 
-def across_nodes(record: TrialResult, out: Path, names: list[str]) -> None:
+def across_nodes(record: TrialResult, out: Path, names: list[str],
+                 nodes: list[dict[str, Any]]) -> None:
     """A failed or timed-out record of a job of several nodes, told from every node's
     logs: a failure by the rank that failed first on any node (its error, node and log
-    tail), a hang by where every rank on every node was stopped (their stacks)."""
+    tail), or else by the nodes whose part never ended (no node file: its processes
+    were killed, or the node died) with what Slurm says of them; a hang by where every
+    rank on every node was stopped (their stacks)."""
     if len(names) < 2 or record.status not in ("failed", "timeout"):
         return
     logs = [(names[k], log) for k, node in _node_logs(out, len(names)) for log in node]
     if record.status == "failed":
         cause = root_cause([log for _, log in logs])
         if cause is None or cause.is_symptom:
+            _lost_nodes(record, names, nodes)
             return
         node = next(name for name, log in logs if log is cause)
         reason = f"{cause.name} on node {node} failed: {cause.error}"
@@ -136,3 +142,44 @@ def across_nodes(record: TrialResult, out: Path, names: list[str]) -> None:
              if s["where"]]
     if where:
         record.reason = f"{record.reason}; where each rank was stopped: {'; '.join(where)}"
+
+
+def _lost_nodes(record: TrialResult, names: list[str], nodes: list[dict[str, Any]]) -> None:
+    """Name the nodes whose part of the job never ended, and Slurm's word on each."""
+    lost = [name for i, name in enumerate(names) if i not in {n["node"] for n in nodes}]
+    if not lost or not nodes:  # none lost, or none said a word (the job never ran)
+        return
+    # The job may end before Slurm has noticed a dead node (SlurmdTimeout): its verdict
+    # is waited for a little, then whatever it says is recorded.
+    give_up = time.monotonic() + LOST_NODE_WAIT_S
+    states = slurm_states(lost)
+    while time.monotonic() < give_up and not all(
+            _is_down(states.get(name, "")) for name in lost):
+        time.sleep(1.0)
+        states = slurm_states(lost)
+    said = "; ".join(f"{name}: {states.get(name) or 'Slurm says nothing of it'}"
+                     for name in lost)
+    record.metrics["lost_nodes"] = {name: states.get(name) for name in lost}
+    record.reason = (f"node {', '.join(lost)} stopped during the trial: its part of the job "
+                     f"ended without a word (its processes killed, or the node died); Slurm "
+                     f"now says {said}. What the other nodes saw: {record.reason}")
+
+
+def _is_down(state: str) -> bool:
+    return state.split(" ")[0].rstrip("*~#!%$@^-").lower() in (
+        "down", "drained", "draining", "drain", "fail", "failing")
+
+
+def slurm_states(names: list[str]) -> dict[str, str]:
+    """Slurm's state of each node, with the reason it was set down or drained
+    ("down* (Not responding)"); {} where sinfo does not answer."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N|%T|%E"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    states = {}
+    for line in done.stdout.splitlines():
+        name, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        states[name] = state + (f" ({reason})" if reason and reason != "none" else "")
+    return states

@@ -31,13 +31,14 @@ def _installed() -> bool:
 
 
 @contextlib.contextmanager
-def _cluster(folder: Path, partition: str, nodes: int) -> Iterator[str]:
+def _cluster(folder: Path, partition: str, nodes: int, **env_more: str) -> Iterator[str]:
     """A local Slurm of `nodes` nodes in `folder` (its own ports and daemons), stopped
     after; yields its SLURM_CONF."""
     if not _installed():
         pytest.skip("slurm-wlm and munge are not installed (apt-get install slurm-wlm munge; "
                     ".ci/run does): the Slurm launcher's tests need a real Slurm")
-    env = {**os.environ, "LOCAL_SLURM_DIR": str(folder), "LOCAL_SLURM_PARTITION": partition}
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(folder), "LOCAL_SLURM_PARTITION": partition,
+           **env_more}
     started = subprocess.run([str(SCRIPT), "start", "--nodes", str(nodes)], env=env,
                              capture_output=True, text=True)
     if started.returncode:
@@ -67,8 +68,11 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def two_node_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The SLURM_CONF of a running local Slurm of two nodes, n1 and n2 (one CPU each
-    on a 2-core machine), partition PAIR; started once, for the tests that use it."""
-    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2) as conf:
+    on a 2-core machine), partition PAIR; started once, for the tests that use it. A node
+    that stops answering is set DOWN after 15 s (Slurm's default: 300 s), for the test
+    of a node that dies."""
+    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2,
+                  LOCAL_SLURM_SLURMD_TIMEOUT_S="15") as conf:
         yield conf
 
 

@@ -3,16 +3,20 @@ machine, one rank a node, gloo, c10d rendezvous on the job's first node).
 
 One job a trial on both nodes; its record names the job, both nodes and each rank's
 node, and its losses and gradients are those of the same plan on two ranks of one
-machine. A rank that fails or hangs on the second node ends as one record saying
-where; Ctrl-C leaves nothing queued or running. This cluster keeps no accounting
-(no sacct), as many do not: every state here came from squeue.
+machine. A rank that fails or hangs on the second node, or the second node dying,
+ends as one record saying where; Ctrl-C leaves nothing queued or running. This
+cluster keeps no accounting (no sacct), as many do not: every state came from squeue.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -153,3 +157,50 @@ def test_ctrl_c_leaves_nothing_queued_or_running_on_either_node(two_nodes, tmp_p
                             capture_output=True, text=True).stdout.split()
     assert states in (["CANCELLED"], []), states
     assert_nothing_left(out)  # no rank, launcher or torchrun on n1 or n2 (this machine)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_dying_mid_trial_is_recorded_with_slurms_reason(two_nodes, two_node_slurm,
+                                                                tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv(HANG_MARK_ENV, str(marks))
+    prepared = prepare(faulty_plan(hang_rank=1, timeout_s=150.0)).checked()
+    out = tmp_path / "dies"
+    cluster_dir = Path(two_node_slurm).parent
+    killed: list[int] = []
+
+    def kill_n2_once_its_rank_runs():  # n2's slurmd, and every process of the job on n2
+        if not killed and (marks / "rank1").exists():
+            job = json.loads((out / "slurm" / slurm.JOB_FILE).read_text())["jobs"][-1]["job_id"]
+            slurmd = int((cluster_dir / "slurmd-n2.pid").read_text())
+            for proc in psutil.process_iter():
+                with contextlib.suppress(psutil.Error):
+                    env = proc.environ()
+                    if proc.pid == slurmd or (env.get("SLURMD_NODENAME") == "n2"
+                                              and env.get("SLURM_JOB_ID") == job):
+                        proc.kill()
+                        killed.append(proc.pid)
+        return None
+
+    try:
+        result = slurm.launch(prepared, out, "test", nnodes=2,
+                              should_stop=kill_n2_once_its_rank_runs,
+                              cluster=ClusterSpec(launcher="slurm", partition=two_nodes))
+        assert len(killed) >= 3  # slurmd, n2's task and its launcher's processes
+        assert result.status == "failed"
+        assert result.reason.startswith("node n2 stopped during the trial: its part of the job "
+                                        "ended without a word")
+        assert "Slurm now says n2: down* (Not responding)" in result.reason
+        assert result.metrics["lost_nodes"] == {"n2": "down* (Not responding)"}
+        assert result.tags["cluster"]["node_names"] == ["n1", "n2"]
+        assert_nothing_left(out)
+    finally:  # n2 back (ReturnToService=2: up again once its slurmd registers)
+        subprocess.run(["/usr/sbin/slurmd", "-f", two_node_slurm, "-N", "n2"], check=True)
+        for _ in range(240):
+            state = subprocess.run(["sinfo", "-h", "-N", "-n", "n2", "-o", "%T"],
+                                   capture_output=True, text=True).stdout.strip()
+            if state == "idle":
+                break
+            time.sleep(0.25)
+        assert state == "idle", f"n2 did not come back: {state}"
