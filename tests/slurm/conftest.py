@@ -113,3 +113,23 @@ def two_nodes(two_node_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     if left:
         subprocess.run(["scancel", "--partition", PAIR], capture_output=True)
         pytest.fail(f"jobs left in the queue after the test: {left}")
+
+
+def stand_in(folder: Path, name: str, body: str) -> None:
+    """A shell script on `folder` (see `fake_bin`) standing in for one of Slurm's commands."""
+    (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+    (folder / name).chmod(0o755)
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder first on PATH (before only /usr/bin and /bin) for `stand_in` commands; a
+    stand-in scancel writes its arguments to `scancelled` there. No cluster needed."""
+    from harness.launch import slurm
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    monkeypatch.setattr(slurm, "POLL_S", (0.01, 0.05))
+    stand_in(folder, "scancel", f'echo "$@" >> {folder}/scancelled')
+    return folder

@@ -4,29 +4,10 @@ stand-ins on PATH, so these run without a cluster."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from harness.launch import slurm
 from harness.launch import slurm_queue as queue
 from harness.launch.slurm_record import Attempt, reason_for
-
-
-def stand_in(folder: Path, name: str, body: str) -> None:
-    folder.mkdir(exist_ok=True)
-    (folder / name).write_text(f"#!/bin/sh\n{body}\n")
-    (folder / name).chmod(0o755)
-
-
-@pytest.fixture
-def fake_bin(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
-    monkeypatch.setattr(slurm, "POLL_S", (0.01, 0.05))
-    stand_in(folder, "scancel", f'echo "$@" >> {folder}/scancelled')
-    return folder
+from tests.slurm.conftest import stand_in
 
 
 def test_a_job_slurm_has_forgotten_without_accounting_ends_the_wait(fake_bin):
