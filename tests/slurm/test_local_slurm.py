@@ -35,6 +35,10 @@ def test_two_nodes_each_run_one_task_of_a_job(two_nodes, tmp_path):
                           "bash", "-c", "echo $SLURM_NODEID $SLURMD_NODENAME"],
                          capture_output=True, text=True, check=True, timeout=60)
     assert sorted(ran.stdout.split("\n")[:-1]) == ["0 n1", "1 n2"]
+    for _ in range(240):  # srun returns while Slurm still cleans up after it (COMPLETING)
+        if not queued():
+            break
+        time.sleep(0.25)
 
 
 def test_without_multiple_slurmd_it_says_so_and_leaves_nothing(tmp_path):
