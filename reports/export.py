@@ -15,7 +15,7 @@ from reports.load import Run
 COLUMNS = [
     ("trial_id", "trial_id"), ("phase", "phase"), ("status", "status"), ("reason", "reason"),
     ("config", "config"), ("label", "label"), ("strategies", "strategies"), ("layout", "layout"),
-    ("world_size", "world_size"), ("micro_batch_size", "micro_batch_size"),
+    ("nodes", "nodes"), ("world_size", "world_size"), ("micro_batch_size", "micro_batch_size"),
     ("global_batch_size", "global_batch_size"), ("samples_per_s", "samples_per_s"),
     ("tokens_per_s", "tokens_per_s"), ("step_time_median_s", "step_time_median"),
     ("step_time_p10_s", "step_time_p10"), ("step_time_p90_s", "step_time_p90"),

@@ -71,6 +71,14 @@ def config_label(strategies: dict[str, dict]) -> str:
     return " + ".join(parts)
 
 
+def _nodes(cluster: Any) -> str:
+    """The job's nodes by name ("n1, n2"), else Slurm's node list ("n[1-2]")."""
+    names = get(cluster, "node_names", [])
+    if isinstance(names, list) and names:
+        return ", ".join(str(n) for n in names)
+    return str(get(cluster, "nodes", ""))
+
+
 def flatten(r: dict, order: int, trial_id: str) -> dict[str, Any]:
     plan = get(r, "plan", {})
     strategies = strategies_of(plan)
@@ -103,6 +111,7 @@ def flatten(r: dict, order: int, trial_id: str) -> dict[str, Any]:
         "workload": str(get(workload, "name", "") if isinstance(workload, dict) else workload),
         "workload_args": settings_text(wl_args),
         "layout": f"{dp}x{pp}x{tp}",
+        "nodes": _nodes(get(tags, "cluster", {})),  # a Slurm job's nodes, "" for a local run
         "world_size": dp * pp * tp,
         "micro_batch_size": mbs,
         "global_batch_size": gbs,

@@ -172,6 +172,9 @@ def trials_html(run: Run) -> str:
             ("configuration: median, n", "num"), ("× baseline", "num"),
             ("step time (p10–p90)", "num"), ("MFU", "num"), ("peak memory", "num"),
             ("duration", "num"), ("reason", "long")]
+    on_nodes = bool(t["nodes"].astype(bool).any())  # trials run as Slurm jobs: their nodes
+    if on_nodes:
+        cols.insert(5, ("nodes", "text"))
     rows = []
     for r in t.itertuples():
         cls = "best" if r.is_best else ("baseline" if r.is_baseline else "")
@@ -198,6 +201,8 @@ def trials_html(run: Run) -> str:
              f"{e(_bytes(r.peak_memory_bytes))}</span>", r.peak_memory_bytes),
             (e(format_seconds(num(r.duration_s)) if num(r.duration_s) else "–"), r.duration_s),
             (f'<span title="{e(reason)}">{e(first[:140])}</span>', first)]))
+        if on_nodes:
+            rows[-1][1].insert(5, (e(r.nodes or "–"), r.nodes))
     return section("trials", "All trials", sortable_table("trial-table", cols, rows),
                    "Click a column to sort; type to filter. The best trial is yellow, the "
                    "baseline grey. 'busy': measured while other processes used the "

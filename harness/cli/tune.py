@@ -249,7 +249,7 @@ def _launcher(spec: str | None, study: Any, device_type: str):
         from harness.launch.slurm import launcher_for
 
         return launcher_for(cluster, device_type, study.layout.world_sizes,
-                            study.budget.trial_timeout_s)
+                            study.budget.trial_timeout_s, study.layout.nnodes)
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise HarnessError(f"--launcher {spec!r}: write package.module:function")

@@ -23,9 +23,12 @@ Here, in the caller's process, the launcher waits for the job and:
 - cancels it when the caller is interrupted (Ctrl-C, or SIGTERM while a job is out),
   and leaves it queued never.
 
-The record gets tags["cluster"]: the launcher, job id, node list, partition, queue
-wait (not in the trial's duration_s) and the jobs tried; the job's stdout and
-stderr are copied into the trial's logs/ (slurm-<job>-<task>.out/.err).
+The record gets tags["cluster"]: the launcher, job id, node list, each node's name
+and each rank's node, partition, queue wait (not in the trial's duration_s) and the
+jobs tried; the job's stdout and stderr are copied into the trial's logs/
+(slurm-<job>-<task>.out/.err), beside each node's rank logs (logs/node<K>/). A trial
+of several nodes that failed or hung is told from every node's logs (harness.launch.
+slurm_nodes): the rank that failed first on any node, or where each rank was stopped.
 
 The job in flight is written down (slurm/job.json in the trial's folder) as soon as
 it is submitted, so a caller killed meanwhile loses nothing: `rejoin` waits for that
@@ -53,6 +56,7 @@ from harness.core.cluster import JOB_MARGIN_S, ClusterSpec
 from harness.core.errors import HarnessError
 from harness.core.prepared import PreparedPlan
 from harness.launch import procs
+from harness.launch import slurm_nodes as nodes
 from harness.launch import slurm_queue as queue
 from harness.launch.launcher import Launcher
 from harness.launch.slurm_record import (
@@ -71,6 +75,9 @@ DEADLINE_GRACE_S = 15.0  # for a job's launcher to stop its trial at the caller'
 # How often the job's state is asked for (one squeue call): often at first, when short
 # trials end, then less, so as not to load the controller (nor a CPU trial beside it).
 POLL_S = (0.5, 5.0)
+# A controller that has not answered (squeue failing, not "no such job") for this long:
+# the job is given up (scancel tried) and recorded, so that no trial waits for ever.
+CONTROLLER_PATIENCE_S = 600.0
 
 JOB_FILE = "job.json"  # in the trial's slurm/: the jobs submitted for it (see `rejoin`)
 
@@ -85,12 +92,20 @@ class SlurmLauncher(Launcher):
 
     may_leave_jobs = True
 
-    def __init__(self, cluster: ClusterSpec):
+    def __init__(self, cluster: ClusterSpec, nnodes: int = 1):
         self.cluster = cluster
         self.max_jobs = cluster.max_jobs
+        self.nnodes = nnodes  # a study's layout.nnodes: every trial's job spans them
 
     def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
                **kwargs: Any) -> TrialResult:
+        # A study of layout.nnodes > 1 gives every trial its nodes and an endpoint for
+        # followers on them (harness.tune.recovery.follower); a job has all its nodes
+        # and meets on its first one, so only the count is kept.
+        if kwargs.get("node_rank", 0) == 0:
+            kwargs.pop("node_rank", None)
+            kwargs.pop("rdzv_endpoint", None)
+        kwargs.setdefault("nnodes", self.nnodes)
         return launch(prepared, out_dir, command, cluster=self.cluster, **kwargs)
 
     def has_job(self, folder: str | Path) -> bool:
@@ -109,11 +124,12 @@ class SlurmLauncher(Launcher):
 
 
 def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
-                 trial_timeout_s: float) -> SlurmLauncher:
-    """The launcher for a study's trials, once Slurm has said it would take the largest
-    of their jobs (sbatch --test-only); else a HarnessError naming the cause."""
-    check(cluster, device_type, max(world_sizes), trial_timeout_s)
-    return SlurmLauncher(cluster)
+                 trial_timeout_s: float, nnodes: int = 1) -> SlurmLauncher:
+    """The launcher for a study's trials (each a job of `nnodes` nodes when more than
+    one), once Slurm has said it would take the largest of their jobs (sbatch
+    --test-only); else a HarnessError naming the cause."""
+    check(cluster, device_type, max(world_sizes), trial_timeout_s, nnodes)
+    return SlurmLauncher(cluster, nnodes)
 
 
 def check(cluster: ClusterSpec, device_type: str, world_size: int, timeout_s: float,
@@ -254,7 +270,12 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
                 break
     record = _record(prepared, out, job.command, job.study, job.trial_id, job.started_at,
                      attempts, job.timeout)
-    record.tags = {**record.tags, "cluster": cluster_tag(job.partition, attempts)}
+    last = attempts[-1]
+    written = nodes.read_nodes(out, last.job_id)
+    names = nodes.node_names(written, last.info.nodes if last.info else "")
+    nodes.across_nodes(record, out, names, written)  # a failure or a hang, from every node
+    record.tags = {**record.tags, "cluster": cluster_tag(
+        job.partition, attempts, names, nodes.rank_nodes(record, out, names))}
     copy_logs(out, attempts)
     record.write(out / "result.json")
     return record
@@ -288,16 +309,21 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
     job_id = attempt.job_id
     assert job_id is not None
     started: float | None = None
+    answered = time.monotonic()  # when the controller last answered
     done, pause = False, POLL_S[0]
     try:
         while True:
             info = queue.job_info(job_id)
             now = time.monotonic()
+            if info.state != "UNREACHABLE":
+                answered = now
             if started is None and info.state in ("RUNNING", "COMPLETING"):
                 started = now
             if info.over:
                 break
-            if info.state == "PENDING" and info.reason in queue.NEVER_RUNS:
+            if now - answered > CONTROLLER_PATIENCE_S:
+                attempt.stopped, attempt.why = "unreachable", info.reason
+            elif info.state == "PENDING" and info.reason in queue.NEVER_RUNS:
                 attempt.stopped, attempt.why = "never", info.reason
             elif started is not None and now > started + timeout + STARTUP_S:
                 attempt.stopped = "timeout"
@@ -307,7 +333,8 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
                 attempt.stopped, attempt.why = "pruned", reason
             if attempt.stopped:
                 queue.cancel(job_id)
-                info = queue.wait_gone(job_id)
+                if attempt.stopped != "unreachable":  # (no answer to wait for)
+                    info = queue.wait_gone(job_id)
                 break
             time.sleep(pause)
             pause = min(POLL_S[1], pause * 1.25)

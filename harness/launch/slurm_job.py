@@ -34,7 +34,7 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     import submitit
 
     from harness.core.prepared import PreparedPlan
-    from harness.launch import local, rank_server
+    from harness.launch import local, rank_server, slurm_nodes
 
     signal.signal(signal.SIGTERM, _exit)  # submitit ignores SIGTERM; the trial must stop
     os.environ[rank_server.ENV] = "0"  # a fresh interpreter: nothing here to fork from
@@ -51,8 +51,9 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
         nnodes=nnodes, node_rank=node, rdzv_endpoint=endpoint, timeout_s=timeout_s,
         progress_file=progress_file if node == 0 else None,
     )
-    print(f"node {node} of {nnodes} ({socket.gethostname()}): {result.status}"
-          f"{': ' + result.reason if result.reason else ''}", flush=True)
+    slurm_nodes.write_node(job_dir, env.job_id, node, result.status, result.reason or "")
+    print(f"node {node} of {nnodes} ({slurm_nodes.this_node_name()} on {socket.gethostname()}): "
+          f"{result.status}{': ' + result.reason if result.reason else ''}", flush=True)
     return result.status
 
 

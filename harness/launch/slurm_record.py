@@ -21,7 +21,8 @@ class Attempt:
 
     job_id: str | None  # None: sbatch refused it
     info: JobInfo | None = None  # as it left the queue
-    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned or never
+    stopped: str | None = None  # why we cancelled it: timeout, deadline, pruned, never or
+    # unreachable (the controller stopped answering)
     why: str | None = None  # should_stop's reason, or sbatch's refusal
     ran_s: float = 0.0  # from its start (as seen here) to its end
 
@@ -45,6 +46,10 @@ def reason_for(attempt: Attempt, timeout: float, startup_s: float,
                           "than the partition, account or QOS allow) and was cancelled; "
                           "check the [cluster] table against `sinfo` and `scontrol show "
                           "partition`")
+    if attempt.stopped == "unreachable":
+        return "failed", (f"{where} was given up: the Slurm controller stopped answering "
+                          f"(squeue: {attempt.why or 'no answer'}); scancel was tried; "
+                          "check `scontrol ping`")
     if attempt.stopped == "pruned":
         return "pruned", attempt.why or "stopped early"
     if attempt.stopped == "timeout":
@@ -76,10 +81,14 @@ def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
         command=command, started_at=started_at or None, duration_s=duration_s)
 
 
-def cluster_tag(partition: str | None, attempts: list[Attempt]) -> dict[str, Any]:
+def cluster_tag(partition: str | None, attempts: list[Attempt], node_names: list[str],
+                rank_nodes: list[str | None]) -> dict[str, Any]:
+    """tags["cluster"]: `nodes` is Slurm's node list ("n[1-2]"), `node_names` each node by
+    index, `rank_nodes` the node of each rank (harness.launch.slurm_nodes)."""
     last = attempts[-1]
     info = last.info or JobInfo("NOT_SUBMITTED")
     return {"launcher": "slurm", "job_id": last.job_id, "nodes": info.nodes,
+            "node_names": node_names, "rank_nodes": rank_nodes,
             "partition": info.partition or partition, "queue_wait_s": info.queue_wait_s,
             "state": info.state, "jobs": [a.as_tag() for a in attempts]}
 

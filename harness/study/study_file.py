@@ -233,10 +233,13 @@ class Study(TomlFile):
     def _check_cluster(self, cluster: ClusterSpec, where: str) -> None:
         cluster.check_timeout(self.budget.trial_timeout_s, "budget.trial_timeout",
                               f"{where}.cluster")
-        if cluster.launcher == "slurm" and self.layout.nnodes > 1:
+        nnodes = self.layout.nnodes
+        if cluster.launcher == "slurm" and nnodes > 1 and cluster.gpus_per_node and any(
+                w // nnodes > cluster.gpus_per_node for w in self.layout.world_sizes):
             raise HarnessError(
-                f"{where}.layout.nnodes: with cluster.launcher = 'slurm' each trial's job gets "
-                "the nodes its layout needs (gpus_per_node ranks a node); leave nnodes at 1")
+                f"{where}.layout.nnodes: {max(self.layout.world_sizes)} ranks on {nnodes} nodes "
+                f"need more than gpus_per_node = {cluster.gpus_per_node} a node; raise nnodes "
+                "(or leave it at 1: each job then gets the nodes its layout needs)")
 
     @property
     def objectives(self) -> list[str]:

@@ -1,4 +1,7 @@
-"""A real single-node Slurm for these tests (scripts/local-slurm), started once per session.
+"""A real Slurm for these tests (scripts/local-slurm), started once per session: one of a
+single node (`slurm_partition`), and, for the tests of trials across nodes, one of two
+nodes on this machine (`two_nodes`: n1 and n2, multiple-slurmd). Each has its own
+folder, ports and daemons, and is stopped at the end of the session.
 
 Needs Debian's slurm-wlm and munge (.ci/run installs them); without them every test
 here is skipped, saying so. After each test the queue must be empty: a test that
@@ -7,6 +10,7 @@ leaves a job behind fails (and its jobs are cancelled, so the next starts clean)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 PARTITION = "local"
+PAIR = "pair"  # the two-node cluster's partition (its default)
 
 
 def _installed() -> bool:
@@ -25,29 +30,50 @@ def _installed() -> bool:
                for b in ("munged", "mungekey", "slurmctld", "slurmd", "sbatch"))
 
 
-@pytest.fixture(scope="session")
-def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The partition of a running local Slurm; SLURM_CONF points at it meanwhile."""
+@contextlib.contextmanager
+def _cluster(folder: Path, partition: str, nodes: int, **env_more: str) -> Iterator[str]:
+    """A local Slurm of `nodes` nodes in `folder` (its own ports and daemons), stopped
+    after; yields its SLURM_CONF."""
     if not _installed():
         pytest.skip("slurm-wlm and munge are not installed (apt-get install slurm-wlm munge; "
                     ".ci/run does): the Slurm launcher's tests need a real Slurm")
-    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm")),
-           "LOCAL_SLURM_PARTITION": PARTITION}
-    started = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, text=True)
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(folder), "LOCAL_SLURM_PARTITION": partition,
+           **env_more}
+    started = subprocess.run([str(SCRIPT), "start", "--nodes", str(nodes)], env=env,
+                             capture_output=True, text=True)
     if started.returncode:
         subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True)
-        pytest.fail(f"scripts/local-slurm start failed: {started.stderr.strip()}")
-    conf = started.stdout.strip().rpartition("=")[2]
-    before = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = conf
+        pytest.fail(f"scripts/local-slurm start --nodes {nodes} failed: {started.stderr.strip()}")
     try:
-        yield PARTITION
+        yield started.stdout.strip().rpartition("=")[2]
     finally:
         subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True)
-        if before is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The partition of a running local Slurm; SLURM_CONF points at it meanwhile."""
+    with _cluster(tmp_path_factory.mktemp("slurm"), PARTITION, 1) as conf:
+        before = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = conf
+        try:
+            yield PARTITION
+        finally:
+            if before is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture(scope="session")
+def two_node_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The SLURM_CONF of a running local Slurm of two nodes, n1 and n2 (one CPU each
+    on a 2-core machine), partition PAIR; started once, for the tests that use it. A node
+    that stops answering is set DOWN after 15 s (Slurm's default: 300 s), for the test
+    of a node that dies."""
+    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2,
+                  LOCAL_SLURM_SLURMD_TIMEOUT_S="15") as conf:
+        yield conf
 
 
 def queued() -> list[str]:
@@ -72,3 +98,38 @@ def slurm_partition(local_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterat
     if left:
         subprocess.run(["scancel", "--partition", local_slurm], capture_output=True)
         pytest.fail(f"jobs left in the queue after the test: {left}")
+
+
+@pytest.fixture
+def two_nodes(two_node_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The two-node cluster's partition for one test, which must leave its queue empty
+    (polled as `slurm_partition` does)."""
+    from harness.launch import slurm
+
+    monkeypatch.setenv("SLURM_CONF", two_node_slurm)
+    monkeypatch.setattr(slurm, "POLL_S", (slurm.POLL_S[0], 1.0))
+    yield PAIR
+    left = queued()
+    if left:
+        subprocess.run(["scancel", "--partition", PAIR], capture_output=True)
+        pytest.fail(f"jobs left in the queue after the test: {left}")
+
+
+def stand_in(folder: Path, name: str, body: str) -> None:
+    """A shell script on `folder` (see `fake_bin`) standing in for one of Slurm's commands."""
+    (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+    (folder / name).chmod(0o755)
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder first on PATH (before only /usr/bin and /bin) for `stand_in` commands; a
+    stand-in scancel writes its arguments to `scancelled` there. No cluster needed."""
+    from harness.launch import slurm
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    monkeypatch.setattr(slurm, "POLL_S", (0.01, 0.05))
+    stand_in(folder, "scancel", f'echo "$@" >> {folder}/scancelled')
+    return folder

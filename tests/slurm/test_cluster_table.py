@@ -43,11 +43,17 @@ def test_a_study_keeps_its_cluster_table():
     ({"sbatch": ["-N", "2"]}, {}, "the launcher sets it for each trial"),
     ({"launcher": "slurm", "time": "10m"}, {},
      "must outlast the trial's budget.trial_timeout (600s) by 120s"),
-    ({"launcher": "slurm"}, {"layout": {"nnodes": 2, "world_sizes": [2]}},
-     "s.toml.layout.nnodes: with cluster.launcher = 'slurm'"),
+    ({"launcher": "slurm", "gpus_per_node": 2}, {"layout": {"nnodes": 2, "world_sizes": [8]}},
+     "s.toml.layout.nnodes: 8 ranks on 2 nodes need more than gpus_per_node = 2 a node"),
 ])
 def test_a_bad_cluster_table_names_the_key(cluster, more, says):
     assert says in study_error(cluster, **more)
+
+
+def test_a_study_of_several_nodes_may_run_each_trial_as_one_job():
+    study = Study.from_dict({**STUDY, "cluster": {"launcher": "slurm"},
+                             "layout": {"nnodes": 2, "world_sizes": [2]}})
+    assert study.layout.nnodes == 2 and study.cluster.launcher == "slurm"
 
 
 def test_bench_refuses_a_bad_cluster_table_in_one_line(tmp_path, capsys):

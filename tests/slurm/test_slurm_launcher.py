@@ -57,7 +57,10 @@ def test_a_trial_as_a_job_gives_the_local_record(slurm_partition, tmp_path, worl
     assert cluster["nodes"] == socket.gethostname() and cluster["state"] == "COMPLETED"
     assert cluster["queue_wait_s"] >= 0 and len(cluster["jobs"]) == 1
     job_out = out / "logs" / f"slurm-{cluster['job_id']}-0.out"
-    assert f"node 0 of 1 ({socket.gethostname()}): ok" in job_out.read_text()
+    host = socket.gethostname()
+    assert f"node 0 of 1 ({host.split('.')[0]} on {host}): ok" in job_out.read_text()
+    assert cluster["node_names"] == [host.split(".")[0]]
+    assert cluster["rank_nodes"] == [host.split(".")[0]] * world
     assert (out / "logs" / f"slurm-{cluster['job_id']}-0.err").exists()
     assert_nothing_left(out)
 
