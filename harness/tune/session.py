@@ -137,7 +137,9 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
     run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.torch_helper,
                       checked.launcher)
     run.expandable_segments = study.budget.expandable_segments
-    if study.layout.nnodes > 1:
+    # Trials across nodes on the local launcher need a tuner on each node (followers); a
+    # Slurm job spans its nodes itself.
+    if study.layout.nnodes > 1 and isinstance(checked.launcher, local.LocalLauncher):
         import socket
 
         run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
