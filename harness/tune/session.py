@@ -29,6 +29,7 @@ import optuna
 
 from harness import __version__
 from harness.core.errors import HarnessError
+from harness.launch.slurm import SlurmLauncher
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
 from harness.tune.budget import Clock
 from harness.tune.checked_study import CheckedStudy
@@ -137,9 +138,9 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
     run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.torch_helper,
                       checked.launcher)
     run.expandable_segments = study.budget.expandable_segments
-    # Trials across nodes on the local launcher need a tuner on each node (followers); a
-    # Slurm job spans its nodes itself.
-    if study.layout.nnodes > 1 and isinstance(checked.launcher, local.LocalLauncher):
+    # Trials across nodes need a tuner on each node (followers), except a Slurm job's,
+    # which spans its nodes itself.
+    if study.layout.nnodes > 1 and not isinstance(checked.launcher, SlurmLauncher):
         import socket
 
         run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
