@@ -7,11 +7,11 @@ frame), never an exception, so one odd record cannot stop a report.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from harness.core.memory_need import budget_peak_bytes
 from harness.records.predicates import busy_note
+from harness.records.values import get, number  # the one lookup and coercion
 
 NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "step_time_p90", "step_n", "mfu", "tflops_per_device", "peak_memory_bytes",
@@ -20,26 +20,6 @@ NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "world_size", "optuna_number", "ablation_repeat", "calibrated_memory_bytes",
            "measured_for_estimate", "corrected_step_time_s", "corrected_from_trials",
            "budget_memory_bytes")
-
-
-def get(d: Any, dotted: str, default: Any = None) -> Any:
-    """d["a"]["b"] for "a.b", or `default` where any step is missing."""
-    for key in dotted.split("."):
-        if not isinstance(d, dict) or key not in d:
-            return default
-        d = d[key]
-    return default if d is None else d
-
-
-def number(x: Any) -> float | None:
-    """A finite or infinite float from a record value ("nan" strings included), else None."""
-    if isinstance(x, bool) or x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
 
 
 def settings_text(settings: Any) -> str:

@@ -108,29 +108,15 @@ def _read_jsonl(path: Path, notes: list[str]) -> list[tuple[str, Any]]:
     """The records of trials.jsonl, each with where it is; every line that is not one
     is named (file, line, byte, its first bytes), and so is every copy of such a line
     that a tuner cut out (harness.records.run_store.RunStore.repair)."""
-    from harness.records.run_store import RunStore, numbered_lines
+    from harness.records.jsonl_lines import read_trials
 
     try:
-        data = path.read_bytes()
+        trials = read_trials(path)
     except OSError as e:
         notes.append(f"{path.name}: not readable ({e}); skipped")
         return []
-    out = []
-    for n, record, bad in numbered_lines(path, data):
-        if record is not None:
-            out.append((f"{path.name} line {n}", record))
-        if bad is not None:
-            notes.append(f"{bad.describe()}: skipped (a trial still being written, or "
-                         "a record cut short: `harness tune --resume` cuts it out and "
-                         "settles its trial)")
-    for u in RunStore(path.parent).kept():
-        tid, _ = u.trial()
-        whose = f" (trial {tid}'s record)" if tid is not None else ""
-        notes.append(f"{u.path.name} line {u.line} (byte {u.offset}) was unreadable: its "
-                     f"{len(u.data)} bytes{whose} are kept in {u.kept}, cut out of "
-                     f"{u.path.name} by a tuner that settled its trial once (recorded "
-                     "again from its result.json, or failed: 'record torn')")
-    return out
+    notes += trials.notes()
+    return [(f"{path.name} line {n}", record) for n, record in trials.records]
 
 
 def _check(raw: list[tuple[str, Any]], notes: list[str]) -> dict[str, dict]:

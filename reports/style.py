@@ -11,8 +11,10 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import plotly.graph_objects as go
+
+# The one number coercion of records (reports' modules import it from here as `num`)
+from harness.records.values import number as num  # noqa: F401
 
 COLORS = ["#3366cc", "#dc7633", "#2e9e6a", "#8e44ad", "#c0392b", "#17a2b8", "#7f8c8d",
           "#b7950b", "#d35400", "#2c3e50"]
@@ -73,16 +75,6 @@ def memory_unit(values: Any) -> tuple[float, str]:
         if top >= size:
             return float(size), unit
     return 1.0, "B"
-
-
-def num(x: Any) -> float | None:
-    """A plain float, or None for None, NaN and pandas' NA."""
-    if x is None or isinstance(x, str):
-        return None
-    try:
-        return None if pd.isna(x) else float(x)
-    except (TypeError, ValueError):
-        return None
 
 
 def rate(x: float | None) -> str:

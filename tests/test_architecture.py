@@ -52,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "strategies", "kernels", "reports", "harness", "selftest",
     },
     # `harness selftest --gpu`: subprocesses and the files they leave; never CUDA here
-    "selftest": {"core"},
+    "selftest": {"core", "records"},  # records: the run folder's one reader
     # the tuner's process: no package that is torch through and through
     "tune": {"launch", "core", "study", "records", "harness"},  # never measure/
     "launch": {"measure", "core", "study", "records", "harness"},

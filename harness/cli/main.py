@@ -188,15 +188,25 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     return 0
 
 
+EXAMPLES = """examples:
+  harness tune --budget 5m                        the default study for this device
+  harness bench studies/plans/amp-bf16.toml       one configuration, measured
+  harness report runs/quickstart                  the study's HTML page"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from harness import __version__
 
     parser = argparse.ArgumentParser(
         prog="harness",
         description="Benchmark and auto-tune training acceleration techniques.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from harness.cli.tune import add_tune_parser  # `tune` first: the main job
+    add_tune_parser(sub)
 
     bench = sub.add_parser("bench", help="run one plan and measure it honestly")
     add_plan_flags(bench)
@@ -228,9 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     strat = sub.add_parser("strategies", help="the registry: techniques, settings, requirements")
     strat.add_argument("--json", action="store_true", help="machine-readable output")
     strat.set_defaults(func=cmd_strategies)
-
-    from harness.cli.tune import add_tune_parser  # `tune`: its flags and body live there
-    add_tune_parser(sub)
 
     from reports.cli import add_commands  # `report` and `compare`: HTML pages from records
     add_commands(sub)

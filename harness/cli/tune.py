@@ -49,8 +49,9 @@ def add_tune_parser(sub: Any) -> None:
                    help="continue the study in --out (or runs/<study name>)")
     p.add_argument("--launcher", metavar="local|slurm|MODULE:FUNCTION",
                    help="where trials run: this machine, Slurm jobs (the study's [cluster] "
-                        "table), or a function of harness.launch.local.launch's signature "
-                        "(default: the study's cluster.launcher, else local)")
+                        "table), or your own function, written mypkg.mod:launch_trial, "
+                        "that runs one prepared trial (docs/tuning.md, 'Your own "
+                        "launcher') (default: the study's cluster.launcher, else local)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--check", action="store_true",
                    help="check the study file and the flags as a run would (device, search "

@@ -129,3 +129,58 @@ def _glued(chunk: bytes) -> tuple[int | None, dict[str, Any] | None]:
             return at, record
         at = chunk.find(b'{"', at + 1)
     return None, None
+
+
+@dataclass(frozen=True)
+class TrialsFile:
+    """What a trials.jsonl holds, as every reader of a run folder sees it: the records
+    (with their line numbers), the lines that are not records, and the copies of such
+    lines that a tuner cut out (RunStore.repair). A caller shows `notes()`: a damaged
+    line is named, never silently skipped."""
+
+    path: Path
+    records: list[tuple[int, dict[str, Any]]]  # (line number, record)
+    unreadable: list[Unreadable]  # lines there now that are not records
+    cut: list[Unreadable]  # lines cut out by a tuner, their bytes kept beside the file
+
+    def dicts(self) -> list[dict[str, Any]]:
+        return [record for _, record in self.records]
+
+    def notes(self) -> list[str]:
+        """One line per damaged line, saying what became of it."""
+        out = [f"{u.describe()}: skipped (a trial still being written, or a record cut "
+               "short: `harness tune --resume` cuts it out and settles its trial)"
+               for u in self.unreadable]
+        for u in self.cut:
+            tid, _ = u.trial()
+            whose = f" (trial {tid}'s record)" if tid is not None else ""
+            out.append(f"{u.path.name} line {u.line} (byte {u.offset}) was unreadable: its "
+                       f"{len(u.data)} bytes{whose} are kept in {u.kept}, cut out of "
+                       f"{u.path.name} by a tuner that settled its trial once (recorded "
+                       "again from its result.json, or failed: 'record torn')")
+        return out
+
+
+def read_trials(path: Path) -> TrialsFile:
+    """The one reader of a trials.jsonl for the reports and the selftest (RunStore reads
+    with the same `parse_lines`). A missing file holds nothing; another OSError is raised."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    records: list[tuple[int, dict[str, Any]]] = []
+    unreadable: list[Unreadable] = []
+    for n, record, bad in numbered_lines(path, data):
+        if record is not None:
+            records.append((n, record))
+        if bad is not None:
+            unreadable.append(bad)
+    return TrialsFile(path, records, unreadable, cut_copies(path))
+
+
+def cut_copies(path: Path) -> list[Unreadable]:
+    """The unreadable lines cut out of `path` so far (their copies beside it), oldest
+    first."""
+    found = [u for p in path.parent.glob(f"{path.name}.torn-*")
+             if (u := Unreadable.from_copy(p)) is not None]
+    return sorted(found, key=lambda u: (u.offset, u.line))

@@ -11,8 +11,10 @@
 
 Several workers append to trials.jsonl: each line is written under an exclusive
 lock (fcntl), so lines never interleave; a short write is continued, and a write
-that fails (a full disk) takes its partial line back out before it raises. A
-reader skips a line that does not parse (a writer may be mid-line).
+that fails (a full disk) takes its partial line back out before it raises. A line
+that does not parse (a writer may be mid-line) is returned by `read` as Unreadable,
+for the caller to name; the reports and the selftest read the file with
+`jsonl_lines.read_trials`, which names it too.
 
 A line cut short (power lost, a full disk, a network file system) is never written
 after: `append` (and `repair`, which a tuner runs on --resume) first copies an
@@ -39,6 +41,7 @@ from harness.core.errors import HarnessError
 from harness.records.jsonl_lines import (  # noqa: F401  (importable from here too)
     TORN,
     Unreadable,
+    cut_copies,
     numbered_lines,
     parse_lines,
 )
@@ -226,9 +229,7 @@ class RunStore:
     def kept(self) -> list[Unreadable]:
         """The unreadable lines cut out of trials.jsonl so far (their copies), oldest
         first."""
-        found = [u for p in self.root.glob(f"{self.trials_jsonl.name}.torn-*")
-                 if (u := Unreadable.from_copy(p)) is not None]
-        return sorted(found, key=lambda u: (u.offset, u.line))
+        return cut_copies(self.trials_jsonl)
 
     # --- study.json and best.toml ----------------------------------------------------
     def read_info(self) -> dict[str, Any]:

@@ -9,25 +9,20 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-
-def get(record: Any, dotted: str, default: Any = None) -> Any:
-    for key in dotted.split("."):
-        if not isinstance(record, dict) or key not in record:
-            return default
-        record = record[key]
-    return record
+from harness.records.jsonl_lines import read_trials
+from harness.records.values import get, number
 
 
 def num(value: Any) -> float | None:
-    """A finite number, or None (records write NaN as a string)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value == value and abs(value) != float("inf") else None
+    """A finite number, or None: the records' one coercion, infinity left out (an error
+    against an unbounded figure says nothing)."""
+    return number(value, finite=True)
 
 
 def signed_error(predicted: Any, measured: Any) -> float | None:
@@ -43,21 +38,25 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """One record per line; a line cut short (a killed writer) is skipped."""
+def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The records of a trials.jsonl (the run folder's one reader). Each line that is not
+    one is named, never skipped silently: in `notes` for the caller to show, else as a
+    warning line on stderr."""
+    said: list[str] = []
     try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+        trials = read_trials(path)
+    except OSError as e:
+        said.append(f"{path}: not readable ({e}); no records from it")
+        records: list[dict[str, Any]] = []
+    else:
+        said += trials.notes()
+        records = trials.dicts()
+    if notes is not None:
+        notes += said
+    else:
+        for note in said:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+    return records
 
 
 # --- pytest -------------------------------------------------------------------------

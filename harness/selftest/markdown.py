@@ -290,7 +290,9 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
         return lines + [f"Did not run: {tune['skipped']}", ""]
     step = tune.get("step") or {}
     folder = out / tune["dir"]
-    t = tune_figures(read_jsonl(folder / "trials.jsonl"), read_json(folder / "study.json"))
+    unreadable: list[str] = []  # trials.jsonl's damaged lines, named on the page
+    t = tune_figures(read_jsonl(folder / "trials.jsonl", unreadable),
+                     read_json(folder / "study.json"))
     exit_text = ("timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
                  if step else "not finished when this page was written")
     lines += [f"`{short(step.get('command'))}`: {exit_text} after {secs(step.get('seconds'))}"
@@ -298,6 +300,8 @@ def tune_section(out: Path, state: dict[str, Any]) -> list[str]:
               f" Log `{step.get('log')}`.", ""]
     if tune.get("note"):
         lines += [tune["note"], ""]
+    if unreadable:
+        lines += [f"- {note}" for note in unreadable] + [""]
     by_status = ", ".join(f"{n} {s}" for s, n in t["by_status"].items()) or "none"
     by_phase = ", ".join(f"{n} {p}" for p, n in t["by_phase"].items())
     lines += [f"Trials: {t['n']} ({by_status}; by phase: {by_phase or '-'}).", ""]
