@@ -84,9 +84,9 @@ def _optimizer(w: Writer, cfg: dict[str, Any]) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("deepspeed", facts)
-    plan = facts.plan
     cfg: dict[str, Any] = {
-        "train_batch_size": plan.batch_size,
+        # train_batch_size left out: DeepSpeed derives it (micro x accumulation x world), so
+        # the file reads the same at any world size
         "train_micro_batch_size_per_gpu": facts.mb,
         "gradient_accumulation_steps": facts.accumulation,
         "gradient_clipping": 0.0,  # the harness clips only where LAMB says so

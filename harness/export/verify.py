@@ -1,0 +1,195 @@
+"""`harness verify RUN --with hf-trainer --top K`: the study's K best configurations
+trained again inside the Hugging Face Trainer, each in its own processes
+(harness.export.hf_run; torchrun for data parallel), with the exported settings and the
+same micro-batch, model, data and timed steps; the two throughputs side by side, their
+ratio, whether the ranking holds, and any setting the running Trainer did not take.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.export import export_plan
+from harness.records.predicates import busy_note, ranked
+from harness.records.run_store import RunStore
+
+
+@dataclass
+class Row:
+    """One configuration: the harness's figure and the Trainer's (or why it has none)."""
+
+    trial_id: Any
+    describe: str
+    harness_rate: float
+    busy: str | None = None
+    trainer_rate: float | None = None
+    cannot: str | None = None  # why the Trainer cannot run it as measured
+    failed: str | None = None  # it was started and did not finish
+    lost: list[str] = field(default_factory=list)  # settings the running Trainer did not take
+    nearest: list[str] = field(default_factory=list)  # settings run as their nearest
+    observed: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.trainer_rate / self.harness_rate if self.trainer_rate else None
+
+
+def describe(plan: dict[str, Any]) -> str:
+    """`d1p1t1 mb 8 | amp(dtype=bf16) fused(attention=sdpa, optimizer=fused)`."""
+    lay = plan.get("layout") or {}
+    parts = [f"{k}({', '.join(f'{a}={b}' for a, b in (v or {}).items())})" if v else k
+             for k, v in (plan.get("strategies") or {}).items()]
+    layout = f"d{lay.get('data', 1)}p{lay.get('pipeline', 1)}t{lay.get('tensor', 1)}"
+    return f"{layout} mb {plan.get('micro_batch_size')} | {' '.join(parts) or 'plain fp32'}"
+
+
+def top_records(run: Path, k: int) -> list[dict[str, Any]]:
+    store = RunStore(run)
+    if not store.trials_jsonl.exists():
+        raise HarnessError(f"{run}: no trials.jsonl here; give a run folder of harness tune")
+    rows = [r for r in ranked(store.records()) if (r["metrics"] or {}).get("samples_per_s")]
+    if not rows:
+        raise HarnessError(f"{run}: no configuration ran ok with a throughput; nothing to verify")
+    return rows[:k]
+
+
+def settings_lost(args: dict[str, Any], seen: dict[str, Any], world: int) -> list[str]:
+    """Each exported setting the running Trainer did not use, in words."""
+    fsdp = bool(args.get("fsdp"))
+    ckpt = bool(args.get("activation_checkpointing")) or bool(
+        (args.get("fsdp_config") or {}).get("activation_checkpointing"))
+    precision = "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "no"
+    kind = "NO" if world == 1 else "FSDP" if fsdp else "DEEPSPEED" if args.get(
+        "deepspeed") else "MULTI_GPU" if not args.get("use_cpu") else "MULTI_CPU"
+    want = {
+        "per_device_train_batch_size": args["per_device_train_batch_size"],
+        "gradient_accumulation_steps": args["gradient_accumulation_steps"],
+        "micro_steps_per_step": [args["gradient_accumulation_steps"]],
+        "mixed_precision": precision,
+        "optim": args.get("optim", "adamw_torch"),
+        "optimizer_fused": args.get("optim") == "adamw_torch_fused",
+        "checkpointing": ckpt,
+        "torch_compile": bool(args.get("torch_compile")),
+        "world_size": world,
+        "distributed_type": kind,
+    }
+    attention = ((args.get("harness") or {}).get("model_kwargs") or {}).get(
+        "attn_implementation")
+    if attention:
+        want["attn_implementation"] = attention
+    got = {**seen, "checkpointing": bool(seen.get("model_is_gradient_checkpointing")
+                                         or seen.get("checkpoint_wrapped_layers"))}
+    return [f"{k}: exported {v!r}, the Trainer ran {got.get(k)!r}" for k, v in want.items()
+            if got.get(k) != v]
+
+
+def _command(world: int, plan: Path, args: Path, out: Path) -> list[str]:
+    run = ["-m", "harness.export.hf_run", str(plan), str(args), str(out)]
+    if world == 1:
+        return [sys.executable, *run]
+    from harness.core.ports import free_port
+
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port()), *run]
+
+
+def verify_one(record: dict[str, Any], folder: Path, timeout_s: float) -> Row:
+    plan = Plan.from_dict(record["plan"])
+    m = record["metrics"]
+    row = Row(record["trial_id"], describe(record["plan"]), m["samples_per_s"],
+              busy_note(record))
+    if not plan.workload.startswith("hf:"):
+        row.cannot = f"workload {plan.workload}: the Trainer verify builds hf: models"
+        return row
+    try:
+        exp = export_plan(plan, "hf-trainer", str(folder / "plan.toml"))
+    except HarnessError as e:
+        row.cannot = str(e)
+        return row
+    if exp.missing():
+        row.cannot = "; ".join(n.line() for n in exp.missing())
+        return row
+    row.nearest = [n.line() for n in exp.not_expressed]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.toml").write_text(plan.to_toml())
+    (folder / "trainer.json").write_text(exp.text)
+    fields = json.loads(exp.text)
+    steps = (m.get("window") or {}).get("steps") or plan.steps
+    fields["harness_run"] = {"warmup": max(plan.warmup_steps, 1), "steps": steps}
+    run_args = folder / "trainer_run.json"
+    run_args.write_text(json.dumps(fields, indent=2))
+    out = folder / "result.json"
+    out.unlink(missing_ok=True)
+    cmd = _command(plan.world_size, folder / "plan.toml", run_args, out)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(folder / "log.txt", "w") as log:
+        try:
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            row.failed = f"timed out after {timeout_s:.0f} s (log: {folder / 'log.txt'})"
+            return row
+    if done.returncode or not out.exists():
+        tail = (folder / "log.txt").read_text().strip().splitlines()[-1:] or ["no output"]
+        row.failed = f"exit {done.returncode}: {tail[0][:200]} (log: {folder / 'log.txt'})"
+        return row
+    result = json.loads(out.read_text())
+    row.trainer_rate = result["samples_per_s"]
+    row.observed = result["observed"]
+    row.versions = result.get("versions") or {}
+    row.lost = settings_lost(fields, result["observed"], plan.world_size)
+    return row
+
+
+def ranking(rows: list[Row]) -> str:
+    """Whether the Trainer orders the configurations it ran as the harness did."""
+    ran = [r for r in rows if r.trainer_rate]
+    if len(ran) < 2:
+        return "ranking: fewer than two configurations ran in the Trainer; nothing to compare"
+    order = sorted(ran, key=lambda r: -r.trainer_rate)
+    if [r.trial_id for r in order] == [r.trial_id for r in ran]:
+        return (f"ranking: holds (the Trainer orders the {len(ran)} configurations it ran "
+                "as the harness did)")
+    return ("ranking: differs: the Trainer orders them " + " > ".join(
+        f"trial {r.trial_id}" for r in order) + ", the harness " + " > ".join(
+        f"trial {r.trial_id}" for r in ran))
+
+
+def table(rows: list[Row]) -> str:
+    head = (f"{'#':>3}  {'trial':>6}  {'harness/s':>10}  {'trainer/s':>10}  {'ratio':>6}  "
+            "configuration")
+    lines = [head]
+    for i, r in enumerate(rows, 1):
+        mark = "~" if r.busy else " "
+        if r.trainer_rate:
+            figures = f"{r.trainer_rate:>10.2f}  {r.ratio:>6.2f}"
+        else:
+            figures = f"{'-':>10}  {'-':>6}"
+        lines.append(f"{i:>2}{mark}  {r.trial_id!s:>6}  {r.harness_rate:>10.2f}  {figures}  "
+                     f"{r.describe}")
+    for i, r in enumerate(rows, 1):
+        if r.cannot:
+            lines.append(f"  #{i} (trial {r.trial_id}) the Trainer cannot run it as measured: "
+                         f"{r.cannot}")
+        if r.failed:
+            lines.append(f"  #{i} (trial {r.trial_id}) failed in the Trainer: {r.failed}")
+        for text in r.nearest:
+            lines.append(f"  #{i} ran the nearest equivalent of {text}")
+        if r.trainer_rate and not r.lost:
+            lines.append(f"  #{i} settings read back from the running Trainer: as exported")
+        for text in r.lost:
+            lines.append(f"  #{i} setting lost in the Trainer: {text}")
+        if r.busy:
+            lines.append(f"  #{i} ~ the harness measured it while the machine was busy "
+                         f"({r.busy})")
+    return "\n".join(lines)
