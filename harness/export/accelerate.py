@@ -42,7 +42,7 @@ def _script(w: Writer) -> None:
             w.lose(f"fused.{'/'.join(triton)} = triton", "accelerate swaps no kernels",
                    "liger_kernel.transformers.apply_liger_kernel_to_<model>() in your script")
     ckpt = f.get("checkpoint")
-    if ckpt and not f.get("zero"):
+    if ckpt and "checkpoint" not in w.carried:
         w.lose(f"checkpoint.every = {ckpt['every']}", "accelerate's config checkpoints only "
                "under FSDP", "model.gradient_checkpointing_enable() in your script")
     for name in ("pipeline", "tensor", "lamb", "lars", "muon", "averaging", "lora",

@@ -118,7 +118,6 @@ def _parallel(w: Writer, args: dict[str, Any], harness: dict[str, Any]) -> bool:
     layout = f.plan.layout
     if f.world > 1:
         harness["launch"] = f"torchrun --nproc-per-node {f.world} your_train.py"
-        args["ddp_backend"] = "nccl" if f.cuda else "gloo"
         w.carry("layout")
     for name in ("pipeline", "tensor"):
         if f.get(name):
