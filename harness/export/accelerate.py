@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from harness.export.common import Export, Facts, Writer, adam_impl, comment_lines, optimizer_name
+from harness.export.common import Export, Facts, Writer, comment_lines, optimizer_name
 
 
 def _script(w: Writer) -> None:

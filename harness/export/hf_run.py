@@ -73,15 +73,11 @@ def _observed(trainer: Any, model: Any, optimizer: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    # `python -m harness.export.hf_run` imported harness first: torchvision's mend is in
+    # place before transformers comes (harness.workloads.optional)
     plan_path, trainer_json, out = argv
-    import harness  # noqa: F401  (mends torchvision before transformers imports it)
     import torch
-    from transformers import (
-        HfArgumentParser,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
+    from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
     from harness.core.plan import Plan
     from harness.workloads import load_workload
