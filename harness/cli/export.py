@@ -39,9 +39,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
           f"the Hugging Face Trainer ({args.with_}) with the exported settings", flush=True)
     rows = []
     for r in records:
-        row = verify_one(r, out / str(r["trial_id"]), args.timeout)
-        state = (f"{row.trainer_rate:.2f} samples/s" if row.trainer_rate else
+        row = verify_one(r, out / str(r["trial_id"]), args.timeout, bench=args.bench)
+        state = (f"{row.trainer_rate:.2f} samples/s in the Trainer" if row.trainer_rate else
                  "cannot run" if row.cannot else "failed")
+        if row.bench_rate:
+            state += f", {row.bench_rate:.2f} in harness bench just before"
         print(f"  trial {r['trial_id']}: {state}", flush=True)
         rows.append(row)
     print(table(rows))
@@ -68,5 +70,8 @@ def add_export_parsers(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--top", type=int, default=3, help="how many of the best (default 3)")
     v.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per configuration (default 600)")
+    v.add_argument("--bench", action="store_true",
+                   help="measure each with harness bench again just before its Trainer run, "
+                        "and compare with that (a machine whose load drifts)")
     v.add_argument("--out", metavar="FOLDER", help="default: RUN/verify")
     v.set_defaults(func=cmd_verify)

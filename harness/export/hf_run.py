@@ -37,6 +37,14 @@ def _rows(workload: Any, mb: int, n_rows: int) -> list[tuple[Any, Any]]:
     return rows[:n_rows]
 
 
+def _checkpointing(model: Any) -> bool:
+    """The model's own flag: transformers 5's name, else 4's (asked only where it exists,
+    since reading the old name warns)."""
+    name = ("is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing")
+            else "is_gradient_checkpointing")
+    return bool(getattr(model, name, False))
+
+
 def _observed(trainer: Any, model: Any, optimizer: Any) -> dict[str, Any]:
     """What the running Trainer uses: its args, the model's flags, the optimizer."""
     import torch
@@ -55,9 +63,7 @@ def _observed(trainer: Any, model: Any, optimizer: Any) -> dict[str, Any]:
         "optimizer_fused": bool(group.get("fused")),
         "optimizer_foreach": bool(group.get("foreach")),
         "activation_checkpointing": bool(a.activation_checkpointing),
-        "model_is_gradient_checkpointing": bool(getattr(  # transformers 5's name, then 4's
-            model, "is_activation_checkpointing", getattr(model, "is_gradient_checkpointing",
-                                                          False))),
+        "model_is_gradient_checkpointing": _checkpointing(model),
         "checkpoint_wrapped_layers": ckpt_wrappers,
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "torch_compile": a.torch_compile,

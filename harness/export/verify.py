@@ -28,7 +28,7 @@ class Row:
 
     trial_id: Any
     describe: str
-    harness_rate: float
+    study_rate: float  # the study's record
     busy: str | None = None
     trainer_rate: float | None = None
     cannot: str | None = None  # why the Trainer cannot run it as measured
@@ -37,19 +37,37 @@ class Row:
     nearest: list[str] = field(default_factory=list)  # settings run as their nearest
     observed: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    bench_rate: float | None = None  # --bench: harness bench just before the Trainer's run
+
+    @property
+    def harness_rate(self) -> float:
+        """The figure the Trainer's is compared with: measured beside it where --bench."""
+        return self.bench_rate or self.study_rate
 
     @property
     def ratio(self) -> float | None:
         return self.trainer_rate / self.harness_rate if self.trainer_rate else None
 
 
+# The settings a configuration's line shows, as the tuner's lines show them
+# (harness.tune.progress, which this package sits below and may not import).
+SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
+         "checkpoint": ("every", "policy"), "zero": ("stage", "offload"),
+         "pipeline": ("schedule",), "ddp": ("compression",)}
+
+
 def describe(plan: dict[str, Any]) -> str:
-    """`d1p1t1 mb 8 | amp(dtype=bf16) fused(attention=sdpa, optimizer=fused)`."""
+    """`d1p1t1 mb 8 gb 16 | amp(dtype=bf16) fused(attention=sdpa, optimizer=fused, ...)`."""
     lay = plan.get("layout") or {}
-    parts = [f"{k}({', '.join(f'{a}={b}' for a, b in (v or {}).items())})" if v else k
-             for k, v in (plan.get("strategies") or {}).items()]
+    parts = []
+    for name, settings in (plan.get("strategies") or {}).items():
+        shown = ", ".join(f"{k}={v}" for k, v in (settings or {}).items()
+                          if k in SHOWN.get(name, ()))
+        parts.append(f"{name}({shown})" if shown else name)
     layout = f"d{lay.get('data', 1)}p{lay.get('pipeline', 1)}t{lay.get('tensor', 1)}"
-    return f"{layout} mb {plan.get('micro_batch_size')} | {' '.join(parts) or 'plain fp32'}"
+    mb, gb = plan.get("micro_batch_size"), plan.get("global_batch_size")
+    batch = f"mb {mb}" + (f" gb {gb}" if gb and mb and gb != mb * lay.get("data", 1) else "")
+    return f"{layout} {batch} | {' '.join(parts) or 'plain fp32'}"
 
 
 def top_records(run: Path, k: int) -> list[dict[str, Any]]:
@@ -103,7 +121,25 @@ def _command(world: int, plan: Path, args: Path, out: Path) -> list[str]:
             "--master-port", str(free_port()), *run]
 
 
-def verify_one(record: dict[str, Any], folder: Path, timeout_s: float) -> Row:
+def bench_again(folder: Path, timeout_s: float) -> float | None:
+    """`harness bench` of the plan in `folder`, now: its samples/s, None if it failed."""
+    out = folder / "bench"
+    with open(folder / "bench.log", "w") as log:
+        try:
+            subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
+                            "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
+                           timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        record = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record["metrics"].get("samples_per_s") if record["status"] == "ok" else None
+
+
+def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
+               bench: bool = False) -> Row:
     plan = Plan.from_dict(record["plan"])
     m = record["metrics"]
     row = Row(record["trial_id"], describe(record["plan"]), m["samples_per_s"],
@@ -128,6 +164,8 @@ def verify_one(record: dict[str, Any], folder: Path, timeout_s: float) -> Row:
     fields["harness_run"] = {"warmup": max(plan.warmup_steps, 1), "steps": steps}
     run_args = folder / "trainer_run.json"
     run_args.write_text(json.dumps(fields, indent=2))
+    if bench:  # the harness's figure of the same minute, on a machine that drifts
+        row.bench_rate = bench_again(folder, timeout_s)
     out = folder / "result.json"
     out.unlink(missing_ok=True)
     cmd = _command(plan.world_size, folder / "plan.toml", run_args, out)
@@ -165,18 +203,24 @@ def ranking(rows: list[Row]) -> str:
         f"trial {r.trial_id}" for r in ran))
 
 
+def _cell(value: float | None) -> str:
+    return f"{value:>10.2f}" if value else f"{'-':>10}"
+
+
 def table(rows: list[Row]) -> str:
-    head = (f"{'#':>3}  {'trial':>6}  {'harness/s':>10}  {'trainer/s':>10}  {'ratio':>6}  "
-            "configuration")
+    """samples/s: the study's, harness bench's again (--bench), the Trainer's; the ratio is
+    the Trainer's over the harness's (bench's where measured, else the study's)."""
+    benched = any(r.bench_rate for r in rows)
+    head = (f"{'#':>3}  {'trial':>6}  {'study/s':>10}  " + (f"{'bench/s':>10}  " if benched
+                                                           else "")
+            + f"{'trainer/s':>10}  {'ratio':>6}  configuration")
     lines = [head]
     for i, r in enumerate(rows, 1):
         mark = "~" if r.busy else " "
-        if r.trainer_rate:
-            figures = f"{r.trainer_rate:>10.2f}  {r.ratio:>6.2f}"
-        else:
-            figures = f"{'-':>10}  {'-':>6}"
-        lines.append(f"{i:>2}{mark}  {r.trial_id!s:>6}  {r.harness_rate:>10.2f}  {figures}  "
-                     f"{r.describe}")
+        ratio = f"{r.ratio:>6.2f}" if r.ratio else f"{'-':>6}"
+        lines.append(f"{i:>2}{mark}  {r.trial_id!s:>6}  {_cell(r.study_rate)}  "
+                     + (f"{_cell(r.bench_rate)}  " if benched else "")
+                     + f"{_cell(r.trainer_rate)}  {ratio}  {r.describe}")
     for i, r in enumerate(rows, 1):
         if r.cannot:
             lines.append(f"  #{i} (trial {r.trial_id}) the Trainer cannot run it as measured: "
