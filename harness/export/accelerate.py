@@ -113,6 +113,7 @@ def _sharding(w: Writer, cfg: dict[str, Any]) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("accelerate", facts)
+    w.run_settings()
     precision = facts.precision()
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",

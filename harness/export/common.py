@@ -18,10 +18,6 @@ from harness.core.plan import Plan
 
 STACKS = ("hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed")
 
-# The measuring run's own settings: how long and how it was timed, not the configuration.
-RUN_KEYS = ("warmup_steps", "steps", "timeout_s", "warmup_max_steps", "min_window_s",
-            "memory_budget_bytes", "save")
-
 
 @dataclass
 class NotExpressed:
@@ -30,13 +26,14 @@ class NotExpressed:
     setting: str  # as the plan says it: "lamb", "checkpoint.every = 2"
     reason: str  # why the stack cannot say it
     nearest: str  # the nearest equivalent, in the stack's words
-    # True: the nearest equivalent is written in the file, and a trainer runs that;
-    # False: the file lacks the setting, so the configuration as measured cannot run there
+    # True: the file holds the nearest equivalent (what the stack then runs), or the setting
+    # is how the harness measured rather than what it trained; False: the file lacks it,
+    # so the configuration as measured does not run from this file alone
     applied: bool = False
 
     def line(self) -> str:
-        done = " (written in the file)" if self.applied else ""
-        return f"{self.setting}: {self.reason}; nearest: {self.nearest}{done}"
+        lacking = "" if self.applied else " (not in the file)"
+        return f"{self.setting}: {self.reason}; nearest: {self.nearest}{lacking}"
 
 
 @dataclass
@@ -112,6 +109,20 @@ class Writer:
 
     def lose(self, setting: str, reason: str, nearest: str, applied: bool = False) -> None:
         self.lost.append(NotExpressed(setting, reason, nearest, applied))
+
+    def run_settings(self) -> None:
+        """The plan's settings of how it was measured that matter to a run elsewhere: the
+        allocator's cap and its expandable segments (each stack's file lacks both)."""
+        plan = self.facts.plan
+        if plan.memory_budget_bytes:
+            self.lose(f"memory_budget_bytes = {plan.memory_budget_bytes}", "the harness capped "
+                      "each rank's allocator while measuring (the study's memory budget)",
+                      "torch.cuda.set_per_process_memory_fraction(...) in your script, for the "
+                      "same cap", applied=True)
+        if plan.expandable_segments and self.facts.cuda:
+            self.lose("expandable_segments = true", "an environment variable of the processes",
+                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where you launch",
+                      applied=True)
 
     def unknown(self, name: str) -> None:
         """A strategy this exporter has no rule for (one registered after it was written)."""

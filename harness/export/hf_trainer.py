@@ -175,6 +175,7 @@ def _rest(w: Writer) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("hf-trainer", facts)
+    w.run_settings()
     plan = facts.plan
     args: dict[str, Any] = {
         "output_dir": f"trainer_output/{plan.name}",

@@ -68,6 +68,7 @@ _NEAREST = {
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("lightning", facts)
+    w.run_settings()
     precision = facts.precision()
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if facts.cuda else "cpu",

@@ -127,6 +127,7 @@ def _optimizer(w: Writer, job: dict[str, Any]) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("torchtitan", facts)
+    w.run_settings()
     plan = facts.plan
     seq_len = plan.workload_args.get("seq_len")
     job: dict[str, Any] = {

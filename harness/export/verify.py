@@ -170,6 +170,8 @@ def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
     out.unlink(missing_ok=True)
     cmd = _command(plan.world_size, folder / "plan.toml", run_args, out)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if plan.expandable_segments and plan.device != "cpu":  # as the harness's trial had it
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     with open(folder / "log.txt", "w") as log:
         try:
             done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

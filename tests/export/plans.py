@@ -13,9 +13,9 @@ LLAMA = {"name": "hf:llama", "num_hidden_layers": 2, "hidden_size": 32,
 
 def plan(strategies: dict[str, dict[str, Any]] | None = None, data: int = 1, mb: int = 2,
          gb: int | None = 4, **extra: Any) -> Plan:
-    table = {"name": "tiny-llama", "device": "cpu", "workload": dict(LLAMA),
+    table = {"name": "tiny-llama", "device": "cpu", **extra, "workload": dict(LLAMA),
              "micro_batch_size": mb, "global_batch_size": gb, "warmup_steps": 1, "steps": 2,
-             "layout": {"data": data}, "strategies": strategies or {}, **extra}
+             "layout": {"data": data}, "strategies": strategies or {}}
     return Plan.from_dict(table)
 
 

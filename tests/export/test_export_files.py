@@ -131,3 +131,15 @@ def test_a_missing_source_is_exit_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nope"), "--to", "deepspeed"]) == 2
     assert main(["export", str(tmp_path), "--to", "deepspeed"]) == 2  # no best.toml
     assert "no best.toml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_how_it_was_measured_is_named_not_dropped(stack):
+    """A study's plan carries its memory cap and, on a GPU, expandable segments: neither is
+    a stack's setting, so each file names them (and they do not stop a verify)."""
+    p = plans.plan(plans.BEST, device="auto", memory_budget_bytes=2**30)
+    exp = export_plan(p, stack, "t")
+    named = {n.setting: n for n in exp.not_expressed}
+    assert named[f"memory_budget_bytes = {2**30}"].applied
+    assert named["expandable_segments = true"].applied
+    assert "expandable_segments:True" in named["expandable_segments = true"].nearest
