@@ -138,7 +138,8 @@ class Writer:
         if not self.carried:
             lost = "; ".join(n.line() for n in self.lost) or "nothing to write"
             raise HarnessError(f"{self.facts.plan.name}: nothing of this plan can be written "
-                               f"as a {self.stack} file ({lost}); export it --to another stack")
+                               f"in {self.stack}'s config file ({lost}); export it --to "
+                               "another stack")
         return Export(self.stack, text, suffix, self.carried, self.lost)
 
 

@@ -104,7 +104,13 @@ def test_verify_one_process_reads_every_setting_back(tmp_path, capsys):
     assert plain_seen["optim"] == "adamw_torch" and plain_seen["attn_implementation"] == "eager"
     assert "#1 settings read back from the running Trainer: as exported" in out
     assert "#3 (trial 7) the Trainer cannot run it as measured: lamb:" in out
-    assert out.count("ratio") == 1 and "ranking: " in out
+    head = next(line for line in out.splitlines() if "trainer/s" in line)
+    assert head.split()[:5] == ["#", "trial", "study/s", "trainer/s", "ratio"]
+    first = out.splitlines()[out.splitlines().index(head) + 1].split()
+    assert first[:2] == ["1", "5"]  # the study's fastest first
+    study, trainer, ratio = map(float, first[2:5])
+    assert study == 9.0 and trainer > 0 and ratio == pytest.approx(trainer / study, abs=0.01)
+    assert "ranking: " in out
 
 
 @pytest.mark.slow
