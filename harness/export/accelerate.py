@@ -90,6 +90,10 @@ def _sharding(w: Writer, cfg: dict[str, Any]) -> None:
         w.carry("accumulation")
         return
     cfg["distributed_type"] = "FSDP"
+    if not f.cuda:
+        w.lose(f"zero.stage = {zero['stage']} on a CPU", "accelerate runs FSDP on "
+               "accelerators only: on CPUs it falls back to DDP (MULTI_CPU)",
+               "DDP, unsharded, which is what then runs", applied=True)
     ckpt = f.get("checkpoint")
     cfg["fsdp_config"] = {
         "fsdp_version": 2,

@@ -153,6 +153,10 @@ def _parallel(w: Writer, args: dict[str, Any], harness: dict[str, Any]) -> bool:
     args["fsdp"] = True
     args["fsdp_config"] = {"version": 2, "reshard_after_forward": zero["stage"] == 3,
                            "cpu_offload": bool(zero["offload"])}
+    if not f.cuda:  # accelerate (1.15) enters FSDP from MULTI_GPU-like types only
+        w.lose(f"zero.stage = {zero['stage']} on a CPU", "accelerate runs FSDP on "
+               "accelerators only: on CPUs the Trainer falls back to DDP (MULTI_CPU)",
+               "DDP, unsharded, which is what then runs", applied=True)
     if not zero["mixed_precision"] and f.precision():
         w.lose("zero.mixed_precision = false", "the Trainer's FSDP computes in the amp dtype",
                f"FSDP in {f.precision()}", applied=True)

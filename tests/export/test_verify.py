@@ -125,3 +125,21 @@ def test_verify_ddp_two_ranks_under_torchrun(tmp_path):
     assert seen["micro_steps_per_step"] == [2] and seen["gradient_accumulation_steps"] == 2
     assert seen["optimizer_fused"] and seen["model_is_gradient_checkpointing"]
     assert row.lost == []
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_verify_fsdp_on_cpus_catches_the_trainer_running_ddp(tmp_path):
+    """ZeRO-2 exports as fsdp = true (FSDP2, no reshard); on CPUs accelerate enters FSDP
+    for accelerators only and the Trainer trains with DDP. The file says so (its nearest),
+    and verify, reading the running Trainer, names what it did not take."""
+    row = verify_one(record(4, plans.zero(2), 5.0), tmp_path / "4", timeout_s=500)
+    assert row.trainer_rate, row.failed
+    assert any(n.startswith("zero.stage = 2 on a CPU") for n in row.nearest)
+    seen = row.observed
+    assert seen["fsdp"] and seen["world_size"] == 2  # the args took it ...
+    assert seen["distributed_type"] == "MULTI_CPU"  # ... accelerate did not
+    assert seen["wrapper"] == "DistributedDataParallel"
+    assert "distributed_type: exported 'FSDP', the Trainer ran 'MULTI_CPU'" in row.lost
+    assert "checkpointing: exported True, the Trainer ran False" in row.lost
