@@ -32,6 +32,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise HarnessError(f"--top {args.top}: give 1 or more configurations")
+    if args.repeats < 1:
+        raise HarnessError(f"--repeats {args.repeats}: give 1 or more runs per configuration")
     run = Path(args.run)
     records = top_records(run, args.top)
     out = Path(args.out) if args.out else run / "verify"
@@ -39,11 +41,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
           f"the Hugging Face Trainer ({args.with_}) with the exported settings", flush=True)
     rows = []
     for r in records:
-        row = verify_one(r, out / str(r["trial_id"]), args.timeout, bench=args.bench)
+        row = verify_one(r, out / str(r["trial_id"]), args.timeout, bench=args.bench,
+                         repeats=args.repeats)
         state = (f"{row.trainer_rate:.2f} samples/s in the Trainer" if row.trainer_rate else
                  "cannot run" if row.cannot else "failed")
         if row.bench_rate:
-            state += f", {row.bench_rate:.2f} in harness bench just before"
+            state += f", {row.bench_rate:.2f} in harness bench beside it"
         print(f"  trial {r['trial_id']}: {state}", flush=True)
         rows.append(row)
     print(table(rows))
@@ -71,7 +74,10 @@ def add_export_parsers(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per configuration (default 600)")
     v.add_argument("--bench", action="store_true",
-                   help="measure each with harness bench again just before its Trainer run, "
+                   help="measure each with harness bench again beside its Trainer runs, "
                         "and compare with that (a machine whose load drifts)")
+    v.add_argument("--repeats", type=int, default=1,
+                   help="Trainer runs per configuration (and bench runs, with --bench); "
+                        "the medians are compared (default 1)")
     v.add_argument("--out", metavar="FOLDER", help="default: RUN/verify")
     v.set_defaults(func=cmd_verify)

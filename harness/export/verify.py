@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -30,14 +31,25 @@ class Row:
     describe: str
     study_rate: float  # the study's record
     busy: str | None = None
-    trainer_rate: float | None = None
+    trainer_rates: list[float] = field(default_factory=list)
     cannot: str | None = None  # why the Trainer cannot run it as measured
     failed: str | None = None  # it was started and did not finish
     lost: list[str] = field(default_factory=list)  # settings the running Trainer did not take
     nearest: list[str] = field(default_factory=list)  # settings run as their nearest
     observed: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
-    bench_rate: float | None = None  # --bench: harness bench just before the Trainer's run
+    bench_rates: list[float | None] = field(default_factory=list)  # --bench, beside each run
+
+    @property
+    def trainer_rate(self) -> float | None:
+        """The Trainer's samples/s: the median over the repeats."""
+        return statistics.median(self.trainer_rates) if self.trainer_rates else None
+
+    @property
+    def bench_rate(self) -> float | None:
+        """harness bench's samples/s beside the Trainer's runs (--bench): their median."""
+        rates = [r for r in self.bench_rates if r]
+        return statistics.median(rates) if rates else None
 
     @property
     def harness_rate(self) -> float:
@@ -121,10 +133,10 @@ def _command(world: int, plan: Path, args: Path, out: Path) -> list[str]:
             "--master-port", str(free_port()), *run]
 
 
-def bench_again(folder: Path, timeout_s: float) -> float | None:
+def bench_again(folder: Path, repeat: int, timeout_s: float) -> float | None:
     """`harness bench` of the plan in `folder`, now: its samples/s, None if it failed."""
-    out = folder / "bench"
-    with open(folder / "bench.log", "w") as log:
+    out = folder / f"bench-{repeat}"
+    with open(folder / f"bench-{repeat}.log", "w") as log:
         try:
             subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
                             "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
@@ -139,7 +151,7 @@ def bench_again(folder: Path, timeout_s: float) -> float | None:
 
 
 def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
-               bench: bool = False) -> Row:
+               bench: bool = False, repeats: int = 1) -> Row:
     plan = Plan.from_dict(record["plan"])
     m = record["metrics"]
     row = Row(record["trial_id"], describe(record["plan"]), m["samples_per_s"],
@@ -164,31 +176,43 @@ def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
     fields["harness_run"] = {"warmup": max(plan.warmup_steps, 1), "steps": steps}
     run_args = folder / "trainer_run.json"
     run_args.write_text(json.dumps(fields, indent=2))
-    if bench:  # the harness's figure of the same minute, on a machine that drifts
-        row.bench_rate = bench_again(folder, timeout_s)
-    out = folder / "result.json"
-    out.unlink(missing_ok=True)
-    cmd = _command(plan.world_size, folder / "plan.toml", run_args, out)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if plan.expandable_segments and plan.device != "cpu":  # as the harness's trial had it
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    with open(folder / "log.txt", "w") as log:
-        try:
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            row.failed = f"timed out after {timeout_s:.0f} s (log: {folder / 'log.txt'})"
+    for i in range(repeats):
+        # harness bench beside each Trainer run (the same minutes of a drifting machine),
+        # first on even repeats and second on odd ones, so neither always goes first
+        if bench and i % 2 == 0:
+            row.bench_rates.append(bench_again(folder, i, timeout_s))
+        out = folder / ("result.json" if i == 0 else f"result-{i}.json")
+        result, row.failed = _trainer_run(plan, folder, run_args, out, env, timeout_s)
+        if result is None:
             return row
-    if done.returncode or not out.exists():
-        tail = (folder / "log.txt").read_text().strip().splitlines()[-1:] or ["no output"]
-        row.failed = f"exit {done.returncode}: {tail[0][:200]} (log: {folder / 'log.txt'})"
-        return row
-    result = json.loads(out.read_text())
-    row.trainer_rate = result["samples_per_s"]
+        row.trainer_rates.append(result["samples_per_s"])
+        if bench and i % 2 == 1:
+            row.bench_rates.append(bench_again(folder, i, timeout_s))
     row.observed = result["observed"]
     row.versions = result.get("versions") or {}
     row.lost = settings_lost(fields, result["observed"], plan.world_size)
     return row
+
+
+def _trainer_run(plan: Plan, folder: Path, run_args: Path, out: Path, env: dict[str, str],
+                 timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
+    """One Trainer run in its own processes: (its result.json, None), or (None, why not)."""
+    out.unlink(missing_ok=True)
+    cmd = _command(plan.world_size, folder / "plan.toml", run_args, out)
+    log_path = folder / "log.txt"
+    with open(log_path, "w") as log:
+        try:
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout_s:.0f} s (log: {log_path})"
+    if done.returncode or not out.exists():
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
+        return None, f"exit {done.returncode}: {tail[0][:200]} (log: {log_path})"
+    return json.loads(out.read_text()), None
 
 
 def ranking(rows: list[Row]) -> str:
@@ -207,6 +231,10 @@ def ranking(rows: list[Row]) -> str:
 
 def _cell(value: float | None) -> str:
     return f"{value:>10.2f}" if value else f"{'-':>10}"
+
+
+def _spread(rates: list[float]) -> str:
+    return f"{statistics.median(rates):.2f} [{min(rates):.2f}, {max(rates):.2f}]"
 
 
 def table(rows: list[Row]) -> str:
@@ -229,6 +257,11 @@ def table(rows: list[Row]) -> str:
                          f"{r.cannot}")
         if r.failed:
             lines.append(f"  #{i} (trial {r.trial_id}) failed in the Trainer: {r.failed}")
+        if len(r.trainer_rates) > 1:
+            bench = [b for b in r.bench_rates if b]
+            lines.append(f"  #{i} samples/s over {len(r.trainer_rates)} repeats: Trainer "
+                         f"{_spread(r.trainer_rates)}" + (f"; harness bench {_spread(bench)}"
+                                                          if bench else ""))
         for text in r.nearest:
             lines.append(f"  #{i} ran the nearest equivalent of {text}")
         if r.trainer_rate and not r.lost:

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from harness.cli.main import main
-from harness.export.verify import Row, ranking, settings_lost, top_records, verify_one
+from harness.export.verify import Row, ranking, settings_lost, table, top_records, verify_one
 from tests.export import plans
 
 
@@ -68,11 +68,25 @@ def test_settings_lost_compares_the_running_trainer_with_the_file():
 
 
 def test_ranking_holds_or_names_the_trainers_order():
-    a, b = Row(1, "a", 5.0, trainer_rate=4.0), Row(2, "b", 3.0, trainer_rate=2.0)
+    a, b = Row(1, "a", 5.0, trainer_rates=[4.0]), Row(2, "b", 3.0, trainer_rates=[2.0, 1.0, 3.0])
+    assert b.trainer_rate == 2.0  # the median of its repeats
     assert ranking([a, b]).startswith("ranking: holds")
-    b.trainer_rate = 4.5
+    b.trainer_rates = [4.5]
     assert ranking([a, b]) == ("ranking: differs: the Trainer orders them trial 2 > trial 1, "
                                "the harness trial 1 > trial 2")
+
+
+def test_the_table_compares_with_bench_where_measured():
+    """--bench --repeats 3: medians of each side; the ratio is the Trainer's over bench's."""
+    r = Row(5, "d1p1t1 mb 8 | amp(dtype=bf16)", 9.0, trainer_rates=[3.0, 4.0, 5.0],
+            bench_rates=[8.0, None, 6.0])
+    assert r.ratio == pytest.approx(4.0 / 7.0)
+    text = table([r])
+    head, first = text.splitlines()[:2]
+    assert head.split()[:6] == ["#", "trial", "study/s", "bench/s", "trainer/s", "ratio"]
+    assert first.split()[:6] == ["1", "5", "9.00", "7.00", "4.00", "0.57"]
+    assert ("#1 samples/s over 3 repeats: Trainer 4.00 [3.00, 5.00]; harness bench 7.00 "
+            "[6.00, 8.00]") in text
 
 
 def test_verify_refuses_a_folder_without_records(tmp_path, capsys):
