@@ -36,6 +36,7 @@ class Row:
     failed: str | None = None  # it was started and did not finish
     lost: list[str] = field(default_factory=list)  # settings the running Trainer did not take
     nearest: list[str] = field(default_factory=list)  # settings run as their nearest
+    capped: bool = False  # the harness ran it under an allocator cap (a memory budget)
     observed: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     bench_rates: list[float | None] = field(default_factory=list)  # --bench, beside each run
@@ -167,7 +168,10 @@ def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
     if exp.missing():
         row.cannot = "; ".join(n.line() for n in exp.missing())
         return row
-    row.nearest = [n.line() for n in exp.not_expressed]
+    # the settings of how the harness measured (its allocator cap) are said once, in the table
+    row.nearest = [f"{n.setting} -> {n.nearest}" for n in exp.not_expressed
+                   if not n.setting.startswith(("memory_budget_bytes", "expandable_segments"))]
+    row.capped = bool(plan.memory_budget_bytes)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "plan.toml").write_text(plan.to_toml())
     (folder / "trainer.json").write_text(exp.text)
@@ -263,7 +267,7 @@ def table(rows: list[Row]) -> str:
                          f"{_spread(r.trainer_rates)}" + (f"; harness bench {_spread(bench)}"
                                                           if bench else ""))
         for text in r.nearest:
-            lines.append(f"  #{i} ran the nearest equivalent of {text}")
+            lines.append(f"  #{i} ran as its nearest equivalent: {text}")
         if r.trainer_rate and not r.lost:
             lines.append(f"  #{i} settings read back from the running Trainer: as exported")
         for text in r.lost:
@@ -271,4 +275,7 @@ def table(rows: list[Row]) -> str:
         if r.busy:
             lines.append(f"  #{i} ~ the harness measured it while the machine was busy "
                          f"({r.busy})")
+    if any(r.capped and r.trainer_rates for r in rows):
+        lines.append("  the harness ran these under the study's memory budget (an allocator cap "
+                     "per rank); the Trainer's runs have none")
     return "\n".join(lines)
