@@ -121,8 +121,14 @@ def export(facts: Facts, source: str) -> Export:
         "distill": "a teacher's KL term in your loss",
     }
     for name, near in nearest.items():
-        if name in facts.strategies and name not in w.carried:
-            what = "fused (attention, compile, kernels)" if name == "fused" else name
-            w.lose(what, "not a ds_config setting", near)
+        if name == "fused" and name in facts.strategies:  # the parts besides the optimizer
+            parts = [f"fused.{k} = {v}" for k, v in facts.get("fused").items()
+                     if k != "optimizer" and v not in (False, "eager", "default", "explicit")]
+            if parts:
+                w.lose(", ".join(parts), "not a ds_config setting", near)
+            elif not any(n.setting.startswith("fused") for n in w.lost):
+                w.carry("fused")  # eager attention, torch's default AdamW: DeepSpeed's own
+        elif name in facts.strategies and name not in w.carried:
+            w.lose(name, "not a ds_config setting", near)
     cfg["not_expressed"] = notes_json(w.lost)
     return w.finish(json.dumps(cfg, indent=2) + "\n", ".json")

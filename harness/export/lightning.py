@@ -95,6 +95,13 @@ def export(facts: Facts, source: str) -> Export:
     if fused and fused["compile"]:
         w.lose("fused.compile = true", "the LightningModule compiles itself",
                "torch.compile each block in configure_model")
+    if fused and fused["attention"] == "sdpa":
+        w.lose("fused.attention = sdpa", "the attention is chosen where the model is built",
+               "from_pretrained(..., attn_implementation='sdpa') in configure_model")
+    triton = [k for k in ("layernorm", "gelu", "cross_entropy") if fused and fused[k] != "eager"]
+    if triton:
+        w.lose(f"fused.{'/'.join(triton)} = triton", "Lightning swaps no kernels",
+               "liger_kernel's apply_liger_kernel_to_<model>() in configure_model")
     for name in facts.strategies:
         if name in _NEAREST and name not in w.carried and not any(
                 n.setting.startswith(name) for n in w.lost):

@@ -143,3 +143,24 @@ def test_how_it_was_measured_is_named_not_dropped(stack):
     assert named[f"memory_budget_bytes = {2**30}"].applied
     assert named["expandable_segments = true"].applied
     assert "expandable_segments:True" in named["expandable_segments = true"].nearest
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_part_of_fused_is_said(stack):
+    """fused is several settings: the attention, the optimizer, the kernels; each is in
+    the file or named (torchtitan's models use SDPA already)."""
+    p = plans.plan({"amp": {"dtype": "bf16"},
+                    "fused": {"attention": "sdpa", "optimizer": "fused", "layernorm": "triton"}})
+    text = export_plan(p, stack, "t").text
+    assert "sdpa" in text or stack == "torchtitan"
+    assert "fused" in text
+    assert "triton" in text or "liger" in text
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_fused_with_every_part_off_is_still_accounted_for(stack):
+    p = plans.plan({"amp": {"dtype": "bf16"},
+                    "fused": {"attention": "explicit", "optimizer": "default"}})
+    exp = export_plan(p, stack, "t")  # Writer.finish would refuse a fused passed over
+    assert "fused" in exp.carried or any(n.setting.startswith("fused")
+                                          for n in exp.not_expressed)
