@@ -17,7 +17,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(source, plan, args.to, exp.suffix)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(exp.text)
-    print(f"wrote {out}: {plan.name} as a {args.to} file")
+    print(f"wrote {out}: {plan.name} for {args.to}")
     print(f"carried: {', '.join(exp.carried)}")
     if exp.not_expressed:
         print(f"not expressed ({len(exp.not_expressed)}; also in the file):")
