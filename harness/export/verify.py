@@ -228,9 +228,17 @@ def ranking(rows: list[Row]) -> str:
     if [r.trial_id for r in order] == [r.trial_id for r in ran]:
         return (f"ranking: holds (the Trainer orders the {len(ran)} configurations it ran "
                 "as the harness did)")
-    return ("ranking: differs: the Trainer orders them " + " > ".join(
+    text = ("ranking: differs: the Trainer orders them " + " > ".join(
         f"trial {r.trial_id}" for r in order) + ", the harness " + " > ".join(
         f"trial {r.trial_id}" for r in ran))
+    if any(len(r.trainer_rates) < 2 for r in ran):
+        return text + " (one Trainer run each: --repeats 3 says whether it is beyond the noise)"
+    swapped = [(a, b) for i, a in enumerate(ran) for b in ran[i + 1:]
+               if b.trainer_rate > a.trainer_rate]
+    if all(max(a.trainer_rates) >= min(b.trainer_rates) for a, b in swapped):
+        return text + (" (each swap within the Trainer's spread over its repeats: not beyond "
+                       "the noise)")
+    return text
 
 
 def _cell(value: float | None) -> str:

@@ -72,8 +72,13 @@ def test_ranking_holds_or_names_the_trainers_order():
     assert b.trainer_rate == 2.0  # the median of its repeats
     assert ranking([a, b]).startswith("ranking: holds")
     b.trainer_rates = [4.5]
-    assert ranking([a, b]) == ("ranking: differs: the Trainer orders them trial 2 > trial 1, "
-                               "the harness trial 1 > trial 2")
+    assert ranking([a, b]).startswith("ranking: differs: the Trainer orders them trial 2 > "
+                                      "trial 1, the harness trial 1 > trial 2 (one Trainer run")
+    a.trainer_rates, b.trainer_rates = [3.0, 4.0, 5.0], [4.2, 4.5, 4.6]  # overlapping
+    assert ranking([a, b]).endswith("(each swap within the Trainer's spread over its "
+                                    "repeats: not beyond the noise)")
+    a.trainer_rates = [3.0, 3.5, 4.0]  # b beats each of a's runs
+    assert ranking([a, b]).endswith("the harness trial 1 > trial 2")
 
 
 def test_the_table_compares_with_bench_where_measured():
