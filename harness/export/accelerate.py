@@ -31,7 +31,7 @@ def _script(w: Writer) -> None:
                "script, prepared by accelerator.prepare")
     fused = f.get("fused")
     if fused:
-        if fused["optimizer"] in ("fused", "foreach"):
+        if fused["optimizer"] in ("fused", "foreach") and opt == "adamw":
             w.lose(f"fused.optimizer = {fused['optimizer']}", "an optimizer is built in your "
                    "script", f"torch.optim.AdamW(..., {fused['optimizer']}=True)")
         if fused["attention"] == "sdpa":
@@ -118,6 +118,7 @@ def _sharding(w: Writer, cfg: dict[str, Any]) -> None:
 def export(facts: Facts, source: str) -> Export:
     w = Writer("accelerate", facts)
     w.run_settings()
+    w.optimizer_impl()
     precision = facts.precision()
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",

@@ -124,6 +124,14 @@ class Writer:
                       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where you launch",
                       applied=True)
 
+    def optimizer_impl(self) -> None:
+        """The fused strategy's optimizer setting where LAMB, LARS or Muon replaces AdamW:
+        it picks that optimizer's implementation (foreach, Triton), which no stack names."""
+        opt, fused = optimizer_name(self.facts), self.facts.get("fused")
+        if opt != "adamw" and fused and fused["optimizer"] != "default":
+            self.lose(f"fused.optimizer = {fused['optimizer']} (of {opt})", "the "
+                      f"implementation of the harness's {opt}", f"{opt} as your code builds it")
+
     def unknown(self, name: str) -> None:
         """A strategy this exporter has no rule for (one registered after it was written)."""
         self.lose(name, f"no {self.stack} counterpart is known to the harness's exporter",

@@ -85,6 +85,7 @@ def _optimizer(w: Writer, cfg: dict[str, Any]) -> None:
 def export(facts: Facts, source: str) -> Export:
     w = Writer("deepspeed", facts)
     w.run_settings()
+    w.optimizer_impl()
     cfg: dict[str, Any] = {
         # train_batch_size left out: DeepSpeed derives it (micro x accumulation x world), so
         # the file reads the same at any world size

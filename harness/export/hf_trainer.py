@@ -180,6 +180,7 @@ def _rest(w: Writer) -> None:
 def export(facts: Facts, source: str) -> Export:
     w = Writer("hf-trainer", facts)
     w.run_settings()
+    w.optimizer_impl()
     plan = facts.plan
     args: dict[str, Any] = {
         "output_dir": f"trainer_output/{plan.name}",

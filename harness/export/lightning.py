@@ -69,6 +69,7 @@ _NEAREST = {
 def export(facts: Facts, source: str) -> Export:
     w = Writer("lightning", facts)
     w.run_settings()
+    w.optimizer_impl()
     precision = facts.precision()
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if facts.cuda else "cpu",

@@ -117,7 +117,7 @@ def _optimizer(w: Writer, job: dict[str, Any]) -> None:
     job["optimizer"] = {"name": "AdamW", "lr": hp.lr, "beta1": hp.betas[0],
                         "beta2": hp.betas[1], "eps": hp.eps, "weight_decay": hp.weight_decay,
                         "implementation": chosen}
-    if impl == "triton":
+    if impl == "triton" and opt == "adamw":
         w.lose("fused.optimizer = triton", "torchtitan's AdamW is torch's",
                "implementation = 'fused'", applied=True)
     if opt != "adamw":
@@ -128,6 +128,7 @@ def _optimizer(w: Writer, job: dict[str, Any]) -> None:
 def export(facts: Facts, source: str) -> Export:
     w = Writer("torchtitan", facts)
     w.run_settings()
+    w.optimizer_impl()
     plan = facts.plan
     seq_len = plan.workload_args.get("seq_len")
     job: dict[str, Any] = {

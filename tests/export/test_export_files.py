@@ -164,3 +164,15 @@ def test_fused_with_every_part_off_is_still_accounted_for(stack):
     exp = export_plan(p, stack, "t")  # Writer.finish would refuse a fused passed over
     assert "fused" in exp.carried or any(n.setting.startswith("fused")
                                           for n in exp.not_expressed)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_implementation_of_lamb_is_named(stack):
+    """fused.optimizer picks LAMB's implementation when LAMB replaces AdamW: named, and
+    never said as AdamW's."""
+    p = plans.plan({"amp": {"dtype": "bf16"}, "lamb": {}, "fused": {"optimizer": "foreach"}})
+    exp = export_plan(p, stack, "t")
+    settings = [n.setting for n in exp.not_expressed]
+    assert "fused.optimizer = foreach (of lamb)" in settings
+    assert "AdamW(..., foreach" not in exp.text and "fused.optimizer = foreach" not in [
+        s.split(" (")[0] for s in settings if "(of" not in s]
