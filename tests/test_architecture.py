@@ -49,8 +49,11 @@ ALLOWED: dict[str, set[str]] = {
     "harness": {"core"},  # harness/__init__.py: __version__, HarnessError
     "cli": {
         "tune", "launch", "measure", "core", "study", "estimator", "workloads", "records",
-        "strategies", "kernels", "reports", "harness", "selftest",
+        "strategies", "kernels", "reports", "harness", "selftest", "export",
     },
+    # `harness export` (plans in other stacks' files) and `harness verify` (the HF Trainer's
+    # run, in its own processes): beside the chain, below cli
+    "export": {"core", "records", "strategies", "workloads", "harness"},
     # `harness selftest --gpu`: subprocesses and the files they leave; never CUDA here
     "selftest": {"core", "records"},  # records: the run folder's one reader
     # the tuner's process: no package that is torch through and through

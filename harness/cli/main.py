@@ -244,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from harness.cli.selftest import add_selftest_parser  # `selftest --gpu`: the GPU path
     add_selftest_parser(sub)
+
+    from harness.cli.export import add_export_parsers  # `export` and `verify`: other stacks
+    add_export_parsers(sub)
     return parser
 
 

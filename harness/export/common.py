@@ -1,0 +1,178 @@
+"""What every stack's export shares: the plan read with its defaults filled, the record of
+what was carried into the stack's file and what could not be (never dropped silently),
+and the refusal of a plan with nothing a stack can express.
+
+An exporter walks the plan's choices (micro-batch, accumulation, layout, each strategy)
+and for each either writes it in the stack's own names (`carry`) or says why it cannot,
+with the nearest equivalent (`lose`). `Writer.finish` checks that every strategy of the
+plan was one or the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+
+STACKS = ("hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed")
+
+
+@dataclass
+class NotExpressed:
+    """A setting of the plan the stack's file cannot hold."""
+
+    setting: str  # as the plan says it: "lamb", "checkpoint.every = 2"
+    reason: str  # why the stack cannot say it
+    nearest: str  # the nearest equivalent, in the stack's words
+    # True: the file holds the nearest equivalent (what the stack then runs), or the setting
+    # is how the harness measured rather than what it trained; False: the file lacks it,
+    # so the configuration as measured does not run from this file alone
+    applied: bool = False
+
+    def line(self) -> str:
+        lacking = "" if self.applied else " (not in the file)"
+        return f"{self.setting}: {self.reason}; nearest: {self.nearest}{lacking}"
+
+
+@dataclass
+class Export:
+    """One stack's file for one plan."""
+
+    stack: str
+    text: str  # the file's content
+    suffix: str  # ".json", ".yaml", ".toml"
+    carried: list[str]  # the plan's choices written in the stack's names
+    not_expressed: list[NotExpressed]
+
+    def missing(self) -> list[NotExpressed]:
+        """The settings the file lacks outright (no equivalent written)."""
+        return [n for n in self.not_expressed if not n.applied]
+
+
+@dataclass
+class Facts:
+    """A plan's choices as an exporter reads them: strategies with every default filled."""
+
+    plan: Plan
+    strategies: dict[str, dict[str, Any]]
+
+    @property
+    def mb(self) -> int:
+        return self.plan.micro_batch_size
+
+    @property
+    def accumulation(self) -> int:
+        return self.plan.accumulation_steps
+
+    @property
+    def world(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the plan runs on GPUs: "auto" exports for a GPU, the stacks' home."""
+        return self.plan.device != "cpu"
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.strategies.get(name)
+
+    def precision(self) -> str | None:
+        """"bf16", "fp16" or None (fp32), from amp."""
+        amp = self.get("amp")
+        return amp["dtype"] if amp else None
+
+
+def read_facts(plan: Plan) -> Facts:
+    """The plan with its strategies' defaults filled in (strategies.compose.resolved), so
+    that an exporter sees what the trial ran, not only what the file spelled out."""
+    import strategies  # noqa: F401  (registers the built-in strategies)
+    from strategies.compose import resolved
+
+    _ = plan.accumulation_steps  # a batch that does not divide: the plan's own message
+    full = resolved(plan)
+    return Facts(full, {k: dict(v) for k, v in full.strategies.items()})
+
+
+@dataclass
+class Writer:
+    """Collects what an exporter carried and lost, and makes the Export."""
+
+    stack: str
+    facts: Facts
+    carried: list[str] = field(default_factory=list)
+    lost: list[NotExpressed] = field(default_factory=list)
+
+    def carry(self, what: str) -> None:
+        self.carried.append(what)
+
+    def lose(self, setting: str, reason: str, nearest: str, applied: bool = False) -> None:
+        self.lost.append(NotExpressed(setting, reason, nearest, applied))
+
+    def run_settings(self) -> None:
+        """The plan's settings of how it was measured that matter to a run elsewhere: the
+        allocator's cap and its expandable segments (each stack's file lacks both)."""
+        plan = self.facts.plan
+        if plan.memory_budget_bytes:
+            self.lose(f"memory_budget_bytes = {plan.memory_budget_bytes}", "the harness capped "
+                      "each rank's allocator while measuring (the study's memory budget)",
+                      "torch.cuda.set_per_process_memory_fraction(...) in your script, for the "
+                      "same cap", applied=True)
+        if plan.expandable_segments and self.facts.cuda:
+            self.lose("expandable_segments = true", "an environment variable of the processes",
+                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where you launch",
+                      applied=True)
+
+    def optimizer_impl(self) -> None:
+        """The fused strategy's optimizer setting where LAMB, LARS or Muon replaces AdamW:
+        it picks that optimizer's implementation (foreach, Triton), which no stack names."""
+        opt, fused = optimizer_name(self.facts), self.facts.get("fused")
+        if opt != "adamw" and fused and fused["optimizer"] != "default":
+            self.lose(f"fused.optimizer = {fused['optimizer']} (of {opt})", "the "
+                      f"implementation of the harness's {opt}", f"{opt} as your code builds it")
+
+    def unknown(self, name: str) -> None:
+        """A strategy this exporter has no rule for (one registered after it was written)."""
+        self.lose(name, f"no {self.stack} counterpart is known to the harness's exporter",
+                  "leave it out, or add it by hand")
+
+    def finish(self, text: str, suffix: str) -> Export:
+        touched = set(self.carried) | {n.setting.split(".")[0].split(" ")[0]
+                                       for n in self.lost}
+        missing = [s for s in self.facts.strategies if s not in touched]
+        if missing:  # an exporter's bug, not the user's: say it loudly
+            raise AssertionError(f"{self.stack} exporter passed over {missing}")
+        if not self.carried:
+            lost = "; ".join(n.line() for n in self.lost) or "nothing to write"
+            raise HarnessError(f"{self.facts.plan.name}: nothing of this plan can be written "
+                               f"in {self.stack}'s config file ({lost}); export it --to "
+                               "another stack")
+        return Export(self.stack, text, suffix, self.carried, self.lost)
+
+
+def notes_json(lost: list[NotExpressed]) -> list[dict[str, Any]]:
+    return [asdict(n) for n in lost]
+
+
+def comment_lines(lost: list[NotExpressed], source: str, stack: str) -> str:
+    """A YAML/TOML header: where it came from and each setting not expressed."""
+    lines = [f"# {stack} configuration exported by `harness export` from {source}."]
+    if lost:
+        lines.append("# not_expressed (the plan's settings this file cannot hold):")
+        lines += [f"#   - {n.line()}" for n in lost]
+    return "\n".join(lines) + "\n"
+
+
+def optimizer_name(facts: Facts) -> str:
+    """"adamw", or the strategy that replaces it (lamb, lars, muon)."""
+    from harness.core.target import OPTIMIZERS
+
+    return next((o for o in OPTIMIZERS if o in facts.strategies), "adamw")
+
+
+def adam_impl(facts: Facts) -> str:
+    """AdamW's implementation as the plan ran it: "fused", "foreach", "triton" or
+    "default" (the for-loop on a CPU)."""
+    fused = facts.get("fused")
+    return fused["optimizer"] if fused else "default"

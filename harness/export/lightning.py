@@ -1,0 +1,112 @@
+"""`--to lightning`: a LightningCLI config YAML (`trainer:` and its strategy).
+
+Use it as `python your_cli.py fit --config FILE` with a `LightningCLI(YourModule,
+YourData)` script, or read its `trainer:` table into `Trainer(**...)`. The micro-batch
+is the DataModule's (a comment says so); compile and the optimizer are the
+LightningModule's (`configure_model`, `configure_optimizers`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from harness.export.common import Export, Facts, Writer, adam_impl, comment_lines, optimizer_name
+
+STRATEGIES = "lightning.pytorch.strategies"
+PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", None: "32-true"}
+
+
+def _strategy(w: Writer) -> Any:
+    f = w.facts
+    ddp, zero = f.get("ddp"), f.get("zero")
+    if zero and zero["stage"] == 1:
+        w.carry("zero")
+        return {"class_path": f"{STRATEGIES}.DeepSpeedStrategy", "init_args": {"stage": 1}}
+    if zero:
+        w.carry("zero")
+        w.lose(f"zero.stage = {zero['stage']} (FSDP2)", "Lightning's FSDPStrategy is FSDP1 "
+               "(flat parameters); FSDP2 is its ModelParallelStrategy with your own "
+               "configure_model", "FSDPStrategy with the same sharding", applied=True)
+        args: dict[str, Any] = {
+            "sharding_strategy": "FULL_SHARD" if zero["stage"] == 3 else "SHARD_GRAD_OP",
+            "cpu_offload": bool(zero["offload"]),
+        }
+        if f.get("checkpoint"):  # a set of layer classes: not a value YAML can name
+            w.lose("checkpoint", "activation_checkpointing_policy takes your model's layer "
+                   "classes", "FSDPStrategy(activation_checkpointing_policy={YourLayer})")
+        return {"class_path": f"{STRATEGIES}.FSDPStrategy", "init_args": args}
+    if ddp:
+        w.carry("ddp")
+        if ddp["compression"] != "none":
+            w.lose(f"ddp.compression = {ddp['compression']}", "a communication hook is a "
+                   "function, not a YAML value", "DDPStrategy(ddp_comm_hook="
+                   f"default_hooks.{ddp['compression']}_compress_hook) in code")
+        return {"class_path": f"{STRATEGIES}.DDPStrategy",
+                "init_args": {"bucket_cap_mb": ddp["bucket_cap_mb"],
+                              "gradient_as_bucket_view": ddp["gradient_as_bucket_view"]}}
+    return "auto"
+
+
+_NEAREST = {
+    "pipeline": "torchtitan's pipeline schedules (--to torchtitan); Lightning has none",
+    "tensor": "ModelParallelStrategy(tensor_parallel_size=...) with your configure_model",
+    "fused": "the LightningModule's own code",
+    "lamb": "the harness's Lamb in configure_optimizers",
+    "lars": "the harness's LARS in configure_optimizers",
+    "muon": "torch.optim.Muon in configure_optimizers",
+    "averaging": "callbacks: WeightAveraging / StochasticWeightAveraging",
+    "lora": "peft.get_peft_model(...) in configure_model",
+    "curriculum": "a DataModule whose collate_fn truncates to the scheduled length",
+    "distill": "a teacher's KL term in training_step",
+    "float8": "torchao's convert_to_float8_training in configure_model",
+    "checkpoint": "model.gradient_checkpointing_enable() in configure_model",
+    "tf32": "torch.set_float32_matmul_precision('high') before Trainer.fit",
+}
+
+
+def export(facts: Facts, source: str) -> Export:
+    w = Writer("lightning", facts)
+    w.run_settings()
+    w.optimizer_impl()
+    precision = facts.precision()
+    trainer: dict[str, Any] = {
+        "accelerator": "gpu" if facts.cuda else "cpu",
+        "devices": facts.world,
+        "num_nodes": 1,
+        "precision": PRECISION[precision],
+        "accumulate_grad_batches": facts.accumulation,
+        "strategy": _strategy(w),
+    }
+    if precision:
+        w.carry("amp")
+    if facts.world > 1:
+        w.carry("layout")
+    if facts.get("accumulation") or facts.accumulation > 1:
+        w.carry("accumulation")
+    if facts.get("lamb") and facts.get("lamb")["max_grad_norm"]:
+        trainer["gradient_clip_val"] = facts.get("lamb")["max_grad_norm"]
+    w.lose(f"micro_batch_size = {facts.mb}", "the batch size belongs to your DataModule",
+           f"data: init_args: batch_size: {facts.mb} (your DataModule's argument)")
+    fused = facts.get("fused")
+    if fused and optimizer_name(facts) == "adamw" and adam_impl(facts) in ("fused", "foreach"):
+        w.lose(f"fused.optimizer = {fused['optimizer']}", "configure_optimizers builds it",
+               f"torch.optim.AdamW(..., {fused['optimizer']}=True)")
+    if fused and fused["compile"]:
+        w.lose("fused.compile = true", "the LightningModule compiles itself",
+               "torch.compile each block in configure_model")
+    if fused and fused["attention"] == "sdpa":
+        w.lose("fused.attention = sdpa", "the attention is chosen where the model is built",
+               "from_pretrained(..., attn_implementation='sdpa') in configure_model")
+    triton = [k for k in ("layernorm", "gelu", "cross_entropy") if fused and fused[k] != "eager"]
+    if triton:
+        w.lose(f"fused.{'/'.join(triton)} = triton", "Lightning swaps no kernels",
+               "liger_kernel's apply_liger_kernel_to_<model>() in configure_model")
+    for name in facts.strategies:
+        if name in _NEAREST and name not in w.carried and not any(
+                n.setting.startswith(name) for n in w.lost):
+            w.lose(name, "Lightning's Trainer has no such setting", _NEAREST[name])
+    body = yaml.safe_dump({"seed_everything": facts.plan.seed, "trainer": trainer},
+                          sort_keys=False)
+    return w.finish(comment_lines(w.lost, source, "Lightning (LightningCLI)") + body, ".yaml")
