@@ -44,6 +44,7 @@ class TargetPredictor:
     def __init__(self, target: Any) -> None:
         self.target = target
         self._workloads: dict[str, Any] = {}
+        self._convolutions: dict[int, bool] = {}  # by id of a workload of _workloads
 
     def workload(self, plan: Plan) -> Any:
         from harness.workloads import load_workload
@@ -52,6 +53,12 @@ class TargetPredictor:
         if key not in self._workloads:
             self._workloads[key] = load_workload(plan.workload, plan.workload_args)
         return self._workloads[key]
+
+    def convolutions(self, workload: Any) -> bool:
+        """Whether the model has convolutions (built once on the meta device)."""
+        if id(workload) not in self._convolutions:
+            self._convolutions[id(workload)] = _has_convolutions(workload)
+        return self._convolutions[id(workload)]
 
     def prepare(self, plan: Plan, peaks: Any = None) -> SimpleNamespace:
         """The plan checked against the target and its prediction (`.predicted`, the
@@ -70,7 +77,7 @@ class TargetPredictor:
         strategies.validate(plan, runtime)
         plan = strategies.resolved(plan)
         dtype = autocast_dtype_name(plan.strategies)
-        if dtype == "fp32" and _convolutions(workload):
+        if dtype == "fp32" and self.convolutions(workload):
             dtype = "tf32"  # cuDNN runs fp32 convolutions on TF32 tensor cores by default
         flops = flops_per_sample(plan, workload)
         est = estimate(plan, workload, runtime, target.peak_flops(dtype), flops,
@@ -81,7 +88,7 @@ class TargetPredictor:
         return SimpleNamespace(plan=plan, predicted=predicted, workload=workload)
 
 
-def _convolutions(workload: Any) -> bool:
+def _has_convolutions(workload: Any) -> bool:
     import torch
 
     with torch.device("meta"):
