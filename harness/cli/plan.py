@@ -148,9 +148,9 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
     p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
                    help="per GPU, e.g. 70GiB or 0.9 (default: the study's budget.memory)")
-    p.add_argument("--sample", type=int, default=2048, metavar="N",
+    p.add_argument("--sample", type=int, default=256, metavar="N",
                    help="rank all of a space of up to N configurations, else a seeded sample "
-                        "of N (default 2048)")
+                        "of N (default 256)")
     p.add_argument("--json", action="store_true", help="the ranked rows as JSON")
     p.add_argument("--list-targets", action="store_true", help="the known targets and exit")
     p.set_defaults(func=cmd_plan)
