@@ -83,6 +83,12 @@ class TargetPredictor:
         est = estimate(plan, workload, runtime, target.peak_flops(dtype), flops,
                        target.overhead())
         predicted = est.to_record()
+        if plan.world_size > runtime.device_count:  # the estimator models one node's link
+            predicted["assumptions"].append(
+                f"{plan.world_size} GPUs span {target.nodes} nodes of "
+                f"{target.gpu.gpus_per_node}: the collectives are modelled at the node's "
+                f"{target.gpu.link_kind} rate, not the network's (about "
+                f"{(target.gpu.network or 0) / 1e9:.0f} GB/s per GPU): optimistic")
         predicted["target"] = {"name": target.name, "gpus": target.gpus, "dtype": dtype,
                                "tokens_per_sample": workload.tokens_per_sample}
         return SimpleNamespace(plan=plan, predicted=predicted, workload=workload)
