@@ -196,8 +196,9 @@ class _Forward:
 # (micro-batch, amp, device type, fake): checkpointing changes only what is counted
 # of them, so ranking a study's configurations (`harness plan`) traces an 8B model once
 # per micro-batch size, not once per configuration. A failed one is kept as its error.
-# Real CPU forwards (the last fallback) are not kept: they hold real tensors.
-_FORWARDS: weakref.WeakKeyDictionary[Any, dict[tuple, _Forward | Exception]] = (
+# Real CPU forwards (the last fallback) are not kept: they hold real tensors. The
+# checkpointed blocks' recompute FLOPs are counted once per micro-batch size.
+_FORWARDS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -219,6 +220,8 @@ def _forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
         if seen is None:
             assert isinstance(made, _Forward)
             return made
+        if isinstance(made, _Forward):  # FLOPs count shapes: with or without autocast alike
+            made.block_flops = seen.setdefault(("block_flops", micro_batch, fake), {})
         seen[key] = made
     hit = seen[key]
     if isinstance(hit, Exception):
