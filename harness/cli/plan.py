@@ -179,10 +179,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = Target.named(args.target, max(study.layout.world_sizes))
     ranked, budget, space_size = rank(study, target, args.memory_budget, args.sample)
     if args.json:
-        print(json.dumps([_row_json(r, study) for r in ranked[:args.top]], indent=2))
+        print(json.dumps([_row_json(r) for r in ranked[:args.top]], indent=2))
         return 0
-    print(plan_text(study, target, ranked, budget, space_size, args.top,
-                    time.monotonic() - started))
+    from harness.cli.plan_table import render
+
+    print(render(study, target, ranked, budget, space_size, args.top,
+                 time.monotonic() - started, PREDICTIONS))
     return 0
 
 
@@ -249,15 +251,8 @@ def _refusal(predictor: TargetPredictor, plan: Plan) -> str:
     return ""
 
 
-def _row_json(r: Ranked, study: Any) -> dict[str, Any]:
+def _row_json(r: Ranked) -> dict[str, Any]:
     return {"params": r.params, "plan": r.plan.to_dict(), "samples_per_s": r.rate or None,
             "step_time_s": r.plan.batch_size / r.rate if r.rate else None,
             "peak_memory_bytes": r.peak, "fits": bool(r.rate), "refused": r.why_not or None,
             "predicted": r.predicted}
-
-
-def plan_text(study: Any, target: Any, ranked: list[Ranked], budget: int,
-              space_size: int | None, top: int, seconds: float) -> str:
-    from harness.cli.plan_table import render
-
-    return render(study, target, ranked, budget, space_size, top, seconds, PREDICTIONS)
