@@ -170,6 +170,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from harness.cli.bench_table import estimate_table
     from harness.measure.prepare import prepare
 
+    if args.target:  # a GPU this machine need not have: harness.cli.plan
+        from harness.cli.plan import estimate_on_target
+
+        return estimate_on_target(args, plan_from_args(args))
     prep = prepare(plan_from_args(args))
     if args.json:
         print(json.dumps(prep.predicted, indent=2))
@@ -233,11 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predicted memory and step time; nothing is run")
     add_plan_flags(est)
     est.add_argument("--json", action="store_true")
+    from harness.cli.plan import add_plan_parser, add_target_flags  # `plan`, `--target`
+    add_target_flags(est, "GPUs of the target (default: the plan's world size)")
     est.set_defaults(func=cmd_estimate)
 
     strat = sub.add_parser("strategies", help="the registry: techniques, settings, requirements")
     strat.add_argument("--json", action="store_true", help="machine-readable output")
     strat.set_defaults(func=cmd_strategies)
+
+    add_plan_parser(sub)
 
     from reports.cli import add_commands  # `report` and `compare`: HTML pages from records
     add_commands(sub)

@@ -17,6 +17,7 @@ from harness.estimator.assumptions import (
     state_assumptions,
 )
 from harness.estimator.facts import ModelFacts
+from harness.estimator.memo import model_facts
 from harness.estimator.pipeline import bubble_fraction
 from harness.estimator.rank import PERSISTENT, RankMemory, rank_memory
 from harness.estimator.result import Estimate
@@ -48,7 +49,7 @@ def estimate(
     """
     cfg = Settings.of(plan)
     par = cfg.parallel
-    facts = ModelFacts.of(workload, cfg.lora)
+    facts = model_facts(workload, cfg.lora)
     b = plan.micro_batch_size
     assumptions = state_assumptions(facts, cfg, b)
     parts = activation_parts(workload, facts, cfg, env.device_type, b)

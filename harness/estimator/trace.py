@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -73,6 +76,29 @@ def trace_activations(
     figures scaled by the micro-batch. Where none works, `TraceFailed` names the op
     that stopped it in one line.
     """
+    key = (micro_batch, amp, device_type, checkpoint_every)
+    try:
+        seen = _TRACES.setdefault(workload, {})
+    except TypeError:  # a workload that cannot be a weak key: nothing kept
+        seen = {}
+    if key not in seen:
+        try:
+            seen[key] = _trace_activations(workload, micro_batch, amp, device_type,
+                                           checkpoint_every)
+        except TraceFailed as e:
+            seen[key] = e.line
+    if isinstance(seen[key], str):
+        raise TraceFailed(seen[key])
+    return copy.deepcopy(seen[key])
+
+
+# Traces per workload object (weakly) and the settings above, as the forward passes
+# below: an estimate of the same workload and settings counts again nothing.
+_TRACES: weakref.WeakKeyDictionary[Any, dict[tuple, Trace | str]] = weakref.WeakKeyDictionary()
+
+
+def _trace_activations(workload: Workload, micro_batch: int, amp: bool, device_type: str,
+                       checkpoint_every: int | None) -> Trace:
     from harness.estimator.fake_patches import fake_friendly, quiet_fake_errors
 
     try:
@@ -156,14 +182,55 @@ def scaled(trace: Trace, micro_batch: int) -> Trace:
     return dataclasses.replace(trace, **changes)
 
 
-def _trace(
-    workload: Workload,
-    micro_batch: int,
-    amp: bool,
-    device_type: str,
-    every: int | None,
-    fake: bool | None,
-) -> Trace:
+@dataclass
+class _Forward:
+    """One traced forward pass: what autograd saved, and the fake mode it ran in."""
+
+    saved: SavedTensors
+    mode: Any
+    calls_sdpa: bool
+    block_flops: dict[int, float | str] = field(default_factory=dict)  # str: why not
+
+
+# Forward passes on fake tensors or the meta device, per workload object (weakly) and
+# (micro-batch, amp, device type, fake): checkpointing changes only what is counted
+# of them, so ranking a study's configurations (`harness plan`) traces an 8B model once
+# per micro-batch size, not once per configuration. A failed one is kept as its error.
+# Real CPU forwards (the last fallback) are not kept: they hold real tensors. The
+# checkpointed blocks' recompute FLOPs are counted once per micro-batch size.
+_FORWARDS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
+             fake: bool | None) -> _Forward:
+    key = (micro_batch, amp, device_type, fake)
+    try:
+        seen = _FORWARDS.setdefault(workload, {}) if fake is not None else None
+    except TypeError:  # a workload that cannot be a weak key: nothing kept
+        seen = None
+    if seen is None or key not in seen:
+        try:
+            made: _Forward | Exception = _run_forward(workload, micro_batch, amp, device_type,
+                                                      fake)
+        except Exception as e:
+            made = e
+        if seen is None and isinstance(made, Exception):
+            raise made
+        if seen is None:
+            assert isinstance(made, _Forward)
+            return made
+        if isinstance(made, _Forward):  # FLOPs count shapes: with or without autocast alike
+            made.block_flops = seen.setdefault(("block_flops", micro_batch, fake), {})
+        seen[key] = made
+    hit = seen[key]
+    if isinstance(hit, Exception):
+        raise hit
+    return hit
+
+
+def _run_forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
+                 fake: bool | None) -> _Forward:
     """On fake tensors (`fake`), the meta device (False) or real CPU ones (None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -189,7 +256,20 @@ def _trace(
         saved.tag(loss, (None, saved.done))
     for h in handles:
         h.remove()
+    return _Forward(saved, mode, ops.calls_sdpa)
 
+
+def _trace(
+    workload: Workload,
+    micro_batch: int,
+    amp: bool,
+    device_type: str,
+    every: int | None,
+    fake: bool | None,
+) -> Trace:
+    """On fake tensors (`fake`), the meta device (False) or real CPU ones (None)."""
+    forward = _forward(workload, micro_batch, amp, device_type, fake)
+    saved = forward.saved
     blocks = saved.blocks
     ckpt = set(checkpointed_blocks(len(blocks), every))
     activations, other, before, by_block = _tally(saved, ckpt)
@@ -223,8 +303,8 @@ def _trace(
         working_by_block=working if saved.done else [],
         checkpointed=sorted(ckpt),
         stored_by_block=[by_block.get(i, 0) for i in range(len(blocks))],
-        recompute_flops=_recompute_flops(saved, ckpt, mode, notes),
-        calls_sdpa=ops.calls_sdpa,
+        recompute_flops=_recompute_flops(forward, ckpt, notes),
+        calls_sdpa=forward.calls_sdpa,
         notes=notes,
     )
 
@@ -271,22 +351,26 @@ def _copies_by_block(saved: SavedTensors, ckpt: set[int]) -> list[int]:
     return out
 
 
-def _recompute_flops(saved: SavedTensors, ckpt: set[int], mode, notes: list[str]) -> float:
-    """Forward FLOPs of the checkpointed blocks, run again on their recorded inputs."""
+def _recompute_flops(forward: _Forward, ckpt: set[int], notes: list[str]) -> float:
+    """Forward FLOPs of the checkpointed blocks, run again on their recorded inputs (each
+    block counted once per forward pass, whatever is checkpointed)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    if not ckpt:
-        return 0.0
-    try:
-        with contextlib.ExitStack() as stack:
-            if mode is not None:
-                stack.enter_context(mode)
-            stack.enter_context(torch.no_grad())
-            counter = stack.enter_context(FlopCounterMode(display=False))
-            for i in sorted(ckpt):
+    saved, counted = forward.saved, forward.block_flops
+    for i in sorted(ckpt - counted.keys()):
+        try:
+            with contextlib.ExitStack() as stack:
+                if forward.mode is not None:
+                    stack.enter_context(forward.mode)
+                stack.enter_context(torch.no_grad())
+                counter = stack.enter_context(FlopCounterMode(display=False))
                 args, kwargs, _ = saved.block_inputs[i]
                 saved.blocks[i](*args, **kwargs)
-        return float(counter.get_total_flops())
-    except Exception as e:
-        notes.append(f"Recompute FLOPs not counted ({type(e).__name__}: {e}).")
+            counted[i] = float(counter.get_total_flops())
+        except Exception as e:
+            counted[i] = f"{type(e).__name__}: {e}"
+    failed = [counted[i] for i in sorted(ckpt) if isinstance(counted[i], str)]
+    if failed:
+        notes.append(f"Recompute FLOPs not counted ({failed[0]}).")
         return 0.0
+    return float(sum(counted[i] for i in ckpt))

@@ -4,7 +4,7 @@ Two figures, both recorded with every result:
 
 - the **datasheet** peak: the vendor's published dense (no 2:4 sparsity) tensor
   throughput for the device and the dtype the matmuls actually run in (the table
-  here, `datasheet_peak`);
+  of harness.core.gpus, `datasheet_peak`);
 - the **measured** peak: the best rate of a square calibration matmul on this
   device, cached so it is measured once (`harness.measure.peak_calibration`).
 
@@ -18,13 +18,13 @@ harness's measuring. `harness.measure.peak_calibration` imports from here, and
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from harness.core.errors import HarnessError
+from harness.core.gpus import GPUS, gpu_named
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
@@ -37,116 +37,9 @@ class Peak:
     source: str  # "datasheet: NVIDIA H100 SXM bf16 dense" / "measured: 8192x8192 bf16 matmul, ..."
 
 
-# --- the datasheet ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Row:
-    label: str
-    pattern: re.Pattern[str]
-    flops: dict[str, float]
-    note: str = ""
-
-
-def _row(label: str, pattern: str, note: str = "", **flops: float) -> _Row:
-    return _Row(label, re.compile(pattern, re.IGNORECASE), flops, note)
-
-
-# Dense figures (half the "with sparsity" numbers of the spec sheets). fp32 is the
-# plain (non-tensor) FMA rate; tf32/bf16/fp16 are tensor-core rates with fp32
-# accumulation (what PyTorch's matmuls use). A dtype a device lacks is left out:
-# lookup then gives None and the measured peak is used.
-# Rows are tried in order and the first match wins: specific variants come before
-# the generic name of their family, and patterns use word boundaries so that
-# "GH200" is not "H200", "A100" is not "A10", "L40S" is not "L40" or "L4".
-_HOPPER_SXM = {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}
-_HOPPER_NVL = {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12}
-_A100 = {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}
-
-_DATASHEET: tuple[_Row, ...] = (
-    # NVIDIA Blackwell
-    _row("NVIDIA GB200", r"\bGB200\b", fp32=80e12, tf32=1.25e15, bf16=2.5e15, fp16=2.5e15),
-    _row(
-        "NVIDIA B200",
-        r"\bB200\b",
-        fp32=75e12,
-        tf32=1.1e15,
-        bf16=2.25e15,
-        fp16=2.25e15,
-        note="HGX B200 at 1000 W",
-    ),
-    # NVIDIA Hopper
-    _row("NVIDIA GH200", r"\bGH200\b", **_HOPPER_SXM),
-    _row("NVIDIA H200 NVL", r"\bH200\b.*\bNVL\b", **_HOPPER_NVL),
-    _row("NVIDIA H200 SXM", r"\bH200\b(?!.*\bNVL\b)", **_HOPPER_SXM),
-    _row(
-        "NVIDIA H100 PCIe",
-        r"\bH100\b.*\bPCIe\b",
-        fp32=51.2e12,
-        tf32=378e12,
-        bf16=756.5e12,
-        fp16=756.5e12,
-    ),
-    _row("NVIDIA H100 NVL", r"\bH100\b.*\bNVL\b", **_HOPPER_NVL),
-    # "NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 ...", plain "NVIDIA H100"
-    _row("NVIDIA H100 SXM", r"\bH100\b(?!.*\b(?:PCIe|NVL)\b)", **_HOPPER_SXM),
-    # NVIDIA Ampere
-    _row("NVIDIA A100 PCIe", r"\bA100\b.*\bPCIe\b", **_A100),
-    _row("NVIDIA A100 SXM", r"\bA100\b(?!.*\bPCIe\b)", **_A100),
-    _row(
-        "NVIDIA A10G",
-        r"\bA10G\b",
-        fp32=35e12,
-        tf32=35e12,
-        bf16=70e12,
-        fp16=70e12,
-        note="AWS variant; NVIDIA publishes no sheet, figures from its clocks and AWS",
-    ),
-    _row("NVIDIA A10", r"\bA10\b", fp32=31.2e12, tf32=62.5e12, bf16=125e12, fp16=125e12),
-    _row(
-        "NVIDIA GeForce RTX 3090 Ti",
-        r"\bRTX 3090 Ti\b",
-        fp32=40e12,
-        tf32=40e12,
-        bf16=80e12,
-        fp16=80e12,
-    ),
-    _row(
-        "NVIDIA GeForce RTX 3090",
-        r"\bRTX 3090\b(?!\s*Ti\b)",
-        fp32=35.6e12,
-        tf32=35.6e12,
-        bf16=71e12,
-        fp16=71e12,
-    ),
-    # NVIDIA Ada
-    _row("NVIDIA L40S", r"\bL40S\b", fp32=91.6e12, tf32=183e12, bf16=362.05e12, fp16=362.05e12),
-    _row("NVIDIA L40", r"\bL40\b", fp32=90.5e12, tf32=90.5e12, bf16=181.05e12, fp16=181.05e12),
-    _row("NVIDIA L4", r"\bL4\b", fp32=30.3e12, tf32=60e12, bf16=121e12, fp16=121e12),
-    _row(
-        "NVIDIA GeForce RTX 4090",
-        r"\bRTX 4090\b(?!\s*(?:D\b|Laptop))",
-        fp32=82.6e12,
-        tf32=82.6e12,
-        bf16=165.2e12,
-        fp16=165.2e12,
-    ),
-    # NVIDIA Volta / Turing: no bf16 or tf32 tensor cores
-    _row("NVIDIA V100S PCIe", r"\bV100S\b", fp32=16.4e12, fp16=130e12),
-    _row("NVIDIA V100 SXM2", r"\bV100\b.*\bSXM", fp32=15.7e12, fp16=125e12),
-    _row("NVIDIA V100 PCIe", r"\bV100\b.*\bPCIe\b", fp32=14e12, fp16=112e12),
-    _row("NVIDIA T4", r"\bT4\b", fp32=8.1e12, fp16=65e12),
-    # AMD Instinct (fp32 is the matrix-core rate, which rocBLAS/hipBLASLt use)
-    _row("AMD MI300X", r"\bMI300X\b", fp32=163.4e12, tf32=653.7e12, bf16=1307.4e12, fp16=1307.4e12),
-    _row(
-        "AMD MI250X",
-        r"\bMI250X\b",
-        fp32=47.85e12,
-        bf16=191.5e12,
-        fp16=191.5e12,
-        note="per GCD: torch sees each of the two dies as a device, half the OAM figure",
-    ),
-)
+# --- the datasheet ----------------------------------------------------------------
+# One table for the whole harness (peaks, bandwidths, the --target sheets): harness.core.gpus.
+_DATASHEET = GPUS
 
 
 def datasheet_peak(device_name: str, dtype: str) -> Peak | None:
@@ -156,16 +49,12 @@ def datasheet_peak(device_name: str, dtype: str) -> Peak | None:
     (whose share of the GPU the name does not tell).
     """
     _check_dtype(dtype)
-    if re.search(r"\bMIG\b", device_name):
+    row = gpu_named(device_name)
+    flops = row.flops.get(dtype) if row is not None else None
+    if row is None or flops is None:
         return None
-    for row in _DATASHEET:
-        if row.pattern.search(device_name):
-            flops = row.flops.get(dtype)
-            if flops is None:
-                return None
-            note = f" ({row.note})" if row.note else ""
-            return Peak(flops, f"datasheet: {row.label} {dtype} dense{note}")
-    return None
+    note = f" ({row.note})" if row.note else ""
+    return Peak(flops, f"datasheet: {row.label} {dtype} dense{note}")
 
 
 # --- which dtype the matmuls really run in ----------------------------------------

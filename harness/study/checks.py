@@ -22,10 +22,13 @@ from harness.study.study_file import Study
 STRUCTURAL = {"ddp", "zero", "pipeline", "tensor"}
 
 
-def resolve_settings(study: Study, device_type: str) -> dict[str, SettingsSpace]:
+def resolve_settings(study: Study, device_type: str,
+                     env: RuntimeEnv | None = None) -> dict[str, SettingsSpace]:
+    """`env`: the device to check against (`harness plan --target`'s); this machine's
+    by default."""
     import strategies
 
-    env = RuntimeEnv.detect(device_type)
+    env = env or RuntimeEnv.detect(device_type)
     out = {}
     for name, spec in study.strategies.items():
         where = f"strategies.{name}"

@@ -1,0 +1,257 @@
+"""`harness plan STUDY --target NAME`: the configurations the cost model ranks first on
+GPUs you do not have, and `harness estimate PLAN --target NAME`: one plan's prediction.
+
+Nothing runs and no GPU is needed: the target's datasheet (harness.core.gpus) stands in
+for the device (harness.estimator.target). The ranking is the search's own: the
+estimator's predicted samples/s, zero over the memory budget, as
+harness.tune.search.estimator_model.Predictions rates a configuration before any trial is
+measured (no correction), over the pool the search's first guesses draw
+(harness.tune.search.estimator_model.first_guess_pool). One workload object serves every
+configuration, so the estimator reads the model and traces each micro-batch size once
+(harness.estimator.memo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from harness.core.errors import HarnessError
+from harness.core.plan import Plan
+from harness.core.units import format_bytes
+
+PREDICTIONS = ("predictions from the estimator and the target's datasheet; nothing was run. "
+               "Check the best with `harness bench` on the real GPU")
+
+
+def add_target_flags(p: argparse.ArgumentParser, gpus_help: str) -> None:
+    p.add_argument("--target", metavar="GPU",
+                   help="predict for this GPU without having it, e.g. h100-sxm-80gb "
+                        "(`harness plan --list-targets` lists them)")
+    p.add_argument("--gpus", type=int, metavar="N", help=gpus_help)
+
+
+class TargetPredictor:
+    """Plans predicted on a target, one workload object per workload and arguments. It
+    answers `prepare(plan, peaks)` as the tuner's torch-side helper does, so the search's
+    own Predictions can rate configurations with it."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self._workloads: dict[str, Any] = {}
+        self._convolutions: dict[int, bool] = {}  # by id of a workload of _workloads
+
+    def workload(self, plan: Plan) -> Any:
+        from harness.workloads import load_workload
+
+        key = json.dumps([plan.workload, plan.workload_args], sort_keys=True, default=str)
+        if key not in self._workloads:
+            self._workloads[key] = load_workload(plan.workload, plan.workload_args)
+        return self._workloads[key]
+
+    def convolutions(self, workload: Any) -> bool:
+        """Whether the model has convolutions (built once on the meta device)."""
+        if id(workload) not in self._convolutions:
+            self._convolutions[id(workload)] = _has_convolutions(workload)
+        return self._convolutions[id(workload)]
+
+    def prepare(self, plan: Plan, peaks: Any = None) -> SimpleNamespace:
+        """The plan checked against the target and its prediction (`.predicted`, the
+        record `harness estimate` prints); a HarnessError where the target refuses it."""
+        import strategies
+        from harness.estimator import estimate
+        from harness.measure.peaks import autocast_dtype_name
+        from harness.measure.prepare import flops_per_sample
+
+        target = self.target
+        plan = plan.replace(device="cuda")
+        if plan.world_size > target.gpus:
+            raise HarnessError(f"the plan needs {plan.world_size} GPUs; --gpus {target.gpus}")
+        runtime = target.runtime()
+        workload = self.workload(plan)
+        strategies.validate(plan, runtime)
+        plan = strategies.resolved(plan)
+        dtype = autocast_dtype_name(plan.strategies)
+        if dtype == "fp32" and self.convolutions(workload):
+            dtype = "tf32"  # cuDNN runs fp32 convolutions on TF32 tensor cores by default
+        flops = flops_per_sample(plan, workload)
+        est = estimate(plan, workload, runtime, target.peak_flops(dtype), flops,
+                       target.overhead())
+        predicted = est.to_record()
+        if plan.world_size > runtime.device_count:  # the estimator models one node's link
+            predicted["assumptions"].append(
+                f"{plan.world_size} GPUs span {target.nodes} nodes of "
+                f"{target.gpu.gpus_per_node}: the collectives are modelled at the node's "
+                f"{target.gpu.link_kind} rate, not the network's (about "
+                f"{(target.gpu.network or 0) / 1e9:.0f} GB/s per GPU): optimistic")
+        predicted["target"] = {"name": target.name, "gpus": target.gpus, "dtype": dtype,
+                               "tokens_per_sample": workload.tokens_per_sample}
+        return SimpleNamespace(plan=plan, predicted=predicted, workload=workload)
+
+
+def _has_convolutions(workload: Any) -> bool:
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
+# --- harness estimate PLAN --target ------------------------------------------------------
+
+
+def estimate_on_target(args: argparse.Namespace, plan: Plan) -> int:
+    from harness.cli.bench_table import estimate_table
+    from harness.estimator.target import Target
+
+    target = Target.named(args.target, args.gpus or plan.world_size)
+    if args.gpus and args.gpus != plan.world_size:  # the same layout, its data axis widened
+        lay = plan.layout
+        if args.gpus % (lay.pipeline * lay.tensor):
+            raise HarnessError(f"--gpus {args.gpus}: not a multiple of the plan's pipeline x "
+                               f"tensor ({lay.pipeline} x {lay.tensor})")
+        data = args.gpus // (lay.pipeline * lay.tensor)
+        plan = plan.replace(layout=dataclasses.replace(lay, data=data))
+    prep = TargetPredictor(target).prepare(plan)
+    if args.json:
+        print(json.dumps(prep.predicted, indent=2))
+        return 0
+    print(f"estimate {plan.name}: {plan.workload} on {target.describe()}, micro-batch "
+          f"{plan.micro_batch_size}, global batch {plan.batch_size}")
+    print(estimate_table(prep.predicted))
+    memory = target.gpu.memory_bytes
+    peak = prep.predicted["peak_memory_bytes"]
+    print(f"{'fits' if peak <= memory else 'does not fit'}: {format_bytes(peak)} of the "
+          f"{format_bytes(memory)} a process may use on one {target.gpu.label}")
+    print(PREDICTIONS + ".")
+    return 0
+
+
+# --- harness plan STUDY --target ---------------------------------------------------------
+
+
+@dataclass
+class Ranked:
+    params: dict[str, Any]
+    plan: Plan
+    rate: float  # predicted samples/s; 0 over the budget or refused
+    predicted: dict[str, Any] | None
+    peak: float | None  # the peak the search compares with the budget
+    why_not: str = ""  # refused by the target: the reason
+
+
+def add_plan_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="rank a study's configurations on a GPU you do not have: "
+                                    "predictions only, nothing is run")
+    p.add_argument("study", nargs="?", help="study file (TOML)")
+    add_target_flags(p, "GPUs the configurations may use (default: the study's largest world "
+                        "size); the study's world sizes become this one")
+    p.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
+    p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
+                   help="per GPU, e.g. 70GiB or 0.9 (default: the study's budget.memory)")
+    p.add_argument("--sample", type=int, default=256, metavar="N",
+                   help="rank all of a space of up to N configurations, else a seeded sample "
+                        "of N (default 256)")
+    p.add_argument("--json", action="store_true", help="the ranked rows as JSON")
+    p.add_argument("--list-targets", action="store_true", help="the known targets and exit")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from harness.estimator.target import Target, target_table
+
+    if args.list_targets:
+        print(target_table())
+        return 0
+    if not args.study or not args.target:
+        raise HarnessError("give a study file and --target, e.g. harness plan "
+                           "studies/gpt-1b-8gpu.toml --target h100-sxm-80gb --gpus 8")
+    if args.top < 1 or args.sample < 1:
+        raise HarnessError("--top and --sample: give 1 or more")
+    started = time.monotonic()
+    Target.named(args.target)  # an unknown name: the known ones, before anything is read
+    study = _study(args)
+    target = Target.named(args.target, max(study.layout.world_sizes))
+    ranked, budget, space_size = rank(study, target, args.memory_budget, args.sample)
+    if args.json:
+        print(json.dumps([_row_json(r) for r in ranked[:args.top]], indent=2))
+        return 0
+    from harness.cli.plan_table import render
+
+    print(render(study, target, ranked, budget, space_size, args.top,
+                 time.monotonic() - started, PREDICTIONS))
+    return 0
+
+
+def _study(args: argparse.Namespace) -> Any:
+    from harness.study.study_file import Study
+
+    study = Study.from_toml(args.study)
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise HarnessError(f"--gpus {args.gpus}: give 1 or more")
+        study.layout.world_sizes = [args.gpus]
+        study.layout.nnodes = 1
+        study.layout.validate("--gpus")
+    study.device = "cuda"
+    return study
+
+
+def rank(study: Any, target: Any, memory_budget: Any, sample: int
+         ) -> tuple[list[Ranked], int, int | None]:
+    """Every configuration of `study` (a seeded sample of `sample` of a larger space),
+    rated as the search rates them before any trial, fastest first; the memory budget
+    in bytes, and the space's size."""
+    import strategies
+    from harness.study.checks import check_study, resolve_settings
+    from harness.study.machine_facts import MachineFacts
+    from harness.study.search_space import SearchSpace
+    from harness.tune.budget import memory_budget_bytes
+    from harness.tune.search.correction import Correction
+    from harness.tune.search.estimator_model import Predictions, first_guess_pool
+
+    runtime = target.runtime()
+    check_study(study, "cuda")
+    settings = resolve_settings(study, "cuda", env=runtime)
+    space = SearchSpace(study, "cuda", settings)
+    memory = int(target.gpu.memory_bytes)
+    facts = MachineFacts(device_type="cuda", device_name=runtime.device_name,
+                         device_count=runtime.device_count, device_memory_bytes=memory,
+                         settings=settings, known_good=study.known_good,
+                         defaults={s.name: s.defaults() for s in strategies.all_strategies()})
+    budget = memory_budget_bytes(memory_budget if memory_budget is not None
+                                 else study.budget.memory, memory)
+    if budget < 1:
+        raise HarnessError(f"--memory-budget {memory_budget!r}: less than a byte; give a "
+                           "size such as 70GiB or a fraction such as 0.9")
+    predictor = TargetPredictor(target)
+    predictions = Predictions(space, facts, predictor)
+    fresh = Correction.from_records([], "cuda")  # the search's rating before any trial
+    rows = []
+    for params in first_guess_pool(space, study.seed, sample)[:max(sample, 1)]:
+        plan, predicted = predictions.raw(params)
+        rate = predictions.rate(params, fresh, budget)
+        rows.append(Ranked(params, plan, rate, predicted, fresh.peak_memory(predicted),
+                           "" if predicted else _refusal(predictor, plan)))
+    rows.sort(key=lambda r: (-r.rate, r.peak if r.peak is not None else float("inf")))
+    return rows, budget, space.size()
+
+
+def _refusal(predictor: TargetPredictor, plan: Plan) -> str:
+    try:
+        predictor.prepare(plan)
+    except HarnessError as e:
+        return str(e).split(";")[0]
+    return ""
+
+
+def _row_json(r: Ranked) -> dict[str, Any]:
+    return {"params": r.params, "plan": r.plan.to_dict(), "samples_per_s": r.rate or None,
+            "step_time_s": r.plan.batch_size / r.rate if r.rate else None,
+            "peak_memory_bytes": r.peak, "fits": bool(r.rate), "refused": r.why_not or None,
+            "predicted": r.predicted}
