@@ -10,7 +10,9 @@ torch-side helper, over the study's search space.
                 layout axes, each technique and setting)
     candidates  all of a small space; of a larger one a seeded sample (sample_size,
                 more for a longer study), GROW more drawn at each call, and the
-                neighbours of the TOP measured configurations
+                neighbours of the TOP measured configurations. Before the sampler may
+                call the search converged (`widen`), all of a space of up to COVER
+                configurations, else WIDEN more drawn at a time up to COVER
     smaller     one micro-batch smaller, else checkpointed (harness.study.space_sampling)
 
 Each prediction is one request to the helper (0.1-0.2 s), cached per configuration.
@@ -56,6 +58,8 @@ def first_guess_pool(space: SearchSpace, seed: int | None,
 
 GROW = 8  # configurations drawn afresh at each ask, so a large space is not judged on one sample
 TOP = 3  # the measured configurations whose neighbours are always candidates
+COVER = 8192  # a space this large is listed whole before the search may call itself done
+WIDEN = 1024  # a larger one: this many more drawn each time it might be
 
 
 def resolved_key(facts: MachineFacts, plan: Plan) -> str:
@@ -153,5 +157,14 @@ class EstimatorCostModel:
     def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return neighbours(self.space, params)
 
-    def exhaustive(self) -> bool:
-        return self._exhaustive
+    def widen(self) -> bool:
+        """All of a space of up to COVER configurations; of a larger one WIDEN more drawn,
+        up to COVER. False once there is no more to draw."""
+        size = self.space.size()
+        if self._exhaustive or len(self._pool) >= COVER:
+            return False
+        if size is not None and size <= COVER:
+            self._pool, self._exhaustive = self.space.enumerate(), True
+        else:
+            self._pool += sample(self.space, self._rng, WIDEN)
+        return True

@@ -33,9 +33,11 @@ How a trial's parameters are chosen (`before_trial`; enqueued trials keep theirs
 Candidates measured, queued or running (Optuna's RUNNING and WAITING trials: the
 constant liar for trials in flight) are never chosen again; a configuration whose trial
 failed for lack of time is left alone for a while. `converged` is set only when, among
-at least `min_candidates` candidates, none is likely (PROB_STOP) to beat the best by
-more than `noise`, and their expected number that would is under EXPECTED_STOP; until
-then the search goes on, however many trials in a row brought nothing new.
+the candidates, none is likely (PROB_STOP) to beat the best by more than `noise`, and
+their expected number that would is under EXPECTED_STOP, and the cost model cannot widen
+its candidates any further (`CostModel.widen`: a sample of a large space is grown before
+it may speak for the space); until then the search goes on, however many trials in a
+row brought nothing new.
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ class CostModel(Protocol):
     def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The configurations one choice away."""
 
-    def exhaustive(self) -> bool:
-        """Whether `candidates` lists every configuration (then the sampler may call the
-        search converged at any number of them, not only beyond `min_candidates`)."""
+    def widen(self) -> bool:
+        """Draw more of the space into `candidates`, before the sampler may call the
+        search converged; False when it lists every configuration, or as many as it
+        ever will."""
 
 
 class SimpleCostModel:
@@ -119,8 +122,8 @@ class SimpleCostModel:
     def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
-    def exhaustive(self) -> bool:
-        return True
+    def widen(self) -> bool:
+        return False
 
     def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return [c for c in self.pool
@@ -129,11 +132,11 @@ class SimpleCostModel:
 
 class GuidedSampler(BaseSampler):
     def __init__(self, cost_model: CostModel, fallback: BaseSampler | None = None,
-                 seed: int | None = None, noise: float = NOISE, min_candidates: int = 256,
+                 seed: int | None = None, noise: float = NOISE,
                  memory_constraint: str = "memory"):
         self.cost_model = cost_model
         self.fallback = fallback or optuna.samplers.TPESampler(seed=seed, constant_liar=True)
-        self.noise, self.min_candidates = noise, min_candidates
+        self.noise = noise
         self.memory_constraint = memory_constraint
         self._rng = random.Random(seed)
         self._picks: dict[int, tuple[dict[str, Any], str]] = {}  # trial number -> (params, why)
@@ -281,9 +284,8 @@ class GuidedSampler(BaseSampler):
         i = max(order, key=lambda j: gain[j])
         if judge:
             self._judge(mean, sd, best[1], len(observed), len(fresh) + len(observed))
-            if self.converged and not self.cost_model.exhaustive() and \
-                    len(fresh) + len(observed) < self.min_candidates:
-                self.converged = None  # a sample too small to speak for the space
+            if self.converged and self.cost_model.widen():
+                self.converged = None  # judged again over the wider candidates
         why = (f"expected improvement {math.expm1(gain[i]):.1%} over the best measured: "
                f"predicted {math.exp(sign * mean[i]):.4g}, within x/{math.exp(sd[i]):.2f} at "
                f"one sd (the cost model corrected by {surrogate.n} measured)")
