@@ -10,6 +10,15 @@ Tuner on a virtual clock, random search, the estimator's order), e.g.
     python tests/benchmarks/search_replay.py --seeds 50 --study studies/gpt-1b-8gpu.toml \
         --surface tests.benchmarks.surfaces.h100:gpt_1b_8gpu
 
+With `--family SPACE` (gpt-1b-8gpu or gpt2-small-1gpu) the same three strategies run on
+every surface of the family (tests/benchmarks/surfaces/family.py), one JSON line per
+surface appended to --jsonl as each finishes (a surface already there is skipped: the run
+resumes), then the family's tables; `--family-report FILE.jsonl ...` prints the tables of
+lines written before (surface_replay/family_report.py), e.g.
+
+    python tests/benchmarks/search_replay.py --family gpt-1b-8gpu --seeds 10 \
+        --jsonl runs/family/gpt-1b-8gpu.jsonl [--surfaces base,comm-slow] [--jobs 2]
+
 1. Record: every configuration of a study's space measured once, as a grid study
    (no early stopping, no confirmation, no ablation): the quickstart space, and a
    2-process space on this CPU (studies written below). `--table FOLDER` reuses a
@@ -296,7 +305,23 @@ def main(argv: list[str] | None = None) -> None:
                    help="with --surface: run the harness's whole study within this simulated "
                         "budget (e.g. 1h: the search, then the final phases) and report the "
                         "best it names, instead of the cost to 0.97")
+    p.add_argument("--family", metavar="SPACE",
+                   help="replay on every surface of this space's family (gpt-1b-8gpu, "
+                        "gpt2-small-1gpu; tests/benchmarks/surfaces/family.py)")
+    p.add_argument("--surfaces", metavar="NAME,NAME",
+                   help="with --family: only these members (base, comm-slow, drawn-0, ...)")
+    p.add_argument("--jsonl", type=Path,
+                   help="with --family: append each surface's line here (default "
+                        "runs/family/SPACE-seedsN.jsonl); surfaces already in it are skipped")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --family: surfaces replayed in this many processes at once")
+    p.add_argument("--family-report", type=Path, nargs="+", metavar="FILE.jsonl",
+                   help="print the family tables of these JSON-lines files, nothing run")
     args = p.parse_args(argv)
+    if args.family or args.family_report:
+        sys.path.insert(0, str(ROOT))
+        _family(p, args)
+        return
     if args.surface or args.study:
         if not (args.surface and args.study):
             p.error("--surface and --study go together")
@@ -350,6 +375,34 @@ def main(argv: list[str] | None = None) -> None:
         stem = f"search_replay_cpu_{date.today()}"
         (args.doc / f"{stem}.md").write_text(text + "\n")
         (args.doc / f"{stem}_curves.csv").write_text("\n".join(curves_csv) + "\n")
+
+
+def _family(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from tests.benchmarks.surface_replay.family_report import report
+
+    if args.family_report:
+        print(report(args.family_report))
+        return
+    from tests.benchmarks.surface_replay.family_run import run_family
+    from tests.benchmarks.surfaces.family import SPACES, members
+
+    if args.family not in SPACES:
+        p.error(f"--family {args.family}: one of {', '.join(SPACES)}")
+    names = [s.__name__ for s in members(args.family)]
+    if args.surfaces:
+        wanted = [n.strip() for n in args.surfaces.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names and not n.startswith("drawn-")]
+        if unknown:
+            p.error(f"--surfaces: no {', '.join(unknown)} in the family ({', '.join(names)})")
+        names = wanted
+    jsonl = args.jsonl or ROOT / "runs" / "family" / f"{args.family}-seeds{args.seeds}.jsonl"
+    load, t0 = os.getloadavg(), time.monotonic()
+    run_family(args.family, names, args.seeds, jsonl, args.jobs,
+               say=lambda text: print(text, file=sys.stderr, flush=True))
+    print(report([jsonl]))
+    print(f"{len(names)} surface(s) in {time.monotonic() - t0:.0f} s wall on "
+          f"{os.cpu_count()} CPUs (shared: load average {load[0]:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after); lines in {jsonl}")
 
 
 if __name__ == "__main__":
