@@ -2,7 +2,7 @@
 pictures of the hardware instead of the one the estimator shares with h100.py.
 
     from tests.benchmarks.surfaces.family import members, surface
-    for s in members("gpt-1b-8gpu"):          # base, named, drawn: 16 surfaces
+    for s in members("gpt-1b-8gpu"):          # base, named, drawn: 17 surfaces
         s(plan, repeat); s.truth(plan); s.__name__; s.__doc__   # as h100.py's two
     surface("gpt2-small-1gpu", "compile-weak")
 
@@ -13,12 +13,15 @@ base (one per space)
   The base picture (assumptions.BASE): the same answers as h100.gpt_1b_8gpu and
   h100.gpt2_small_1gpu.
 
-named: the estimator wrong by 2-2.5x on exactly one factor, everything else the base's
+named: the estimator wrong on exactly one factor (2-2.5x but comm-pcie), the rest the base's
   comm-slow         collectives 2.5x slower: bus bandwidth 144 GB/s (360 / 2.5) and 50 us a
                     collective; point-to-point 160 GB/s and 75 us (an oversubscribed or
                     PCIe-switched node, NCCL on fewer channels). 8-GPU space only.
   comm-fast         collectives 2.5x faster: bus bandwidth 900 GB/s, 8 us a collective;
                     point-to-point 1 TB/s, 12 us (NVLS/SHARP-like reductions). 8-GPU only.
+  comm-pcie         beyond 2.5x: a PCIe-like node without NVLink: bus bandwidth 25 GB/s
+                    (14x slower), 40 us a collective, point-to-point 32 GB/s and 40 us, where
+                    communication, not compute, decides the layout. 8-GPU space only.
   recompute-heavy   a checkpointed block's recompute costs 2.5x its forward (the wrapper
                     recomputes attention without the flash kernel, re-gathers, syncs).
   recompute-cheap   the recompute costs 0.4x its forward (selective: only cheap ops redone).
@@ -85,6 +88,10 @@ NAMED: dict[str, tuple[dict[str, float], str, tuple[str, ...] | None]] = {
     "comm-fast": ({"busbw": BASE.busbw * K, "collective_latency": BASE.collective_latency / K,
                    "p2p_bw": BASE.p2p_bw * K, "p2p_latency": BASE.p2p_latency / K},
                   "collectives and point-to-point 2.5x faster (bus 900 GB/s, 8 us)",
+                  ("gpt-1b-8gpu",)),
+    "comm-pcie": ({"busbw": 25e9, "collective_latency": 40e-6, "p2p_bw": 32e9,
+                   "p2p_latency": 40e-6},
+                  "a PCIe-like node: bus 25 GB/s (14x slower), p2p 32 GB/s, 40 us",
                   ("gpt-1b-8gpu",)),
     "recompute-heavy": ({"recompute": K}, "a checkpointed block's recompute costs 2.5x its "
                         "forward", None),
