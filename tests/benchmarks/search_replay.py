@@ -320,7 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.family or args.family_report:
         sys.path.insert(0, str(ROOT))
-        _family(p, args)
+        from tests.benchmarks.surface_replay.family_run import cli
+
+        cli(p, args)
         return
     if args.surface or args.study:
         if not (args.surface and args.study):
@@ -375,34 +377,6 @@ def main(argv: list[str] | None = None) -> None:
         stem = f"search_replay_cpu_{date.today()}"
         (args.doc / f"{stem}.md").write_text(text + "\n")
         (args.doc / f"{stem}_curves.csv").write_text("\n".join(curves_csv) + "\n")
-
-
-def _family(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from tests.benchmarks.surface_replay.family_report import report
-
-    if args.family_report:
-        print(report(args.family_report))
-        return
-    from tests.benchmarks.surface_replay.family_run import run_family
-    from tests.benchmarks.surfaces.family import SPACES, members
-
-    if args.family not in SPACES:
-        p.error(f"--family {args.family}: one of {', '.join(SPACES)}")
-    names = [s.__name__ for s in members(args.family)]
-    if args.surfaces:
-        wanted = [n.strip() for n in args.surfaces.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in names and not n.startswith("drawn-")]
-        if unknown:
-            p.error(f"--surfaces: no {', '.join(unknown)} in the family ({', '.join(names)})")
-        names = wanted
-    jsonl = args.jsonl or ROOT / "runs" / "family" / f"{args.family}-seeds{args.seeds}.jsonl"
-    load, t0 = os.getloadavg(), time.monotonic()
-    run_family(args.family, names, args.seeds, jsonl, args.jobs,
-               say=lambda text: print(text, file=sys.stderr, flush=True))
-    print(report([jsonl]))
-    print(f"{len(names)} surface(s) in {time.monotonic() - t0:.0f} s wall on "
-          f"{os.cpu_count()} CPUs (shared: load average {load[0]:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after); lines in {jsonl}")
 
 
 if __name__ == "__main__":

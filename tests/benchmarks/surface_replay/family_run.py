@@ -15,11 +15,13 @@ processes (each checks the study once); the lines then come in the order they fi
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import multiprocessing
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -150,3 +152,31 @@ def run_family(space: str, names: list[str], seeds: int, out: Path, jobs: int = 
 
 def _quiet() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def cli(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """search_replay.py's --family and --family-report."""
+    from tests.benchmarks.surface_replay.family_report import report
+
+    if args.family_report:
+        print(report(args.family_report))
+        return
+    from tests.benchmarks.surfaces.family import SPACES, members
+
+    if args.family not in SPACES:
+        p.error(f"--family {args.family}: one of {', '.join(SPACES)}")
+    names = [s.__name__ for s in members(args.family)]
+    if args.surfaces:
+        wanted = [n.strip() for n in args.surfaces.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names and not n.startswith("drawn-")]
+        if unknown:
+            p.error(f"--surfaces: no {', '.join(unknown)} in the family ({', '.join(names)})")
+        names = wanted
+    jsonl = args.jsonl or Path("runs") / "family" / f"{args.family}-seeds{args.seeds}.jsonl"
+    load, t0 = os.getloadavg(), time.monotonic()
+    run_family(args.family, names, args.seeds, jsonl, args.jobs,
+               say=lambda text: print(text, file=sys.stderr, flush=True))
+    print(report([jsonl]))
+    print(f"{len(names)} surface(s) in {time.monotonic() - t0:.0f} s wall on "
+          f"{os.cpu_count()} CPUs (shared: load average {load[0]:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after); lines in {jsonl}")
