@@ -134,7 +134,7 @@ def report(paths: list[Path]) -> str:
         lines += [f"### {space}: {len(judged)} surfaces, {judged[0]['configurations']:,} "
                   f"configurations, {judged[0]['seeds']} seeds each, budget "
                   f"{judged[0]['budget_h']:g} h", "",
-                  f"Harness code: {', '.join(trees) or 'unknown'}. Replay CPU time "
+                  f"harness/ at {', '.join(trees) or 'unknown'}. Replay CPU time "
                   f"{cpu / 60:.1f} min (wall {sum(j['wall_s'] for j in judged) / 60:.1f} min "
                   "summed over surfaces).", "", "Across the family:", ""]
         lines += across(judged) + ["", "Per surface:", ""] + surface_table(judged)

@@ -51,12 +51,13 @@ def done_in(out: Path) -> set[tuple[str, str, int]]:
 
 
 def tree() -> str:
-    """The commit the harness code comes from (+ "dirty" when harness/ has changes)."""
+    """The commit that last changed harness/ (the code under test), "+dirty" when harness/
+    has uncommitted changes."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True
                               ).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--", "harness") else "")
+    last = git("log", "-1", "--format=%h", "--", "harness") or "unknown"
+    return last + ("+dirty" if git("status", "--porcelain", "--", "harness") else "")
 
 
 _STATE: dict[str, Any] = {}  # per process: the space's setup and its listed configurations
