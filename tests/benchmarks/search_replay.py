@@ -10,6 +10,15 @@ Tuner on a virtual clock, random search, the estimator's order), e.g.
     python tests/benchmarks/search_replay.py --seeds 50 --study studies/gpt-1b-8gpu.toml \
         --surface tests.benchmarks.surfaces.h100:gpt_1b_8gpu
 
+With `--family SPACE` (gpt-1b-8gpu or gpt2-small-1gpu) the same three strategies run on
+every surface of the family (tests/benchmarks/surfaces/family.py), one JSON line per
+surface appended to --jsonl as each finishes (a surface already there is skipped: the run
+resumes), then the family's tables; `--family-report FILE.jsonl ...` prints the tables of
+lines written before (surface_replay/family_report.py), e.g.
+
+    python tests/benchmarks/search_replay.py --family gpt-1b-8gpu --seeds 10 \
+        --jsonl runs/family/gpt-1b-8gpu.jsonl [--surfaces base,comm-slow] [--jobs 2]
+
 1. Record: every configuration of a study's space measured once, as a grid study
    (no early stopping, no confirmation, no ablation): the quickstart space, and a
    2-process space on this CPU (studies written below). `--table FOLDER` reuses a
@@ -296,7 +305,25 @@ def main(argv: list[str] | None = None) -> None:
                    help="with --surface: run the harness's whole study within this simulated "
                         "budget (e.g. 1h: the search, then the final phases) and report the "
                         "best it names, instead of the cost to 0.97")
+    p.add_argument("--family", metavar="SPACE",
+                   help="replay on every surface of this space's family (gpt-1b-8gpu, "
+                        "gpt2-small-1gpu; tests/benchmarks/surfaces/family.py)")
+    p.add_argument("--surfaces", metavar="NAME,NAME",
+                   help="with --family: only these members (base, comm-slow, drawn-0, ...)")
+    p.add_argument("--jsonl", type=Path,
+                   help="with --family: append each surface's line here (default "
+                        "runs/family/SPACE-seedsN.jsonl); surfaces already in it are skipped")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --family: surfaces replayed in this many processes at once")
+    p.add_argument("--family-report", type=Path, nargs="+", metavar="FILE.jsonl",
+                   help="print the family tables of these JSON-lines files, nothing run")
     args = p.parse_args(argv)
+    if args.family or args.family_report:
+        sys.path.insert(0, str(ROOT))
+        from tests.benchmarks.surface_replay.family_run import cli
+
+        cli(p, args)
+        return
     if args.surface or args.study:
         if not (args.surface and args.study):
             p.error("--surface and --study go together")

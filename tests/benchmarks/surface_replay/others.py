@@ -39,17 +39,23 @@ class Space:
     statuses: dict[str, int]
 
 
-def enumerate_space(space: SearchSpace, truth: Any, budget_bytes: int) -> Space:
+def listed(space: SearchSpace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every configuration's parameters and plan (a family's surfaces share them)."""
     params = space.enumerate()
-    plans, rates, statuses = [], [], {}
+    return params, [space.plan(p).to_dict() for p in params]
+
+
+def enumerate_space(space: SearchSpace, truth: Any, budget_bytes: int,
+                    given: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+                    ) -> Space:
+    params, plans = given or listed(space)
+    rates, statuses = [], {}
     best_any = 0.0
-    for p in params:
-        plan = space.plan(p).to_dict()
+    for plan in plans:
         t = truth(plan)
         statuses[t["status"]] = statuses.get(t["status"], 0) + 1
         ok = t["status"] == "ok"
         best_any = max(best_any, t["samples_per_s"] if ok else 0.0)
-        plans.append(plan)
         rates.append(t["samples_per_s"] if ok and t["peak_memory_bytes"] <= budget_bytes
                      else 0.0)
     return Space(params, plans, rates, max(rates), best_any, statuses)

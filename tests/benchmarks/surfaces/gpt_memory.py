@@ -1,21 +1,17 @@
-"""Peak memory of the GPT workload on one H100 (the assumptions: h100.py's docstring)."""
+"""Peak memory of the GPT workload on one H100 (the assumptions: h100.py's docstring; the
+figures a family of surfaces varies come in an assumptions.Assumptions, BASE by default)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tests.benchmarks.surfaces.assumptions import BASE, Assumptions
 from tests.benchmarks.surfaces.config import Config
 from tests.benchmarks.surfaces.gpt_shape import Stage, stages
 from tests.benchmarks.surfaces.gpt_time import fsdp_mixed
-from tests.benchmarks.surfaces.hardware import (
-    CAPACITY,
-    COMPILED_EXTRA,
-    CONTEXT,
-    GIB,
-    NCCL_BUFFERS,
-)
+from tests.benchmarks.surfaces.hardware import CAPACITY, GIB
 
-OOM_SLACK = 0.03  # fragmentation the allocator cannot give back, even after emptying its cache
+OOM_SLACK = BASE.oom_slack  # fragmentation the allocator cannot give back, even after emptying it
 
 
 @dataclass
@@ -23,10 +19,11 @@ class Memory:
     allocated: float  # peak bytes in tensors on the busiest rank
     logits_share: float  # of it, the loss's logits (large, short-lived blocks)
     beside: float  # context, workspaces, NCCL buffers: held outside the allocator
+    a: Assumptions = BASE
 
     @property
     def oom(self) -> bool:
-        return self.beside + self.allocated * (1 + OOM_SLACK) > CAPACITY
+        return self.beside + self.allocated * (1 + self.a.oom_slack) > CAPACITY
 
     def held(self, cache: float) -> int:
         """What the device held: the allocator keeps `cache` (a share) above its peak."""
@@ -36,10 +33,10 @@ class Memory:
         """The caching allocator's reserve above the peak: more with huge transient
         logits, and with FSDP's gather/free cycles."""
         extra = 0.05 if c.dp == "zero" and c.zero_stage == 3 else 0.0
-        return min(0.35, 0.08 + 0.45 * self.logits_share + extra)
+        return min(0.35, self.a.cache_base + 0.45 * self.logits_share + extra)
 
 
-def stage_bytes(c: Config, st: Stage) -> tuple[float, float]:
+def stage_bytes(c: Config, st: Stage, a: Assumptions = BASE) -> tuple[float, float]:
     amp = c.dtype != "fp32"
     d = c.data if c.dp != "none" else 1
     zs = c.zero_stage if c.dp == "zero" else 0
@@ -80,6 +77,7 @@ def stage_bytes(c: Config, st: Stage) -> tuple[float, float]:
     else:
         in_flight = min(m, c.pipeline - st.index)  # 1F1B: p - i on stage i
     acts = per_micro * in_flight + (full if ck else 0.0) + passing  # + one recomputed
+    acts *= a.activations
     logits = 0.0
     if st.last:
         per = c.micro * c.seq * c.vocab
@@ -93,11 +91,11 @@ def stage_bytes(c: Config, st: Stage) -> tuple[float, float]:
     return allocated, logits / allocated
 
 
-def memory(c: Config) -> Memory:
-    allocated, share = max(stage_bytes(c, st) for st in stages(c))
-    beside = CONTEXT
+def memory(c: Config, a: Assumptions = BASE) -> Memory:
+    allocated, share = max(stage_bytes(c, st, a) for st in stages(c))
+    beside = a.context
     if c.compile or {c.layernorm, c.gelu, c.cross_entropy, c.opt_impl} & {"compile", "triton"}:
-        beside += COMPILED_EXTRA
+        beside += a.compiled_extra
     if c.world > 1:
-        beside += NCCL_BUFFERS
-    return Memory(allocated, share, beside)
+        beside += a.nccl_buffers
+    return Memory(allocated, share, beside, a)

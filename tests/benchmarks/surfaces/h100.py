@@ -141,15 +141,17 @@ optimistic for a 1.3B model (it is what H5's GEMM efficiency at width 2048 gives
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tests.benchmarks.surfaces.assumptions import BASE, Assumptions
 from tests.benchmarks.surfaces.config import Config, Unsupported, read, unit
 from tests.benchmarks.surfaces.gpt_memory import memory
 from tests.benchmarks.surfaces.gpt_time import step_time
 from tests.benchmarks.surfaces.hardware import CAPACITY
 
-NOISE = 0.04
+NOISE = BASE.noise
 TEARDOWN_S = 2.0
 
 
@@ -185,26 +187,27 @@ def _refused(c: Config, node: Node) -> str | None:
     return None
 
 
-def _truth(plan: dict[str, Any], node: Node) -> dict[str, Any]:
+def _truth(plan: dict[str, Any], node: Node, a: Assumptions = BASE) -> dict[str, Any]:
     """Noise-free: the status every repeat but W5's chance failures would have."""
     try:
         c = read(plan)
     except Unsupported as e:
         return {"status": "failed", "reason": str(e), "samples_per_s": 0.0,
                 "peak_memory_bytes": 0}
-    mem = memory(c)
+    mem = memory(c, a)
     base = {"samples_per_s": 0.0, "peak_memory_bytes": mem.held(mem.cache(c)), "config": c}
     if why := _refused(c, node):
         return base | {"status": "failed", "reason": why}
-    step = step_time(c)
+    step = step_time(c, a)
     if mem.oom:
         return base | {"status": "oom", "reason": "CUDA out of memory",
                        "peak_memory_bytes": CAPACITY, "step_time_s": step}
     return base | {"status": "ok", "samples_per_s": c.batch / step, "step_time_s": step}
 
 
-def _trial(plan: dict[str, Any], repeat: int, node: Node) -> dict[str, Any]:
-    truth = _truth(plan, node)
+def _trial(plan: dict[str, Any], repeat: int, node: Node, a: Assumptions = BASE
+           ) -> dict[str, Any]:
+    truth = _truth(plan, node, a)
     c: Config | None = truth.pop("config", None)
     if c is None:
         return truth | {"wall_s": 1.0}
@@ -213,10 +216,10 @@ def _trial(plan: dict[str, Any], repeat: int, node: Node) -> dict[str, Any]:
     def spread(what: str, width: float) -> float:
         return 1.0 + width * (2 * unit(key, repeat, what) - 1)
 
-    start = node.start_s * spread("start", 0.10) + 4.0 * (
+    start = node.start_s * a.start * spread("start", 0.10) + 4.0 * (
         node.gpus > 1 and (c.dp == "zero" and c.zero_stage == 3 or c.tensor > 1
                            or c.pipeline > 1))
-    comp = compile_s(c) * spread("compile", 0.10)
+    comp = compile_s(c) * a.compile_time * spread("compile", 0.10)
     before = start + comp + node.first_step_s
     out = {k: v for k, v in truth.items() if k != "step_time_s"}
     out |= {"startup_s": start, "compile_s": comp}
@@ -225,10 +228,10 @@ def _trial(plan: dict[str, Any], repeat: int, node: Node) -> dict[str, Any]:
     step = truth["step_time_s"]
     if truth["status"] == "oom":
         return out | {"wall_s": before + 0.5 * step + TEARDOWN_S}
-    rate = truth["samples_per_s"] * spread("rate", NOISE)
+    rate = truth["samples_per_s"] * spread("rate", a.noise)
     step = c.batch / rate
     steps_s = (c.warmup + c.steps) * step
-    mem = memory(c)
+    mem = memory(c, a)
     cache = mem.cache(c) + 0.02 * (2 * unit(key, repeat, "cache") - 1)
     out |= {"samples_per_s": rate, "step_time_s": step, "peak_memory_bytes": mem.held(cache),
             "allocated_bytes": int(mem.allocated),
@@ -243,6 +246,24 @@ def _trial(plan: dict[str, Any], repeat: int, node: Node) -> dict[str, Any]:
         return out | {"status": "failed", "reason": f"timed out after {c.timeout_s:g} s",
                       "samples_per_s": 0.0, "wall_s": c.timeout_s}
     return out | {"wall_s": wall}
+
+
+Surface = Callable[[dict[str, Any], int], dict[str, Any]]
+
+
+def make_surface(node: Node, a: Assumptions, name: str, doc: str) -> Surface:
+    """A surface over `node` under the assumptions `a`: `function(plan, repeat)` with
+    `function.truth(plan)`, its `name` and `doc` (a line: what it assumes differently)."""
+
+    def surface(plan: dict[str, Any], repeat: int) -> dict[str, Any]:
+        return _trial(plan, repeat, node, a)
+
+    surface.truth = lambda plan: _truth(plan, node, a)  # type: ignore[attr-defined]
+    surface.assumptions = a  # type: ignore[attr-defined]
+    surface.node = node  # type: ignore[attr-defined]
+    surface.__name__ = surface.__qualname__ = name
+    surface.__doc__ = doc
+    return surface
 
 
 def gpt2_small_1gpu(plan: dict[str, Any], repeat: int) -> dict[str, Any]:

@@ -1,5 +1,10 @@
 """The H100 SXM5 80GB and its node, as the surfaces assume them (h100.py's docstring
-gives each figure's source)."""
+gives each figure's source). The figures a family of surfaces varies are fields of
+assumptions.Assumptions (whose defaults are the ones below); the functions take one."""
+
+from __future__ import annotations
+
+from tests.benchmarks.surfaces.assumptions import BASE, Assumptions
 
 GIB = 2**30
 
@@ -24,21 +29,22 @@ COMPILED_LAUNCH = 5e-6
 COMPILED_CALL = 40e-6  # Python wrapper + guards per compiled graph call
 
 
-def collective(nbytes: float, ranks: int, kind: str) -> float:
+def collective(nbytes: float, ranks: int, kind: str, a: Assumptions = BASE) -> float:
     """Seconds for one NCCL collective of `nbytes` (the full buffer) over `ranks` GPUs:
     all-reduce moves 2(n-1)/n of it per rank, all-gather and reduce-scatter (n-1)/n."""
     if ranks < 2 or nbytes <= 0:
         return 0.0
     factor = (2.0 if kind == "all_reduce" else 1.0) * (ranks - 1) / ranks
-    bw = BUSBW * nbytes / (nbytes + HALF_BW_BYTES)
-    return COLLECTIVE_LATENCY + factor * nbytes / bw
+    bw = a.busbw * nbytes / (nbytes + a.half_bw_bytes)
+    return a.collective_latency + factor * nbytes / bw
 
 
-def gemm_efficiency(dtype: str, tokens: float, width: float) -> float:
+def gemm_efficiency(dtype: str, tokens: float, width: float, a: Assumptions = BASE) -> float:
     """The share of the dense datasheet peak a training GEMM reaches: tensor cores
     (bf16/fp16) want a large M (tokens per micro-batch) and a wide N/K (`width`: the
     hidden size, divided by the tensor-parallel degree); fp32 runs on the CUDA cores
     and saturates early."""
     if dtype == "fp32":
-        return 0.78 * width / (width + 64) * tokens / (tokens + 256)
-    return 0.74 * width / (width + 200) * tokens / (tokens + 1024)
+        return a.gemm_top32 * width / (width + a.gemm_width32) * tokens / (
+            tokens + a.gemm_tokens32)
+    return a.gemm_top16 * width / (width + a.gemm_width16) * tokens / (tokens + a.gemm_tokens16)
