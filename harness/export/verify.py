@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -214,9 +215,20 @@ def _trainer_run(plan: Plan, folder: Path, run_args: Path, out: Path, env: dict[
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout_s:.0f} s (log: {log_path})"
     if done.returncode or not out.exists():
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["no output"]
-        return None, f"exit {done.returncode}: {tail[0][:200]} (log: {log_path})"
+        return None, f"exit {done.returncode}: {_cause(log_path)[:300]} (log: {log_path})"
     return json.loads(out.read_text()), None
+
+
+def _cause(log_path: Path) -> str:
+    """The log's last exception line (a rank's, above torchrun's summary of ====
+    rules), else its last line."""
+    lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
+             if ln.strip() and not ln.strip().startswith("===")]
+    errors = [ln for ln in lines if _EXCEPTION.match(ln)]
+    return (errors or lines or ["no output"])[-1]
+
+
+_EXCEPTION = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt)\b")
 
 
 def ranking(rows: list[Row]) -> str:

@@ -132,12 +132,18 @@ def test_verify_one_process_reads_every_setting_back(tmp_path, capsys):
     assert "ranking: " in out
 
 
+def failure(row, folder) -> str:
+    """Why the Trainer run failed, with its log's tail (torchrun's ranks print above)."""
+    log = folder / "log.txt"
+    return f"{row.failed}\n{log.read_text()[-4000:] if log.exists() else ''}"
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 def test_verify_ddp_two_ranks_under_torchrun(tmp_path):
     row = verify_one(record(3, plans.ddp(), 5.0), tmp_path / "3", timeout_s=500)
-    assert row.trainer_rate, row.failed
+    assert row.trainer_rate, failure(row, tmp_path / "3")
     seen = row.observed
     assert seen["world_size"] == 2 and seen["distributed_type"] == "MULTI_CPU"
     assert seen["wrapper"] == "DistributedDataParallel"
@@ -154,7 +160,7 @@ def test_verify_fsdp_on_cpus_catches_the_trainer_running_ddp(tmp_path):
     for accelerators only and the Trainer trains with DDP. The file says so (its nearest),
     and verify, reading the running Trainer, names what it did not take."""
     row = verify_one(record(4, plans.zero(2), 5.0), tmp_path / "4", timeout_s=500)
-    assert row.trainer_rate, row.failed
+    assert row.trainer_rate, failure(row, tmp_path / "4")
     assert any(n.startswith("zero.stage = 2 on a CPU") for n in row.nearest)
     seen = row.observed
     assert seen["fsdp"] and seen["world_size"] == 2  # the args took it ...

@@ -78,17 +78,20 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
                        storage=FAST_HEARTBEAT)
 
     def worker(i):
+        # node1's trials last 10 s, so that the kill below lands mid-trial however slowly
+        # a loaded machine polls the database (a 2-s trial could end, and be recorded,
+        # between the poll that saw it running and the kill)
         return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "3m",
                             "--storage", postgres.url, "--quiet",
-                            env={"FAKE_TRIAL_S": "2.0", "FAKE_LOG": str(log),
-                                 "HARNESS_WORKER_HOST": f"node{i}"})
+                            env={"FAKE_TRIAL_S": "10.0" if i == 1 else "2.0",
+                                 "FAKE_LOG": str(log), "HARNESS_WORKER_HOST": f"node{i}"})
 
     first = worker(0)
     wait_until(lambda: launches(log), first, what="the first trial")  # the study exists
     others = [worker(1), worker(2)]
     victim = others[0]
 
-    def busy_on_node1():  # a trial of node1's well under way (0.3 s of its 2 s)
+    def busy_on_node1():  # a trial of node1's under way (0.3 s of its 10 s)
         return [t.number for t in storage_trials(postgres.url)
                 if t.state == TrialState.RUNNING and t.datetime_start is not None
                 and t.user_attrs.get("worker", "").startswith("node1|")
@@ -99,6 +102,9 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
     running = wait_until(busy_on_node1, victim, what="node1 running a trial")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
+    if (tmp_path / "node1" / "trials.jsonl").exists():  # killed mid-trial: not recorded
+        assert running[0] not in {r["tags"]["optuna_number"]
+                                  for r in records(tmp_path / "node1")}
     for proc in (first, others[1]):
         text = finish(proc)
         assert proc.returncode == 0, text
