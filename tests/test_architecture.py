@@ -40,7 +40,7 @@ from tests.import_graph import (
     package_of,
 )
 
-MAX_LINES = 400
+MAX_LINES = 500  # the hard cap; 400 is the guide (docs/architecture.md)
 
 # package -> the packages it may import (besides itself). Downward only:
 # cli -> tune -> launch -> measure -> core; study, estimator, workloads and records sit
@@ -163,14 +163,15 @@ def test_imports_follow_the_package_table():
         pytest.fail("imports against the package table:\n" + "\n".join(lines), pytrace=False)
 
 
-def test_no_module_is_over_400_lines():
+def test_no_module_is_over_500_lines():
     long = []
     for top in (*TOP, "tests"):
         for path in sorted((ROOT / top).rglob("*.py")):
             n = len(path.read_text().splitlines())
             if n > MAX_LINES:
                 long.append(f"  {path.relative_to(ROOT)}: {n} lines")
-    assert not long, f"modules over {MAX_LINES} lines (split them by subject):\n" + "\n".join(long)
+    assert not long, (f"modules over {MAX_LINES} lines (split them by subject, not by "
+                      "length):\n" + "\n".join(long))
 
 
 def loaded_with(roots: list[str]) -> dict[str, list[str]]:
