@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
+from harness.core.errors import HarnessError
 from harness.study.study_file import Study
 
 NOT_KEYS = {"workload_args"}  # filled from the [workload] table, not written by a user
@@ -89,16 +90,26 @@ def study_keys() -> list[Key]:
     return keys
 
 
-def keys_text(width: int | None = None) -> str:
-    """The keys for a terminal, section by section: `section.key: type = default`, and its
-    meaning under it."""
+def keys_text(section: str | None = None, width: int | None = None) -> str:
+    """The keys for a terminal, section by section (or one section: "top", "budget",
+    "strategies", ...): `section.key: type = default`, and its meaning under it."""
     width = width or min(100, max(60, shutil.get_terminal_size().columns))
-    lines = ["Study file keys (docs/tuning.md has the same table)."]
     heads = {name: section_doc(cls) for name, cls in sections()}
+    if section is not None:
+        wanted = {"top": ""}.get(section, section)
+        heads = {k: v for k, v in heads.items() if wanted in (k, k.split(".")[0])}
+        if not heads:
+            names = ["top"] + [name.split(".")[0] for name, _ in sections()[1:]]
+            raise HarnessError(f"--keys {section}: no such section; give one of "
+                               f"{', '.join(names)}, or none for every key")
+    lines, seen = ["Study file keys (docs/tuning.md has the same table)."], set()
     for key in study_keys():
-        if key.section in heads:  # the first key of its section
+        if key.section not in heads:
+            continue
+        if key.section not in seen:  # its section's first key
+            seen.add(key.section)
             head = f"[{key.section}]" if key.section else "Top level"
-            lines += ["", *textwrap.wrap(f"{head}: {heads.pop(key.section)}", width)]
+            lines += ["", *textwrap.wrap(f"{head}: {heads[key.section]}", width)]
         lines.append(f"  {key.path}: {key.type} = {key.default}")
         lines += textwrap.wrap(key.doc, width, initial_indent=" " * 6,
                                subsequent_indent=" " * 6, break_on_hyphens=False)
