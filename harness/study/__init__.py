@@ -1,5 +1,6 @@
-"""What a study is: study files (`study_file`, `storage_spec`), the default study per
-device (`defaults`), the conditional search space from Optuna parameters to a Plan
+"""What a study is: study files (`study_file`, `storage_spec`; each key's meaning is the
+docstring under its field, listed by `keys`, written into docs/tuning.md by `keys_doc`),
+the default study per device (`defaults`), the conditional search space from Optuna parameters to a Plan
 (`search_space`), the two reference configurations every study starts with
 (`references`), and the facts about this machine a study needs (`facts`), which
 `checks` works out against the strategy registry in the tuner's torch-side helper

@@ -78,15 +78,16 @@ def sections(cls: type = Study) -> list[tuple[str, type]]:
 
 def study_keys() -> list[Key]:
     """Every key a study file may hold, section by section."""
-    keys = []
-    for section, cls in sections():
+    keys, tables = [], sections()
+    skip = NOT_KEYS | {name.split(".")[0] for name, _ in tables[1:]}  # tables are no keys
+    for section, cls in tables:
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
         for f in dataclasses.fields(cls):
-            tp = hints[f.name]
-            if f.name in NOT_KEYS or (cls is Study and _is_section(tp)):
-                continue
-            keys.append(Key(section, f.name, _type_text(tp, f.metadata.get("range")),
-                            _default_text(f), docs.get(f.name, "")))
+            if section or f.name not in skip:
+                bounds = f.metadata.get("range")
+                kind = _type_name(hints[f.name]) + (
+                    f" in [{_num(bounds[0])}, {_num(bounds[1])}]" if bounds else "")
+                keys.append(Key(section, f.name, kind, _default_text(f), docs.get(f.name, "")))
     return keys
 
 
@@ -122,18 +123,8 @@ def _table_of(tp: Any) -> type | None:
     return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
 
 
-def _is_section(tp: Any) -> bool:
-    return _table_of(tp) is not None or (
-        get_origin(tp) is dict and dataclasses.is_dataclass(get_args(tp)[-1]))
-
-
 def _is_union(tp: Any) -> bool:
     return get_origin(tp) in (typing.Union, types.UnionType)
-
-
-def _type_text(tp: Any, bounds: tuple[float, float] | None = None) -> str:
-    text = _type_name(tp)
-    return f"{text} in [{_num(bounds[0])}, {_num(bounds[1])}]" if bounds else text
 
 
 def _type_name(tp: Any) -> str:
