@@ -2,6 +2,7 @@
 
     harness tune [STUDY] --budget 1d|6h|30m|90s --memory-budget 70GiB|0.9
                  --storage URL --out DIR --workers N --n-trials N --resume --check
+    harness tune --keys                # every study-file key: type, default, meaning
 
 A bad study file or flag is a HarnessError here: one line, exit 2, no run
 folder made, nothing launched. harness.tune.session then runs the study
@@ -53,6 +54,9 @@ def add_tune_parser(sub: Any) -> None:
                         "that runs one prepared trial (docs/tuning.md, 'Your own "
                         "launcher') (default: the study's cluster.launcher, else local)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--keys", nargs="?", const="", metavar="SECTION",
+                   help="print every key a study file may hold, or a section's (budget, "
+                        "layout, ...): its type, default and meaning; then exit")
     p.add_argument("--check", action="store_true",
                    help="check the study file and the flags as a run would (device, search "
                         "space, references, run folder, launcher), print what would run and "
@@ -74,6 +78,11 @@ def add_tune_parser(sub: Any) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    if args.keys is not None:
+        from harness.study.keys import keys_text
+
+        print(keys_text(args.keys or None), end="")
+        return 0
     started = time.time()
     ready = check(args, started)
     if ready.space.left_out and not (args.check or args.helper or args.follow):

@@ -43,17 +43,30 @@ _OWN_FLAGS = {
 
 @dataclass
 class ClusterSpec:
+    """Where trials run: this machine, or one Slurm job each (docs/slurm.md)."""
+
     launcher: Literal["local", "slurm"] = "local"
-    partition: str | None = None  # default: the cluster's default partition
+    """local: process groups on this machine; slurm: each trial one Slurm job."""
+    partition: str | None = None
+    """The Slurm partition (unset: the cluster's default)."""
     account: str | None = None
+    """The Slurm account to charge (unset: yours by default)."""
     qos: str | None = None
+    """The Slurm quality of service (unset: the default)."""
     constraint: str | None = None
+    """Slurm's --constraint on node features."""
     reservation: str | None = None
-    gpus_per_node: int | None = bounded(None, 1, 1024)  # CUDA trials: ranks per node
-    cpus_per_task: int | None = bounded(None, 1, 4096)  # one task per node runs torchrun
-    time: str | float | None = None  # each job's limit (Slurm counts whole minutes)
+    """A Slurm reservation to run in."""
+    gpus_per_node: int | None = bounded(None, 1, 1024)
+    """Ranks per node of a CUDA trial: 16 ranks on nodes of 8 get 2 nodes."""
+    cpus_per_task: int | None = bounded(None, 1, 4096)
+    """CPUs of the one task per node that runs torchrun and its ranks."""
+    time: str | float | None = None
+    """Each job's limit, in whole minutes (unset: the trial's timeout + 2m)."""
     max_jobs: int = bounded(1, 1, 10_000)
+    """Trials in flight at once."""
     sbatch: list[str] = field(default_factory=list)
+    """Anything else, passed to sbatch as written, one flag an item: ["--exclusive"]."""
 
     def validate(self, where: str) -> None:
         for key in ("partition", "account", "qos", "constraint", "reservation"):

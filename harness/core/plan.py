@@ -62,9 +62,13 @@ class OptimizerSettings:
     """Hyper-parameters of the optimizer (AdamW unless a strategy replaces it)."""
 
     lr: float = 1e-3
+    """The learning rate."""
     weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW's)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """The moving averages' coefficients [beta1, beta2]."""
     eps: float = 1e-8
+    """Added to the denominator for numerical stability."""
 
     def validate(self, where: str) -> None:
         if not self.lr > 0:

@@ -1,8 +1,9 @@
-"""What a study is: study files (`study_file`, `storage_spec`), the default study per
-device (`defaults`), the conditional search space from Optuna parameters to a Plan
-(`search_space`), the two reference configurations every study starts with
-(`references`), and the facts about this machine a study needs (`facts`), which
-`checks` works out against the strategy registry in the tuner's torch-side helper
+"""What a study is: study files (`study_file`, `storage_spec`; each key's meaning is the
+docstring under its field, listed by `keys`, written into docs/tuning.md by `keys_doc`),
+the default study per device (`defaults`), the conditional search space from Optuna
+parameters to a Plan (`search_space`), the two reference configurations every study
+starts with (`references`), and the facts about this machine a study needs (`facts`),
+which `checks` works out against the strategy registry in the tuner's torch-side helper
 (harness.measure.torch_helper_server). It imports harness.core; strategies and
 harness.workloads only inside the functions of `checks` that helper runs. The tuner
 (harness.tune) and the command line import it; it imports neither.

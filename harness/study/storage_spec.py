@@ -15,12 +15,16 @@ from harness.core.units import parse_duration
 
 @dataclass
 class StorageSpec:
-    """The study's [storage] table: how workers sharing an RDB storage watch each other."""
+    """How workers sharing one storage watch each other (docs/storage.md)."""
 
-    heartbeat: str | float = "60s"  # a running trial's worker says it is alive this often
-    grace: str | float = "3m"  # silence after which another worker fails the trial
-    retries: int = bounded(1, 0, 100)  # runs again of a trial whose worker died
-    patience: str | float = "10m"  # how long a worker waits for an unreachable storage
+    heartbeat: str | float = "60s"
+    """A running trial's worker says it is alive this often."""
+    grace: str | float = "3m"
+    """Silence after which another worker fails the trial (and runs it again)."""
+    retries: int = bounded(1, 0, 100)
+    """Runs again of a trial whose worker died."""
+    patience: str | float = "10m"
+    """How long a worker waits for an unreachable storage before it stops (exit 3)."""
 
     def validate(self, where: str) -> None:
         beat = parse_duration(self.heartbeat, f"{where}.heartbeat")

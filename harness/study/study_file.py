@@ -3,23 +3,9 @@
 A study names a workload, the device, the world sizes and layouts allowed, the
 micro-batch candidates and the global batch, the strategies to search (and which
 of their settings), the objective and the budgets. It is read from TOML and
-checked whole before anything runs; a mistake is a HarnessError naming the key:
-
-    name = "quickstart"
-    device = "cpu"
-    global_batch_size = 16
-    micro_batch_sizes = [4, 8, 16]     # or { min = 2, max = 16 }: powers of two
-    [workload]
-    name = "gpt"
-    layers = 2
-    [budget]
-    time = "3m"
-    [strategies.fused]
-    search = ["attention", "optimizer"]
-    [storage]                          # workers on an RDB storage (harness.tune.recovery.storage)
-    heartbeat = "60s"
-    [cluster]                          # trials as Slurm jobs (harness.core.cluster)
-    launcher = "slurm"
+checked whole before anything runs; a mistake is a HarnessError naming the key.
+Each key's meaning is the docstring under its field (`harness tune --keys` lists
+them all; harness.study.keys reads them).
 
 Checks that need the registry and this machine (strategy names and settings,
 what the layouts need) are in harness.study.checks.
@@ -81,9 +67,13 @@ class LayoutSpec:
     """The parallel layouts allowed: data = world size / (pipeline x tensor)."""
 
     world_sizes: list[int] = field(default_factory=lambda: [1])
+    """Ranks of a trial (devices, or processes on a CPU) to search over."""
     pipeline: list[int] = field(default_factory=lambda: [1])
+    """Pipeline stage counts allowed; only those whose pipeline x tensor divides a world size."""
     tensor: list[int] = field(default_factory=lambda: [1])
-    nnodes: int = bounded(1, 1, 2**16)  # nodes every trial spans (torchrun on each)
+    """Tensor-parallel sizes allowed."""
+    nnodes: int = bounded(1, 1, 2**16)
+    """Nodes every trial spans, torchrun on each; world sizes must be multiples of it."""
 
     def validate(self, where: str) -> None:
         for key, top in (("world_sizes", 2**20), ("pipeline", 4096), ("tensor", 4096)):
@@ -116,21 +106,30 @@ class LayoutSpec:
 
 @dataclass
 class BudgetSpec:
-    time: str | float = "1h"  # the study's wall clock: 90s, 30m, 6h, 1d (or seconds)
-    memory: str | float = 0.9  # per device: a size ("70GiB") or a fraction of the device's
-    trial_timeout: str | float = "15m"  # each trial's own limit
-    n_trials: int = bounded(0, 0, 10**7)  # search trials at most (0: as many as time allows)
-    ablation_share: float = bounded(0.15, 0.0, 0.95)  # of the time, for leave-one-out trials
-    ablation_repeats: int = bounded(3, 0, 1000)  # runs of each ablation configuration
-    # the configurations within confirm_margin of the fastest (and the baseline) measured
-    # again this many rounds before a best is named (harness.tune.final.confirmation); 0: off
+    """The time and memory the study may use, and how its final phases share the time."""
+
+    time: str | float = "1h"
+    """The study's wall clock: 90s, 30m, 6h, 1d, or seconds (--budget overrides it)."""
+    memory: str | float = 0.9
+    """Peak memory per device: a size ("70GiB") or a fraction of the device's (--memory-budget)."""
+    trial_timeout: str | float = "15m"
+    """Each trial's own time limit."""
+    n_trials: int = bounded(0, 0, 10**7)
+    """Search trials at most (0: as many as the time allows; --n-trials overrides it)."""
+    ablation_share: float = bounded(0.15, 0.0, 0.95)
+    """The share of the time kept at most for the final phases: confirmation and ablation."""
+    ablation_repeats: int = bounded(3, 0, 1000)
+    """Runs of each ablation configuration: the best, and the best without each technique."""
     confirm_repeats: int = bounded(2, 0, 1000)
+    """Rounds that measure the contenders and the baseline again before a best is named (0: off)."""
     confirm_margin: float = bounded(0.2, 0.0, 1.0)
-    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in each trial's environment
+    """Contenders: the configurations within this fraction of the fastest (the two fastest
+    always, at most four)."""
     expandable_segments: bool = True
-    # a budget of an hour or more whose search converged early: the best measured with
-    # each precision and compile mode the space left out (harness.tune.final.variants)
+    """Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in each trial's environment."""
     variants: bool = True
+    """With a budget of 1h or more and time to spare: measure the best with each precision and
+    compile mode its space left out."""
 
     def validate(self, where: str) -> None:
         parse_duration(self.time, f"{where}.time")
@@ -166,8 +165,12 @@ def memory_spec(value: str | float, what: str = "memory budget") -> tuple[str, f
 
 @dataclass
 class PruningSpec:
-    slower_than: float = bounded(2.0, 0.0, 1e6)  # stop a trial this many times slower
-    min_steps: int = bounded(3, 1, 10**6)  # measured steps seen before it may be stopped
+    """When a search trial is stopped early for being clearly slower than the best."""
+
+    slower_than: float = bounded(2.0, 0.0, 1e6)
+    """Stop a trial this many times slower than the best so far (0: never)."""
+    min_steps: int = bounded(3, 1, 10**6)
+    """Measured steps a trial runs before it may be stopped."""
 
     def validate(self, where: str) -> None:
         if self.slower_than != 0 and self.slower_than < 1:
@@ -176,38 +179,61 @@ class PruningSpec:
 
 @dataclass
 class StrategySpec:
-    """How one strategy is searched."""
+    """How one strategy (`harness strategies` lists them) is searched: on and off, with its
+    settings."""
 
-    search: list[str] | None = None  # settings searched (default: all of its space)
-    values: dict[str, Any] = field(default_factory=dict)  # narrowed values per setting
-    fixed: dict[str, Any] = field(default_factory=dict)  # settings held at one value
-    always: bool = False  # on in every trial instead of searched on and off
+    search: list[str] | None = None
+    """The settings searched (unset: all of its space; [] none)."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """Narrowed values per setting: { optimizer = ["foreach", "fused"] }; { low, high } for a
+    range."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Settings held at one value: { compile = false }."""
+    always: bool = False
+    """On in every trial instead of searched on and off; its settings are still searched."""
 
 
 @dataclass
 class Study(TomlFile):
+    """The study's own keys, above its tables."""
+
     name: str
+    """The study's name: its run folder is runs/<name>/."""
     workload: str = "gpt"
+    """A [workload] table: name (gpt, vit, resnet, mlp, hf:llama, package.module:function) and
+    the workload's arguments (docs/models.md)."""
     workload_args: dict[str, Any] = field(default_factory=dict)
+    """The [workload] table's keys other than name."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where trials run; auto: CUDA when present, else the CPU."""
     objective: str | list[str] = "throughput"
+    """throughput (samples/s), memory (peak) or time_to_loss; two of them: a Pareto front."""
     sampler: Literal["auto", "tpe", "nsga2", "random", "grid"] = "auto"
-    seed: int = bounded(0, 0, 2**32 - 1)  # Optuna's samplers seed numpy with it
-    # a list is searched: only with objective time_to_loss (harness.study.target_search)
+    """auto: the GuidedSampler (with TPE) for one objective, NSGA-II for two; tpe: the same."""
+    seed: int = bounded(0, 0, 2**32 - 1)
+    """Seeds the samplers, so a study proposes the same trials again."""
     global_batch_size: int | list[int] = bounded(8, 1, 2**30)
+    """Samples per optimizer step, fixed: the search never changes what is trained (a list is
+    searched, only with objective time_to_loss)."""
     micro_batch_sizes: list[int] | MicroRange = field(default_factory=lambda: [1, 2, 4, 8])
+    """Micro-batch candidates, or { min, max }: the powers of two min, 2 min, ... up to max."""
     warmup_steps: int = bounded(3, 0, 10**6)
+    """Steps each trial runs before its measured steps."""
     steps: int = bounded(10, 1, 10**6)
+    """Measured steps per trial."""
     layout: LayoutSpec = field(default_factory=LayoutSpec)
     budget: BudgetSpec = field(default_factory=BudgetSpec)
     pruning: PruningSpec = field(default_factory=PruningSpec)
-    storage: StorageSpec = field(default_factory=StorageSpec)  # workers sharing an RDB
+    storage: StorageSpec = field(default_factory=StorageSpec)
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     strategies: dict[str, StrategySpec] = field(default_factory=dict)
-    known_good: dict[str, Any] | None = None  # micro_batch_size, layout, strategies
-    cluster: ClusterSpec | None = None  # trials as Slurm jobs (harness.core.cluster)
-    target_loss: float | None = None  # validation loss to reach (objective time_to_loss)
-    target: StudyTarget = field(default_factory=StudyTarget)  # how, and what is searched
+    known_good: dict[str, Any] | None = None
+    """Tried second, after the fp32 baseline: micro_batch_size, layout, strategies (unset: fused
+    kernels, plus bf16 on a GPU)."""
+    cluster: ClusterSpec | None = None
+    target_loss: float | None = None
+    """The validation loss to reach, with objective time_to_loss."""
+    target: StudyTarget = field(default_factory=StudyTarget)
 
     def validate(self, where: str) -> None:
         if not self.name or any(c in self.name for c in "/\\ ") or self.name.startswith("."):

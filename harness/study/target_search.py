@@ -1,23 +1,7 @@
 """A study's [target] table: how each configuration is trained to `target_loss`, and
-which of the settings that change the maths are searched.
-
-    objective = "time_to_loss"
-    target_loss = 2.4
-    global_batch_size = [16, 32, 64, 128, 256, 512]   # searched
-    [target]
-    optimizer = ["adamw", "lamb"]          # searched: adamw, lamb, lars, muon (strategies.*)
-    lr = [1e-3, 3e-3]                       # or { min = 1e-4, max = 1e-2 } (log-uniform),
-                                            # or each optimizer its own list:
-                                            # { adamw = [1e-3], lamb = [1e-2] } (lr@adamw ...)
-    lr_scaling = ["none", "sqrt"]          # from base_batch to each global batch
-    base_batch = 16
-    warmup_samples = [0, 4096]
-    seeds = [0, 1, 2]
-    max_samples = 262144
-    eval_every = 4096
-    eval_samples = 512
-
-A list of one value holds it; every plan gets a harness.core.target.TargetSpec.
+which of the settings that change the maths are searched (docs/tuning.md, "Time to a
+target loss"). A list of one value holds it; every plan gets a
+harness.core.target.TargetSpec.
 """
 
 from __future__ import annotations
@@ -49,18 +33,30 @@ class LrSpan:
 
 @dataclass
 class StudyTarget:
+    """Training to target_loss (objective time_to_loss): each list is searched."""
+
     optimizer: list[Literal["adamw", "lamb", "lars", "muon"]] = field(
         default_factory=lambda: ["adamw"])
-    # None: the study's [optimizer] lr; a table: each optimizer's own list
+    """The optimizers searched (their settings: docs/strategies.md)."""
     lr: list[float] | LrSpan | dict[str, list[float]] | None = None
+    """Learning rates: a list, { min, max } (log-uniform), or a list per optimizer
+    { adamw = [1e-3], lamb = [1e-2] } (unset: the [optimizer] table's lr)."""
     lr_scaling: list[Literal["none", "linear", "sqrt"]] = field(default_factory=lambda: ["none"])
+    """How the lr scales from base_batch to each global batch."""
     base_batch: int = bounded(0, 0, 2**30)
+    """The global batch the lr was set for; needed by a scaling other than none."""
     warmup_samples: list[int] = field(default_factory=lambda: [0])
+    """Samples of linear lr warm-up."""
     seeds: list[int] = field(default_factory=lambda: [0])
+    """One run to the target per seed (initial weights and data order): median and spread."""
     max_samples: int = bounded(1 << 20, 1, 2**40)
+    """A run that has not reached the target after these samples is a miss."""
     max_steps: int = bounded(0, 0, 10**9)
+    """A cap on a run's optimizer steps as well (0: only max_samples caps it)."""
     eval_every: int = bounded(4096, 1, 2**40)
+    """Samples between validation losses, measured off the clock."""
     eval_samples: int = bounded(512, 1, 2**30)
+    """Held-out samples each validation loss is over."""
 
     def validate(self, where: str) -> None:
         for key in ("optimizer", "lr_scaling", "warmup_samples", "seeds"):
