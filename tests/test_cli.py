@@ -218,7 +218,8 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     record say MFU against it means nothing, and is dropped so the next trial re-measures."""
     import torch
 
-    from harness.measure import peak_calibration as cal
+    from harness.measure import cache
+    from harness.measure import peaks as cal
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     cpu = torch.device("cpu")
@@ -229,12 +230,12 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
         keys.append(cal._cache_key(cpu, cal._device_name(cpu), "fp32"))
     monkeypatch.undo()
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
-    cal._write_cache(cal._cache_path(), {k: low for k in keys})
+    cache.write(cal.CACHE_FILE, {k: low for k in keys})
     out = tmp_path / "low"
     proc = harness("bench", str(PLANS / "quickstart.toml"), "--steps", "2", "--warmup-steps", "1",
                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     m = json.loads((out / "result.json").read_text())["metrics"]
     assert m["mfu_measured_peak"] > 1 and "measured low" in m["peak_flops"]["warning"]
-    assert len(cal._read_cache(cal._cache_path())) == len(keys) - 1  # that one dropped
+    assert len(cache.read(cal.CACHE_FILE)) == len(keys) - 1  # that one dropped
     assert "measured low" in proc.stdout

@@ -9,11 +9,17 @@ import pytest
 import torch
 
 from harness.core.errors import HarnessError
-from harness.measure import peak_calibration, peak_choice, peaks
+from harness.core.gpus import GPUS
+from harness.measure import peaks
 from harness.measure.env import capture_env
-from harness.measure.peak_calibration import measured_peak
-from harness.measure.peak_choice import peaks_for
-from harness.measure.peaks import Peak, autocast_dtype_name, datasheet_peak, matmul_dtype
+from harness.measure.peaks import (
+    Peak,
+    autocast_dtype_name,
+    datasheet_peak,
+    matmul_dtype,
+    measured_peak,
+    peaks_for,
+)
 
 CPU = torch.device("cpu")
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -87,8 +93,8 @@ def test_datasheet_unknown_is_none() -> None:
 
 def test_every_row_is_dense_and_sane() -> None:
     # a row typed with the sparse figure, or in TFLOP/s instead of FLOP/s, shows here
-    for row in peaks._DATASHEET:
-        assert set(row.flops) <= set(peaks.DTYPES), row.label
+    for row in GPUS:
+        assert set(row.flops) <= {*peaks.DTYPES, "fp8"}, row.label
         for dtype, flops in row.flops.items():
             assert 1e12 <= flops <= 5e15, (row.label, dtype)
         if "bf16" in row.flops and "tf32" in row.flops:
@@ -123,13 +129,13 @@ def cache_dir(tmp_path, monkeypatch):
 def counted(monkeypatch):
     """Counts the calibrations (each a process of its own: harness.measure.calibrate)."""
     calls = []
-    real = peak_calibration._measure_in_subprocess
+    real = peaks._measure_in_subprocess
 
     def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(peak_calibration, "_measure_in_subprocess", counting)
+    monkeypatch.setattr(peaks, "_measure_in_subprocess", counting)
     return calls
 
 
@@ -153,7 +159,7 @@ def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
 
 
 def test_measured_peak_uses_a_planted_cache_entry(cache_dir, counted) -> None:
-    key = peak_calibration._cache_key(CPU, peak_calibration._device_name(CPU), "bf16")
+    key = peaks._cache_key(CPU, peaks._device_name(CPU), "bf16")
     (cache_dir / "peaks.json").write_text(
         json.dumps({"version": 1, "entries": {key: {"flops": 1.5e12, "source": "measured: x"}}})
     )
@@ -190,16 +196,16 @@ def test_peaks_for_cpu_uses_the_measured_peak(cache_dir) -> None:
 def test_peaks_for_prefers_the_datasheet_unless_measured_beats_it(cache_dir, monkeypatch) -> None:
     # exercise the choice without a GPU: pretend the device is an A100
     fake = torch.device("cuda", 0)
-    monkeypatch.setattr(peak_choice, "matmul_dtype", lambda device, dtype, conv=False: dtype)
+    monkeypatch.setattr(peaks, "matmul_dtype", lambda device, dtype, conv=False: dtype)
     monkeypatch.setattr(
-        peak_choice, "measured_peak", lambda *a, **k: Peak(250e12, "measured: fake")
+        peaks, "measured_peak", lambda *a, **k: Peak(250e12, "measured: fake")
     )
     choice = peaks_for(fake, "NVIDIA A100-SXM4-80GB", "bf16")
     assert choice.used is choice.datasheet and choice.used.flops == 312e12
     assert choice.as_record()["used"] == "datasheet"
 
     monkeypatch.setattr(
-        peak_choice, "measured_peak", lambda *a, **k: Peak(400e12, "measured: fake")
+        peaks, "measured_peak", lambda *a, **k: Peak(400e12, "measured: fake")
     )
     choice = peaks_for(fake, "NVIDIA A100-SXM4-80GB", "bf16")
     assert choice.used is choice.measured and "above the datasheet" in choice.reason
@@ -208,8 +214,6 @@ def test_peaks_for_prefers_the_datasheet_unless_measured_beats_it(cache_dir, mon
 def test_fp32_convolutions_take_the_tf32_peak(cache_dir, monkeypatch) -> None:
     """cuDNN runs fp32 convolutions on TF32 tensor cores by default (matmuls not): a
     model with convolutions is measured against the TF32 peak, so MFU stays below 1."""
-    from harness.measure import peaks
-
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(peaks, "_cuda_fp32_uses_tf32", lambda: (False, "fp32_precision=ieee"))
     monkeypatch.setattr(peaks, "_cuda_conv_uses_tf32", lambda: (True, "cudnn.allow_tf32=True"))
@@ -217,7 +221,7 @@ def test_fp32_convolutions_take_the_tf32_peak(cache_dir, monkeypatch) -> None:
     assert matmul_dtype(cuda, "fp32", convolutions=True) == "tf32"
     assert matmul_dtype(cuda, "bf16", convolutions=True) == "bf16"
     monkeypatch.setattr(
-        peak_choice, "measured_peak", lambda device, dtype, **k: Peak(4e14, f"measured {dtype}")
+        peaks, "measured_peak", lambda device, dtype, **k: Peak(4e14, f"measured {dtype}")
     )
     choice = peaks_for(cuda, "NVIDIA H100 80GB HBM3", "fp32", convolutions=True)
     assert choice.dtype == "tf32" and choice.used.flops == 494.7e12
@@ -247,11 +251,11 @@ def test_gpu_measured_peak_is_near_the_datasheet(tmp_path, monkeypatch) -> None:
 def test_the_calibration_process_answers_every_dtype_asked(cache_dir) -> None:
     """The protocol of harness.measure.calibrate, run on the CPU (a GPU uses it so that
     the calibration's CUDA context ends with that process)."""
-    from harness.measure.peak_calibration import _measure_in_subprocess
+    from harness.measure.peaks import _measure_in_subprocess
 
-    peaks = _measure_in_subprocess(torch.device("cpu"), ["fp32", "bf16"])
-    assert set(peaks) == {"fp32", "bf16"}
-    assert all(p.flops > 0 and p.source.startswith("measured: ") for p in peaks.values())
+    found = _measure_in_subprocess(torch.device("cpu"), ["fp32", "bf16"])
+    assert set(found) == {"fp32", "bf16"}
+    assert all(p.flops > 0 and p.source.startswith("measured: ") for p in found.values())
 
 
 def test_the_cpu_peak_cache_is_keyed_by_instruction_set(monkeypatch) -> None:
@@ -263,7 +267,7 @@ def test_the_cpu_peak_cache_is_keyed_by_instruction_set(monkeypatch) -> None:
     def key_on(capability: str, flags: list[str]) -> str:
         monkeypatch.setattr(device, "cpu_capability", lambda: capability)
         monkeypatch.setattr(device, "cpu_flags", lambda: flags)
-        return peak_calibration._cache_key(CPU, "AMD EPYC", "bf16")
+        return peaks._cache_key(CPU, "AMD EPYC", "bf16")
 
     avx512 = key_on("AVX512", ["avx2", "avx512f", "avx512_bf16"])
     avx2 = key_on("AVX2", ["avx2"])

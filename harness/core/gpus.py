@@ -26,13 +26,12 @@ class Gpu:
 
     label: str  # "NVIDIA H100 SXM"
     pattern: re.Pattern[str]  # the names torch gives it
-    # Dense peaks (half the "with sparsity" figures of the sheets): fp32 the plain FMA
-    # rate (AMD: the matrix cores', which rocBLAS uses); tf32/bf16/fp16 tensor-core
-    # rates with fp32 accumulation (what PyTorch's matmuls use). A dtype the GPU lacks
-    # is left out.
+    # Dense peaks by dtype (half the "with sparsity" figures of the sheets): fp32 the
+    # plain FMA rate (AMD: the matrix cores', which rocBLAS uses); tf32/bf16/fp16
+    # tensor-core rates with fp32 accumulation (what PyTorch's matmuls use); fp8 the
+    # float8 tensor rate (float8 training). A dtype the GPU lacks is left out.
     flops: dict[str, float]
     note: str = ""
-    fp8: float | None = None  # dense fp8 tensor rate (float8 training), where it has one
     # --- the rest of the sheet, for the rows a target can name ---
     target: str | None = None  # "h100-sxm-80gb": the --target name
     torch_name: str = ""  # what torch.cuda.get_device_name says for it
@@ -47,7 +46,7 @@ class Gpu:
 
 
 def _gpu(label: str, pattern: str, note: str = "", **kw) -> Gpu:
-    flops = {k: kw.pop(k) for k in ("fp32", "tf32", "bf16", "fp16") if k in kw}
+    flops = {k: kw.pop(k) for k in ("fp32", "tf32", "bf16", "fp16", "fp8") if k in kw}
     return Gpu(label, re.compile(pattern, re.IGNORECASE), flops, note, **kw)
 
 

@@ -40,7 +40,7 @@ def estimate(
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
     The memory is the largest rank's. `peak_flops` is the device's peak FLOP rate
-    (the one MFU uses, harness.measure.peak_choice); without it the step time is None.
+    (the one MFU uses, harness.measure.peaks); without it the step time is None.
     `flops_per_sample`, when the caller counted it already, is not counted again.
     `overhead` (harness.measure.device_overhead, on CUDA) is what the process holds
     beyond its tensors; the peak counts it, so that it predicts what the device holds.

@@ -86,7 +86,7 @@ def target_table() -> str:
     for name, g in sorted(targets().items()):
         mem = format_bytes(g.memory_bytes) if g.memory_bytes else "-"
         bf16 = f"{g.flops['bf16'] / 1e12:.0f} TF" if "bf16" in g.flops else "-"
-        fp8 = f"{g.fp8 / 1e12:.0f} TF" if g.fp8 else "-"
+        fp8 = f"{g.flops['fp8'] / 1e12:.0f} TF" if "fp8" in g.flops else "-"
         hbm = f"{g.memory_bandwidth / 1e12:.2f} TB/s" if g.memory_bandwidth else "-"
         link = f"{g.link / 1e9:.0f} GB/s" if g.link else "-"
         lines.append(f"  {name:<16} {g.label:<24} {mem:>10} {bf16:>10} {fp8:>10} "

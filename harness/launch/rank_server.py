@@ -321,9 +321,9 @@ def _answer(request: dict[str, Any], env: dict[str, str], conn: Any) -> None:
     forked_at = time.monotonic()
     try:
         _use_env(env)
-        from harness.measure import peak_calibration, torch_helper_server
+        from harness.measure import peaks, torch_helper_server
 
-        peak_calibration.calibrate_here()  # this fork ends before the trial starts
+        peaks.calibrate_here()  # this fork ends before the trial starts
 
         answer = torch_helper_server.answer(request)
     except BaseException:

@@ -1,8 +1,8 @@
 """Inside a trial's own processes, where torch runs: the rank entry point
 (`rank_main`, `rank_process`), checking a plan once and rebuilding it in each rank
 (`prepare`), the trial loop (`trial_loop`, `batches`, `distributed`), timing,
-memory, NVML, peak FLOP/s (`peaks` the datasheet, `peak_calibration` the measured
-figure, `peak_choice` the one MFU uses), combining the ranks' figures (`ranks`),
+memory, NVML, peak FLOP/s (`peaks`: the datasheet's, the measured, the one MFU
+uses), the per-machine cache (`cache`), combining the ranks' figures (`ranks`),
 the step log the tuner reads (`step_log`), the environment record (`env`), and the
 tuner's torch-side helper (torch_helper_server). It may import harness.core,
 harness.study, harness.estimator, harness.workloads, harness.records and strategies;

@@ -33,7 +33,6 @@ import torch
 from harness.core.overhead import DeviceOverhead
 
 OVERHEAD_FILE = "overhead.json"
-_CACHE_VERSION = 1
 CALIBRATION_TIMEOUT_S = 300.0
 
 
@@ -43,29 +42,22 @@ def device_overhead(device: torch.device, *, cache: bool = True) -> DeviceOverhe
     `source` says why, so the estimate names what it did not count."""
     if device.type != "cuda":
         return DeviceOverhead.none(device.type)
-    from harness.measure.peak_calibration import (
-        _cache_path,
-        _device_name,
-        _gpu_identity,
-        _indexed,
-        _read_cache,
-        _write_cache,
-    )
+    from harness.measure import cache as store
+    from harness.measure.nvml import gpu_identity
 
-    device = _indexed(device)
-    key = (f"{_device_name(device)}|{_gpu_identity(device)}|torch {torch.__version__}"
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (f"{torch.cuda.get_device_name(device)}|{gpu_identity(device)}|torch {torch.__version__}"
            f"|cuda {torch.version.cuda}")
-    path = _cache_path().with_name(OVERHEAD_FILE)
-    if cache and (hit := DeviceOverhead.from_record(_read_cache(path).get(key))) is not None:
+    hit = DeviceOverhead.from_record(store.read(OVERHEAD_FILE).get(key)) if cache else None
+    if hit is not None:
         return hit
     try:
         measured = _measure_in_subprocess(device)
     except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as e:
         return DeviceOverhead(0, 0, 0, f"not measured ({e}); the context is not counted")
     if cache:
-        entries = _read_cache(path)
-        entries[key] = asdict(measured)
-        _write_cache(path, entries)
+        store.add(OVERHEAD_FILE, {key: asdict(measured)})
     return measured
 
 

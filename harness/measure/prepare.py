@@ -26,9 +26,13 @@ from harness.core.prepared import PreparedPlan
 from harness.estimator import estimate
 from harness.measure.device_overhead import device_overhead
 from harness.measure.env import capture_env
-from harness.measure.peak_calibration import measured_peaks
-from harness.measure.peak_choice import PeakChoice, peaks_for
-from harness.measure.peaks import autocast_dtype_name, matmul_dtype
+from harness.measure.peaks import (
+    PeakChoice,
+    autocast_dtype_name,
+    matmul_dtype,
+    measured_peaks,
+    peaks_for,
+)
 from harness.workloads import Workload, load_workload
 from strategies import resolved, validate
 

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,6 +35,32 @@ class StepLoss:
     @property
     def finite(self) -> bool:
         return not self.bad_ranks
+
+
+@dataclass
+class LossLog:
+    """The job's loss per step (the mean over ranks) and this rank's (None where it
+    computes none); the first non-finite one makes the trial diverged. Every rank holds
+    the same agreed losses, so all stop at the same step."""
+
+    distributed: bool
+    losses: list[float | None] = field(default_factory=list)
+    own: list[float | None] = field(default_factory=list)
+    status: str = "ok"
+    reason: str | None = None
+
+    def add(self, agreed: StepLoss, step: int) -> bool:
+        """Record step `step`'s loss; False when it is not finite (the trial stops)."""
+        self.losses.append(agreed.value)
+        self.own.append(agreed.local)
+        if agreed.finite:
+            return True
+        self.status = "diverged"
+        self.reason = f"loss became {agreed.value} at step {step}"
+        if self.distributed:
+            bad = ", ".join(map(str, agreed.bad_ranks))
+            self.reason = f"loss became non-finite at step {step} on rank {bad}"
+        return False
 
 
 def step_loss(loss: torch.Tensor | None, info: RankInfo, device: torch.device) -> StepLoss:

@@ -141,7 +141,7 @@ def main() -> int:
             codes = {f"before ({args.before})": tmp / "before", "now": ROOT}
         warm = tmp / "warm-cache"
         subprocess.run([sys.executable, "-c", "import torch; from harness.measure."
-                        "peak_calibration import measured_peak; "
+                        "peaks import measured_peak; "
                         "print(measured_peak(torch.device('cpu'), 'fp32'))"],
                        env={**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_CACHE_DIR": str(warm)},
                        check=True)

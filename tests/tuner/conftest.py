@@ -116,7 +116,7 @@ FIXED_PEAK_SOURCE = "fixed: tests/tuner/conftest.py (the same on every machine)"
 
 
 def fixed_peak(record: dict[str, Any]) -> dict[str, Any]:
-    """A PeakChoice record (harness.measure.peak_choice) of FIXED_PEAK_FLOPS."""
+    """A PeakChoice record (harness.measure.peaks) of FIXED_PEAK_FLOPS."""
     peak = {"flops": FIXED_PEAK_FLOPS, "source": FIXED_PEAK_SOURCE}
     return {**record, "datasheet": None, "measured": peak, "used": "measured",
             "flops": FIXED_PEAK_FLOPS, "source": FIXED_PEAK_SOURCE,

@@ -27,13 +27,13 @@ SITECUSTOMIZE = textwrap.dedent('''
     import importlib.abc, importlib.util, os, sys
 
     FORBIDDEN = {
-        "harness.measure.peak_calibration": ("_measure", "_benchmark_matmul"),
+        "harness.measure.calibrate": ("measure_peak", "_benchmark_matmul"),
         "torch.cuda": ("_lazy_init", "init", "synchronize", "set_device"),
     }
 
     def forbidden(module, name, original):
         def call(*args, **kwargs):
-            if module == "harness.measure.peak_calibration" and preparing_fork():
+            if module == "harness.measure.calibrate" and preparing_fork():
                 return original(*args, **kwargs)
             with open(os.environ["FORBIDDEN_CALLS"], "a") as f:
                 f.write(f"{module}.{name} in {sys.orig_argv}\\n")
@@ -62,7 +62,7 @@ SITECUSTOMIZE = textwrap.dedent('''
         # The rank server's fork that prepares harness bench's plan and ends before the
         # trial starts (harness.launch.rank_server.ask), and only that one.
         import multiprocessing
-        calibration = sys.modules.get("harness.measure.peak_calibration")
+        calibration = sys.modules.get("harness.measure.peaks")
         return ("multiprocessing.forkserver" in " ".join(sys.orig_argv)
                 and multiprocessing.current_process().name == "harness-prepare"
                 and getattr(calibration, "_here", False))
@@ -109,9 +109,9 @@ def test_a_study_and_a_bench_leave_the_calibration_to_its_own_process(tmp_path, 
 def test_the_guard_catches_a_calibration_in_the_wrong_process(guarded):
     """The check can fail: the matmul called here, outside the calibration process."""
     env, calls = guarded
-    code = ("import torch\nfrom harness.measure.peak_calibration import _measure\n"
-            "_measure(torch.device('cpu'), 'fp32')")
+    code = ("import torch\nfrom harness.measure.calibrate import measure_peak\n"
+            "measure_peak(torch.device('cpu'), 'fp32')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
-    assert "harness.measure.peak_calibration._measure" in calls.read_text()
+    assert "harness.measure.calibrate.measure_peak" in calls.read_text()

@@ -1,6 +1,6 @@
 """A study fixes its MFU denominators at its start, in study.json, and every trial, a
 resumed study's too, divides by those: a cached peak dropped and measured again in
-the meantime (harness.measure.peak_calibration.forget_measured_peak) changes nothing."""
+the meantime (harness.measure.peaks.forget_measured_peak) changes nothing."""
 
 from __future__ import annotations
 

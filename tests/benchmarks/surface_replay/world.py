@@ -60,8 +60,7 @@ class VirtualClock:
 
 
 def _peaks() -> dict[str, dict[str, Any]]:
-    from harness.measure.peak_choice import PeakChoice
-    from harness.measure.peaks import Peak, datasheet_peak
+    from harness.measure.peaks import Peak, PeakChoice, datasheet_peak
 
     out = {}
     for dtype in ("fp32", "tf32", "bf16", "fp16"):
