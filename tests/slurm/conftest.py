@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 PARTITION = "local"
 PAIR = "pair"  # the two-node cluster's partition (its default)
+PAIR_CPUS = 3  # CPUs each of its nodes says it has (see `two_node_slurm`)
 
 
 def _installed() -> bool:
@@ -67,12 +68,14 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def two_node_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The SLURM_CONF of a running local Slurm of two nodes, n1 and n2 (one CPU each
-    on a 2-core machine), partition PAIR; started once, for the tests that use it. A node
-    that stops answering is set DOWN after 15 s (Slurm's default: 300 s), for the test
-    of a node that dies."""
-    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2,
-                  LOCAL_SLURM_SLURMD_TIMEOUT_S="15") as conf:
+    """The SLURM_CONF of a running local Slurm of two nodes, n1 and n2, partition PAIR;
+    started once, for every test that uses it. Each node says it has PAIR_CPUS (on a
+    2-core machine they share the cores), so that two tuners' 2-node jobs and a third
+    tuner's probe job (harness.launch.slurm_shared) run at once. A node that stops
+    answering is set DOWN after 15 s (Slurm's default: 300 s), for the test of a node
+    that dies."""
+    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2, LOCAL_SLURM_SLURMD_TIMEOUT_S="15",
+                  LOCAL_SLURM_CPUS_PER_NODE=str(PAIR_CPUS)) as conf:
         yield conf
 
 

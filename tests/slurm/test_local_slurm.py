@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from tests.slurm.conftest import SCRIPT, _installed, queued
+from tests.slurm.conftest import PAIR_CPUS, SCRIPT, _installed, queued
 
 
 def test_a_job_runs_on_the_local_partition(slurm_partition, tmp_path):
@@ -29,8 +29,8 @@ def test_a_job_runs_on_the_local_partition(slurm_partition, tmp_path):
 def test_two_nodes_each_run_one_task_of_a_job(two_nodes, tmp_path):
     info = subprocess.run(["sinfo", "-h", "-N", "-p", two_nodes, "-o", "%N %T %c"],
                           capture_output=True, text=True, check=True).stdout.split("\n")[:-1]
-    cpus = max(1, (os.cpu_count() or 1) // 2)
-    assert sorted(info) == [f"n1 idle {cpus}", f"n2 idle {cpus}"]
+    # LOCAL_SLURM_CPUS_PER_NODE (the fixture's); without it, half of this machine's each
+    assert sorted(info) == [f"n1 idle {PAIR_CPUS}", f"n2 idle {PAIR_CPUS}"]
     ran = subprocess.run(["srun", "-p", two_nodes, "-N2", "-n2",
                           "bash", "-c", "echo $SLURM_NODEID $SLURMD_NODENAME"],
                          capture_output=True, text=True, check=True, timeout=60)
@@ -68,3 +68,11 @@ def test_a_bad_node_count_is_refused(tmp_path):
     done = subprocess.run([str(SCRIPT), "start", "--nodes", "zero"], capture_output=True,
                           text=True, env={**os.environ, "LOCAL_SLURM_DIR": str(tmp_path)})
     assert done.returncode == 1 and "--nodes zero: give a whole number" in done.stderr
+
+
+def test_a_bad_cpu_count_is_refused(tmp_path):
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path), "LOCAL_SLURM_CPUS_PER_NODE": "two"}
+    done = subprocess.run([str(SCRIPT), "start", "--nodes", "2"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 1 and "LOCAL_SLURM_CPUS_PER_NODE=two: give a whole" in done.stderr
+    assert not (tmp_path / "slurm.conf").exists()  # refused before anything started

@@ -80,15 +80,31 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed",
                             category=UserWarning)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            rdb = RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
-                             heartbeat_interval=spec.seconds("heartbeat"),
-                             grace_period=spec.seconds("grace"))
+        rdb = _open_rdb(url, spec)
         return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say)
     except Exception as e:  # a driver missing, a server not there: the user's to fix
         raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
                            f"{scrub(_first_line(e), url)})") from None
+
+
+def _open_rdb(url: str, spec: StorageSpec, tries: int = 3) -> RDBStorage:
+    """Optuna's RDBStorage, which makes its tables on a new database. Workers started
+    at the same moment on one new database race to make them (PostgreSQL: a unique
+    violation in pg_type); the loser tries again and finds them made."""
+    import sqlalchemy.exc as sa
+
+    for attempt in range(tries):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+                                  heartbeat_interval=spec.seconds("heartbeat"),
+                                  grace_period=spec.seconds("grace"))
+        except (sa.IntegrityError, sa.ProgrammingError):
+            if attempt + 1 == tries:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise ValueError(f"tries must be 1 or more, not {tries}")
 
 
 def _say(text: str) -> None:
