@@ -162,6 +162,11 @@ def _forwarding(cls: type) -> type:
     return abc.update_abstractmethods(cls)
 
 
+# A trial's beats from its creation until the tuner's Heartbeat takes over: longer than
+# any ask(), short enough that a trial an exception left behind still goes stale.
+BRIDGE_S = 120.0
+
+
 @_forwarding
 class PatientStorage(BaseStorage, BaseHeartbeat):
     """An RDBStorage behind Optuna's storage interfaces: every call is forwarded to it,
@@ -178,6 +183,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
         self.on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
         self.on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
         self.on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None
+        self._bridges: dict[int, Heartbeat] = {}  # trial id -> beats until the tuner's own
 
     def patiently(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.gave_up:
@@ -231,6 +237,8 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
 
     def set_trial_state_values(self, trial_id: int, state: TrialState,
                                values: Any = None) -> bool:
+        if state.is_finished():
+            self.end_bridge(trial_id)
         if state != TrialState.RUNNING or self.on_claim is None:
             return self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
         # ask() claims a queued trial: read which one first, so that the tuner knows the
@@ -245,10 +253,19 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
     def _first_beat(self, trial_id: int) -> None:
         """A trial this worker starts beats at once: if the worker dies before its
         Heartbeat thread runs, the trial still goes stale and is failed and retried (a
-        trial that never beat never goes stale)."""
+        trial that never beat never goes stale). It goes on beating while the sampler
+        chooses its configuration (inside ask(), which may take seconds on a loaded
+        machine), until the tuner's own Heartbeat takes over or the trial finishes."""
         if self.backend.get_heartbeat_interval():
             with contextlib.suppress(Exception):
                 self.backend.record_heartbeat(trial_id)
+            self._bridges[trial_id] = Heartbeat(self, trial_id, BRIDGE_S).__enter__()
+
+    def end_bridge(self, trial_id: int) -> None:
+        """Stop the beats `_first_beat` started for the trial (its Heartbeat took over)."""
+        bridge = self._bridges.pop(trial_id, None)
+        if bridge is not None:
+            bridge.__exit__(None, None, None)
 
     def record_heartbeat(self, trial_id: int) -> None:
         self.backend.record_heartbeat(trial_id)  # one try: a beat never stalls its trial
@@ -290,12 +307,15 @@ class Heartbeat:
     database restarting) is skipped, never waited for: a trial must not stall on its
     heartbeat, and the grace period covers a short outage."""
 
-    def __init__(self, storage: PatientStorage, trial_id: int):
+    def __init__(self, storage: PatientStorage, trial_id: int, for_at_most_s: float = 0.0):
         self.storage, self.trial_id = storage, trial_id
+        self.for_at_most_s = for_at_most_s  # 0: until the block ends
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Heartbeat:
+        if not self.for_at_most_s:  # the tuner's own: the bridge from ask() ends here
+            self.storage.end_bridge(self.trial_id)
         if self.storage.get_heartbeat_interval():
             self._thread = threading.Thread(target=self._beat, daemon=True,
                                             name=f"heartbeat-{self.trial_id}")
@@ -309,7 +329,8 @@ class Heartbeat:
 
     def _beat(self) -> None:
         interval = self.storage.get_heartbeat_interval()
-        while True:
+        end = time.monotonic() + (self.for_at_most_s or float("inf"))
+        while time.monotonic() < end:
             with contextlib.suppress(Exception):
                 self.storage.record_heartbeat(self.trial_id)
             if self._stop.wait(interval):
