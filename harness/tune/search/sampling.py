@@ -1,30 +1,12 @@
 """What Optuna is told: the sampler, and each record's state, values and constraints.
 
-Every finished trial gets two constraints (Optuna 5's `Trial.set_constraint`;
-> 0 is violated, and TPE and NSGA-II read them from every COMPLETE or PRUNED trial):
-
-    memory   bytes over the memory budget (`memory_excess_bytes`: negative is the
-             room left): the measured peak (under the allocator's cap, what the
-             trial needed: harness.core.memory_need), or the corrected prediction
-             of a trial that was not launched; an OOM is at least 1 MiB over
-    runs     CANNOT_RUN when the configuration cannot run (refused here, crashed,
-             diverged, its own timeout), else 0: larger than any memory excess, so a
-             sampler ranks it further from feasible than a configuration that is
-             only too big
-
-An infeasible configuration is COMPLETE with the worst values and a violated
-constraint, not FAIL: samplers skip FAIL trials and would propose it again, while
-a violated constraint teaches them where not to go. FAIL is kept for what says
-nothing about the configuration: stopped by the study's deadline, not started
-for lack of time, left running by a tuner that was killed or that stopped when
-the storage went away (tag "orphan", with "stale" or "unreachable"), or measured
-while other processes used the machine (metrics.interference.flagged, after the
-tuner measured it again: harness.tune.search.busy_machine): such a figure is the machine's, so
-it is never the best nor the bar that prunes others, and the configuration may be
-proposed and measured again. A trial stopped
-early for being slow reports its step throughputs as intermediate values, and is
-COMPLETE at the median throughput its stop judged (metrics.slow_stop; PRUNED where
-that is unknown or the study has other objectives).
+Every finished trial gets two constraints (`Trial.set_constraint`; > 0 is violated):
+`memory`, the bytes over the memory budget (negative: the room left), and `runs`,
+CANNOT_RUN for a configuration that cannot run. An infeasible configuration is COMPLETE
+with the worst values and a violated constraint, not FAIL: samplers skip FAIL trials and
+would propose it again. FAIL is kept for what says nothing of the configuration (the
+study's deadline, no time to start it, an orphan, a busy machine's figure). The table of
+every case: docs/tuning.md ("TPE by default, with the memory budget as a constraint").
 """
 
 from __future__ import annotations
@@ -58,15 +40,18 @@ class Outcome:
             v <= 0 for v in self.constraints.values())
 
 
+def _predicted_peak(record: dict[str, Any]) -> float | None:
+    predicted = record.get("predicted") or {}
+    return predicted.get("calibrated_peak_memory_bytes", predicted.get("peak_memory_bytes"))
+
+
 def memory_excess_bytes(record: dict[str, Any], budget_bytes: float) -> float:
     """How far over the memory budget a record's configuration is, in bytes (negative:
     the room left; 0 where nothing says). Measured peak for a trial that ran, the
     corrected prediction for one not launched, either for an OOM (at least 1 MiB)."""
     status, tags = record["status"], tags_of(record)
     peak = (record.get("metrics") or {}).get("peak_memory_bytes")
-    predicted = record.get("predicted") or {}
-    predicted_peak = predicted.get("calibrated_peak_memory_bytes",
-                                   predicted.get("peak_memory_bytes"))
+    predicted_peak = _predicted_peak(record)
     if status == "ok":  # what it needed, where it ran under the allocator's cap
         needed = budget_peak_bytes(record)
         return needed - budget_bytes if needed else 0.0
@@ -82,10 +67,7 @@ def outcome(record: dict[str, Any], objectives: list[str], budget_bytes: float) 
     """The Optuna state, values and constraints of a stored record."""
     status, tags = record["status"], tags_of(record)
     m = record.get("metrics") or {}
-    peak = m.get("peak_memory_bytes")
-    predicted = record.get("predicted") or {}
-    predicted_peak = predicted.get("calibrated_peak_memory_bytes",
-                                   predicted.get("peak_memory_bytes"))
+    peak, predicted_peak = m.get("peak_memory_bytes"), _predicted_peak(record)
     excess = memory_excess_bytes(record, budget_bytes)
 
     def worst(memory: float | None) -> list[float]:
