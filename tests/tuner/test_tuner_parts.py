@@ -15,9 +15,9 @@ from harness.study import references
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
+from harness.tune.optuna_outcome import CANNOT_RUN, outcome
 from harness.tune.recovery.storage import redact
 from harness.tune.search.correction import Correction
-from harness.tune.search.sampling import CANNOT_RUN, outcome
 from harness.tune.trial_job import TrialRunner, run_trial_job
 from tests.tuner import fake_launch
 from tests.tuner.conftest import study_table

@@ -4,7 +4,7 @@ A flagged figure (metrics.interference, harness.core.interference) is the busy m
 not the configuration's: the tuner waits for quiet (others below QUIET_CPU_SHARE of the
 CPUs, this tuner and its children left out; a bounded wait), then runs the trial once more
 under the same id. The record kept is the second, its tags keep the first figure; still
-flagged, Optuna is told FAIL (harness.tune.search.sampling). docs/tuning.md has the rule.
+flagged, Optuna is told FAIL (harness.tune.optuna_outcome). docs/tuning.md has the rule.
 """
 
 from __future__ import annotations

@@ -82,18 +82,15 @@ class Predictions:
                 self._raw[k] = None
         return plan, self._raw[k]
 
-    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float,
-             corrected_step: bool = True) -> float:
-        """Predicted samples/s of `params`; 0 where it cannot be predicted or is predicted
-        over the memory budget. The step time corrected by the study's fit, or the
-        estimator's own (`corrected_step` False)."""
+    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float
+             ) -> float:
+        """Predicted samples/s of `params` at the estimator's own step time (the sampler
+        learns its error); 0 where it cannot be predicted or its peak, as `correction`
+        corrects it, is over the memory budget."""
         plan, predicted = self.raw(params)
         if not predicted:
             return 0.0
-        as_dict = self.plan(params)[1]
-        step = (correction.step_time(predicted, as_dict) if corrected_step
-                else predicted.get("step_time_s"))
-        peak = correction.peak_memory(predicted)
+        step, peak = predicted.get("step_time_s"), correction.peak_memory(predicted)
         if not step or (peak is not None and peak > budget_bytes):
             return 0.0
         return plan.batch_size / step
@@ -126,9 +123,7 @@ class EstimatorCostModel:
         return self._pool + near
 
     def prior(self, params: dict[str, Any]) -> float | None:
-        rate = self.predictions.rate(params, self._now, self.budget_bytes,
-                                     corrected_step=False)
-        return rate or None
+        return self.predictions.rate(params, self._now, self.budget_bytes) or None
 
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         return factors(self.predictions.plan(params)[1])

@@ -118,17 +118,16 @@ class GuidedSampler(BaseSampler):
         self.converged: str | None = None  # why the search may stop, once it may
 
     # --- Optuna's sampler interface ---------------------------------------------------------
+    # A trial the sampler picked for takes its parameters from sample_independent.
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
-        if trial.number in self._picks:
-            return {}
-        return self.fallback.infer_relative_search_space(study, trial)
+        mine = trial.number in self._picks
+        return {} if mine else self.fallback.infer_relative_search_space(study, trial)
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if trial.number in self._picks:
-            return {}
-        return self.fallback.sample_relative(study, trial, search_space)
+        mine = trial.number in self._picks
+        return {} if mine else self.fallback.sample_relative(study, trial, search_space)
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
