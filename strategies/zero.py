@@ -31,7 +31,6 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from harness.workloads.blocks import find_blocks
 from strategies.base import Choice, Phase, Strategy
@@ -81,6 +80,11 @@ class Zero(Strategy):
             ranks = setup.mesh["data"].size()
             setup.notes.append(f"zero: stage {settings.stage} over {ranks} data ranks")
         elif settings.stage == 1:
+            # Here, not at the top: torch.distributed.optim scripts its functional
+            # optimizers at import, 6-8% of the rank server's imports, which a bench of a
+            # plan without ZeRO-1 need not wait for (harness tune preloads it).
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
             pg = group(setup.mesh, "data", "zero")
             setup.optimizer_wrapper = lambda params, make: ZeroRedundancyOptimizer(
                 params, optimizer_class=make, process_group=pg

@@ -22,12 +22,12 @@ from harness.core.interference import (
     cpus,
     interference,
     machine_share_of_others,
+    ours,
 )
 from harness.core.plan import Plan
 from harness.measure.prepare import prepare
 from harness.measure.trial_loop import run_trial
 from harness.records.predicates import busy_note
-from harness.tune.search import busy_machine as quiet
 
 PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",
         "measured": {"flops": 1e12, "source": "test: a fixed figure"}}
@@ -61,7 +61,7 @@ def test_a_trial_beside_cpu_bound_processes_is_flagged():
 
 def test_a_quiet_trial_is_not_flagged():
     # The premise: nothing else runs here now (this process and its children aside).
-    busy = machine_share_of_others(1.0, lambda: quiet.ours())
+    busy = machine_share_of_others(1.0, ours)
     if busy >= QUIET_CPU_SHARE / 2:
         pytest.skip(f"this machine is not quiet: others use {busy:.0%} of its CPUs")
     result = short_trial()

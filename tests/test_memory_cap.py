@@ -21,7 +21,7 @@ from harness.records.predicates import budget_peak_bytes, may_be_best
 from harness.selftest.figures import _over_budget
 from harness.study.search_space import config_key
 from harness.study.study_file import Study
-from harness.tune.search.sampling import memory_excess_bytes
+from harness.tune.optuna_outcome import memory_excess_bytes
 
 GiB = 2**30
 GPU = torch.device("cuda", 0)

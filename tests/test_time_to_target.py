@@ -174,7 +174,7 @@ def test_the_tuner_minimizes_time_to_target_and_never_counts_a_miss():
 
     from optuna.trial import TrialState
 
-    from harness.tune.search.sampling import outcome
+    from harness.tune.optuna_outcome import outcome
 
     hit = {"status": "ok", "metrics": {"time_to_target_s": 12.5, "peak_memory_bytes": 1}}
     got = outcome(hit, ["time_to_loss"], 2.0)

@@ -115,7 +115,7 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     from harness.study.search_space import NotInSpace, SearchSpace
     from harness.study.study_file import memory_spec
     from harness.tune.budget import memory_budget_bytes
-    from harness.tune.search.reference_batch import largest_fitting_micro
+    from harness.tune.search.estimator_model import largest_fitting_micro
 
     if not 1 <= args.workers <= MAX_WORKERS:
         raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "

@@ -65,7 +65,6 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
     from harness.core.errors import one_line
     from harness.core.units import format_bytes
     from harness.study.study_file import memory_spec
-    from harness.tune.search.first_guesses import describe_start
 
     study, space = ready.study, ready.space
     budget = study.budget
@@ -122,3 +121,31 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
 def _duration(value: str | float) -> str:
     """A budget's duration as the user wrote it: "3m", or seconds."""
     return value.strip() if isinstance(value, str) else f"{value:g}s"
+
+
+def describe_start(study: Any, size: int | None, n_references: int) -> str:
+    """How a study of `size` configurations starts, in a line."""
+    from harness.tune.search.estimator_model import sample_size
+    from harness.tune.search.first_guesses import tier_limit
+    from harness.tune.search.sampling import startup_trials
+
+    refs = f"{n_references} reference(s)"
+    if study.sampler == "grid":
+        return f"{refs}, then every configuration in a seeded order (grid)"
+    if study.sampler == "random":
+        return f"{refs}, then random proposals"
+    if study.sampler == "nsga2" or (study.sampler == "auto" and len(study.objectives) > 1):
+        return f"{refs}, then NSGA-II (several objectives)"
+    n = sample_size(study.budget.time_s)
+    among = (f"all {size:,} configurations" if size is not None and size <= n
+             else f"a sample of {n} of {size:,} configurations, 8 more each trial"
+             if size is not None else f"a sample of {n} configurations (some settings "
+             "are ranges), 8 more each trial")
+    if study.objectives == ["throughput"]:
+        return (f"{refs}, then the GuidedSampler over {among}: the estimator's fastest "
+                "first, then the highest expected improvement of the estimator corrected "
+                "by the measured trials, with its uncertainty (one trial in five TPE's); a "
+                "trial over the memory budget runs again one micro-batch smaller (or "
+                "checkpointed)")
+    return (f"{refs}, then up to {tier_limit(size)} of the estimator's fastest predictions "
+            f"among {among}, then TPE ({startup_trials(size)} random start-up trials)")

@@ -10,7 +10,7 @@
     sbatch = ["--exclusive"]    # anything else, passed to sbatch as written
 
 Each trial is one Slurm job (harness.launch.slurm); the tuner keeps up to `max_jobs`
-of them in flight at once (harness.tune.search.jobs_in_flight).
+of them in flight at once (harness.launch.jobs_in_flight).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ A process that started and ended inside the window counts as other even if it wa
 the trial's (its time is in the machine's figure only): the error is on the side
 of flagging.
 
-This module imports no torch: the tuner uses `machine_share_of_others` to wait for
-a quiet machine before it measures a flagged configuration again.
+This module imports no torch: the tuner waits for a quiet machine (`wait_for_quiet`)
+before it measures a flagged configuration again, and does not stop a trial for slowness
+while others compete with it (`BusyWatch`).
 """
 
 from __future__ import annotations
@@ -202,3 +203,35 @@ def machine_share_of_others(seconds: float, exclude: Callable[[], list[int]]) ->
     time.sleep(seconds)
     got = shares(a, snapshot(allowed, exclude), len(allowed))
     return got[0] if got else 0.0
+
+
+def ours() -> list[int]:
+    """This process and every process under it (a tuner's helper, rank server, workers)."""
+    me = psutil.Process(os.getpid())
+    try:
+        return [me.pid, *(p.pid for p in me.children(recursive=True))]
+    except psutil.Error:
+        return [me.pid]
+
+
+def wait_for_quiet(max_wait_s: float, poll_s: float = 2.0) -> tuple[bool, float, float]:
+    """Wait until others (outside `ours`) use less than QUIET_CPU_SHARE of the CPUs, sampled
+    every `poll_s`, or `max_wait_s`. Returns (quiet, seconds waited, others' last share)."""
+    t0 = time.monotonic()
+    while True:
+        share = machine_share_of_others(min(poll_s, max(max_wait_s, 0.1)), ours)
+        waited = time.monotonic() - t0
+        if share < QUIET_CPU_SHARE or waited >= max_wait_s:
+            return share < QUIET_CPU_SHARE, waited, share
+
+
+class BusyWatch:
+    """Since it was made (a trial's start): did others use QUIET_CPU_SHARE of the CPUs?"""
+
+    def __init__(self) -> None:
+        self.cpus = cpus()
+        self.start = snapshot(self.cpus, ours)
+
+    def __call__(self) -> bool:
+        got = shares(self.start, snapshot(self.cpus, ours), len(self.cpus))
+        return got is not None and got[0] >= QUIET_CPU_SHARE

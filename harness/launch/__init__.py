@@ -6,7 +6,8 @@ behind (`rank_logs`) and the record of a trial that left none (`verdict`), the
 tuner's client of its torch-side helper (`probe`), and the Slurm launcher (`slurm`:
 one trial as one job through submitit; what Slurm is asked, `slurm_queue`; what runs
 in the job, `slurm_job`; what the job leaves for the record, `slurm_record`; whether
-the compute nodes see the run folder, `slurm_shared`).
+the compute nodes see the run folder, `slurm_shared`); up to a launcher's max_jobs
+trials in flight at once, each waited on in its own thread (`jobs_in_flight`).
 It runs in the tuner's process, so it imports no torch at module level; it may
 import harness.measure (the torch-free parts at module level), harness.core,
 harness.study and harness.records, never harness.tune or harness.cli.

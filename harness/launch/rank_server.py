@@ -51,6 +51,9 @@ from typing import Any
 ENV = "HARNESS_FORK_RANKS"
 PRELOAD = ["torch", "torch._dynamo", "strategies", "harness.measure.rank_main",
            "harness.measure.trial_loop"]
+# What some trials import beside: a study's many trials share the server, a bench's one
+# trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
+STUDY_PRELOAD = ["torch.distributed.optim"]
 
 _lock = threading.Lock()
 _context: Any = None
@@ -63,18 +66,20 @@ def enabled() -> bool:
 
 
 def warm_up() -> None:
-    """Start the server now, in the background, so its imports overlap the caller's
-    own work (preparing the plan) instead of delaying the first trial."""
+    """Start a study's server now (with STUDY_PRELOAD), in the background, so its imports
+    overlap the caller's own work (preparing the plan) instead of delaying the first
+    trial."""
     if enabled():
-        threading.Thread(target=_server, name="rank-server", daemon=True).start()
+        threading.Thread(target=_server, args=(PRELOAD + STUDY_PRELOAD,), name="rank-server",
+                         daemon=True).start()
 
 
-def _server() -> Any:
+def _server(preload: list[str] = PRELOAD) -> Any:
     global _context
     with _lock:
         if _context is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(PRELOAD)
+            ctx.set_forkserver_preload(preload)
             from multiprocessing import forkserver
 
             forkserver.ensure_running()

@@ -50,7 +50,7 @@ def finished(record: dict[str, Any]) -> bool:
 def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
     """An ok trial within the memory budget, measured on a quiet machine: a candidate for
     the study's best. (The trials Optuna holds feasible: its `memory` constraint,
-    harness.tune.search.sampling, is (needed - budget) / budget <= 0, the memory needed
+    harness.tune.optuna_outcome, is (needed - budget) / budget <= 0, the memory needed
     as `budget_peak_bytes` says.)"""
     if record["status"] != "ok" or busy_note(record):
         return False

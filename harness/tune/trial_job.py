@@ -41,8 +41,8 @@ from harness.records.step_log import read_steps
 from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
+from harness.tune.optuna_outcome import memory_excess_bytes
 from harness.tune.search.correction import Correction
-from harness.tune.search.sampling import memory_excess_bytes
 
 if TYPE_CHECKING:
     from harness.tune.recovery.follower import Announcer

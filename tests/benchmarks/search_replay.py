@@ -170,11 +170,13 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
             if ref is not None:
                 optuna_study.enqueue_trial(ref["params"])
         # the estimator's guesses (harness.tune.search.first_guesses), from the recorded predictions
-        from harness.tune.search.first_guesses import candidates, first_tier
+        from harness.tune.search.estimator_model import SAMPLE
+        from harness.tune.search.first_guesses import first_tier
 
         refs = [row["params"] for row in table.values() if row["phase"] != "search"]
-        pool = candidates([row["params"] for row in table.values() if row["params"] not in refs],
-                          study.seed)
+        pool = [row["params"] for row in table.values() if row["params"] not in refs]
+        if len(pool) > SAMPLE:  # all of a small table, else a seeded sample of SAMPLE
+            pool = random.Random(study.seed).sample(pool, SAMPLE)
         scored = [(table[key(p)]["predicted"], p) for p in pool if table[key(p)]["predicted"]]
         for params in first_tier(scored, len(table), study.seed):
             optuna_study.enqueue_trial(params)

@@ -89,7 +89,7 @@ def launched():
 def quiet_machine(monkeypatch):
     """The fake launcher runs nothing: whether this machine is busy while a test runs
     says nothing of its trials, so early stopping is not held back by it."""
-    from harness.tune.search import busy_machine as quiet
+    from harness.core import interference as quiet
 
     monkeypatch.setattr(quiet.BusyWatch, "__call__", lambda self: False)
 

@@ -1,7 +1,7 @@
 """The search's first guesses (harness.tune.search.first_guesses.first_tier): the estimator's
 ties are measured, in a seeded order, within a share of the space."""
 
-from harness.tune.search.first_guesses import CAP, START, candidates, first_tier
+from harness.tune.search.first_guesses import CAP, START, first_tier, tier_limit
 
 
 def _scored(rates):
@@ -32,11 +32,8 @@ def test_the_order_within_the_tie_is_seeded():
     assert len(orders) > 1
 
 
-def test_candidates_sample_a_large_space_by_seed():
-    configs = [{"i": i} for i in range(500)]
-    assert candidates(configs[:10], 0) == configs[:10]
-    sample = candidates(configs, 3)
-    assert sample == candidates(configs, 3) and len(sample) < len(configs)
+def test_the_limit_is_half_a_small_space_between_start_and_cap():
+    assert [tier_limit(n) for n in (4, 12, 20, 400, None)] == [START, 6, 10, CAP, CAP]
 
 
 def test_nothing_predicted_nothing_queued():

@@ -12,8 +12,8 @@ import pytest
 
 from harness.cli.main import main
 from harness.core.plan import Plan
+from harness.launch.jobs_in_flight import InFlight
 from harness.study.search_space import config_key
-from harness.tune.search.jobs_in_flight import InFlight
 from strategies import resolved
 from tests.tuner import fake_jobs
 from tests.tuner.conftest import records, write_study

@@ -10,7 +10,7 @@ from harness.study import references
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
-from harness.tune.search.reference_batch import largest_fitting_micro
+from harness.tune.search.estimator_model import largest_fitting_micro
 from tests.tuner.conftest import study_table
 
 GIB = 2**30

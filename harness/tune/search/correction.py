@@ -1,41 +1,21 @@
-"""The estimator, corrected by what the study has measured so far.
+"""The estimator, corrected by what the study has measured so far (docs/tuning.md, "Budgets").
 
-The estimator predicts the tensors a step keeps (peak memory) and the step's
-FLOPs at an assumed MFU (step time). A trial measures more than that: on a CPU
-the peak is the process's RSS, which also holds the Python and torch runtime;
-the allocator caches; the real MFU differs. So each measured component gets its
-own correction, a median over the study's ok trials:
+Each measured component gets its own correction, a median over the study's ok trials:
+`runtime_bytes`, what the process holds before the model is built (the RSS on a CPU; on a
+GPU what NVML says the device holds for it: context, workspaces; before any trial the
+estimator's measured device_overhead_bytes, else DEFAULT_RUNTIME_BYTES); `memory_ratio`,
+(measured peak - runtime) / predicted tensors; `step_ratio`, measured / predicted median
+step, and per factor of the configuration once two trials are measured (step_fit);
+`overhead_s`, a trial's duration beyond its steps, apart for compiled trials.
 
-    runtime        bytes the process holds before the model is built: the RSS at
-                   the start of measuring on a CPU; on a GPU what NVML says the device
-                   holds for the process then (its CUDA context and library
-                   workspaces), since the measured peak is what the device held
-                   (harness.measure.memory), not the tensors alone. Before any trial
-                   is measured, the device's own terms the estimator counted
-                   (device_overhead_bytes, measured once per GPU), else
-                   DEFAULT_RUNTIME_BYTES
-    memory_ratio   (measured peak - runtime) / predicted tensors (the predicted
-                   peak without those terms)
-    step_ratio     measured median step time / predicted step time (the median)
-    step fit       the same ratio per factor of the configuration, once two trials
-                   are measured (harness.tune.search.step_fit): what the estimator
-                   gets wrong about compile, a micro-batch size, a layout is learnt
-                   from the trials that differ in it
-    overhead_s     a trial's duration beyond its steps (starting processes, building
-                   the model), kept apart for compiled trials (overhead_compiled_s:
-                   compiling takes a minute on a GPU)
-
-    corrected peak  = runtime + memory_ratio x predicted peak
+    corrected peak  = runtime + memory_ratio x predicted tensors
     corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
-    expected trial  = overhead (compiled or not) + (warm-up + window steps) x corrected
-                      step, the window's steps as the trial loop will choose them
-                      (harness.core.window: on CUDA at least 2 s of steps); the
-                      overhead fitted on the steps each record says it ran
+    expected trial  = overhead + (warm-up + the window's steps as the trial loop will
+                      choose them: harness.core.window) x corrected step
 
-Before any trial is measured the corrections are 1 and 0, and the overhead a
-default per device. (In the record and study.json these figures sit under the older
-keys `calibration` and `calibrated_peak_memory_bytes`; in the code, "calibration"
-means only the measurement of a device's peak FLOPs: harness.measure.calibrate.)
+(The record and study.json keep these under the older keys `calibration` and
+`calibrated_peak_memory_bytes`; "calibration" in the code means only the measurement of
+a device's peak FLOPs: harness.measure.calibrate.)
 """
 
 from __future__ import annotations

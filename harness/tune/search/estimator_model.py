@@ -1,21 +1,9 @@
 """The harness's cost model for the GuidedSampler: the estimator, asked through the
-torch-side helper, over the study's search space.
-
-    prior       samples/s from the estimator's step time, for a configuration whose
-                peak, corrected by the study's measured trials (runtime bytes and the
-                memory ratio: harness.tune.search.correction), fits the memory budget;
-                None where it does not, or where the plan is refused here. The step
-                time is the estimator's own: the sampler learns its error (surrogate)
-    features    the plan's factors (harness.tune.search.step_fit.factors: micro-batch,
-                layout axes, each technique and setting)
-    candidates  all of a small space; of a larger one a seeded sample (sample_size,
-                more for a longer study), GROW more drawn at each call, and the
-                neighbours of the TOP measured configurations. Before the sampler may
-                call the search converged (`widen`), all of a space of up to COVER
-                configurations, else WIDEN more drawn at a time up to COVER
-    smaller     one micro-batch smaller, else checkpointed (harness.study.space_sampling)
-
-Each prediction is one request to the helper (0.1-0.2 s), cached per configuration.
+torch-side helper (one request per configuration, 0.1-0.2 s, cached), over the study's
+search space. The prior is the estimator's samples/s where its peak, corrected by the
+measured trials (harness.tune.search.correction), fits the memory budget; the features are
+the plan's factors (harness.tune.search.step_fit). How many candidates it ranks, and how
+it widens them before the search may converge: docs/tuning.md ("How it searches").
 """
 
 from __future__ import annotations
@@ -94,18 +82,15 @@ class Predictions:
                 self._raw[k] = None
         return plan, self._raw[k]
 
-    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float,
-             corrected_step: bool = True) -> float:
-        """Predicted samples/s of `params`; 0 where it cannot be predicted or is predicted
-        over the memory budget. The step time corrected by the study's fit, or the
-        estimator's own (`corrected_step` False)."""
+    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float
+             ) -> float:
+        """Predicted samples/s of `params` at the estimator's own step time (the sampler
+        learns its error); 0 where it cannot be predicted or its peak, as `correction`
+        corrects it, is over the memory budget."""
         plan, predicted = self.raw(params)
         if not predicted:
             return 0.0
-        as_dict = self.plan(params)[1]
-        step = (correction.step_time(predicted, as_dict) if corrected_step
-                else predicted.get("step_time_s"))
-        peak = correction.peak_memory(predicted)
+        step, peak = predicted.get("step_time_s"), correction.peak_memory(predicted)
         if not step or (peak is not None and peak > budget_bytes):
             return 0.0
         return plan.batch_size / step
@@ -138,9 +123,7 @@ class EstimatorCostModel:
         return self._pool + near
 
     def prior(self, params: dict[str, Any]) -> float | None:
-        rate = self.predictions.rate(params, self._now, self.budget_bytes,
-                                     corrected_step=False)
-        return rate or None
+        return self.predictions.rate(params, self._now, self.budget_bytes) or None
 
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         return factors(self.predictions.plan(params)[1])
@@ -158,8 +141,7 @@ class EstimatorCostModel:
         return neighbours(self.space, params)
 
     def widen(self) -> bool:
-        """All of a space of up to COVER configurations; of a larger one WIDEN more drawn,
-        up to COVER. False once there is no more to draw."""
+        """All of a space of up to COVER configurations, else WIDEN more drawn up to COVER."""
         size = self.space.size()
         if self._exhaustive or len(self._pool) >= COVER:
             return False
@@ -168,3 +150,26 @@ class EstimatorCostModel:
         else:
             self._pool += sample(self.space, self._rng, WIDEN)
         return True
+
+
+def largest_fitting_micro(space: SearchSpace, params: dict[str, Any], torch_helper: Any,
+                          facts: MachineFacts, budget_bytes: float) -> dict[str, Any]:
+    """A reference's parameters with the largest micro-batch, no larger than its own,
+    whose prediction (corrected as before any trial) fits the budget: the fp32 baseline's
+    largest micro-batch often does not fit a GPU, and a baseline refused for memory leaves
+    nothing to compare against. Unchanged where none fits or the plan is refused here."""
+    name = next((k for k in params if k.startswith("micro_batch_size")), None)
+    if name is None:
+        return params
+    predictions = Predictions(space, facts, torch_helper)
+    fresh = Correction.from_records([], facts.device_type)
+    sizes = [m for m in space.micros_for(space.plan(params).layout) if m <= params[name]]
+    for micro in sorted(sizes, reverse=True):
+        candidate = {**params, name: micro}
+        predicted = predictions.raw(candidate)[1]
+        if predicted is None:
+            return params  # refused: its trial records why
+        peak = fresh.peak_memory(predicted)
+        if peak is None or peak <= budget_bytes:
+            return candidate
+    return params

@@ -1,43 +1,13 @@
 """GuidedSampler: an Optuna sampler that ranks configurations by a cost model it corrects
 from the study's own trials, explores where that model is unsure, and says when it is done.
 
-    import optuna
-    from harness.tune import GuidedSampler, SimpleCostModel
-
-    def predicted(params):                    # your prior: higher is better
-        return 100 * params["batch"] / (1 + params["layers"])
-
-    grid = [{"batch": b, "layers": n} for b in (8, 16, 32) for n in (2, 4, 8)]
-    sampler = GuidedSampler(SimpleCostModel(predicted, grid), seed=0)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    study.optimize(lambda t: measure(t.suggest_categorical("batch", (8, 16, 32)),
-                                     t.suggest_categorical("layers", (2, 4, 8))),
-                   n_trials=20, callbacks=[sampler.stop_when_converged])
-
-How a trial's parameters are chosen (`before_trial`; enqueued trials keep theirs):
-
-    step-down      after a trial over the memory constraint, the same configuration
-                   needing less memory (`CostModel.smaller`), when not measured yet
-    neighbours     after the fallback proposed a configuration measured already, the
-                   unmeasured neighbour of the best with the highest expected improvement
-    fallback       every FALLBACK_EVERY-th trial once MIN_OBSERVED are measured: the
-                   fallback sampler (TPE by default), a model of its own, in case the
-                   surrogate's features cannot express what decides this surface
-    the model      otherwise, the candidate (`CostModel.candidates`) with the highest
-                   expected improvement over the best measured, where each candidate's
-                   belief is the cost model's prior corrected by the surrogate
-                   (harness.tune.search.surrogate): its mean, and an uncertainty that
-                   the study's own errors set. Before anything is measured that is the
-                   prior's order: the estimator's start
-
-Candidates measured, queued or running (Optuna's RUNNING and WAITING trials: the
-constant liar for trials in flight) are never chosen again; a configuration whose trial
-failed for lack of time is left alone for a while. `converged` is set only when, among
-the candidates, none is likely (PROB_STOP) to beat the best by more than `noise`, and
-their expected number that would is under EXPECTED_STOP, and the cost model cannot widen
-its candidates any further (`CostModel.widen`: a sample of a large space is grown before
-it may speak for the space); until then the search goes on, however many trials in a
-row brought nothing new.
+How it chooses (`before_trial`; enqueued trials keep their parameters), in order: after a
+trial over the memory constraint, the same configuration needing less memory; after a
+repeat of a measured configuration, the best's unmeasured neighbour with the highest
+expected improvement; every FALLBACK_EVERY-th trial, the fallback sampler (TPE); else the
+candidate with the highest expected improvement over the best, the cost model's prior
+corrected by the surrogate. docs/tuning.md ("How it searches") has the rules and an
+example of the sampler in a plain Optuna study.
 """
 
 from __future__ import annotations
@@ -148,17 +118,16 @@ class GuidedSampler(BaseSampler):
         self.converged: str | None = None  # why the search may stop, once it may
 
     # --- Optuna's sampler interface ---------------------------------------------------------
+    # A trial the sampler picked for takes its parameters from sample_independent.
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
-        if trial.number in self._picks:
-            return {}
-        return self.fallback.infer_relative_search_space(study, trial)
+        mine = trial.number in self._picks
+        return {} if mine else self.fallback.infer_relative_search_space(study, trial)
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if trial.number in self._picks:
-            return {}
-        return self.fallback.sample_relative(study, trial, search_space)
+        mine = trial.number in self._picks
+        return {} if mine else self.fallback.sample_relative(study, trial, search_space)
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -213,27 +182,21 @@ class GuidedSampler(BaseSampler):
             near = self._rank(self.cost_model.neighbours(best[0]), observed, taken, sign, best)
             if near is not None:
                 return near[0], f"a neighbour of the best ({near[1]})"
-        ranked = self._rank(pool, observed, taken, sign, best, judge=True)
-        return ranked if ranked is None else (ranked[0], ranked[1])
+        return self._rank(pool, observed, taken, sign, best, judge=True)
 
     def _observed(self, trials: list[FrozenTrial], sign: float
                   ) -> tuple[dict[str, tuple[dict[str, Any], float]], set[str]]:
-        """Measured feasible configurations (key -> (params, sign x log value, the median
-        of its measurements)), and every configuration measured, queued or in flight."""
+        """Measured feasible configurations (key -> (params, the median of sign x log of
+        its measurements)), and every configuration measured, queued or in flight (the
+        constant liar); one whose trial failed (for lack of time) only while recent."""
         scores: dict[str, tuple[dict[str, Any], list[float]]] = {}
         taken: set[str] = set()
         recent = {t.number for t in trials[-TIME_FAILED_PAUSE:]}
         for t in trials:
             params = t.params or t.system_attrs.get("fixed_params")
-            if not params:
-                continue
-            k = self.cost_model.key(params)
-            if k is None:  # in flight, its parameters not all suggested yet
-                continue
-            if t.state == TrialState.FAIL:
-                if t.number in recent:
-                    taken.add(k)
-                continue
+            k = self.cost_model.key(params) if params else None
+            if k is None or (t.state == TrialState.FAIL and t.number not in recent):
+                continue  # None: in flight, its parameters not all suggested yet
             taken.add(k)
             feasible = all(v <= 0 for v in (t.constraints or {}).values())
             if t.state == TrialState.COMPLETE and feasible and t.values and t.values[0] > 0:
@@ -251,8 +214,7 @@ class GuidedSampler(BaseSampler):
         if (last.constraints or {}).get(self.memory_constraint, 0) > 0:
             self._step_down = self.cost_model.smaller(last.params)
         k = self.cost_model.key(last.params)
-        earlier = [t for t in done[:-1] if t.params and self.cost_model.key(t.params) == k]
-        if k is not None and earlier:
+        if k is not None and any(self.cost_model.key(t.params) == k for t in done[:-1]):
             self._near_best = True
 
     def _rank(self, pool: list[dict[str, Any]], observed: dict, taken: set[str], sign: float,
@@ -272,7 +234,7 @@ class GuidedSampler(BaseSampler):
             if judge and observed:
                 self.converged = "converged: every configuration the cost model offers was measured"
             return None
-        surrogate = self._surrogate(observed, sign)
+        surrogate, belief = self._surrogate(observed, sign)
         mean, sd = surrogate.predict([model.features(p) for p, _ in fresh])
         mean = mean + np.array([s for _, s in fresh])
         order = list(range(len(fresh)))
@@ -280,7 +242,7 @@ class GuidedSampler(BaseSampler):
         if best is None:
             i = max(order, key=lambda j: mean[j])
             return fresh[i][0], "the cost model's fastest prediction (nothing measured yet)"
-        bar = self._best_belief(surrogate, observed, sign, best[1])
+        bar = best[1] if belief is None else belief
         gain = expected_improvement(mean, sd, bar)
         i = max(order, key=lambda j: gain[j])
         if judge:
@@ -293,39 +255,28 @@ class GuidedSampler(BaseSampler):
                f"one sd (the cost model corrected by {surrogate.n} measured)")
         return fresh[i][0], why
 
-    def _best_belief(self, surrogate: Surrogate, observed: dict, sign: float,
-                     measured: float) -> float:
-        """The best measured configuration's value as the model believes it: the highest
-        posterior mean over the measured ones, not the highest measurement (the luckiest of
-        noisy figures, a bar nothing would be likely to beat: a 4-minute CPU study called
-        itself converged after 20 of 60 configurations)."""
-        known = [(p, self.cost_model.prior(p)) for p, _ in observed.values()]
-        known = [(p, prior) for p, prior in known if prior]
-        if not known:
-            return measured
-        mean, _ = surrogate.predict([self.cost_model.features(p) for p, _ in known])
-        return float(max(m + sign * math.log(prior) for m, (_, prior) in zip(mean, known,
-                                                                              strict=True)))
-
-    def _surrogate(self, observed: dict, sign: float) -> Surrogate:
+    def _surrogate(self, observed: dict, sign: float) -> tuple[Surrogate, float | None]:
         """Fitted to log(measured / prior) of each measured configuration, in the
-        objective's direction (a minimised objective's signs flipped)."""
-        rows, y = [], []
-        for params, score in observed.values():
-            prior = self.cost_model.prior(params)
-            if prior:
-                rows.append(self.cost_model.features(params))
-                y.append(score - sign * math.log(prior))
-        return Surrogate(rows, y)
+        objective's direction; and the best measured as the model believes it: the highest
+        posterior mean over the measured ones, not the highest measurement (the luckiest
+        of noisy figures, a bar nothing would be likely to beat: a 4-minute CPU study
+        called itself converged after 20 of 60 configurations). None: no prior known."""
+        known = [(self.cost_model.features(p), score, sign * math.log(prior))
+                 for p, score in observed.values() if (prior := self.cost_model.prior(p))]
+        surrogate = Surrogate([f for f, _, _ in known], [s - lp for _, s, lp in known])
+        if not known:
+            return surrogate, None
+        mean, _ = surrogate.predict([f for f, _, _ in known])
+        return surrogate, float(max(mean + np.array([lp for _, _, lp in known])))
 
     def _judge(self, mean: np.ndarray, sd: np.ndarray, best: float, n_observed: int,
                n_candidates: int) -> None:
-        bar = best + math.log1p(self.noise)
-        p = prob_above(mean, sd, bar)
-        if (n_observed >= MIN_OBSERVED and p.max() < PROB_STOP and p.sum() < EXPECTED_STOP):
+        """Converged: no candidate PROB_STOP likely to beat the best by more than the
+        noise, and fewer than EXPECTED_STOP expected to."""
+        p = prob_above(mean, sd, best + math.log1p(self.noise))
+        self.converged = None
+        if n_observed >= MIN_OBSERVED and p.max() < PROB_STOP and p.sum() < EXPECTED_STOP:
             self.converged = (f"converged: of {n_candidates} configurations the model ranks, "
                               f"none is {PROB_STOP:.0%} likely to beat the best by more than "
                               f"{self.noise:.0%} (at most {p.max():.1%}; "
                               f"{p.sum():.2f} expected in all)")
-        else:
-            self.converged = None

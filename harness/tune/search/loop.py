@@ -12,7 +12,7 @@ loses nothing). Before each trial,
 again the trials of workers that died meanwhile.
 
 Trials that run elsewhere (a launcher with `max_jobs`: Slurm jobs) are kept in
-flight up to that many at once (harness.tune.search.jobs_in_flight), each in its own thread;
+flight up to that many at once (harness.launch.jobs_in_flight), each in its own thread;
 Optuna is asked for the next while they run (TPE's constant liar: a pending
 trial counts as a bad one, so it is not proposed again), and a configuration
 proposed while another trial runs it waits for that record instead of running
@@ -38,6 +38,7 @@ from typing import Any
 import optuna
 
 from harness.core.plan import Plan
+from harness.launch.jobs_in_flight import InFlight, max_jobs
 from harness.records.result import TrialResult
 from harness.records.tags import PRUNED_TIME, tags_of
 from harness.tune.final.time_reserve import reserve_s
@@ -45,7 +46,6 @@ from harness.tune.recovery.held import Held
 from harness.tune.search.busy_machine import measure_again_if_busy
 from harness.tune.search.estimator_model import resolved_key
 from harness.tune.search.guided_sampler import GuidedSampler
-from harness.tune.search.jobs_in_flight import InFlight, max_jobs
 from harness.tune.trial_job import EarlyStop, command_for, run_trial_job
 from harness.tune.tuner_state import RETRY_OF, TunerState
 
@@ -220,7 +220,7 @@ class Tuner:
         return EarlyStop(best[0], pruning.slower_than, pruning.min_steps)
 
     def _slow_stop(self, trial: optuna.Trial, plan, report: bool = True):
-        from harness.tune.search.busy_machine import BusyWatch
+        from harness.core.interference import BusyWatch
         from harness.tune.search.slow_trials import SlowTrialStop
 
         ctx = self.ctx

@@ -1,16 +1,10 @@
 """The estimator's step time corrected per factor, from the study's own measured trials.
 
-One ratio (measured / predicted) for every configuration cannot learn that the
-estimator is right about bf16 and wrong about compile, or right at micro-batch 64 and
-wrong at 1. So the correction is the search's surrogate (harness.tune.search.surrogate)
-fitted to log(measured step / predicted step) over the configuration's factors
-(`factors`): log2 of the micro-batch size (a trend) and an indicator per size (a
-launch-bound small micro-batch is not a straight line in log2), log2 of each layout
-axis, and an indicator per technique and per searched setting value (amp bf16,
-fused.compile True, zero.stage 3, ...). With a few trials it is close to one ratio for
-all, and each factor earns its own weight as trials that differ in it come in; a factor
-never measured moves nothing: the prediction of a configuration with a new technique is
-the estimator's, scaled by what the study learnt of the rest.
+One ratio (measured / predicted) for every configuration cannot learn that the estimator
+is right about bf16 and wrong about compile, so the correction is the surrogate
+(harness.tune.search.surrogate) fitted to log(measured step / predicted step) over the
+plan's `factors`. With a few trials it is close to one ratio for all; each factor earns its
+own weight as trials that differ in it come in, and a factor never measured moves nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +20,9 @@ SETTINGS = ("dtype", "attention", "optimizer", "compile", "stage", "schedule", "
 
 
 def factors(plan: dict[str, Any]) -> dict[str, float]:
-    """A plan's factors, by name."""
+    """A plan's factors, by name: log2 of the micro-batch (a trend) and an indicator per
+    size (a launch-bound small one is off the trend), log2 of each layout axis, and an
+    indicator per technique and per searched setting value (amp.dtype=bf16, ...)."""
     out: dict[str, float] = {}
     micro = plan.get("micro_batch_size") or 1
     out["log2 micro-batch"] = math.log2(micro)  # the trend, for sizes not measured yet

@@ -1,22 +1,16 @@
 """What the search believes of a configuration it has not measured: a mean and an uncertainty.
 
-The prior is a cost model's prediction (the estimator's samples/s). What the study measures
-departs from it by a factor, and that factor is modelled in log space over the
-configuration's features (one-hot choices, log2 sizes) as a Bayesian linear regression,
-plus a local term for what the features do not explain alone (a Gaussian process whose
-kernel is the sum of the two):
+A Gaussian process on log(measured / prior) over the configuration's features (one-hot
+choices, log2 sizes), whose kernel is a Bayesian linear model's plus a local term for what
+no single feature explains (ZeRO-3 slow only at small micro-batches):
 
     log(measured / prior) = w0 + w . x + g(x) + noise,   w ~ N(0, PRIOR_SD^2),
-                            g ~ GP(0, INTERACTION_SD^2 exp(-|x - x'|^2 / LENGTH)),
-                            noise ~ N(0, s^2)
+                            g ~ GP(0, INTERACTION_SD^2 exp(-|x - x'|^2 / LENGTH))
 
-The posterior gives each unmeasured configuration a mean and a standard deviation. A
-configuration whose features the study has measured in many combinations is known to
-within the noise; one with a choice never measured keeps PRIOR_SD per unseen feature: a
-factor of e^0.7 = 2x at one standard deviation, the size of the estimator's errors on the
-one H100 run (docs/benchmarks/gpu_h100-80gb-hbm3_2026-11-23.md: 61% median step-time error).
-The noise s is learned from the study's own errors: the leave-one-out residuals of the
-fit, so a study whose measurements the model keeps missing stays uncertain everywhere.
+A choice never measured keeps PRIOR_SD per feature: 2x at one standard deviation, the size
+of the estimator's errors on the one H100 run (61% median step-time error). The noise is
+the study's own: the leave-one-out residuals of the fit, so a study whose measurements the
+model keeps missing stays uncertain everywhere.
 """
 
 from __future__ import annotations
@@ -35,18 +29,13 @@ NOISE_PRIOR = 0.15  # until a few trials show the model's own errors
 
 
 class Surrogate:
-    """A Gaussian process on log(measured / prior) whose kernel is the linear model's
-    (each feature's weight ~ N(0, PRIOR_SD^2), the common ratio ~ N(0, INTERCEPT_SD^2))
-    plus INTERACTION_SD^2 exp(-|x - x'|^2 / LENGTH): what the features cannot say
-    alone (ZeRO-3 slow only at small micro-batches) is learnt near where it was measured.
-    `predict` gives (mean, sd) in log units."""
+    """Fitted to `y` = log(measured / prior) of `rows` of features; `predict` gives (mean,
+    sd) in log units."""
 
     def __init__(self, rows: Sequence[dict[str, float]], y: Sequence[float]):
         self.n, self.rows = len(rows), list(rows)
         self.y = np.asarray(y, dtype=float)
-        self.noise = NOISE_PRIOR
-        if self.n:
-            self.noise = self._noise()
+        self.noise = self._noise()
 
     def _features(self, rows: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
         names = sorted({k for row in self.rows for k in row} | {k for row in rows for k in row})

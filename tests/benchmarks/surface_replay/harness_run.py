@@ -12,7 +12,7 @@ virtual clock (world.virtual_time). What is patched, and why:
 
     harness.launch.torch_helper.shared       -> the SurfaceHelper (check() asks it)
     SearchSpace.size (instance)              -> the size counted once per surface
-    harness.tune.search.busy_machine.BusyWatch -> never busy (the simulated machine is
+    harness.core.interference.BusyWatch      -> never busy (the simulated machine is
                                                 quiet; the real one reads this host's CPUs)
     time in harness.tune.*                   -> the virtual clock (world.virtual_time)
 
@@ -124,7 +124,7 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
     `harness tune --budget` runs it (the search, then the final phases), and its named
     best is the one the confirmation rounds named; without, it stops once the goal is
     reached and an hour has passed (the cost to the goal is what is measured)."""
-    import harness.tune.search.busy_machine as busy_machine
+    import harness.core.interference as interference
     import harness.tune.session as session
     from harness.tune.final.phases import run_final_phases
 
@@ -161,7 +161,7 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
                               resume=False, launcher=None, rdzv_host=None, workers=1)
     with contextlib.ExitStack() as stack:
         stack.enter_context(virtual_time(clock))
-        stack.enter_context(_patched(busy_machine, "BusyWatch", _Never))
+        stack.enter_context(_patched(interference, "BusyWatch", _Never))
         tuner = session.open_study(args, checked)
         ctx = tuner.ctx
         ctx.on_event = on_event
