@@ -1,15 +1,26 @@
 """What the fuzz tests (tests/test_fuzz_plans.py, tests/tuner/test_fuzz_studies.py)
 ask of every answer to a generated file: exit 0, or exit 2 with one line that names
-a key of the file (or the file itself)."""
+a key of the file (or the file itself), and how many files each test draws."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 from typing import Any
 
 from harness.cli.main import main, one_line
+
+# The edit-test loop draws a quarter of each test's examples (new ones every run, and
+# Hypothesis' example database replays any failure found before); HARNESS_FUZZ_FULL=1
+# draws them all (before a release, or after a change to the study or plan checks).
+FUZZ_FULL = bool(os.environ.get("HARNESS_FUZZ_FULL"))
+
+
+def examples(full: int) -> int:
+    """A test's number of examples: `full` with HARNESS_FUZZ_FULL=1, else a quarter."""
+    return full if FUZZ_FULL else max(full // 4, 20)
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:

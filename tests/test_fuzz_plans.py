@@ -16,7 +16,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz_checks import assert_exit_0_or_one_line_naming_a_key, run_cli
+from tests.fuzz_checks import assert_exit_0_or_one_line_naming_a_key, examples, run_cli
 
 KEYS = ["name", "device", "micro_batch_size", "global_batch_size", "warmup_steps", "steps",
         "seed", "timeout_s", "workload", "layout", "strategies", "optimizer"]
@@ -61,7 +61,7 @@ def check(path: Path, doc: dict | None) -> None:
     assert_exit_0_or_one_line_naming_a_key(code, err, path, doc, also=("strateg", "workload"))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 @given(doc=documents)
 def test_fuzz_plan_documents(doc):
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,7 +73,7 @@ def test_fuzz_plan_documents(doc):
         check(path, doc)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_fuzz_plan_bytes(data):
     with tempfile.TemporaryDirectory() as tmp:

@@ -70,13 +70,15 @@ def test_the_devices_cuda_visible_devices_leaves():
     assert slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3" and slug(None) == "gpu"
 
 
+@pytest.mark.timeout(120)
 def test_a_step_is_logged_and_stopped_at_its_timeout(tmp_path):
     ok = run_logged([sys.executable, "-c", "print('hello')"], tmp_path / "a.log", 60,
                     root=tmp_path, echo=False)
     assert ok.ok and ok.log == "a.log" and "hello" in (tmp_path / "a.log").read_text()
+    # a step that outlives the test's own timeout: stopped at its 1 s, or the test fails
     slow = run_logged([sys.executable, "-c", "import time; print('up', flush=True); "
-                       "time.sleep(60)"], tmp_path / "b.log", 1, root=tmp_path, echo=False)
-    assert slow.timed_out and not slow.ok and slow.seconds < 30
+                       "time.sleep(600)"], tmp_path / "b.log", 1, root=tmp_path, echo=False)
+    assert slow.timed_out and not slow.ok
     assert "up" in (tmp_path / "b.log").read_text()
 
 

@@ -179,13 +179,13 @@ def test_the_wheel_check_fails_when_a_wheel_is_missing_or_extra(tmp_path, capsys
 def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path):
     """harness selftest --gpu --rehearse end to end: the proof's plans (tiny, on the CPU),
     the tests' selections, a short tune and its report, the page after every step. The
-    time limit is long (the boxes fill it) so that a busy machine cuts nothing."""
+    time limit is long (the boxes fill it) so that a busy machine cuts nothing. The tune's
+    40 s: one ok trial and its report are what is checked (the rehearsal's own 20 s left
+    its first trial timed out on a 2-core machine at load 10)."""
     out = tmp_path / "st"
-    start = time.monotonic()
     done = selftest("--gpu", "--rehearse", "--out", str(out), "--only", "tests,bench,tune,report",
-                    "--time-limit", "14m", "--tune-budget", "60s", cwd=tmp_path, timeout=850)
+                    "--time-limit", "14m", "--tune-budget", "40s", cwd=tmp_path, timeout=850)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert time.monotonic() - start < 850
     state = json.loads((out / "selftest.json").read_text())
     assert state["rehearsal"] and state["device"]["name"] == "Rehearsal CPU"
     assert state["runs"][-1]["progress"] == {p: "done" for p in ("tests", "bench", "tune",

@@ -12,7 +12,6 @@ import os
 
 import pytest
 
-from harness.launch.local import GRACE_S
 from harness.records.result import read_result
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
@@ -130,10 +129,11 @@ def test_a_nan_loss_on_one_rank_stops_both(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_hang_times_out_and_nothing_is_left(hung_two_ranks):
     # The trial (tests/distributed/conftest.py) is shared with test_fork_ranks.py.
-    result, out, took = hung_two_ranks.result, hung_two_ranks.out, hung_two_ranks.took
+    # The rank hangs for ever: a launcher that did not stop it fails on the test's timeout
+    # (no wall-clock assertion: a busy machine would make one flaky).
+    result, out = hung_two_ranks.result, hung_two_ranks.out
     timeout = hung_two_ranks.timeout
     assert result.status == "timeout"
-    assert took < timeout + 2 * GRACE_S + 10  # the parent's own checks come before the clock
     assert result.reason.startswith(f"no result after {timeout:g} s; the trial was stopped")
     assert "ranks still running: 0, 1" in result.reason
     # Where each was: rank 1 in the hanging loss, from the stack each rank wrote when

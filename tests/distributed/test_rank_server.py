@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
 from harness.launch import rank_server
-from harness.launch.local import GRACE_S
 from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     assert_nothing_left,
     faulty_plan,
@@ -50,10 +48,9 @@ def test_a_forked_rank_that_hangs_times_out_with_its_stack(tmp_path, monkeypatch
     # The deadline passes as soon as the rank is in its hang, not 15 s of waiting later
     # (the real clock's timeout: test_launch.py's hang, on two forked ranks).
     timeout_once_hung(monkeypatch, tmp_path / "hung", timeout)
-    t0 = time.monotonic()
+    # the rank hangs for ever: were it not stopped, the test's own timeout would fail it
     result = launch_plan(faulty_plan(world=1, hang_rank=0, timeout_s=timeout), out, "test")
     assert result.status == "timeout"
-    assert time.monotonic() - t0 < timeout + 2 * GRACE_S + 10
     assert result.reason.startswith(f"no result after {timeout:g} s; the trial was stopped")
     assert "ranks still running: 0" in result.reason
     assert "in loss" in (out / "logs" / "stack-rank0.txt").read_text()

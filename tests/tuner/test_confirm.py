@@ -212,6 +212,7 @@ def test_the_estimators_fastest_guesses_come_first():
     assert rates == sorted(rates, reverse=True)
 
 
+@pytest.mark.slow  # a 20-s budget spent for real: ~18 s quiet
 def test_a_study_that_is_not_done_spends_its_budget(tmp_path, launched, monkeypatch):
     """Trials of 0.3 s each, 120 configurations: 20 s cannot measure them all, so the
     study searches until the final phases' expected share and ends near its deadline.

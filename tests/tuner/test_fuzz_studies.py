@@ -23,7 +23,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz_checks import assert_exit_0_or_one_line_naming_a_key, run_cli
+from tests.fuzz_checks import assert_exit_0_or_one_line_naming_a_key, examples, run_cli
 from tests.tuner.conftest import write_study
 from tests.tuner.study_files_gen import WORDS, documents, edits, mutate, mutations
 
@@ -53,25 +53,25 @@ def write_and_check(doc: dict[str, Any]) -> None:
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck))
 
 
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=examples(500))
 @given(doc=documents)
 def test_fuzz_study_documents(doc):
     write_and_check(doc)
 
 
-@settings(FUZZ, max_examples=500)
+@settings(FUZZ, max_examples=examples(500))
 @given(changes=mutations)
 def test_fuzz_mutated_quickstart(changes):
     write_and_check(mutate(changes))
 
 
-@settings(FUZZ, max_examples=200)  # each passes the checks and goes deeper: 40 ms apiece
+@settings(FUZZ, max_examples=examples(200))  # each passes the checks and goes deeper: 40 ms apiece
 @given(changes=edits)
 def test_fuzz_nearly_valid_quickstart(changes):
     write_and_check(mutate(changes))
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=examples(150))
 @given(data=st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_fuzz_study_bytes(data):
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,7 +94,7 @@ outs = st.sampled_from(["run", "run/a/b", "file", "file/sub", "link/sub", "a\x00
                        "a/" * 2000])
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(given_flags=flags, out=outs)
 def test_fuzz_tune_flags(given_flags, out):
     """The quickstart study with fuzzed flags: one line naming a flag, or a summary."""

@@ -3,8 +3,6 @@ runs (HARNESS_PROGRESS_FILE), and `should_stop` ending it as `pruned`."""
 
 from __future__ import annotations
 
-import time
-
 from harness.records.step_log import read_steps
 from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan, launch_plan
 
@@ -21,10 +19,9 @@ def test_steps_are_reported_and_should_stop_prunes(tmp_path, monkeypatch):
         seen.append(len(read_steps(steps)))
         return "enough: 3 steps seen" if seen[-1] >= 3 else None
 
-    t0 = time.monotonic()
     result = launch_plan(plan, out, "harness bench x", progress_file=steps, should_stop=should_stop)
+    # stopped by the hook, not by its 120-s timeout nor after its 2000 steps
     assert result.status == "pruned" and result.reason == "enough: 3 steps seen"
-    assert time.monotonic() - t0 < 60
     times = read_steps(steps)
     assert 3 <= len(times) < 2000 and all(t > 0 for t in times)
     assert (out / "result.json").exists()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.tuner.conftest import SEARCH_ONLY, records, study_table, tune_process, write_study
 
 
@@ -18,6 +20,7 @@ def _tune(tmp_path, *args: str) -> None:
     assert proc.returncode == 0, out[-3000:]
 
 
+@pytest.mark.slow  # two `harness tune` processes, each calibrating: ~20 s quiet
 def test_a_resumed_study_keeps_the_peaks_it_started_with(tmp_path):
     # a budget far above what 2 trials need: on a loaded machine the measured peak is low
     # and the predicted trial time long; n_trials ends the search, not the budget

@@ -48,6 +48,7 @@ def wait_for_records(run_dir, n, proc, timeout=60):
     raise AssertionError(f"fewer than {n} records after {timeout} s")
 
 
+@pytest.mark.slow  # two `harness tune` processes: ~27 s quiet
 def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     out, log = tmp_path / "run", tmp_path / "launches.log"
     path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
@@ -92,6 +93,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert any(r["tags"]["phase"] == "ablation" for r in recs)
 
 
+@pytest.mark.slow  # a tuner and its helper over 12 trials of 1 s: ~23 s quiet
 def test_two_workers_on_one_storage_duplicate_no_trial(tmp_path):
     out, log = tmp_path / "run", tmp_path / "launches.log"
     path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
