@@ -45,6 +45,12 @@ class HeldTrials:
                                        phase, plan)
         return self.trials[number]
 
+    def claimed(self, trial: Any) -> None:
+        """PatientStorage's on_claim: ask() has taken this queued trial (a FrozenTrial)."""
+        attrs = trial.user_attrs
+        self.hold(trial.number, attrs.get("trial_id"), attrs.get("phase", "search"),
+                  attrs.get("plan"))
+
     @contextlib.contextmanager
     def holding(self, number: int, trial_id: int | str | None, phase: str,
                 plan: dict[str, Any] | None,

@@ -19,9 +19,9 @@ Optuna's defaults, set in the study's [storage] table (harness.study.storage_spe
                  file (put it in PGPASSWORD or ~/.pgpass to keep it off the
                  command line altogether)
 
-PatientStorage also tells the tuner (harness.tune.tuner_state) which trial it holds
-from the moment the trial is RUNNING, so that a worker that gives up on the
-database leaves a record for it: a trial Optuna's ask() creates is born tagged
+PatientStorage also tells the tuner (StorageHooks, given by harness.tune.session)
+which trial it holds from the moment the trial is RUNNING, so that a worker that
+gives up on the database leaves a record for it: a trial Optuna's ask() creates is born tagged
 with its worker (`stamp`), and a queued trial ask() claims is reported
 (`on_claim`) before ask() returns.
 """
@@ -36,6 +36,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -59,7 +60,8 @@ class StorageUnreachable(HarnessError):
 
 # --- opening a storage ------------------------------------------------------------
 def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None,
-                 say: Callable[[str], None] | None = None) -> BaseStorage:
+                 say: Callable[[str], None] | None = None,
+                 hooks: StorageHooks | None = None) -> BaseStorage:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -85,7 +87,7 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
             rdb = RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
                              heartbeat_interval=spec.seconds("heartbeat"),
                              grace_period=spec.seconds("grace"))
-        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say)
+        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say, hooks)
     except Exception as e:  # a driver missing, a server not there: the user's to fix
         raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
                            f"{scrub(_first_line(e), url)})") from None
@@ -146,6 +148,16 @@ def _forwarding(cls: type) -> type:
     return abc.update_abstractmethods(cls)
 
 
+@dataclass
+class StorageHooks:
+    """What an RDB storage tells the tuner, given when it is made (harness.tune.session)."""
+
+    stamp: dict[str, Any] = field(default_factory=dict)  # a trial ask() creates is born with
+    on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
+    on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
+    on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None  # silent trial failed
+
+
 @_forwarding
 class PatientStorage(BaseStorage, BaseHeartbeat):
     """An RDBStorage behind Optuna's storage interfaces: every call is forwarded to it,
@@ -154,14 +166,12 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
     below are forwarded as they are (_forwarding)."""
 
     def __init__(self, backend: RDBStorage, shown: str, patience_s: float,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], hooks: StorageHooks | None = None):
         self.backend, self.shown, self.patience_s, self.say = backend, shown, patience_s, say
         self.gave_up: str | None = None
-        # Set by the tuner (harness.tune.tuner_state, harness.tune.recovery.resume):
-        self.stamp: dict[str, Any] = {}  # user attrs that a trial ask() creates is born with
-        self.on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
-        self.on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
-        self.on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None
+        hooks = hooks or StorageHooks()
+        self.stamp, self.on_claim = hooks.stamp, hooks.on_claim
+        self.on_give_up, self.on_stale = hooks.on_give_up, hooks.on_stale
 
     def patiently(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.gave_up:
