@@ -247,10 +247,6 @@ class Tuner:
         )
 
 
-def phase_of(result: TrialResult) -> str:
-    return (result.tags or {}).get("phase", "search")
-
-
 def _repeat_record(original: dict[str, Any], number: int, tags: dict) -> TrialResult:
     """A configuration measured before is not run again: its record, under this trial."""
     copy = TrialResult.from_dict(json.loads(json.dumps(original)))
