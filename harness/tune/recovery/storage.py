@@ -169,9 +169,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
                  say: Callable[[str], None], hooks: StorageHooks | None = None):
         self.backend, self.shown, self.patience_s, self.say = backend, shown, patience_s, say
         self.gave_up: str | None = None
-        hooks = hooks or StorageHooks()
-        self.stamp, self.on_claim = hooks.stamp, hooks.on_claim
-        self.on_give_up, self.on_stale = hooks.on_give_up, hooks.on_stale
+        self.hooks = hooks or StorageHooks()
 
     def patiently(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.gave_up:
@@ -205,27 +203,28 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
 
     def _give_up(self, message: str) -> None:
         self.gave_up = message
-        if self.on_give_up is not None:  # the held trial's record, before the worker stops
+        if self.hooks.on_give_up is not None:  # the held trial's record, before the worker stops
             try:
-                self.on_give_up()
+                self.hooks.on_give_up()
             except OSError as e:  # the run folder too: the message below still stands
                 self.say(f"could not record the trial this worker held: {e}")
         raise StorageUnreachable(message) from None
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        if template_trial is None and self.stamp:
+        stamp = self.hooks.stamp
+        if template_trial is None and stamp:
             # ask()'s new trial carries its owner from the first moment it is RUNNING:
             # whenever its worker stops, resume.py can tell whose it was.
             template_trial = optuna.trial.create_trial(state=TrialState.RUNNING,
-                                                       user_attrs=self.stamp)
+                                                       user_attrs=stamp)
         trial_id = self.patiently(self.backend.create_new_trial, study_id, template_trial)
-        if self.stamp and (template_trial is None or template_trial.state == TrialState.RUNNING):
+        if stamp and (template_trial is None or template_trial.state == TrialState.RUNNING):
             self._first_beat(trial_id)
         return trial_id
 
     def set_trial_state_values(self, trial_id: int, state: TrialState,
                                values: Any = None) -> bool:
-        if state != TrialState.RUNNING or self.on_claim is None:
+        if state != TrialState.RUNNING or self.hooks.on_claim is None:
             return self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
         # ask() claims a queued trial: read which one first, so that the tuner knows the
         # trial it holds even if the database goes away before ask() returns.
@@ -233,7 +232,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
         claimed = self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
         if claimed:
             self._first_beat(trial_id)
-            self.on_claim(queued)
+            self.hooks.on_claim(queued)
         return claimed
 
     def _first_beat(self, trial_id: int) -> None:
@@ -248,7 +247,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
         self.backend.record_heartbeat(trial_id)  # one try: a beat never stalls its trial
 
     def get_heartbeat_stale_trial_callback(self) -> Callable | None:
-        return self.on_stale
+        return self.hooks.on_stale
 
 
 def _is_connection_error(e: BaseException) -> bool:
