@@ -8,6 +8,9 @@ The search runs until the time left is what the final phases are expected to nee
     reserve      = MARGIN x final trials x a launched trial's median duration so far,
                    at most clock.reserve_cap_s: ablation_share of the budget (all of
                    it before any trial ran)
+
+Once the search has ended early, what more fits: the variants, and confirmation rounds
+up to MAX_ROUNDS, those beyond confirm_repeats with LONGER_WINDOW times longer windows.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from typing import Any
-
-from optuna.trial import FrozenTrial
 
 from harness.records.run_store import RunStore
 from harness.records.tags import tags_of
@@ -44,21 +45,6 @@ def _trained_s(record: dict[str, Any]) -> float:
     return sum(r.get("train_s", 0.0) + r.get("eval_s", 0.0) for r in runs if not r.get("cached"))
 
 
-def round_trials(study: Study, budget_bytes: float, records: list[dict[str, Any]]) -> int:
-    """Trials in one confirmation round: the contenders and the baseline (0 when fewer
-    than two configurations may be the best, or nothing ranks them)."""
-    by = ranked_by(study.objectives)
-    if by is None:
-        return 0
-    picked = contenders(records, study.budget.confirm_margin, budget_bytes, by=by)
-    return len(picked) + 1 if len(picked) >= 2 else 0
-
-
-def ablation_round_trials(space: SearchSpace, best: FrozenTrial | None) -> int:
-    """Trials in one ablation repeat: the best, and one per technique it uses."""
-    return 1 + len(techniques(space, best.params)) if best is not None else 0
-
-
 def _longer_trial_s(records: list, each: float) -> float:
     """A trial's seconds when its window is LONGER_WINDOW times as long."""
     seconds = [window_s(r) for r in records if r["status"] == "ok" and window_s(r)]
@@ -77,15 +63,23 @@ class FinalTime:
     budget_bytes: float
     trials: StudyTrials  # the best so far: its techniques are the ablation's trials
 
-    def final_trials(self, records: list[dict[str, Any]]) -> int:
-        confirm = self.study.budget.confirm_repeats
-        return round_trials(self.study, self.budget_bytes, records) * confirm \
-            + self._ablation_trials()
+    def round_trials(self, records: list[dict[str, Any]]) -> int:
+        """Trials in one confirmation round: the contenders and the baseline (0 when
+        fewer than two configurations may be the best, or nothing ranks them)."""
+        by = ranked_by(self.study.objectives)
+        picked = (contenders(records, self.study.budget.confirm_margin, self.budget_bytes,
+                             by=by) if by else [])
+        return len(picked) + 1 if len(picked) >= 2 else 0
 
-    def _ablation_trials(self) -> int:
-        """The ablation's trials, every repeat."""
-        return (ablation_round_trials(self.space, self.trials.best_trial())
-                * self.study.budget.ablation_repeats)
+    def ablation_trials(self) -> int:
+        """The ablation's trials: the best and one per technique it uses, each repeat."""
+        best = self.trials.best_trial()
+        per = 1 + len(techniques(self.space, best.params)) if best is not None else 0
+        return per * self.study.budget.ablation_repeats
+
+    def final_trials(self, records: list[dict[str, Any]]) -> int:
+        return self.round_trials(records) * self.study.budget.confirm_repeats \
+            + self.ablation_trials()
 
     def reserve_s(self) -> float:
         """Seconds to keep for the final phases, as the study stands now."""
@@ -111,7 +105,7 @@ class FinalTime:
         each = trial_seconds(records)
         if each is None:
             return False
-        ablation = MARGIN * each * self._ablation_trials()
+        ablation = MARGIN * each * self.ablation_trials()
         return self.clock.left() - ablation >= MARGIN * _longer_trial_s(records, each) * trials
 
     def rounds_that_fit(self) -> int:
@@ -120,10 +114,10 @@ class FinalTime:
         budget = self.study.budget
         records = self.store.records()
         each = trial_seconds(records)
-        per_round = round_trials(self.study, self.budget_bytes, records)
+        per_round = self.round_trials(records)
         if each is None or not per_round:
             return budget.confirm_repeats
-        ablation = MARGIN * each * self._ablation_trials()
+        ablation = MARGIN * each * self.ablation_trials()
         left = self.clock.left() - ablation - MARGIN * each * per_round * budget.confirm_repeats
         # the rounds beyond confirm_repeats measure LONGER_WINDOW times as long a window
         longer = _longer_trial_s(records, each)
