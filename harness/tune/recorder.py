@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,17 +89,18 @@ class Recorder:
         """The storage's id of trial `number` (what heartbeats and states are set on)."""
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
+    @contextlib.contextmanager
     def holding(self, number: int, trial_id: int | str | None = None, phase: str = "search",
-                plan: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Held]:
+                plan: dict[str, Any] | None = None) -> Iterator[Held]:
         """Hold trial `number` while the block runs; meanwhile its heartbeat beats (RDB
-        storages), until Optuna is told."""
-        return self.held.holding(number, trial_id, phase, plan,
-                                 lambda: self._heartbeat(number))
-
-    def _heartbeat(self, number: int) -> contextlib.AbstractContextManager:
-        if not isinstance(self.storage, PatientStorage):
-            return contextlib.nullcontext()
-        return Heartbeat(self.storage, self.storage_id(number))
+        storages; started once it is held: a storage lost on the way still finds it held)."""
+        held = self.held.hold(number, trial_id, phase, plan)
+        try:
+            with (Heartbeat(self.storage, self.storage_id(number))
+                  if isinstance(self.storage, PatientStorage) else contextlib.nullcontext()):
+                yield held
+        finally:
+            self.held.release(held)
 
     def start_trial(self, params: dict[str, Any], distributions: dict[str, Any],
                     user_attrs: dict[str, Any]) -> int:
