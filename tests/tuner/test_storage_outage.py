@@ -17,10 +17,10 @@ import pytest
 from optuna.trial import TrialState
 
 from harness.records.run_store import RunStore
+from harness.tune.recorder import Recorder
 from harness.tune.recovery import resume
 from harness.tune.recovery.storage import PatientStorage
 from harness.tune.recovery.workers import Worker
-from harness.tune.recorder import Recorder
 from tests.pg_server import postgres  # noqa: F401  (the fixture)
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, tune, write_study
