@@ -136,7 +136,7 @@ def test_the_cycle_finder_finds_one():
 
 
 def test_a_cycle_through_a_function_or_a_type_only_import_counts():
-    a, b = "harness.tune.session", "harness.tune.tuner_state"
+    a, b = "harness.tune.session", "harness.tune.recorder"
     for lazy, typing in ((True, False), (False, True)):
         (cycle,) = _cycles([Edge(a, b, 1, False), Edge(b, a, 2, lazy, typing)])
         assert {e.src for e in cycle} == {a, b}
@@ -211,3 +211,32 @@ def test_the_tuner_side_does_not_import_torch():
     if bad := heavy_imports(roots):
         pytest.fail("torch on the tuner's side, at import time (import it inside the function "
                     "the torch-side helper or a trial runs):\n" + "\n".join(bad), pytrace=False)
+
+
+def _no_context_objects(path_text: dict[str, str]) -> list[str]:
+    """Where a function takes a `ctx` parameter, or (in tune/ and launch/) a callback is
+    set on an object after it was made (`x.on_... = ...`, `x.say = ...`, outside `self`)."""
+    found = []
+    for where, text in sorted(path_text.items()):
+        after_made = where.startswith(("harness/tune/", "harness/launch/"))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                if "ctx" in [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]:
+                    found.append(f"  {where}:{node.lineno}: a parameter named ctx")
+            elif after_made and isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if (isinstance(t, ast.Attribute) and (t.attr.startswith("on_")
+                                                          or t.attr == "say")
+                            and not (isinstance(t.value, ast.Name) and t.value.id == "self")):
+                        found.append(f"  {where}:{node.lineno}: {t.attr} set after construction")
+    return found
+
+
+def test_functions_take_what_they_use_and_callbacks_come_at_construction():
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "harness").rglob("*.py")}
+    bad = _no_context_objects(texts)
+    assert not bad, ("give each function the parts it uses, and each callback to the "
+                     "constructor (docs/architecture.md):\n" + "\n".join(bad))
+    # the check finds both
+    assert len(_no_context_objects({"harness/tune/x.py": "def f(ctx):\n    s.on_x = f\n"})) == 2

@@ -78,13 +78,13 @@ def _server(preload: list[str] = PRELOAD) -> Any:
     global _context
     with _lock:
         if _context is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(preload)
+            forking = multiprocessing.get_context("forkserver")
+            forking.set_forkserver_preload(preload)
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
             atexit.register(_stop)
-            _context = ctx
+            _context = forking
     return _context
 
 
@@ -155,10 +155,10 @@ def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
     runs with `env` (default: this process's environment) and ends with its answer;
     the answer also says when it began (`forked_at`, time.monotonic(): the server's
     imports were done by then) and when it ended (`answered_at`)."""
-    ctx = _server()
-    reader, writer = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_answer, args=(request, dict(env or os.environ), writer),
-                          name="harness-prepare", daemon=False)
+    forking = _server()
+    reader, writer = forking.Pipe(duplex=False)
+    process = forking.Process(target=_answer, args=(request, dict(env or os.environ), writer),
+                              name="harness-prepare", daemon=False)
     try:
         _start(process)
         writer.close()  # the fork holds the only writer: EOF once it ends

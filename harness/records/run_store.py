@@ -70,7 +70,7 @@ class RunFolderUnwritable(HarnessError):
 
 
 class RunStore:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, say: Callable[[str], None] | None = None):
         self.root = Path(root)
         self.study_toml = self.root / "study.toml"
         self.study_json = self.root / "study.json"
@@ -83,8 +83,8 @@ class RunStore:
         # trials.jsonl's whole lines parsed so far (their bytes, records, line count):
         # a study reads its records several times per trial, and the file only grows
         self._parsed: tuple[bytes, list[dict[str, Any]], int] = (b"", [], 0)
-        self.say: Callable[[str], None] = lambda text: print(text, file=sys.stderr,
-                                                               flush=True)
+        # where a cut line of trials.jsonl is named (stderr unless told)
+        self.say = say or (lambda text: print(text, file=sys.stderr, flush=True))
 
     def exists(self) -> bool:
         return self.study_toml.exists()

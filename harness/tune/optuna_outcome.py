@@ -6,7 +6,7 @@ CANNOT_RUN for a configuration that cannot run. An infeasible configuration is C
 with the worst values and a violated constraint, not FAIL: samplers skip FAIL trials and
 would propose it again. FAIL is kept for what says nothing of the configuration (the
 study's deadline, no time to start it, an orphan, a busy machine's figure). Every phase
-tells Optuna so (harness.tune.tuner_state); the table of every case: docs/tuning.md ("TPE
+tells Optuna so (harness.tune.recorder); the table of every case: docs/tuning.md ("TPE
 by default, with the memory budget as a constraint").
 """
 

@@ -2,7 +2,8 @@
 
     open_study   the run folder and the Optuna study (the first process to create it
                  queues the references, then the estimator's first guesses, or the
-                 whole grid), the clock, and the TunerState every stage shares
+                 whole grid), the clock, and the parts each stage is given: the
+                 Recorder, StudyTrials, Measured, the search's Tuner
     run_study    what a stopped tuner left is settled (harness.tune.recovery), the
                  helper workers start (--workers N), the search runs
                  (harness.tune.search), then on the main worker the final phases
@@ -21,6 +22,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -31,13 +33,19 @@ from harness import __version__
 from harness.core.errors import HarnessError
 from harness.launch.slurm import SlurmLauncher
 from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
+from harness.study.search_space import SearchSpace
+from harness.study.study_file import Study
 from harness.tune.budget import Clock
 from harness.tune.checked_study import CheckedStudy
+from harness.tune.final.extra_trial import ExtraTrials
 from harness.tune.final.phases import run_final_phases
 from harness.tune.final.results import write_results
 from harness.tune.final.summary import now
+from harness.tune.final.time_reserve import FinalTime
 from harness.tune.progress import Progress
+from harness.tune.recorder import Measured, Recorder, record_held
 from harness.tune.recovery.follower import Announcer, run_follower
+from harness.tune.recovery.held import HeldTrials
 from harness.tune.recovery.resume import (
     StaleTrials,
     jobs_left,
@@ -48,21 +56,21 @@ from harness.tune.recovery.resume import (
 )
 from harness.tune.recovery.storage import (
     STORAGE_ENV,
-    PatientStorage,
+    StorageHooks,
     StorageUnreachable,
     describe_storage,
     make_storage,
 )
 from harness.tune.recovery.torn import repair_records
-from harness.tune.recovery.workers import spawn_helpers, wait_for
+from harness.tune.recovery.workers import Worker, spawn_helpers, wait_for
 from harness.tune.search.correction import Corrections
 from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
 from harness.tune.search.first_guesses import estimated_start, sample_size
 from harness.tune.search.guided_sampler import GuidedSampler
 from harness.tune.search.loop import Tuner
 from harness.tune.search.sampling import make_sampler
+from harness.tune.study_trials import StudyTrials
 from harness.tune.trial_job import TrialRunner
-from harness.tune.tuner_state import TunerState
 
 
 @dataclass
@@ -75,6 +83,25 @@ class Outcome:
     spent: dict[str, float] = field(default_factory=dict)  # seconds by phase, this session
 
 
+@dataclass
+class Parts:
+    """What open_study builds once. run_study and finish give each stage the parts it
+    uses; nothing outside this module is given the whole."""
+
+    study: Study
+    space: SearchSpace
+    optuna_study: optuna.Study
+    run: TrialRunner
+    clock: Clock
+    progress: Progress
+    on_event: Callable[[str, dict[str, Any]], None]
+    recorder: Recorder
+    trials: StudyTrials
+    measured: Measured
+    corrections: Corrections
+    tuner: Tuner
+
+
 def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
     """0, or 1 when nothing was tuned (every trial failed or did not fit)."""
     # Taken out of the environment: the trials this process launches do not need it.
@@ -83,7 +110,7 @@ def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
     if args.follow:
         return run_follower(args, checked)
     try:
-        tuner = open_study(args, checked)
+        parts = open_study(args, checked)
     except OSError as e:  # study.toml or study.json not written: a full disk
         store = RunStore(checked.run_dir)
         if not RunFolderUnwritable.stops(store, e):
@@ -91,24 +118,46 @@ def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
         raise RunFolderUnwritable(store, e) from None
     outcome = Outcome()
     try:
-        run_study(args, checked, tuner, outcome)
+        run_study(args, checked, parts, outcome)
     except BaseException:  # also on Ctrl-C: helpers stopped, followers released, the
-        finish(args, tuner, outcome, stopping=True)  # study's files where they can be
+        finish(args, parts, outcome, stopping=True)  # study's files where they can be
         raise
-    return 0 if finish(args, tuner, outcome) else 1
+    return 0 if finish(args, parts, outcome) else 1
 
 
-def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
+def open_study(args: argparse.Namespace, checked: CheckedStudy,
+               on_event: Callable[[str, dict[str, Any]], None] | None = None) -> Parts:
+    """`on_event`: what each trial's start, steps, end and notes are told to (the
+    progress display's by default)."""
     from harness.launch import local, rank_server
 
     # One-node trials' ranks are forked from the rank server: its imports overlap the
     # study's start.
     if isinstance(checked.launcher, local.LocalLauncher) and checked.study.layout.nnodes == 1:
         rank_server.warm_up()
-    study, store = checked.study, RunStore(checked.run_dir)
-    main = not args.helper
+    study, main = checked.study, not args.helper
+    if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
+        clock = Clock(time.time(), args.search_until, args.deadline_at)
+    else:
+        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, checked.started)
+    # A cut line of trials.jsonl is named whatever --quiet says (a record was lost). The
+    # store says it through the progress display, which reads the store: the one made
+    # first calls the other late.
+    store = RunStore(checked.run_dir, say=_stderr if args.quiet else
+                     lambda text: progress.line(text))
+    progress = Progress(study.name, clock, quiet=args.quiet, store=store,
+                        memory_budget=checked.budget_bytes)
+    on_event = on_event or progress.event
+    held, me = HeldTrials(), Worker.this()
+    # RDB: the trials this worker holds, recorded if the database goes; dead workers'
+    # trials recorded and retried
+    hooks = StorageHooks({"worker": me.tag}, held.claimed,
+                         partial(record_held, held, store, study.name),
+                         StaleTrials(store, study.storage.retries, study.storage.grace, on_event))
+    open_storage = partial(make_storage, args.storage, store.root, study.storage,
+                           None if args.quiet else progress.line, hooks)
     remote = args.storage and not args.storage.startswith("journal:")
-    storage = make_storage(args.storage, store.root, study.storage) if remote else None
+    storage = open_storage() if remote else None
     if main:  # before mkdir: trials on other machines must see the run folder
         note = checked.launcher.check_shared(store.root)  # HarnessError: nothing made
         if note:
@@ -117,7 +166,7 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
             store.create(study.to_toml())
         else:
             write_atomic(store.study_toml, study.to_toml())
-    storage = storage or make_storage(args.storage, store.root, study.storage)
+    storage = storage or open_storage()
     fixed = store.read_info().get("peaks")
     if fixed:  # resumed, or a helper worker: the MFU denominators the study started with
         checked.facts.peaks = fixed
@@ -131,64 +180,65 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy) -> Tuner:
     optuna_study, created = _open(storage, study, sampler)
     if created:
         _enqueue_first(optuna_study, checked, predictions)
-    if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
-        clock = Clock(time.time(), args.search_until, args.deadline_at)
-    else:
-        clock = Clock.start(study.budget.time_s, study.budget.ablation_share, checked.started)
-    run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts, checked.torch_helper,
-                      checked.launcher)
-    run.expandable_segments = study.budget.expandable_segments
     # Trials across nodes need a tuner on each node (followers), except a Slurm job's,
     # which spans its nodes itself.
+    nodes = None
     if study.layout.nnodes > 1 and not isinstance(checked.launcher, SlurmLauncher):
         import socket
 
-        run.nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
-                              study.layout.nnodes)
-    tuner = Tuner(TunerState(study, checked.space, optuna_study, storage, run, clock), settle)
-    if isinstance(storage, PatientStorage):  # RDB: record and retry what dead workers left
-        storage.on_stale = StaleTrials(tuner.ctx)
+        nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
+                          study.layout.nnodes)
+    run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts,
+                      checked.torch_helper, checked.launcher, nodes=nodes,
+                      expandable_segments=study.budget.expandable_segments)
+    measured = Measured(study.objectives, checked.budget_bytes)
+    for r in store.records():
+        measured.remember(r)
+    recorder = Recorder(store, storage, optuna_study, measured, held, me)
+    trials = StudyTrials(optuna_study, study)
+    tuner = Tuner(study, checked.space, optuna_study, run, clock, recorder, trials, measured,
+                  corrections,
+                  FinalTime(study, checked.space, clock, store, checked.budget_bytes, trials),
+                  partial(settle, optuna_study, store, recorder, measured,
+                          study.storage.retries), on_event)
     if main:
         _started(store, checked, clock, args.storage)
-    return tuner
+    return Parts(study, checked.space, optuna_study, run, clock, progress, on_event, recorder,
+                 trials, measured, corrections, tuner)
 
 
-def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
+def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
               outcome: Outcome) -> None:
-    ctx = tuner.ctx
-    store = ctx.run.store
-    with Progress(ctx.study.name, ctx.clock, quiet=args.quiet, store=store,
-                  memory_budget=checked.budget_bytes) as progress:
-        ctx.on_event = progress.event
-        if isinstance(ctx.storage, PatientStorage) and not args.quiet:  # quiet: stderr says
-            ctx.storage.say = progress.line
-        # A cut line of trials.jsonl is named whatever --quiet says: a record was lost.
-        store.say = progress.line if not args.quiet else _stderr
+    store, retries = p.run.store, p.study.storage.retries
+    with p.progress as progress:
         try:
-            for note in repair_records(ctx):  # lines cut short: cut out, trials settled
+            # lines cut short: cut out, trials settled
+            for note in repair_records(store, p.optuna_study, p.measured, retries):
                 store.say(note)
             if args.resume:  # a tuner killed between Optuna's ask and its tag
-                wait_for_untagged(ctx, progress.line)
-            left = jobs_left(ctx)  # first: these are waited for, not failed by recover
-            for note in recover(ctx):
+                wait_for_untagged(p.optuna_study, progress.line)
+            # first: these are waited for, not failed by recover
+            left = jobs_left(p.optuna_study, p.run, p.recorder)
+            for note in recover(p.optuna_study, store, p.recorder, p.measured, retries):
                 progress.line(note)
-            outcome.helpers = _start_helpers(args, checked, ctx, progress.line)
+            outcome.helpers = _start_helpers(args, checked, store, p.clock, progress.line)
             if checked.groups[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = checked.groups[0]  # this worker's share
             began = time.time()
-            outcome.stopped = tuner.search(first=[partial(rejoin, ctx, t) for t in left])
+            outcome.stopped = p.tuner.search(first=[
+                partial(rejoin, p.run, p.clock.deadline, p.recorder, retries, p.on_event, t)
+                for t in left])
             progress.line(f"search ended: {outcome.stopped}")
             if outcome.helpers:
-                wait_for(outcome.helpers, ctx.clock.left() + 30)
-                for note in settle(ctx):  # a helper that died after this search ended
+                wait_for(outcome.helpers, p.clock.left() + 30)
+                for note in p.tuner.settle():  # a helper that died after this search ended
                     progress.line(note)
-                if ctx.retries_waiting():  # its trial is owed a run
-                    outcome.stopped = tuner.search()
+                if p.trials.retries_waiting():  # its trial is owed a run
+                    outcome.stopped = p.tuner.search()
             outcome.spent["search"] = time.time() - began
             if not args.helper:
                 done = outcome.stopped.startswith(("converged", "search space exhausted"))
-                outcome.final = run_final_phases(ctx, args.resume, progress.line, done,
-                                                 outcome.spent)
+                outcome.final = run_final(p, args.resume, progress.line, done, outcome.spent)
         except StorageUnreachable as e:
             outcome.stopped, outcome.final = str(e), "not run"
             raise
@@ -199,22 +249,32 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, tuner: Tuner,
             raise RunFolderUnwritable(store, e) from None
 
 
-def finish(args: argparse.Namespace, tuner: Tuner, outcome: Outcome,
+def run_final(p: Parts, take_over: bool, say: Callable[[str], None], search_done: bool,
+              spent: dict[str, float] | None = None) -> str:
+    """The final phases (harness.tune.final.phases), each given its parts."""
+    extra = ExtraTrials(p.space, p.run, p.recorder, p.corrections, p.clock, p.on_event)
+    return run_final_phases(p.study, p.space, p.run, p.clock, p.optuna_study, p.trials,
+                            p.measured, extra, p.recorder.me, take_over, say, p.on_event,
+                            search_done, spent)
+
+
+def finish(args: argparse.Namespace, p: Parts, outcome: Outcome,
            stopping: bool = False) -> bool:
     """Stop the helpers, release the followers; the main worker writes the study's files.
     False when nothing ran ok. A run folder that takes no more writes (a full disk)
     raises RunFolderUnwritable (exit 3), unless the study is `stopping` on an error
     already (that error's line is the one the user gets)."""
-    for p in outcome.helpers:
-        if p.poll() is None:
-            p.terminate()
-    if tuner.ctx.run.nodes is not None:
-        tuner.ctx.run.nodes.finished()
+    for helper in outcome.helpers:
+        if helper.poll() is None:
+            helper.terminate()
+    if p.run.nodes is not None:
+        p.run.nodes.finished()
     if args.helper:
         return True
-    store = tuner.ctx.run.store
+    store = p.run.store
     try:
-        return write_results(tuner.ctx, f"{outcome.stopped}; ablation: {outcome.final}",
+        return write_results(p.study, store, p.clock, p.trials, p.corrections,
+                             p.run.budget_bytes, f"{outcome.stopped}; ablation: {outcome.final}",
                              outcome.spent)
     except OSError as e:  # the folder went unwritable: the records are what's left
         if stopping:
@@ -260,12 +320,11 @@ def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy,
                 optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 
 
-def _start_helpers(args: argparse.Namespace, checked: CheckedStudy, ctx: TunerState,
-                   say: Any) -> list[subprocess.Popen]:
+def _start_helpers(args: argparse.Namespace, checked: CheckedStudy, store: RunStore,
+                   clock: Clock, say: Any) -> list[subprocess.Popen]:
     """--workers N: N-1 helper processes on the same storage, deadline and reserve."""
     if len(checked.groups) <= 1:
         return []
-    store, clock = ctx.run.store, ctx.clock
     argv = [str(store.study_toml), "--out", str(store.root), "--helper",
             "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
             "--memory-budget", str(checked.budget_bytes)]

@@ -12,7 +12,12 @@ import optuna
 from optuna.trial import TrialState
 
 from harness.study.storage_spec import StorageSpec
-from harness.tune.recovery.storage import Heartbeat, fail_stale_trials, make_storage
+from harness.tune.recovery.storage import (
+    Heartbeat,
+    StorageHooks,
+    fail_stale_trials,
+    make_storage,
+)
 
 
 class SlowSampler(optuna.samplers.RandomSampler):
@@ -22,8 +27,8 @@ class SlowSampler(optuna.samplers.RandomSampler):
 
 def test_a_trial_beats_while_the_sampler_chooses_and_until_its_heartbeat_takes_over(tmp_path):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = make_storage(url, tmp_path, StorageSpec(heartbeat=1, grace=2))
-    storage.stamp = {"worker": "here"}
+    storage = make_storage(url, tmp_path, StorageSpec(heartbeat=1, grace=2),
+                           hooks=StorageHooks(stamp={"worker": "here"}))
     other = make_storage(url, tmp_path, StorageSpec(heartbeat=1, grace=2))  # another worker
     try:
         study = optuna.create_study(study_name="s", storage=storage, sampler=SlowSampler())

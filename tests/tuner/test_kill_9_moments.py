@@ -19,7 +19,7 @@ from harness.launch import torch_helper
 from harness.records import run_store
 from harness.records.result import TrialResult
 from harness.records.run_store import RunStore
-from harness.tune.tuner_state import TunerState
+from harness.tune.recorder import Recorder
 from tests.tuner import fake_launch
 from tests.tuner.conftest import tune, write_study
 from tests.tuner.test_torn_records import one_readable_record_per_trial
@@ -27,7 +27,7 @@ from tests.tuner.test_torn_records import one_readable_record_per_trial
 # The tuner's writes a kill may land before or after (Optuna's own are inside its
 # tell; a kill between ask() and the worker tag is not tried: docs/reliability.md).
 MOMENTS = [(RunStore, "append"), (run_store, "write_atomic"), (TrialResult, "write"),
-           (TunerState, "tell"), (fake_launch, "launch")]
+           (Recorder, "tell"), (fake_launch, "launch")]
 
 
 def at_each_moment(monkeypatch: pytest.MonkeyPatch, tick) -> None:

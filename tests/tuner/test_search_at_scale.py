@@ -137,7 +137,7 @@ def test_a_search_that_ends_early_gives_its_time_to_more_confirmation_rounds(tmp
     """Four configurations, measured in seconds of a minute's budget: the rest of the
     budget goes to confirmation rounds (up to MAX_ROUNDS), and the summary says how the
     time went."""
-    from harness.tune.final.phases import MAX_ROUNDS
+    from harness.tune.final.time_reserve import MAX_ROUNDS
 
     table = study_table(micro_batch_sizes=[8, 16], budget={"time": "60s",
                                                           "ablation_repeats": 1})

@@ -17,10 +17,10 @@ import pytest
 from optuna.trial import TrialState
 
 from harness.records.run_store import RunStore
+from harness.tune.recorder import Recorder
 from harness.tune.recovery import resume
 from harness.tune.recovery.storage import PatientStorage
 from harness.tune.recovery.workers import Worker
-from harness.tune.tuner_state import TunerState
 from tests.pg_server import postgres  # noqa: F401  (the fixture)
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, tune, write_study
@@ -97,7 +97,7 @@ def outage_at(step: str, number: int, server, monkeypatch: pytest.MonkeyPatch) -
         stop(step == "recorded" and tags.get("optuna_number") == number
              or step == "ablation-recorded" and tags.get("phase") == "ablation")
 
-    start_trial = TunerState.start_trial
+    start_trial = Recorder.start_trial
 
     def starting(self, *a, **kw):
         started = start_trial(self, *a, **kw)
@@ -110,7 +110,7 @@ def outage_at(step: str, number: int, server, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(optuna.Trial, "set_user_attr", tagging)
     monkeypatch.setattr(fake_launch, "launch", launching)
     monkeypatch.setattr(RunStore, "append", appending)
-    monkeypatch.setattr(TunerState, "start_trial", starting)
+    monkeypatch.setattr(Recorder, "start_trial", starting)
     me = Worker.this()
     gone = Worker(me.host, me.pid, me.created - 100)  # its pid, since taken by another
     monkeypatch.setattr(Worker, "this", classmethod(lambda cls: gone))
@@ -121,7 +121,7 @@ def test_an_outage_at_any_step_leaves_one_record_per_trial(tmp_path, postgres, m
                                                             step, number):
     out = tmp_path / "run"
     ablation = step.startswith("ablation")
-    # (the confirmation rounds run their trials as the ablation does: TunerState.run_extra)
+    # (the confirmation rounds run their trials as the ablation does: ExtraTrials.run_trial)
     # (random: TPE's studies queue the estimator's guesses after the two references)
     path = write_study(tmp_path, budget={"ablation_repeats": int(ablation), "n_trials": 4,
                                          "confirm_repeats": 0}, storage=QUICK, sampler="random")

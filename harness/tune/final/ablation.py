@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from optuna.trial import FrozenTrial
 
 from harness.records.predicates import finished
+from harness.records.run_store import RunStore
 from harness.records.tags import tags_of
 from harness.study.search_space import SearchSpace
-from harness.tune.final.extra_trial import attempt_id, run_extra
-
-if TYPE_CHECKING:
-    from harness.tune.tuner_state import TunerState
+from harness.tune.budget import Clock
+from harness.tune.final.extra_trial import ExtraTrials, attempt_id
 
 
 @dataclass
@@ -66,25 +67,25 @@ def ablation_jobs(space: SearchSpace, best_params: dict[str, Any], best_id: int 
     return jobs
 
 
-def run_ablation(ctx: TunerState) -> str:
-    """Run the ablation of the best trial so far; returns how it ended, in words.
+def run_ablation(best: FrozenTrial | None, space: SearchSpace, repeats: int,
+                 store: RunStore, clock: Clock, extra: ExtraTrials) -> str:
+    """Run the ablation of `best` (the best trial so far), `repeats` rounds; returns how
+    it ended, in words.
 
     Each trial runs as harness.tune.final.extra_trial runs it (recorded, then Optuna
     told; on --resume, one that never finished runs again as `<id>-retry<k>`).
     """
-    best = ctx.best_trial()
-    repeats = ctx.study.budget.ablation_repeats
     if best is None or not repeats:
         return "no feasible trial to ablate" if best is None else "ablation off"
     best_id = best.user_attrs.get("trial_id", best.number)
-    recorded = {str(r["trial_id"]): r for r in ctx.run.store.records()}
-    for job in ablation_jobs(ctx.space, best.params, best_id, repeats):
+    recorded = {str(r["trial_id"]): r for r in store.records()}
+    for job in ablation_jobs(space, best.params, best_id, repeats):
         trial_id = attempt_id(recorded, job.trial_id)
         if trial_id is None:
             continue
-        if ctx.clock.left() <= 0:
+        if clock.left() <= 0:
             return "time: the deadline came before every ablation trial ran"
-        result = run_extra(ctx, trial_id, job.params, job.tags)
+        result = extra.run_trial(trial_id, job.params, job.tags)
         if not finished(result.to_dict()):
             return f"time: {result.reason}"
     return "done"

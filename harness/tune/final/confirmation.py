@@ -30,7 +30,7 @@ steps times each measured step time), so two configurations whose seeds overlap 
 not told apart by the step time alone (the rule there stays the spread: the seeds'
 spread is not a measurement's noise, and an interval over measurements would miss
 it). The decision is kept in the Optuna
-study's user attribute "best_by_repeats" (TunerState.best_trial reads it) and in
+study's user attribute "best_by_repeats" (StudyTrials.best_trial reads it) and in
 study.json.
 """
 
@@ -41,12 +41,17 @@ from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import optuna
+
 from harness.records.pooled import config_key, in_time_order, measurement_of
 from harness.records.predicates import may_be_best, ranked
+from harness.records.run_store import RunStore
 from harness.records.speedup import FASTER, Ratio, ratio
 from harness.records.tags import tags_of
-from harness.tune.final.extra_trial import attempt_id, run_extra
-from harness.tune.tuner_state import BEST_BY_REPEATS, TunerState
+from harness.study.study_file import Study
+from harness.tune.budget import Clock
+from harness.tune.final.extra_trial import ExtraTrials, attempt_id
+from harness.tune.study_trials import BEST_BY_REPEATS
 
 MAX_CONTENDERS = 4
 MAX_EXTRA_ROUNDS = 6  # rounds beyond those asked for, where the verdict is still open
@@ -206,53 +211,56 @@ def _summary(s: Standing) -> dict[str, Any]:
     return out
 
 
-def run_confirmation(ctx: TunerState, repeats: int | None = None, longer: float = 1.0,
+def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
+                     optuna_study: optuna.Study, clock: Clock, extra: ExtraTrials,
+                     on_event: Callable[[str, dict[str, Any]], None],
+                     repeats: int | None = None, longer: float = 1.0,
                      more: Callable[[int], bool] | None = None) -> str:
     """Measure the contenders again (`repeats` rounds; budget.confirm_repeats by default)
     and name the best; returns how it ended, in words. Rounds beyond
     budget.confirm_repeats measure windows `longer` times each contender's own. Where
     the verdict is still open after them, further rounds run while `more(trials)` says
     that many more trials fit (at most MAX_EXTRA_ROUNDS)."""
-    budget = ctx.study.budget
+    budget = study.budget
     repeats = budget.confirm_repeats if repeats is None else repeats
-    by = ranked_by(ctx.study.objectives)
+    by = ranked_by(study.objectives)
     if by is None:
         return ("off: the contenders are ranked by throughput or time to target, not "
-                f"{ctx.study.objective}")
-    records = ctx.run.store.records()
-    picked = contenders(records, budget.confirm_margin, ctx.run.budget_bytes, by=by)
+                f"{study.objective}")
+    records = store.records()
+    picked = contenders(records, budget.confirm_margin, budget_bytes, by=by)
     if len(picked) < 2 or not repeats:
         return ("off (budget.confirm_repeats = 0)" if not repeats else
                 "not needed: fewer than two configurations may be the best")
     baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"
-                     and may_be_best(r, ctx.run.budget_bytes)), None)
+                     and may_be_best(r, budget_bytes)), None)
     ids = [str(r["trial_id"]) for r in picked]
     if baseline is not None and str(baseline["trial_id"]) not in ids:
         picked.append(baseline)
-    params = {str(r["trial_id"]): _params_of(ctx, r) for r in picked}
+    params = {str(r["trial_id"]): _params_of(optuna_study, r) for r in picked}
     recorded = {str(r["trial_id"]): r for r in records}
     base_id = str(baseline["trial_id"]) if baseline is not None else None
     ended, rnd = "done", 0
     while ended == "done":
         if rnd >= repeats:  # the rounds asked for ran: more only where the verdict is open
-            decision = decide(standings(ctx.run.store.records(), list(params), by), base_id, by)
+            decision = decide(standings(store.records(), list(params), by), base_id, by)
             still = open_question(decision, base_id) if by == "throughput" else []
             if not still or more is None or rnd >= repeats + MAX_EXTRA_ROUNDS:
                 break
             if not more(len(still)):
                 ended = "done; the verdict is still open, and no time is left for more rounds"
                 break
-            ctx.on_event("note", {"text": f"round {rnd + 1}: the confirmation cannot yet "
-                                          f"separate trial(s) {', '.join(still)}"})
+            on_event("note", {"text": f"round {rnd + 1}: the confirmation cannot yet "
+                                      f"separate trial(s) {', '.join(still)}"})
         else:
             still = list(params)
-        ended = _round(ctx, {i: params[i] for i in still}, rnd, recorded,
+        ended = _round(clock, extra, {i: params[i] for i in still}, rnd, recorded,
                        longer if rnd >= budget.confirm_repeats else 1.0)
         rnd += 1
-    decision = decide(standings(ctx.run.store.records(), list(params), by), base_id, by)
+    decision = decide(standings(store.records(), list(params), by), base_id, by)
     if decision is not None:
         decision.rounds = rnd
-        ctx.optuna_study.set_user_attr(KEY, decision.as_dict())
+        optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended
 
 
@@ -284,18 +292,18 @@ def open_question(decision: Decision | None, baseline_id: str | None) -> list[st
     return ids + ([baseline_id] if base_open and baseline_id not in ids else [])
 
 
-def _round(ctx: TunerState, params: dict[str, dict[str, Any] | None], rnd: int,
-           recorded: dict[str, dict[str, Any]], longer: float) -> str:
+def _round(clock: Clock, extra: ExtraTrials, params: dict[str, dict[str, Any] | None],
+           rnd: int, recorded: dict[str, dict[str, Any]], longer: float) -> str:
     """One round: each configuration in `params` measured once, in order."""
     for of, p in params.items():
         run_id = attempt_id(recorded, f"confirm-{of}-{rnd}") if p is not None else None
         if run_id is None:
             continue
-        if ctx.clock.left() <= 0:
+        if clock.left() <= 0:
             return "time: the deadline came before every round ran"
         window = longer * window_s(recorded.get(of)) if longer > 1 else None
-        run_extra(ctx, run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
-                  window_s=window or None)
+        extra.run_trial(run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
+                        window_s=window or None)
     return "done"
 
 
@@ -304,9 +312,9 @@ def window_s(record: dict[str, Any] | None) -> float:
     return float((((record or {}).get("metrics") or {}).get("window") or {}).get("seconds") or 0)
 
 
-def _params_of(ctx: TunerState, record: dict[str, Any]) -> dict[str, Any] | None:
+def _params_of(optuna_study: optuna.Study, record: dict[str, Any]) -> dict[str, Any] | None:
     """The Optuna parameters of a recorded trial (what the ablation and this re-run)."""
     number = tags_of(record).get("optuna_number")
     if number is None:
         return None
-    return dict(ctx.optuna_study.trials[number].params)
+    return dict(optuna_study.trials[number].params)

@@ -1,7 +1,7 @@
 """One trial run outside the sampler's asking (the confirmation rounds' and the ablation's),
 and the one rule for running such a trial again.
 
-`run_extra` makes the trial RUNNING in the storage with its configuration and this
+`ExtraTrials.run` makes the trial RUNNING in the storage with its configuration and this
 worker as owner (ask() never hands it out), runs it, measures it again if the machine
 was busy (harness.tune.search.busy_machine), records it, then tells Optuna: the same
 order as a search trial, so recovery settles it as any other.
@@ -13,15 +13,19 @@ deadline, or its worker gone) runs again under a new id, `<id>-retry<k>`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from harness.core.plan import Plan
 from harness.records.predicates import finished
 from harness.records.result import TrialResult
+from harness.study.search_space import SearchSpace
+from harness.tune.budget import Clock
+from harness.tune.recorder import Recorder
 from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.trial_job import run_trial_job
-
-if TYPE_CHECKING:
-    from harness.tune.tuner_state import TunerState
+from harness.tune.search.correction import Corrections
+from harness.tune.trial_job import TrialRunner, run_trial_job
 
 
 def attempt_id(recorded: dict[str, dict[str, Any]], trial_id: str) -> str | None:
@@ -33,29 +37,54 @@ def attempt_id(recorded: dict[str, dict[str, Any]], trial_id: str) -> str | None
     return f"{trial_id}-retry{len(tries)}" if tries else trial_id
 
 
-def run_extra(ctx: TunerState, trial_id: str, params: dict[str, Any],
-              tags: dict[str, Any], window_s: float | None = None) -> TrialResult:
-    """Run one configuration as trial `trial_id` with `tags` (phase first); its record.
-    `window_s`: its measured window lasts at least this long (a confirmation round's
-    longer window)."""
-    plan = ctx.space.plan(params)
-    if window_s:
-        plan = plan.replace(min_window_s=max(window_s, plan.min_window_s or 0.0))
-    used = ctx.space.distributions(params)
-    phase = tags["phase"]
-    number = ctx.start_trial({k: params[k] for k in used}, used, {
-        "phase": phase, "trial_id": trial_id, "plan": plan.to_dict()})
-    with ctx.holding(number, trial_id, phase, plan.to_dict()):
-        ctx.on_event("start", {"trial_id": trial_id, "plan": plan.to_dict(),
-                                 "phase": phase, "duplicate": False})
+@dataclass
+class ExtraTrials:
+    """Runs the final phases' trials: one configuration at a time, outside the sampler."""
+
+    space: SearchSpace
+    run: TrialRunner
+    recorder: Recorder
+    corrections: Corrections
+    clock: Clock
+    on_event: Callable[[str, dict[str, Any]], None]
+
+    def run_trial(self, trial_id: str, params: dict[str, Any], tags: dict[str, Any],
+                  window_s: float | None = None) -> TrialResult:
+        """Run one configuration as trial `trial_id` with `tags` (phase first); its
+        record. `window_s`: its measured window lasts at least this long (a
+        confirmation round's longer window)."""
+        plan = self.space.plan(params)
+        if window_s:
+            plan = plan.replace(min_window_s=max(window_s, plan.min_window_s or 0.0))
+        used = self.space.distributions(params)
+        phase = tags["phase"]
+        number = self.recorder.start_trial({k: params[k] for k in used}, used, {
+            "phase": phase, "trial_id": trial_id, "plan": plan.to_dict()})
+        with self.recorder.holding(number, trial_id, phase, plan.to_dict()):
+            result = self.measure(trial_id, plan, {**tags, "optuna_number": number})
+            self.recorder.record_then_tell(result, number)
+        self.on_event("end", result.to_dict())
+        return result
+
+    def run_unlisted(self, trial_id: str, plan: Plan, tags: dict[str, Any]) -> TrialResult:
+        """Run `plan` as trial `trial_id` with no Optuna trial behind it (a variant: the
+        sampler's history stays the search's); its record, written."""
+        result = self.measure(trial_id, plan, tags)
+        result.write(self.run.store.trial_dir(trial_id) / "result.json")
+        self.run.store.append(result)
+        self.on_event("end", result.to_dict())
+        return result
+
+    def measure(self, trial_id: str, plan: Plan, tags: dict[str, Any]) -> TrialResult:
+        """Run `plan` as trial `trial_id`, again if the machine was busy; its record,
+        not yet written."""
+        self.on_event("start", {"trial_id": trial_id, "plan": plan.to_dict(),
+                                "phase": tags["phase"], "duplicate": False})
 
         def attempt() -> TrialResult:
-            return run_trial_job(ctx.run, trial_id, plan, {**tags, "optuna_number": number},
-                                 ctx.correction(), ctx.clock.deadline)
+            return run_trial_job(self.run, trial_id, plan, tags, self.corrections(),
+                                 self.clock.deadline)
 
-        result = measure_again_if_busy(
-            attempt(), attempt, ctx.clock.budget_s, ctx.clock.left(),
-            say=lambda text: ctx.on_event("note", {"text": text}))
-        ctx.record_then_tell(result, number)
-    ctx.on_event("end", result.to_dict())
-    return result
+        return measure_again_if_busy(
+            attempt(), attempt, self.clock.budget_s, self.clock.left(),
+            say=lambda text: self.on_event("note", {"text": text}))

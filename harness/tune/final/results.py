@@ -5,9 +5,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import optuna
+
 from harness.records.predicates import busy_note
+from harness.records.run_store import RunStore
 from harness.records.tags import tags_of
 from harness.records.verdict import SAME, StudyVerdict, study_verdict
+from harness.study.study_file import Study
+from harness.tune.budget import Clock
 from harness.tune.final.confirmation import refreshed
 from harness.tune.final.summary import (
     ablation_table,
@@ -22,38 +27,36 @@ from harness.tune.final.summary import (
 )
 from harness.tune.final.variants import VARIANTS_KEY
 from harness.tune.recovery.storage import StorageUnreachable
-from harness.tune.tuner_state import BEST_BY_REPEATS, TunerState
+from harness.tune.search.correction import Corrections
+from harness.tune.study_trials import BEST_BY_REPEATS, StudyTrials
 
 
-def confirmed_decision(ctx: TunerState, best_id: Any) -> dict[str, Any] | None:
+def confirmed_decision(optuna_study: optuna.Study, best_id: Any) -> dict[str, Any] | None:
     """The confirmation's decision, when it named the trial that is the best now."""
-    try:
-        decision = ctx.optuna_study.user_attrs.get(BEST_BY_REPEATS)
-    except StorageUnreachable:
-        return None
+    decision = _user_attr(optuna_study, BEST_BY_REPEATS)
     return decision if decision and str(decision["best"]) == str(best_id) else None
 
 
-def _user_attr(ctx: TunerState, key: str) -> Any:
+def _user_attr(optuna_study: optuna.Study, key: str) -> Any:
     try:
-        return ctx.optuna_study.user_attrs.get(key)
+        return optuna_study.user_attrs.get(key)
     except StorageUnreachable:
         return None
 
 
-def write_results(ctx: TunerState, stopped: str,
+def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTrials,
+                  corrections: Corrections, budget_bytes: float, stopped: str,
                   spent: dict[str, float] | None = None) -> bool:
     """Write study.json (and best.toml), print the summary; False when nothing ran ok."""
-    store, study, clock = ctx.run.store, ctx.study, ctx.clock
     records = store.records()
     try:
-        best = ctx.best_trial()
+        best = trials.best_trial()
     except StorageUnreachable:
         best = None  # the records are all there is; --resume finishes the study
     best_id = best.user_attrs.get("trial_id", best.number) if best else None
     baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"),
                     None)
-    decision = confirmed_decision(ctx, best_id)
+    decision = confirmed_decision(trials.optuna_study, best_id)
     # one figure per configuration, and the ratios with their intervals (throughput)
     verdict = (study_verdict(records, best_id, baseline and baseline["trial_id"])
                if "throughput" in study.objectives else None)
@@ -70,16 +73,16 @@ def write_results(ctx: TunerState, stopped: str,
         baseline_trial_id=baseline["trial_id"] if baseline else None,
         n_trials=len(records), stopped_because=stopped,
         wall_clock_s=round(clock.elapsed(), 1),
-        calibration=ctx.correction().as_dict(),  # study.json's key
+        calibration=corrections().as_dict(),  # study.json's key
         best_by_repeats=decision,
         verdict=verdict.as_dict() if verdict else None,  # harness.records.verdict
-        variants=_user_attr(ctx, VARIANTS_KEY),
+        variants=_user_attr(trials.optuna_study, VARIANTS_KEY),
         time_spent={k: round(v, 1) for k, v in (spent or {}).items()},
     )
     multi = len(study.objectives) > 1
     print(f"\nstudy {study.name}: {len(records)} trials ({status_counts(records)}) in "
           f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
-    print(table(records, multi, memory_budget=ctx.run.budget_bytes))
+    print(table(records, multi, memory_budget=budget_bytes))
     if spent:
         parts = [f"{name} {v:.0f} s" for name, v in spent.items()]
         unused = max(clock.left(), 0.0)

@@ -23,20 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from optuna.trial import FrozenTrial
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
 from harness.records.predicates import finished, may_be_best, ranked
-from harness.records.result import TrialResult
 from harness.records.tags import VARIANT, tags_of
-from harness.tune.final.extra_trial import attempt_id
-from harness.tune.search.busy_machine import measure_again_if_busy
+from harness.tune.final.extra_trial import ExtraTrials, attempt_id
+from harness.tune.recorder import Measured
 from harness.tune.search.estimator_model import resolved_key
-from harness.tune.trial_job import run_trial_job
-
-if TYPE_CHECKING:
-    from harness.tune.tuner_state import TunerState
+from harness.tune.study_trials import StudyTrials
+from harness.tune.trial_job import TrialRunner
 
 PRECISION_STRATEGIES = ("amp", "tf32", "float8")
 # (what the variant says, the precision strategies it has), fp32 strict being the baseline
@@ -96,12 +95,13 @@ def _same_precision(mine: dict[str, Any], other: dict[str, Any]) -> bool:
     return amp == want
 
 
-def run_variants(ctx: TunerState, fits: Callable[[], bool]) -> VariantsRun:
+def run_variants(trials: StudyTrials, run: TrialRunner, measured: Measured,
+                 extra: ExtraTrials, fits: Callable[[], bool]) -> VariantsRun:
     """Measure the best's variants once each while `fits()` says one more fits beside
     what the confirmation and the ablation need."""
     out = VariantsRun()
-    records = ctx.run.store.records()
-    best = ranked_best(ctx, records)
+    records = run.store.records()
+    best = ranked_best(trials.best_trial(), records, run.budget_bytes)
     if best is None:
         out.ended = "no feasible trial to vary"
         return out
@@ -110,10 +110,10 @@ def run_variants(ctx: TunerState, fits: Callable[[], bool]) -> VariantsRun:
     base = Plan.from_dict(best["plan"])
     for i, v in enumerate(variants(best["plan"])):
         plan = base.replace(strategies=v.strategies, name=base.name)
-        if resolved_key(ctx.run.facts, plan) in ctx.measured:
+        if resolved_key(run.facts, plan) in measured.by_key:
             continue  # the search measured it already
         try:
-            ctx.run.torch_helper.prepare(plan, ctx.run.facts.peaks)
+            run.torch_helper.prepare(plan, run.facts.peaks)
         except HarnessError as e:
             out.refused[v.change] = str(e)
             continue
@@ -125,7 +125,7 @@ def run_variants(ctx: TunerState, fits: Callable[[], bool]) -> VariantsRun:
             out.ended = "time: the rest is kept for the confirmation and the ablation"
             break
         tags = {"phase": VARIANT, "variant": {"of": out.of, "change": v.change}}
-        result = _run(ctx, trial_id, plan, tags)
+        result = extra.run_unlisted(trial_id, plan, tags)
         out.ran.append(trial_id)
         if not finished(result.to_dict()):
             out.ended = f"time: {result.reason}"
@@ -133,27 +133,12 @@ def run_variants(ctx: TunerState, fits: Callable[[], bool]) -> VariantsRun:
     return out
 
 
-def ranked_best(ctx: TunerState, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def ranked_best(best: FrozenTrial | None, records: list[dict[str, Any]],
+                budget_bytes: float) -> dict[str, Any] | None:
     """The best's record: the one the confirmation named, else the fastest candidate."""
-    best = ctx.best_trial()
     named = str(best.user_attrs.get("trial_id", best.number)) if best is not None else None
-    rows = [r for r in ranked(records) if may_be_best(r, ctx.run.budget_bytes)]
+    rows = [r for r in ranked(records) if may_be_best(r, budget_bytes)]
     return next((r for r in rows if str(r["trial_id"]) == named), rows[0] if rows else None)
-
-
-def _run(ctx: TunerState, trial_id: str, plan: Plan, tags: dict[str, Any]) -> TrialResult:
-    ctx.on_event("start", {"trial_id": trial_id, "plan": plan.to_dict(), "phase": VARIANT,
-                           "duplicate": False})
-
-    def attempt() -> TrialResult:
-        return run_trial_job(ctx.run, trial_id, plan, tags, ctx.correction(), ctx.clock.deadline)
-
-    result = measure_again_if_busy(attempt(), attempt, ctx.clock.budget_s, ctx.clock.left(),
-                                   say=lambda text: ctx.on_event("note", {"text": text}))
-    result.write(ctx.run.store.trial_dir(trial_id) / "result.json")
-    ctx.run.store.append(result)
-    ctx.on_event("end", result.to_dict())
-    return result
 
 
 def variant_rows(records: list[dict[str, Any]], of: str) -> list[dict[str, Any]]:

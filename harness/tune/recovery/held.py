@@ -12,8 +12,7 @@ returns, and tags a trial that ask() creates with its worker as it is created.)
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,19 +44,16 @@ class HeldTrials:
                                        phase, plan)
         return self.trials[number]
 
-    @contextlib.contextmanager
-    def holding(self, number: int, trial_id: int | str | None, phase: str,
-                plan: dict[str, Any] | None,
-                heartbeat: Callable[[], contextlib.AbstractContextManager]) -> Iterator[Held]:
-        """Hold trial `number` while the block runs, with `heartbeat()` entered meanwhile
-        (made once it is held: a storage lost on the way still finds it held)."""
-        held = self.hold(number, trial_id, phase, plan)
-        try:
-            with heartbeat():
-                yield held
-        finally:
-            if self.trials.get(number) is held:
-                del self.trials[number]
+    def claimed(self, trial: Any) -> None:
+        """PatientStorage's on_claim: ask() has taken this queued trial (a FrozenTrial)."""
+        attrs = trial.user_attrs
+        self.hold(trial.number, attrs.get("trial_id"), attrs.get("phase", "search"),
+                  attrs.get("plan"))
+
+    def release(self, held: Held) -> None:
+        """`held` is no longer this worker's to record (its block ended)."""
+        if self.trials.get(held.number) is held:
+            del self.trials[held.number]
 
     def recorded(self, number: int) -> None:
         """Trial `number`'s record is written: nothing more to write if the storage goes."""

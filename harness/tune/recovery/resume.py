@@ -2,7 +2,7 @@
 
 `recover` runs when a tuner starts (--resume too); `settle` runs it before each
 trial the tuner asks for, after failing the trials whose heartbeats stopped.
-Every trial is written record first, then Optuna (harness.tune.tuner_state), so the
+Every trial is written record first, then Optuna (harness.tune.recorder), so the
 record is the authority. A RUNNING trial is settled when
 
     its record is in trials.jsonl       (whoever its owner, however young) Optuna is
@@ -53,16 +53,16 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from harness.records.result import TrialResult, read_result
+from harness.records.run_store import RunStore
 from harness.records.tags import tags_of
+from harness.tune.recorder import Measured, Recorder, failed_record
 from harness.tune.recovery.storage import fail_stale_trials
 from harness.tune.recovery.workers import Worker
-from harness.tune.trial_job import left_a_job, rejoin_trial_job
-from harness.tune.tuner_state import RETRY_OF
+from harness.tune.study_trials import RETRY_OF
+from harness.tune.trial_job import TrialRunner, left_a_job, rejoin_trial_job
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from harness.tune.tuner_state import TunerState
 
 # A RUNNING trial without a worker tag this old was abandoned: its tuner died between
 # Optuna's ask and the tag (milliseconds). Younger, it may be another worker's that
@@ -71,75 +71,84 @@ UNTAGGED_GRACE_S = 60
 _sleep = time.sleep  # wait_for_untagged's wait (a test stands in for the minute)
 
 
-def recover(ctx: TunerState) -> list[str]:
+def recover(optuna_study: optuna.Study, store: RunStore, recorder: Recorder,
+            measured: Measured, retries: int) -> list[str]:
     """Settle the trials that stopped workers left RUNNING; returns what was done, in
     words. Workers sharing the run folder take turns (a lock), and each trial is
-    claimed in the storage first, so a trial is settled, recorded and retried once."""
-    running = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    claimed in the storage first, so a trial is settled, recorded and retried once.
+    `retries`: storage.retries, the runs a dead worker's configuration gets again."""
+    running = optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     if not running:
         return []
-    if not any(_abandoned(t) for t in running) and not _recorded(ctx, running):
+    if not any(_abandoned(t) for t in running) and not _recorded(store, running):
         return []
     notes = []
-    with ctx.run.store.locked("settle"):
-        records = _by_number(ctx.run.store.records())
+    with store.locked("settle"):
+        records = _by_number(store.records())
         for t in running:
-            if t.user_attrs.get("worker") == ctx.me.tag:
+            if t.user_attrs.get("worker") == recorder.me.tag:
                 continue  # this worker's own: its thread records and tells it (in_flight)
             if t.number in records or _abandoned(t):
-                note = _settle_one(ctx, t, records.get(t.number))
+                note = _settle_one(optuna_study, store, recorder, measured, retries, t,
+                                   records.get(t.number))
                 if note:
                     notes.append(note)
     return notes
 
 
-def jobs_left(ctx: TunerState) -> list[FrozenTrial]:
+def jobs_left(optuna_study: optuna.Study, run: TrialRunner,
+              recorder: Recorder) -> list[FrozenTrial]:
     """The RUNNING trials of stopped workers whose jobs may still run, claimed for this
     worker (their owner is now this one, so `recover` leaves them alone)."""
-    if not ctx.run.launcher.may_leave_jobs:
+    if not run.launcher.may_leave_jobs:
         return []
-    running = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    running = optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     claimed = []
-    with ctx.run.store.locked("settle"):  # of several workers starting, one claims each
-        records = _by_number(ctx.run.store.records()) if running else {}
+    storage = recorder.storage
+    with run.store.locked("settle"):  # of several workers starting, one claims each
+        records = _by_number(run.store.records()) if running else {}
         for t in running:
-            sid = ctx.storage_id(t.number)
-            now = ctx.storage.get_trial(sid)  # its owner as of now
+            sid = recorder.storage_id(t.number)
+            now = storage.get_trial(sid)  # its owner as of now
             tid = now.user_attrs.get("trial_id", now.number)
             if (now.state == TrialState.RUNNING and now.number not in records
-                    and _abandoned(now) and left_a_job(ctx.run, tid)):
-                ctx.storage.set_trial_user_attr(sid, "worker", ctx.me.tag)
+                    and _abandoned(now) and left_a_job(run, tid)):
+                storage.set_trial_user_attr(sid, "worker", recorder.me.tag)
                 claimed.append(now)
     return claimed
 
 
-def rejoin(ctx: TunerState, t: FrozenTrial,
+def rejoin(run: TrialRunner, deadline: float, recorder: Recorder, retries: int,
+           on_event: Callable[[str, dict[str, Any]], None], t: FrozenTrial,
            should_stop: Callable[[], str | None] | None = None) -> TrialResult:
     """Wait for the job of trial `t` (claimed by `jobs_left`), then record it and tell
     Optuna; a job that ended without a record fails the trial, queued again."""
     tid, phase = t.user_attrs.get("trial_id", t.number), t.user_attrs.get("phase", "search")
     plan = t.user_attrs.get("plan")
-    with ctx.holding(t.number, tid, phase, plan):
-        ctx.on_event("note", {"text": f"trial {tid}: launched by a tuner that stopped, and "
-                                      "its job may still run: waiting for it"})
-        ctx.on_event("start", {"trial_id": tid, "plan": plan or {}, "phase": phase,
-                               "duplicate": False})
-        result = rejoin_trial_job(ctx.run, tid, ctx.clock.deadline, should_stop)
+    with recorder.holding(t.number, tid, phase, plan):
+        on_event("note", {"text": f"trial {tid}: launched by a tuner that stopped, and "
+                                  "its job may still run: waiting for it"})
+        on_event("start", {"trial_id": tid, "plan": plan or {}, "phase": phase,
+                           "duplicate": False})
+        result = rejoin_trial_job(run, tid, deadline, should_stop)
         if result is not None:
-            ctx.record_then_tell(result, t.number)
+            recorder.record_then_tell(result, t.number)
         else:
-            ctx.storage.set_trial_state_values(ctx.storage_id(t.number), state=TrialState.FAIL)
-            result, note = _dead(ctx, t, "the tuner running this trial{who} stopped, and its "
-                                         "job ended without a record")
-            ctx.on_event("note", {"text": note})
-    ctx.on_event("end", result.to_dict())
+            recorder.storage.set_trial_state_values(recorder.storage_id(t.number),
+                                                    state=TrialState.FAIL)
+            result, note = _dead(run.store, recorder.optuna_study, retries, t, "the tuner "
+                                 "running this trial{who} stopped, and its job ended without "
+                                 "a record")
+            on_event("note", {"text": note})
+    on_event("end", result.to_dict())
     return result
 
 
-def settle(ctx: TunerState) -> list[str]:
+def settle(optuna_study: optuna.Study, store: RunStore, recorder: Recorder,
+           measured: Measured, retries: int) -> list[str]:
     """Before each trial: fail (and retry) the trials of workers that died."""
-    fail_stale_trials(ctx.optuna_study, ctx.storage)  # RDB heartbeats: calls StaleTrials
-    return recover(ctx)
+    fail_stale_trials(optuna_study, recorder.storage)  # RDB heartbeats: calls StaleTrials
+    return recover(optuna_study, store, recorder, measured, retries)
 
 
 def _by_number(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -147,9 +156,9 @@ def _by_number(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
                                                   int)}
 
 
-def _recorded(ctx: TunerState, running: list[FrozenTrial]) -> bool:
+def _recorded(store: RunStore, running: list[FrozenTrial]) -> bool:
     numbers = {t.number for t in running}
-    return any(n in numbers for n in _by_number(ctx.run.store.records()))
+    return any(n in numbers for n in _by_number(store.records()))
 
 
 def _abandoned(t: FrozenTrial) -> bool:
@@ -161,12 +170,12 @@ def _abandoned(t: FrozenTrial) -> bool:
     return age > UNTAGGED_GRACE_S
 
 
-def wait_for_untagged(ctx: TunerState, say: Callable[[str], None]) -> float:
+def wait_for_untagged(optuna_study: optuna.Study, say: Callable[[str], None]) -> float:
     """On --resume: wait until the RUNNING trials without an owner tag are older than
     UNTAGGED_GRACE_S, so that `recover` can tell a trial whose tuner was killed between
     Optuna's ask and its tag (settled then) from one another worker has just asked
     (tagged by then). Seconds waited; 0 when there is none (the usual case)."""
-    running = ctx.optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    running = optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     young = [t for t in running if Worker.parse(t.user_attrs.get("worker")) is None
              and t.datetime_start is not None and not _abandoned(t)]
     if not young:
@@ -180,8 +189,9 @@ def wait_for_untagged(ctx: TunerState, say: Callable[[str], None]) -> float:
     return wait
 
 
-def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | None:
-    store = ctx.run.store
+def _settle_one(optuna_study: optuna.Study, store: RunStore, recorder: Recorder,
+                measured: Measured, retries: int, t: FrozenTrial,
+                record: dict | None) -> str | None:
     tid = t.user_attrs.get("trial_id", t.number)
     note = None
     path = store.trial_dir(tid) / "result.json"
@@ -193,32 +203,33 @@ def _settle_one(ctx: TunerState, t: FrozenTrial, record: dict | None) -> str | N
         record, note = found.to_dict(), f"trial {tid}: finished before its tuner stopped; recorded"
     if record is not None:
         try:
-            ctx.tell(t.number, record)
+            recorder.tell(t.number, record)
         except UpdateFinishedTrialError:  # another worker told it
             return None
-        ctx.remember(record)
+        measured.remember(record)
         if tags_of(record).get("unreachable"):  # its worker could not queue it
-            retry = may_retry(ctx, t)
+            retry = may_retry(t, retries)
             if retry:
-                queue_retry(ctx, t)
+                queue_retry(optuna_study, t)
             words = "queued to run again" if retry else "not run again (retries spent)"
             return f"trial {tid}: its worker stopped when the storage went away; {words}"
         return note
     try:  # claim it: of several workers noticing, one sets FAIL
-        ctx.storage.set_trial_state_values(ctx.storage_id(t.number), state=TrialState.FAIL)
+        recorder.storage.set_trial_state_values(recorder.storage_id(t.number),
+                                                state=TrialState.FAIL)
     except UpdateFinishedTrialError:
         return None
-    torn = _torn_cause(ctx, t)  # its record was cut short: the bytes are named
+    torn = _torn_cause(store, t)  # its record was cut short: the bytes are named
     cause = (f"{torn.replace('{', '{{').replace('}', '}}')}: the tuner running this "
              "trial{who} stopped while writing it") if torn else \
         "the tuner running this trial{who} stopped before it ended"
-    return _record_dead(ctx, t, cause)
+    return _dead(store, optuna_study, retries, t, cause)[1]
 
 
-def _torn_cause(ctx: TunerState, t: FrozenTrial) -> str | None:
+def _torn_cause(store: RunStore, t: FrozenTrial) -> str | None:
     """Why trial `t` has no record, where a line cut out of trials.jsonl was its record
     (harness.tune.recovery.torn): "record torn (...)"; None where none was."""
-    for u in ctx.run.store.kept():
+    for u in store.kept():
         tid, number = u.trial()
         if number == t.number or (number is None
                                   and tid == str(t.user_attrs.get("trial_id", t.number))):
@@ -228,53 +239,50 @@ def _torn_cause(ctx: TunerState, t: FrozenTrial) -> str | None:
 
 class StaleTrials:
     """The storage's stale-trial callback: Optuna has failed `trial` (no heartbeat for
-    storage.grace); record it as failed and queue its configuration again."""
+    `grace`); record it as failed and queue its configuration again. Made before the
+    storage (it is given to it), so it needs nothing that the storage makes."""
 
-    def __init__(self, ctx: TunerState):
-        self.ctx = ctx
+    def __init__(self, store: RunStore, retries: int, grace: str | float,
+                 on_event: Callable[[str, dict[str, Any]], None]):
+        self.store, self.retries, self.grace, self.on_event = store, retries, grace, on_event
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        grace = self.ctx.study.storage.grace
-        note = _record_dead(self.ctx, trial, "the worker running this trial{who} sent no "
-                                             f"heartbeat for {grace}", stale=True)
-        self.ctx.on_event("note", {"text": note})
+        note = _dead(self.store, study, self.retries, trial, "the worker running this "
+                     f"trial{{who}} sent no heartbeat for {self.grace}", stale=True)[1]
+        self.on_event("note", {"text": note})
 
 
-def _record_dead(ctx: TunerState, t: FrozenTrial, cause: str, **tags: object) -> str:
+def _dead(store: RunStore, optuna_study: optuna.Study, retries: int, t: FrozenTrial,
+          cause: str, **tags: object) -> tuple[TrialResult, str]:
     """A failed trial (FAIL already) whose worker died: record it, queue it again, say
     so. `cause` may name the worker with {who}."""
-    return _dead(ctx, t, cause, **tags)[1]
-
-
-def _dead(ctx: TunerState, t: FrozenTrial, cause: str,
-          **tags: object) -> tuple[TrialResult, str]:
-    retry = may_retry(ctx, t)
+    retry = may_retry(t, retries)
     owner = Worker.parse(t.user_attrs.get("worker"))
     cause = cause.format(who=f" ({owner.describe()})" if owner else "")
     words = "queued to run again" if retry else "not run again (retries spent)"
     tid = t.user_attrs.get("trial_id", t.number)
     started = t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""
-    record = ctx.failed_record(
-        tid, t.user_attrs.get("plan"), started, {
+    record = failed_record(
+        store, optuna_study.study_name, tid, t.user_attrs.get("plan"), started, {
             "phase": t.user_attrs.get("phase", "search"), "optuna_number": t.number,
             "orphan": True, **tags}, f"{cause}; {words}")
-    ctx.run.store.append(record)
+    store.append(record)
     if retry:
-        queue_retry(ctx, t)
+        queue_retry(optuna_study, t)
     return record, f"trial {tid}: {cause}; marked failed, {words}"
 
 
-def may_retry(ctx: TunerState, t: FrozenTrial) -> bool:
+def may_retry(t: FrozenTrial, retries: int) -> bool:
     """Whether the failed trial's configuration runs again: not when it ran
-    storage.retries + 1 times already, nor for an ablation trial (the ablation runs its
-    own again)."""
+    `retries` + 1 times already (storage.retries), nor for an ablation trial (the
+    ablation runs its own again)."""
     if not t.params or t.user_attrs.get("phase") == "ablation":
         return False
-    return len(t.user_attrs.get("retry_history", [])) < ctx.study.storage.retries
+    return len(t.user_attrs.get("retry_history", [])) < retries
 
 
-def queue_retry(ctx: TunerState, t: FrozenTrial) -> None:
-    ctx.optuna_study.enqueue_trial(t.params, user_attrs={
+def queue_retry(optuna_study: optuna.Study, t: FrozenTrial) -> None:
+    optuna_study.enqueue_trial(t.params, user_attrs={
         "phase": t.user_attrs.get("phase", "search"),
         RETRY_OF: t.user_attrs.get(RETRY_OF, t.number),
         "retry_history": [*t.user_attrs.get("retry_history", []), t.number]})

@@ -19,9 +19,9 @@ Optuna's defaults, set in the study's [storage] table (harness.study.storage_spe
                  file (put it in PGPASSWORD or ~/.pgpass to keep it off the
                  command line altogether)
 
-PatientStorage also tells the tuner (harness.tune.tuner_state) which trial it holds
-from the moment the trial is RUNNING, so that a worker that gives up on the
-database leaves a record for it: a trial Optuna's ask() creates is born tagged
+PatientStorage also tells the tuner (StorageHooks, given by harness.tune.session)
+which trial it holds from the moment the trial is RUNNING, so that a worker that
+gives up on the database leaves a record for it: a trial Optuna's ask() creates is born tagged
 with its worker (`stamp`), and a queued trial ask() claims is reported
 (`on_claim`) before ask() returns.
 """
@@ -36,6 +36,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -59,7 +60,8 @@ class StorageUnreachable(HarnessError):
 
 # --- opening a storage ------------------------------------------------------------
 def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None,
-                 say: Callable[[str], None] | None = None) -> BaseStorage:
+                 say: Callable[[str], None] | None = None,
+                 hooks: StorageHooks | None = None) -> BaseStorage:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -81,7 +83,7 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
                             category=UserWarning)
     try:
         rdb = _open_rdb(url, spec)
-        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say)
+        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say, hooks)
     except Exception as e:  # a driver missing, a server not there: the user's to fix
         raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
                            f"{scrub(_first_line(e), url)})") from None
@@ -167,6 +169,16 @@ def _forwarding(cls: type) -> type:
 BRIDGE_S = 120.0
 
 
+@dataclass
+class StorageHooks:
+    """What an RDB storage tells the tuner, given when it is made (harness.tune.session)."""
+
+    stamp: dict[str, Any] = field(default_factory=dict)  # a trial ask() creates is born with
+    on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
+    on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
+    on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None  # silent trial failed
+
+
 @_forwarding
 class PatientStorage(BaseStorage, BaseHeartbeat):
     """An RDBStorage behind Optuna's storage interfaces: every call is forwarded to it,
@@ -175,14 +187,10 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
     below are forwarded as they are (_forwarding)."""
 
     def __init__(self, backend: RDBStorage, shown: str, patience_s: float,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], hooks: StorageHooks | None = None):
         self.backend, self.shown, self.patience_s, self.say = backend, shown, patience_s, say
         self.gave_up: str | None = None
-        # Set by the tuner (harness.tune.tuner_state, harness.tune.recovery.resume):
-        self.stamp: dict[str, Any] = {}  # user attrs that a trial ask() creates is born with
-        self.on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
-        self.on_give_up: Callable[[], None] | None = None  # just before StorageUnreachable
-        self.on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None
+        self.hooks = hooks or StorageHooks()
         self._bridges: dict[int, Heartbeat] = {}  # trial id -> beats until the tuner's own
 
     def patiently(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -217,21 +225,22 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
 
     def _give_up(self, message: str) -> None:
         self.gave_up = message
-        if self.on_give_up is not None:  # the held trial's record, before the worker stops
+        if self.hooks.on_give_up is not None:  # the held trial's record, before the worker stops
             try:
-                self.on_give_up()
+                self.hooks.on_give_up()
             except OSError as e:  # the run folder too: the message below still stands
                 self.say(f"could not record the trial this worker held: {e}")
         raise StorageUnreachable(message) from None
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        if template_trial is None and self.stamp:
+        stamp = self.hooks.stamp
+        if template_trial is None and stamp:
             # ask()'s new trial carries its owner from the first moment it is RUNNING:
             # whenever its worker stops, resume.py can tell whose it was.
             template_trial = optuna.trial.create_trial(state=TrialState.RUNNING,
-                                                       user_attrs=self.stamp)
+                                                       user_attrs=stamp)
         trial_id = self.patiently(self.backend.create_new_trial, study_id, template_trial)
-        if self.stamp and (template_trial is None or template_trial.state == TrialState.RUNNING):
+        if stamp and (template_trial is None or template_trial.state == TrialState.RUNNING):
             self._first_beat(trial_id)
         return trial_id
 
@@ -239,7 +248,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
                                values: Any = None) -> bool:
         if state.is_finished():
             self.end_bridge(trial_id)
-        if state != TrialState.RUNNING or self.on_claim is None:
+        if state != TrialState.RUNNING or self.hooks.on_claim is None:
             return self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
         # ask() claims a queued trial: read which one first, so that the tuner knows the
         # trial it holds even if the database goes away before ask() returns.
@@ -247,7 +256,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
         claimed = self.patiently(self.backend.set_trial_state_values, trial_id, state, values)
         if claimed:
             self._first_beat(trial_id)
-            self.on_claim(queued)
+            self.hooks.on_claim(queued)
         return claimed
 
     def _first_beat(self, trial_id: int) -> None:
@@ -271,7 +280,7 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
         self.backend.record_heartbeat(trial_id)  # one try: a beat never stalls its trial
 
     def get_heartbeat_stale_trial_callback(self) -> Callable | None:
-        return self.on_stale
+        return self.hooks.on_stale
 
 
 def _is_connection_error(e: BaseException) -> bool:

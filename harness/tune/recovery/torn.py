@@ -26,30 +26,28 @@ settles on its next --resume; a settled trial has its record and is left alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import optuna
 from optuna.trial import FrozenTrial
 
 from harness.records.result import read_result
-from harness.records.run_store import Unreadable
+from harness.records.run_store import RunStore, Unreadable
 from harness.records.tags import tags_of
+from harness.tune.recorder import Measured, failed_record
 from harness.tune.recovery.resume import may_retry, queue_retry
 
-if TYPE_CHECKING:
-    from harness.tune.tuner_state import TunerState
 
-
-def repair_records(ctx: TunerState) -> list[str]:
+def repair_records(store: RunStore, optuna_study: optuna.Study, measured: Measured,
+                   retries: int) -> list[str]:
     """Cut trials.jsonl's unreadable lines out and settle the finished trials they
     were; returns what was done, in words (each cut line named)."""
-    notes = [u.describe() for u in ctx.run.store.repair()]
-    return notes + settle_torn(ctx)
+    notes = [u.describe() for u in store.repair()]
+    return notes + settle_torn(store, optuna_study, measured, retries)
 
 
-def settle_torn(ctx: TunerState) -> list[str]:
+def settle_torn(store: RunStore, optuna_study: optuna.Study, measured: Measured,
+                retries: int) -> list[str]:
     """Each finished trial a cut line was, left without a record: recorded once (see
     the module's table). RUNNING ones are `recover`'s (resume.py)."""
-    store = ctx.run.store
     kept = store.kept()
     if not kept:
         return []
@@ -58,20 +56,19 @@ def settle_torn(ctx: TunerState) -> list[str]:
         records = store.records()
         numbers = {n for r in records if isinstance(n := tags_of(r).get("optuna_number"), int)}
         ids = {str(r.get("trial_id")) for r in records}
-        trials = ctx.optuna_study.get_trials(deepcopy=False)
+        trials = optuna_study.get_trials(deepcopy=False)
         for u in kept:
-            for t in _named_by(ctx, u, trials, numbers, ids):
+            for t in _named_by(store, u, trials):
                 tid = str(t.user_attrs.get("trial_id", t.number))
                 if t.number in numbers or tid in ids:
                     continue  # settled already
-                notes.append(_settle(ctx, t, u))
+                notes.append(_settle(store, optuna_study, measured, retries, t, u))
                 numbers.add(t.number)
                 ids.add(tid)
     return notes
 
 
-def _named_by(ctx: TunerState, u: Unreadable, trials: list[FrozenTrial], numbers: set[int],
-              ids: set[str]) -> list[FrozenTrial]:
+def _named_by(store: RunStore, u: Unreadable, trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The finished trials line `u` may have been the record of."""
     finished = [t for t in trials if t.state.is_finished()]
     tid, number = u.trial()
@@ -81,11 +78,11 @@ def _named_by(ctx: TunerState, u: Unreadable, trials: list[FrozenTrial], numbers
         return [t for t in finished if str(t.user_attrs.get("trial_id", t.number)) == tid]
     # cut before it named its trial: the trials run from this folder with no record
     return [t for t in finished
-            if ctx.run.store.trial_dir(t.user_attrs.get("trial_id", t.number)).is_dir()]
+            if store.trial_dir(t.user_attrs.get("trial_id", t.number)).is_dir()]
 
 
-def _settle(ctx: TunerState, t: FrozenTrial, u: Unreadable) -> str:
-    store = ctx.run.store
+def _settle(store: RunStore, optuna_study: optuna.Study, measured: Measured, retries: int,
+            t: FrozenTrial, u: Unreadable) -> str:
     tid = t.user_attrs.get("trial_id", t.number)
     path = store.trial_dir(tid) / "result.json"
     try:
@@ -96,22 +93,22 @@ def _settle(ctx: TunerState, t: FrozenTrial, u: Unreadable) -> str:
         found.tags = {**found.tags, "phase": t.user_attrs.get("phase", "search"),
                       "optuna_number": t.number}
         store.append(found)
-        ctx.remember(found.to_dict())
+        measured.remember(found.to_dict())
         return f"trial {tid}: its record was torn ({u.where()}); recorded again from {path}"
-    retry = may_retry(ctx, t) and not _retried(ctx, t)
+    retry = may_retry(t, retries) and not _retried(optuna_study, t)
     words = "queued to run again" if retry else "not run again"
     started = t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""
-    record = ctx.failed_record(
-        tid, t.user_attrs.get("plan"), started,
+    record = failed_record(
+        store, optuna_study.study_name, tid, t.user_attrs.get("plan"), started,
         {"phase": t.user_attrs.get("phase", "search"), "optuna_number": t.number,
          "orphan": True}, f"record torn ({u.where()}), and no result.json; {words}")
     store.append(record)
     if retry:
-        queue_retry(ctx, t)
+        queue_retry(optuna_study, t)
     return f"trial {tid}: its record was torn ({u.where()}); marked failed, {words}"
 
 
-def _retried(ctx: TunerState, t: FrozenTrial) -> bool:
+def _retried(optuna_study: optuna.Study, t: FrozenTrial) -> bool:
     """Whether trial `t`'s configuration was queued to run again already."""
     return any(t.number in (other.user_attrs.get("retry_history") or [])
-               for other in ctx.optuna_study.get_trials(deepcopy=False))
+               for other in optuna_study.get_trials(deepcopy=False))

@@ -6,10 +6,10 @@ the time left, every configuration of a finite space has been measured, or the s
 says it converged (harness.tune.search.guided_sampler: what to run next is the sampler's
 decision alone, with no queue beside it): ask, run (harness.tune.trial_job: refused / over
 memory / out of time are records that were never launched), record, tell
-(TunerState.record_then_tell: the record first, so a tuner stopped between the two
+(Recorder.record_then_tell: the record first, so a tuner stopped between the two
 loses nothing). Before each trial,
-`settle` (harness.tune.recovery.resume.settle, handed in by the session) fails and queues
-again the trials of workers that died meanwhile.
+`settle` (harness.tune.recovery.resume.settle, its arguments given by the session) fails
+and queues again the trials of workers that died meanwhile.
 
 Trials that run elsewhere (a launcher with `max_jobs`: Slurm jobs) are kept in
 flight up to that many at once (harness.launch.jobs_in_flight), each in its own thread;
@@ -23,8 +23,8 @@ waited for before new ones are asked for.
 
 Optuna is driven through ask/tell so that the harness decides what is launched,
 when a trial is stopped, and which state each trial gets (harness.tune.search.sampling).
-The ablation (harness.tune.final.ablation) and the recovery (harness.tune.recovery.resume) take
-the same TunerState (harness.tune.tuner_state); this module imports neither.
+The ablation (harness.tune.final.ablation) and the recovery (harness.tune.recovery.resume)
+share the same Recorder (harness.tune.recorder); this module imports neither.
 """
 
 from __future__ import annotations
@@ -41,13 +41,18 @@ from harness.core.plan import Plan
 from harness.launch.jobs_in_flight import InFlight, max_jobs
 from harness.records.result import TrialResult
 from harness.records.tags import PRUNED_TIME, tags_of
-from harness.tune.final.time_reserve import reserve_s
+from harness.study.search_space import SearchSpace
+from harness.study.study_file import Study
+from harness.tune.budget import Clock
+from harness.tune.final.time_reserve import FinalTime
+from harness.tune.recorder import Measured, Recorder
 from harness.tune.recovery.held import Held
 from harness.tune.search.busy_machine import measure_again_if_busy
+from harness.tune.search.correction import Corrections
 from harness.tune.search.estimator_model import resolved_key
 from harness.tune.search.guided_sampler import GuidedSampler
-from harness.tune.trial_job import EarlyStop, command_for, run_trial_job
-from harness.tune.tuner_state import RETRY_OF, TunerState
+from harness.tune.study_trials import RETRY_OF, StudyTrials
+from harness.tune.trial_job import EarlyStop, TrialRunner, command_for, run_trial_job
 
 DUPLICATE_LIMIT = 25  # repeats in a row, for a sampler that cannot say it converged (TPE)
 TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is over
@@ -55,11 +60,21 @@ TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is ove
 
 @dataclass
 class Tuner:
-    ctx: TunerState
-    settle: Callable[[TunerState], list[str]]  # harness.tune.recovery.resume.settle
+    study: Study
+    space: SearchSpace
+    optuna_study: optuna.Study
+    run: TrialRunner
+    clock: Clock
+    recorder: Recorder  # holds, records, then tells each trial
+    trials: StudyTrials  # n_trials done, retries owed a run, the best so far
+    measured: Measured  # configurations measured: a repeat proposal reuses the record
+    corrections: Corrections  # the estimator corrected by the records so far
+    final_time: FinalTime  # what the final phases need: the search leaves it to them
+    settle: Callable[[], list[str]]  # harness.tune.recovery.resume.settle
+    on_event: Callable[[str, dict[str, Any]], None]
 
     def __post_init__(self) -> None:
-        self.size = self.ctx.space.size()
+        self.size = self.space.size()
         self._pool = InFlight(1)
         self._running: dict[str, threading.Event] = {}  # configurations in flight: set at end
         self._repeats = 0  # proposals in a row of configurations measured before
@@ -70,13 +85,13 @@ class Tuner:
         """Seconds the search may still start trials: until the time left is what the
         final phases need (harness.tune.final.time_reserve). One rule for every worker:
         helpers read the same records and the main worker's clock."""
-        return self.ctx.clock.left() - reserve_s(self.ctx)
+        return self.clock.left() - self.final_time.reserve_s()
 
     def search(self, first: Sequence[Callable[..., TrialResult]] = ()) -> str:
         """Ask, run, tell until a reason to stop; return that reason in words. Each of
         `first` (a stopped tuner's jobs, still running) is called with the `should_stop`
         its launcher must poll, before anything new is asked for."""
-        self._pool = pool = InFlight(max_jobs(self.ctx.run.launcher))
+        self._pool = pool = InFlight(max_jobs(self.run.launcher))
         with pool:
             for wait in first:
                 self._ended(pool.room())
@@ -92,16 +107,16 @@ class Tuner:
                     continue
                 if why is not None or self._settled():  # a dead worker's trial: owed a run
                     continue
-                trial = self.ctx.optuna_study.ask()  # the sampler decides (GuidedSampler)
+                trial = self.optuna_study.ask()  # the sampler decides (GuidedSampler)
                 pool.start(lambda trial=trial: self._search_trial(trial))
                 self._ended(pool.ended())
 
     def _settled(self) -> bool:
         """Settle what dead workers left (their trials failed and queued again); whether
         anything was (then the reasons to stop are weighed again: n_trials owes a retry)."""
-        notes = self.settle(self.ctx)
+        notes = self.settle()
         for note in notes:
-            self.ctx.on_event("note", {"text": note})
+            self.on_event("note", {"text": note})
         return bool(notes)
 
     def _ended(self, outcomes: list[tuple[TrialResult, bool]]) -> None:
@@ -114,19 +129,18 @@ class Tuner:
             self._last = result
 
     def _why_stop(self) -> str | None:
-        ctx = self.ctx
         if self._time_skips >= TIME_SKIPS:
             last = self._last.reason if self._last else ""
             return (f"time: the last {self._time_skips} configurations proposed were each "
                     f"expected not to fit the time left ({last})")
         if self.search_left() <= 0:
             return "time: the rest of the budget is for the final measurements"
-        n = ctx.study.budget.n_trials
-        if n and ctx.n_reference_trials() >= n and not ctx.retries_waiting():
+        n = self.study.budget.n_trials
+        if n and self.trials.n_reference_trials() >= n and not self.trials.retries_waiting():
             return f"n_trials: {n} search trials done"
-        if self.size is not None and len(ctx.measured) >= self.size:
+        if self.size is not None and len(self.measured.by_key) >= self.size:
             return f"search space exhausted: all {self.size} configurations measured"
-        sampler = ctx.optuna_study.sampler
+        sampler = self.optuna_study.sampler
         if isinstance(sampler, GuidedSampler) and sampler.converged:
             return sampler.converged
         if self._repeats >= DUPLICATE_LIMIT:
@@ -136,22 +150,22 @@ class Tuner:
 
     def _search_trial(self, trial: optuna.Trial) -> tuple[TrialResult, bool]:
         phase = trial.user_attrs.get("phase", "search")
-        with self.ctx.holding(trial.number, phase=phase) as held:  # mine to record from now
+        with self.recorder.holding(trial.number, phase=phase) as held:  # mine to record from now
             return self._run_search_trial(trial, phase, held)
 
     def _run_search_trial(self, trial: optuna.Trial, phase: str,
                           held: Held) -> tuple[TrialResult, bool]:
-        ctx = self.ctx
-        trial.set_user_attr("worker", ctx.me.tag)  # first: it claims the trial (resume.py)
+        # first: the worker tag claims the trial (resume.py)
+        trial.set_user_attr("worker", self.recorder.me.tag)
         trial.set_user_attr("phase", phase)
         trial.set_user_attr("trial_id", trial.number)
-        plan = ctx.space.suggest(trial)
+        plan = self.space.suggest(trial)
         held.plan = plan.to_dict()
         tags = {"phase": phase, "optuna_number": trial.number}
         retry_of = trial.user_attrs.get(RETRY_OF)  # a dead worker's trial, run again
         if retry_of is not None:
             tags[RETRY_OF] = retry_of
-        key = resolved_key(ctx.run.facts, plan)
+        key = resolved_key(self.run.facts, plan)
         original, claim = self._measured_or_claim(key) if phase == "search" else (None, None)
         try:
             return self._measure(trial, phase, plan, tags, original)
@@ -166,7 +180,7 @@ class Tuner:
         another trial is waited for: its record, not a second job (unless it ended
         without one that counts: then this trial runs it)."""
         while True:
-            found = self.ctx.measured.get(key)
+            found = self.measured.by_key.get(key)
             if found is not None:
                 return found, None
             mine = threading.Event()
@@ -179,14 +193,14 @@ class Tuner:
 
     def _measure(self, trial: optuna.Trial, phase: str, plan: Plan, tags: dict[str, Any],
                  original: dict[str, Any] | None) -> tuple[TrialResult, bool]:
-        ctx = self.ctx
-        ctx.on_event("start", {"trial_id": trial.number, "plan": plan.to_dict(),
+        run, clock, on_event = self.run, self.clock, self.on_event
+        on_event("start", {"trial_id": trial.number, "plan": plan.to_dict(),
                                "phase": phase, "duplicate": original is not None})
         trial.set_user_attr("plan", plan.to_dict())
         if original is not None:
             result = _repeat_record(original, trial.number, tags)
-            result.command = command_for(ctx.run.store, trial.number)
-            ctx.run.store.write_trial_files(
+            result.command = command_for(run.store, trial.number)
+            run.store.write_trial_files(
                 trial.number, Plan.from_dict(result.plan).to_toml(), result.command)
         else:
             attempts: list[int] = []
@@ -196,26 +210,25 @@ class Tuner:
                 stop = (self._slow_stop(trial, plan, report=not attempts)
                         if phase == "search" else None)
                 attempts.append(1)
-                return run_trial_job(ctx.run, trial.number, plan, tags, ctx.correction(),
-                                     ctx.clock.deadline, should_stop=self._pool.guard(stop),
+                return run_trial_job(run, trial.number, plan, tags, self.corrections(),
+                                     clock.deadline, should_stop=self._pool.guard(stop),
                                      early_stop=self._early_stop() if phase == "search"
                                      else None)
 
             result = measure_again_if_busy(
-                attempt(), attempt, ctx.clock.budget_s, ctx.clock.left(),
-                say=lambda text: ctx.on_event("note", {"text": text}))
-        if not ctx.record_then_tell(result, trial.number, trial):
-            ctx.on_event("note", {"text": f"trial {trial.number}: another worker failed it "
-                                          "while it ran (no heartbeat reached the storage); "
-                                          "its record stands here, the storage keeps the "
-                                          "retry"})
-        ctx.on_event("end", result.to_dict())
+                attempt(), attempt, clock.budget_s, clock.left(),
+                say=lambda text: on_event("note", {"text": text}))
+        if not self.recorder.record_then_tell(result, trial.number, trial):
+            on_event("note", {"text": f"trial {trial.number}: another worker failed it "
+                                      "while it ran (no heartbeat reached the storage); "
+                                      "its record stands here, the storage keeps the retry"})
+        on_event("end", result.to_dict())
         return result, original is not None
 
     def _early_stop(self) -> EarlyStop | None:
         """The slow-trial rule as a trial's expected cost sees it (single objective)."""
-        best, pruning = self.ctx.best_throughput(), self.ctx.study.pruning
-        if best is None or len(self.ctx.study.objectives) != 1:
+        best, pruning = self.trials.best_throughput(), self.study.pruning
+        if best is None or len(self.study.objectives) != 1:
             return None
         return EarlyStop(best[0], pruning.slower_than, pruning.min_steps)
 
@@ -223,20 +236,15 @@ class Tuner:
         from harness.core.interference import BusyWatch
         from harness.tune.search.slow_trials import SlowTrialStop
 
-        ctx = self.ctx
-        single = len(ctx.study.objectives) == 1
-        folder = ctx.run.store.trial_dir(trial.number)
+        pruning, single = self.study.pruning, len(self.study.objectives) == 1
+        folder = self.run.store.trial_dir(trial.number)
         return SlowTrialStop(
-            folder / "steps.log", plan.batch_size, ctx.best_throughput(),
-            ctx.study.pruning.slower_than if single else 0.0, ctx.study.pruning.min_steps,
+            folder / "steps.log", plan.batch_size, self.trials.best_throughput(),
+            pruning.slower_than if single else 0.0, pruning.min_steps,
             report=trial.report if single and report else None,
-            on_step=lambda n: ctx.on_event("step", {"trial_id": trial.number, "steps": n}),
+            on_step=lambda n: self.on_event("step", {"trial_id": trial.number, "steps": n}),
             busy=BusyWatch(),
         )
-
-
-def phase_of(result: TrialResult) -> str:
-    return (result.tags or {}).get("phase", "search")
 
 
 def _repeat_record(original: dict[str, Any], number: int, tags: dict) -> TrialResult:

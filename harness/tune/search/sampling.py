@@ -9,10 +9,6 @@ import warnings
 import optuna
 
 from harness.study.study_file import Study
-
-# tuner_state.py imports these from here; it is being rewritten on another branch: once that
-# lands, it imports harness.tune.optuna_outcome and this line goes.
-from harness.tune.optuna_outcome import outcome, tell  # noqa: F401
 from harness.tune.search.guided_sampler import CostModel, GuidedSampler
 
 

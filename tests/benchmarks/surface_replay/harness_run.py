@@ -7,7 +7,7 @@ Then per seed `run_seed` gives that CheckedStudy the seed (a copy of the study a
 SearchSpace), a fresh run folder, launcher and virtual clock, and calls
 harness.tune.session.open_study (the run folder, the journal storage, the sampler, the
 references and the estimator's first guesses queued by _enqueue_first, the study's
-Clock, TrialRunner, TunerState, Tuner) and Tuner.search, with harness.tune's time on the
+Clock, TrialRunner, Recorder, StudyTrials, Tuner) and Tuner.search, with harness.tune's time on the
 virtual clock (world.virtual_time). What is patched, and why:
 
     harness.launch.torch_helper.shared       -> the SurfaceHelper (check() asks it)
@@ -16,11 +16,11 @@ virtual clock (world.virtual_time). What is patched, and why:
                                                 quiet; the real one reads this host's CPUs)
     time in harness.tune.*                   -> the virtual clock (world.virtual_time)
 
-and TunerState.on_event, the tuner's own callback (the progress display's), tallies each
+and open_study's `on_event` (the tuner's callback, the progress display's by default) tallies each
 trial's "end" record and raises StopReplay once the goal is reached and an hour has passed.
 The search ends by its own rules (budget, convergence, exhausted space) or by StopReplay;
 the final phases (confirmation, ablation) are not run: the named best is
-TunerState.best_trial() when the search ends.
+StudyTrials.best_trial() when the search ends.
 """
 
 from __future__ import annotations
@@ -126,7 +126,6 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
     reached and an hour has passed (the cost to the goal is what is measured)."""
     import harness.core.interference as interference
     import harness.tune.session as session
-    from harness.tune.final.phases import run_final_phases
 
     clock = VirtualClock(EPOCH)
     setup.helper.clock = clock
@@ -162,23 +161,21 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
     with contextlib.ExitStack() as stack:
         stack.enter_context(virtual_time(clock))
         stack.enter_context(_patched(interference, "BusyWatch", _Never))
-        tuner = session.open_study(args, checked)
-        ctx = tuner.ctx
-        ctx.on_event = on_event
+        parts = session.open_study(args, checked, on_event=on_event)
         try:
-            run.stopped = tuner.search()
+            run.stopped = parts.tuner.search()
             if budget_s is not None:
                 done = run.stopped.startswith(("converged", "search space exhausted"))
-                run.final = run_final_phases(ctx, False, lambda text: None, done)
+                run.final = session.run_final(parts, False, lambda text: None, done)
         except StopReplay:
             run.stopped = "replay: goal reached, an hour gone"
         run.elapsed_s = clock.now - checked.started
         run.launched = len(launcher.launched)
-        best = ctx.best_trial()
+        best = parts.trials.best_trial()
         if best is not None:
             plan = best.user_attrs.get("plan") or {}
             truth = setup.truth(plan)
-            record = ctx.run.store.records()
+            record = parts.run.store.records()
             mine = next((r for r in record if str(r.get("trial_id")) ==
                          str(best.user_attrs.get("trial_id", best.number))), {})
             run.named = {

@@ -124,7 +124,7 @@ def table(result: dict[str, Any], surface_spec: str, study_file: Path) -> list[s
     h = next((r for r in rows if r["strategy"] == "harness"), None)
     rnd = next((r for r in rows if r["strategy"] == "random"), None)
     if h is not None:
-        lines += ["", f"Harness: the named best (TunerState.best_trial() when the search "
+        lines += ["", f"Harness: the named best (StudyTrials.best_trial() when the search "
                       f"stopped) is {h['named_share']:.3f} of the best (median); over the "
                       f"memory budget as measured in {h['over_measured']} run(s), by its "
                       f"noise-free peak in {h['over_true']}; no best in {h['no_best']}. "
@@ -156,7 +156,7 @@ def budget_table(result: dict[str, Any], surface_spec: str, study_file: Path) ->
         f"{statistics.median(r.launched for r in runs):g} |", "",
         "Each study ran as `harness tune --budget` runs it: the search to its reserve, then "
         "the final phases (confirmation rounds, ablation); the named best is "
-        "TunerState.best_trial() after them, its noise-free samples/s over the surface's "
+        "StudyTrials.best_trial() after them, its noise-free samples/s over the surface's "
         "best. Search stopped by: " + ", ".join(
             f"{k} ({v})" for k, v in Counter(r.stopped.split(':')[0] for r in runs).items())
         + f"; simulated hours used, median "
