@@ -159,6 +159,12 @@ def main(argv: list[str]) -> int:
                          "accelerate": accelerate.__version__, "torch": torch.__version__},
         }
         Path(out).write_text(json.dumps(result, indent=2))
+    if torch.distributed.is_initialized():
+        # Torn down here, not at the interpreter's exit: a gloo group left to exit's
+        # destructors can abort a rank ("terminate called without an active exception")
+        # after the run has succeeded, and torchrun then reports the run failed.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
