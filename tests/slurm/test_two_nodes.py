@@ -66,7 +66,8 @@ def test_a_two_node_bench_is_one_job_on_both_nodes_and_matches_one_node(two_node
     assert record.status == "ok", record.reason
     cluster = record.tags["cluster"]
     assert cluster["nodes"] == "n[1-2]" and cluster["node_names"] == ["n1", "n2"]
-    assert cluster["rank_nodes"] == ["n1", "n2"] and len(cluster["jobs"]) == 1
+    # one rank a node; which rank lands where is the c10d rendezvous's arrival order
+    assert sorted(cluster["rank_nodes"]) == ["n1", "n2"] and len(cluster["jobs"]) == 1
     assert cluster["state"] == "COMPLETED" and cluster["partition"] == two_nodes
     # The one job ran a task on each node, each node's launcher its rank.
     logs = out / "logs"
@@ -104,12 +105,14 @@ def test_a_rank_failing_on_the_second_node_is_a_failed_record_saying_where(two_n
     result = slurm.launch(prepared, out, "test", nnodes=2,
                           cluster=ClusterSpec(launcher="slurm", partition=two_nodes))
     assert result.status == "failed"
+    nodes = result.tags["cluster"]["rank_nodes"]  # the rendezvous's order: rank 1 on either
+    assert sorted(nodes) == ["n1", "n2"]
     first = result.reason.splitlines()[0]
-    assert first == "rank 1 on node n2 failed: RuntimeError: injected failure on rank 1 at step 0"
+    assert first == (f"rank 1 on node {nodes[1]} failed: RuntimeError: injected failure on "
+                     "rank 1 at step 0")
     assert "injected failure" in result.metrics["stderr_tail"]
-    assert result.metrics["failed_rank"]["node"] == "n2"
-    assert "/logs/node1/" in result.metrics["failed_rank"]["logs"]
-    assert result.tags["cluster"]["rank_nodes"] == ["n1", "n2"]
+    assert result.metrics["failed_rank"]["node"] == nodes[1]
+    assert f"/logs/node{['n1', 'n2'].index(nodes[1])}/" in result.metrics["failed_rank"]["logs"]
     assert read_result(out / "result.json").reason == result.reason
     assert_nothing_left(out)
 
@@ -128,9 +131,11 @@ def test_a_rank_hanging_on_the_second_node_is_stopped_with_both_nodes_stacks(
     assert result.status == "timeout", result.reason
     assert result.tags["cluster"]["state"] == "COMPLETED"  # the job's launchers stopped it
     stacks = result.metrics["stacks"]
-    assert {k: v["node"] for k, v in stacks.items()} == {"0": "n1", "1": "n2"}
+    nodes = result.tags["cluster"]["rank_nodes"]  # the rendezvous's order: rank 1 on either
+    assert sorted(nodes) == ["n1", "n2"]
+    assert {k: v["node"] for k, v in stacks.items()} == {"0": nodes[0], "1": nodes[1]}
     assert "faulty_workload.py" in stacks["1"]["stack"] and "in loss" in stacks["1"]["where"]
-    assert "rank 1 on n2 in loss at faulty_workload.py" in result.reason
+    assert f"rank 1 on {nodes[1]} in loss at faulty_workload.py" in result.reason
     assert_nothing_left(out)
 
 
