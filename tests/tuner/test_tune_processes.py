@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,7 +169,11 @@ def test_quickstart_study_on_this_cpu(quickstart_study):
         rate = {r["trial_id"]: r["metrics"]["samples_per_s"] for r in recs
                 if r["status"] == "ok" and r["tags"]["phase"] != "ablation"}
         assert rate[info["best_trial_id"]] == max(rate.values())
-    assert (out / "best.toml").exists() and "x the strict fp32 baseline" in proc.stdout
+    # The summary sets the best against the baseline: a ratio, or (when this machine's load
+    # let no configuration beat it) the baseline itself named best.
+    assert (out / "best.toml").exists()
+    assert re.search(r"\d\.\d\dx the strict fp32 baseline|the strict fp32 baseline itself",
+                     proc.stdout), proc.stdout
 
 
 TWO_NODES = {
