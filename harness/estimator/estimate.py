@@ -77,7 +77,9 @@ def estimate(
     teacher = teacher_cost(plan, workload, b)  # distillation: beside the student
     taught = teacher.forward_flops_per_sample * plan.batch_size if teacher else 0.0
     costs = step_costs(plan, workload, facts, cfg, worst)
-    seconds, mfu, how = step_time(flops_per_step + taught, plan, env, peak_flops, bubble, costs)
+    seconds, mfu, how, step_parts = step_time(
+        flops_per_step + taught, plan, env, peak_flops, bubble, costs,
+        recompute_flops=parts.recompute_flops_per_sample * plan.batch_size)
     assumptions.append(how)
 
     memory = {k: int(v) for k, v in worst.memory.items()}
@@ -113,6 +115,7 @@ def estimate(
         },
         tensor={"ranks": par.tensor, "mlp": par.tensor_mlp},
         device_overhead_bytes=extra - memory["distill_teacher"],
+        step_parts={k: float(v) for k, v in step_parts.items()},
     )
 
 

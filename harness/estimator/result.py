@@ -29,6 +29,13 @@ COMPONENTS = (
     "distill_teacher",
 )
 
+# The parts of a predicted step (seconds, one rank's): FLOPs at the assumed MFU (compute;
+# recompute, a checkpoint's forward again), the pipeline's bubble, kernel launches, exposed
+# data-parallel and tensor-parallel traffic, the optimizer step. The step time is
+#     max(compute + recompute + bubble, launches) + data + tensor + optimizer
+# (a CPU's: compute + recompute + bubble; harness.estimator.step_costs).
+STEP_PARTS = ("compute", "recompute", "bubble", "launches", "data", "tensor", "optimizer")
+
 
 @dataclass
 class Estimate:
@@ -80,6 +87,9 @@ class Estimate:
     # What the CUDA process holds beyond its tensors (device_context + nccl_buffers),
     # counted in peak_memory_bytes; 0 on a CPU or when not measured.
     device_overhead_bytes: int = 0
+    # The step time's parts in seconds (STEP_PARTS; empty without a peak), for a search
+    # that learns which of the estimator's assumptions a machine breaks.
+    step_parts: dict[str, float] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
         """The `predicted` entry of a result record (JSON-ready)."""
@@ -97,6 +107,7 @@ class Estimate:
             "pipeline": dict(self.pipeline),
             "tensor": dict(self.tensor),
             "device_overhead_bytes": self.device_overhead_bytes,
+            "step_parts": dict(self.step_parts),
         }
 
     def summary(self) -> str:

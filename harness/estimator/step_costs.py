@@ -60,9 +60,11 @@ class StepCosts:
 
 
 def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
-                   bubble: float) -> tuple[float, str]:
-    """(seconds, the sentence saying how) for a CUDA step whose FLOPs alone take
-    `compute_flops_s` at COMPUTE_MFU."""
+                   bubble: float, recompute_share: float = 0.0
+                   ) -> tuple[float, str, dict[str, float]]:
+    """(seconds, the sentence saying how, its parts: harness.estimator.result.STEP_PARTS)
+    for a CUDA step whose FLOPs alone take `compute_flops_s` at COMPUTE_MFU,
+    `recompute_share` of them a checkpoint's recompute."""
     compute = compute_flops_s / (1 - bubble)
     per_block = KERNELS_PER_BLOCK * (COMPILED_KERNELS if costs.compiled else 1.0)
     launches = costs.microsteps * (costs.blocks * per_block + OTHER_KERNELS) * LAUNCH_S
@@ -82,6 +84,9 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
     optimizer = touched / bw.memory + costs.param_tensors * OPTIMIZER_KERNELS.get(
         costs.optimizer_impl, 1.0) * LAUNCH_S
     total = max(compute, launches) + data + tensor + optimizer
+    parts = {"compute": compute_flops_s * (1 - recompute_share),
+             "recompute": compute_flops_s * recompute_share, "bubble": compute - compute_flops_s,
+             "launches": launches, "data": data, "tensor": tensor, "optimizer": optimizer}
     how = (f"Step time = max(compute {compute * 1e3:.3g} ms at MFU {COMPUTE_MFU:g}"
            + (f" / (1 - bubble {bubble:.3f})" if bubble else "")
            + f", kernel launches {launches * 1e3:.3g} ms: {costs.microsteps} micro-step(s) "
@@ -91,4 +96,4 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
            + (f" + tensor-parallel all-reduces {tensor * 1e3:.3g} ms" if tensor else "")
            + f" + optimizer step {optimizer * 1e3:.3g} ms ({touched / 2**20:.0f} MiB at "
            f"{bw.memory / 1e9:.0f} GB/s); {bw.source}.")
-    return total, how
+    return total, how, parts

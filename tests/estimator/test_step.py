@@ -10,6 +10,7 @@ from harness.core.errors import HarnessError
 from harness.core.plan import Layout
 from harness.estimator import COMPONENTS, estimate
 from harness.estimator.bandwidth import bandwidth
+from harness.estimator.result import STEP_PARTS
 from harness.estimator.step_costs import COMPUTE_MFU, DATA_EXPOSED
 from tests.estimator.measure import LiveBytes
 from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
@@ -105,6 +106,26 @@ def test_data_and_tensor_parallel_traffic_on_a_gpu():
     tp.layout = Layout(tensor=2)
     assert any("tensor-parallel all-reduces" in a
                for a in estimate(tp, w, CUDA, peak_flops=1e12).assumptions)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_step_parts_add_up_to_the_step_time(device):
+    """The search re-weights the estimator's parts (harness.tune.search.part_fit): they
+    must be the step, by the rule STEP_PARTS states."""
+    env = CUDA if device == "cuda" else CPU
+    plan = gpt_plan(micro_batch=2, accumulation={}, checkpoint={"every": 1}, ddp={})
+    plan.global_batch_size = 8
+    plan.layout = Layout(data=2)
+    e = estimate(plan, TinyGPTWorkload(), env, peak_flops=1e13)
+    p = e.step_parts
+    assert set(p) <= set(STEP_PARTS) and all(v >= 0 for v in p.values())
+    assert p["recompute"] > 0  # checkpointed: every block's forward again
+    busy = p["compute"] + p["recompute"] + p["bubble"]
+    step = max(busy, p.get("launches", 0.0)) + sum(p.get(k, 0.0) for k in
+                                                  ("data", "tensor", "optimizer"))
+    assert step == pytest.approx(e.step_time_s, rel=1e-9)
+    assert (p.get("data", 0.0) > 0) == (device == "cuda")  # the CPU counts FLOPs only
+    assert e.to_record()["step_parts"] == p
 
 
 def test_without_a_peak_there_is_no_step_time():

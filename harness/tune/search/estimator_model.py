@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from optuna.study import Study
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
@@ -21,6 +21,7 @@ from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import NotInSpace, SearchSpace, config_key
 from harness.study.space_sampling import neighbours, sample, smaller
 from harness.tune.search.correction import Correction
+from harness.tune.search.part_fit import PartFit
 from harness.tune.search.step_fit import factors
 
 SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
@@ -107,6 +108,7 @@ class EstimatorCostModel:
         self._rng = random.Random(seed)
         self._pool = first_guess_pool(space, seed, pool_size)
         self._now = correction()
+        self._parts = PartFit([], [])  # refitted at each ask (candidates)
         size = space.size()
         self._exhaustive = size is not None and len(self._pool) >= size
 
@@ -116,14 +118,30 @@ class EstimatorCostModel:
             self._pool += sample(self.space, self._rng, GROW)
         done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                 if t.values and t.params and all(v <= 0 for v in t.constraints.values())]
+        throughput = len(study.directions) == 1 and study.direction.name == "MAXIMIZE"
         if len(study.directions) == 1:
-            done.sort(key=lambda t: t.values[0],
-                      reverse=study.direction.name == "MAXIMIZE")
+            done.sort(key=lambda t: t.values[0], reverse=throughput)
+        self._parts = self._fit_parts(done) if throughput else PartFit([], [])
         near = [p for t in done[:TOP] for p in neighbours(self.space, t.params)]
         return self._pool + near
 
+    def _fit_parts(self, done: list[FrozenTrial]) -> PartFit:
+        """The estimator's step parts re-weighted to the measured steps (samples/s trials)."""
+        rows, steps = [], []
+        for t in done:
+            plan, predicted = self.predictions.raw(t.params)
+            parts = (predicted or {}).get("step_parts")
+            if parts and t.values[0] > 0:
+                rows.append(parts)
+                steps.append(plan.batch_size / t.values[0])
+        return PartFit(rows, steps)
+
     def prior(self, params: dict[str, Any]) -> float | None:
-        return self.predictions.rate(params, self._now, self.budget_bytes) or None
+        rate = self.predictions.rate(params, self._now, self.budget_bytes)
+        if not rate:
+            return None
+        parts = (self.predictions.raw(params)[1] or {}).get("step_parts")
+        return rate / self._parts.ratio(parts) if parts and self._parts.n else rate
 
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         return factors(self.predictions.plan(params)[1])

@@ -1,0 +1,124 @@
+"""The estimator's step time with its parts re-weighted by what the study measured.
+
+The estimator predicts a step from its parts (harness.estimator.result.STEP_PARTS):
+
+    step = max(compute + recompute + bubble, launches) + data + tensor + optimizer
+
+each resting on an assumption (the MFU, the link's bandwidth, the host's launch time...).
+A machine that breaks one assumption, a PCIe node whose links are 15x slower than the
+datasheet's NVLink, moves every configuration in proportion to that part, and a
+correction per plan feature (harness.tune.search.surrogate) needs many trials to learn
+what one weight per part says at once. So each part gets a multiplier, fitted to the
+study's measured steps:
+
+    measured step ~ max(k_compute compute + k_recompute recompute + k_bubble bubble,
+                        k_launches launches) + k_data data + k_tensor tensor
+                    + k_optimizer optimizer
+
+log k_compute ~ N(0, COMPUTE_SD^2) (the common ratio may be far off: a CPU's MFU against
+the assumed one), and every other log k ~ N(log k_compute, PART_SD^2): a part that no
+trial exercises moves with the compute (the machine's common ratio), and one that is 15x
+off (log 2.7, about two standard deviations) is learned from a handful of trials that
+differ in it. The fit is a maximum a posteriori estimate by damped Gauss-Newton on the log
+step times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+PARTS = ("compute", "recompute", "bubble", "launches", "data", "tensor", "optimizer")
+COMPUTE_SD = 1.5  # log units: the compute's, the common ratio of the machine
+PART_SD = 1.2  # a part's own error: 3.3x at one sd, 11x at two
+NOISE_SD = 0.15  # what no re-weighting explains (the plan features' share, the noise)
+ITERATIONS = 30
+
+
+def _matrix(rows: Sequence[dict[str, float]]) -> np.ndarray:
+    return np.array([[float(r.get(p) or 0.0) for p in PARTS] for r in rows], dtype=float)
+
+
+def _steps(theta: np.ndarray, x: np.ndarray) -> np.ndarray:
+    k = np.exp(theta)
+    busy = x[:, 0] * k[0] + x[:, 1] * k[1] + x[:, 2] * k[2]
+    return np.maximum(busy, x[:, 3] * k[3]) + x[:, 4] * k[4] + x[:, 5] * k[5] + x[:, 6] * k[6]
+
+
+def _prior() -> np.ndarray:
+    """A with theta' A theta the prior's term: compute around 0, the rest around it."""
+    n = len(PARTS)
+    a = np.zeros((n, n))
+    a[0, 0] = COMPUTE_SD**-2
+    for i in range(1, n):
+        d = np.zeros(n)
+        d[i], d[0] = 1.0, -1.0
+        a += np.outer(d, d) / PART_SD**2
+    return a
+
+
+class PartFit:
+    """Fitted to `rows` of predicted step parts (seconds) and the `measured` step seconds
+    of each."""
+
+    def __init__(self, rows: Sequence[dict[str, float]], measured: Sequence[float]):
+        keep = [i for i, (r, m) in enumerate(zip(rows, measured, strict=True))
+                if m > 0 and sum(float(r.get(p) or 0.0) for p in PARTS) > 0]
+        self.n = len(keep)
+        self.theta = np.zeros(len(PARTS))
+        if self.n:
+            x = _matrix([rows[i] for i in keep])
+            y = np.log(np.array([measured[i] for i in keep], dtype=float))
+            self.theta = self._fit(x, y)
+        self._k = [math.exp(t) for t in self.theta]
+
+    @staticmethod
+    def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        prior = _prior()
+        theta = np.zeros(len(PARTS))
+        damping = 1e-3
+
+        def loss(t: np.ndarray) -> float:
+            r = np.log(_steps(t, x)) - y
+            return float((r**2).sum() / NOISE_SD**2 + t @ prior @ t)
+
+        now = loss(theta)
+        for _ in range(ITERATIONS):
+            r = np.log(_steps(theta, x)) - y
+            jac = np.empty((len(y), len(theta)))
+            for j in range(len(theta)):  # numerical: the max() has no derivative at its kink
+                step = np.zeros_like(theta)
+                step[j] = 1e-5
+                jac[:, j] = (np.log(_steps(theta + step, x)) - np.log(_steps(theta, x))) / 1e-5
+            grad = jac.T @ r / NOISE_SD**2 + prior @ theta
+            hess = jac.T @ jac / NOISE_SD**2 + prior
+            while True:
+                trial = theta - np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
+                after = loss(trial)
+                if after <= now:
+                    theta, now, damping = trial, after, max(damping / 10, 1e-9)
+                    break
+                damping *= 10
+                if damping > 1e6:
+                    return theta
+            if np.abs(grad).max() < 1e-8:
+                break
+        return theta
+
+    def weights(self) -> dict[str, float]:
+        """Each part's multiplier."""
+        return {p: math.exp(t) for p, t in zip(PARTS, self.theta, strict=True)}
+
+    def ratio(self, parts: dict[str, float]) -> float:
+        """Corrected over predicted step time for a plan of these parts (1.0 without
+        parts). Plain floats: the sampler asks it of thousands of candidates each trial."""
+        x = [float(parts.get(p) or 0.0) for p in PARTS]
+        predicted = _step(x, [1.0] * len(PARTS))
+        return _step(x, self._k) / predicted if predicted > 0 else 1.0
+
+
+def _step(x: list[float], k: list[float]) -> float:
+    return max(x[0] * k[0] + x[1] * k[1] + x[2] * k[2], x[3] * k[3]) \
+        + x[4] * k[4] + x[5] * k[5] + x[6] * k[6]
