@@ -63,3 +63,58 @@ def test_an_estimator_that_is_right_stays_right():
     rows, steps = _trials(12, {})
     fit = PartFit(rows, steps)
     assert all(v == pytest.approx(1.0, abs=0.12) for v in fit.weights().values())
+
+
+def test_the_sampler_s_cost_model_re_weights_what_the_trials_measured():
+    """The GuidedSampler's cost model over a real search space: the estimator's launches
+    are a tenth of this machine's, so it ties the micro-batch sizes that are launch-bound
+    here. After trials at each micro-batch size (no checkpointing), its prior for every
+    configuration, the checkpointed ones too, follows the true step within 15%, and it
+    says what it re-weighted."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from harness.study.search_space import SearchSpace
+    from harness.study.space_sampling import key
+    from harness.study.study_file import Study
+    from harness.tune.search.correction import Correction
+    from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
+    from tests.tuner.conftest import study_table
+
+    space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
+
+    def parts(plan):
+        return {"compute": 0.2, "recompute": 0.03 if plan.strategies.get("checkpoint") else 0,
+                "launches": 0.004 * 64 / plan.micro_batch_size}
+
+    def true_step(plan):  # launch-bound at micro-batches 4 and 8, compute-bound at 16
+        p = parts(plan)
+        return max(p["compute"] + p["recompute"], 10 * p["launches"])
+
+    class TorchHelper:
+        def prepare(self, plan, peaks):
+            p = parts(plan)
+            return SimpleNamespace(predicted={
+                "step_time_s": max(p["compute"] + p["recompute"], p["launches"]),
+                "peak_memory_bytes": 1e8, "step_parts": p})
+
+    every = space.enumerate()
+    plain = [p for p in every if not space.plan(p).strategies.get("checkpoint")]
+    measured = [next(p for p in plain if p["micro_batch_size"] == m) for m in (4, 8, 16)]
+    facts = SimpleNamespace(peaks={}, resolved=lambda plan: plan)
+    model = EstimatorCostModel(space, Predictions(space, facts, TorchHelper()),
+                               lambda: Correction(), 1e9, seed=0, pool_size=64)
+    study = optuna.create_study(direction="maximize")
+    for p in measured:
+        plan = space.plan(p)
+        study.add_trial(optuna.trial.create_trial(
+            params=p, distributions=space.distributions(p),
+            values=[plan.batch_size / true_step(plan)]))
+    model.candidates(study)
+    assert any(space.plan(p).strategies.get("checkpoint") for p in every)
+    for p in every:
+        plan = space.plan(p)
+        assert model.prior(p) == pytest.approx(plan.batch_size / true_step(plan), rel=0.15), \
+            (key(p), model.learnt())
+    assert "launches x" in model.learnt()

@@ -8,6 +8,7 @@ it widens them before the search may converge: docs/tuning.md ("How it searches"
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +136,11 @@ class EstimatorCostModel:
                 rows.append(parts)
                 steps.append(plan.batch_size / t.values[0])
         return PartFit(rows, steps)
+
+    def learnt(self) -> str:
+        """The step parts the measured trials re-weighted by more than a fifth, in words."""
+        moved = {p: w for p, w in self._parts.weights().items() if abs(math.log(w)) > 0.18}
+        return ", ".join(f"{p} x{w:.2g}" for p, w in moved.items()) if self._parts.n else ""
 
     def prior(self, params: dict[str, Any]) -> float | None:
         rate = self.predictions.rate(params, self._now, self.budget_bytes)

@@ -252,7 +252,9 @@ class GuidedSampler(BaseSampler):
         why = (f"expected improvement {math.expm1(gain[i]):.1%} over the best measured (as the "
                f"model believes it, {math.exp(sign * bar):.4g}): "
                f"predicted {math.exp(sign * mean[i]):.4g}, within x/{math.exp(sd[i]):.2f} at "
-               f"one sd (the cost model corrected by {surrogate.n} measured)")
+               f"one sd (the cost model corrected by {surrogate.n} measured"
+               + (f"; its step parts re-weighted: {learnt}" if (learnt := getattr(
+                   model, "learnt", lambda: "")()) else "") + ")")
         return fresh[i][0], why
 
     def _surrogate(self, observed: dict, sign: float) -> tuple[Surrogate, float | None]:

@@ -11,12 +11,13 @@ correction per plan feature (harness.tune.search.surrogate) needs many trials to
 what one weight per part says at once. So each part gets a multiplier, fitted to the
 study's measured steps:
 
-    measured step ~ max(k_compute compute + k_recompute recompute + k_bubble bubble,
+    measured step ~ smax(k_compute compute + k_recompute recompute + k_bubble bubble,
                         k_launches launches) + k_data data + k_tensor tensor
                     + k_optimizer optimizer
 
-log k_compute ~ N(0, COMPUTE_SD^2) (the common ratio may be far off: a CPU's MFU against
-the assumed one), and every other log k ~ N(log k_compute, PART_SD^2): a part that no
+where smax is the estimator's max, smoothed (SHARP). log k_compute ~ N(0, COMPUTE_SD^2)
+(the common ratio may be far off: a CPU's MFU against the assumed one), and every other
+log k ~ N(log k_compute, PART_SD^2): a part that no
 trial exercises moves with the compute (the machine's common ratio), and one that is 15x
 off (log 2.7, about two standard deviations) is learned from a handful of trials that
 differ in it. The fit is a maximum a posteriori estimate by damped Gauss-Newton on the log
@@ -35,6 +36,10 @@ COMPUTE_SD = 1.5  # log units: the compute's, the common ratio of the machine
 PART_SD = 1.2  # a part's own error: 3.3x at one sd, 11x at two
 NOISE_SD = 0.15  # what no re-weighting explains (the plan features' share, the noise)
 ITERATIONS = 30
+# The max of the busy time and the launches, smoothed: a part below the other still has a
+# slope, so the fit can learn that the launches, not the compute, bind on this machine
+# (under a hard max, a part the estimator puts below the other never moves).
+SHARP = 4.0
 
 
 def _matrix(rows: Sequence[dict[str, float]]) -> np.ndarray:
@@ -44,7 +49,9 @@ def _matrix(rows: Sequence[dict[str, float]]) -> np.ndarray:
 def _steps(theta: np.ndarray, x: np.ndarray) -> np.ndarray:
     k = np.exp(theta)
     busy = x[:, 0] * k[0] + x[:, 1] * k[1] + x[:, 2] * k[2]
-    return np.maximum(busy, x[:, 3] * k[3]) + x[:, 4] * k[4] + x[:, 5] * k[5] + x[:, 6] * k[6]
+    launches = x[:, 3] * k[3]
+    return (busy**SHARP + launches**SHARP) ** (1 / SHARP) + x[:, 4] * k[4] + x[:, 5] * k[5] \
+        + x[:, 6] * k[6]
 
 
 def _prior() -> np.ndarray:
@@ -88,7 +95,7 @@ class PartFit:
         for _ in range(ITERATIONS):
             r = np.log(_steps(theta, x)) - y
             jac = np.empty((len(y), len(theta)))
-            for j in range(len(theta)):  # numerical: the max() has no derivative at its kink
+            for j in range(len(theta)):  # numerical
                 step = np.zeros_like(theta)
                 step[j] = 1e-5
                 jac[:, j] = (np.log(_steps(theta + step, x)) - np.log(_steps(theta, x))) / 1e-5
@@ -120,5 +127,6 @@ class PartFit:
 
 
 def _step(x: list[float], k: list[float]) -> float:
-    return max(x[0] * k[0] + x[1] * k[1] + x[2] * k[2], x[3] * k[3]) \
-        + x[4] * k[4] + x[5] * k[5] + x[6] * k[6]
+    busy, launches = x[0] * k[0] + x[1] * k[1] + x[2] * k[2], x[3] * k[3]
+    return (busy**SHARP + launches**SHARP) ** (1 / SHARP) + x[4] * k[4] + x[5] * k[5] \
+        + x[6] * k[6]
