@@ -6,9 +6,10 @@
 
 The job has as many nodes as the trial's layout needs (harness.launch.slurm_queue.
 shape_for) and one task a node, which runs harness.launch.slurm_job.run_node: the
-local launcher for that node (torchrun, c10d rendezvous on node 0). So the ranks,
-their logs and the record are the same as on one machine; the trial's folder must
-be on storage the nodes see (submitit's files for the job are in its slurm/).
+local launcher for that node (torchrun, static rendezvous on node 0, the node rank
+SLURM_NODEID's: ranks 0..k-1 on the first node). So the ranks, their logs and the
+record are the same as on one machine; the trial's folder must be on storage the
+nodes see (submitit's files for the job are in its slurm/).
 
 Here, in the caller's process, the launcher waits for the job and:
 - stops it (scancel) when the trial runs past its timeout counted from the job's
