@@ -52,13 +52,8 @@ STUDY = {
 }
 
 
-def storage_trials(url: str) -> list[optuna.trial.FrozenTrial]:
-    storage = optuna.storages.RDBStorage(url)
-    try:
-        return optuna.load_study(study_name=STUDY["name"],
-                                 storage=storage).get_trials(deepcopy=False)
-    finally:
-        storage.engine.dispose()
+def storage_trials(storage: optuna.storages.RDBStorage) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=STUDY["name"], storage=storage).get_trials(deepcopy=False)
 
 
 def tuner(host: str, *args: str) -> subprocess.Popen:
@@ -70,7 +65,7 @@ def tuner(host: str, *args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-def wait_until(condition, procs, what: str, timeout: float = 240):
+def wait_until(condition, procs, what: str, timeout: float = 240, pause: float = 0.25):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         found = condition()
@@ -78,7 +73,7 @@ def wait_until(condition, procs, what: str, timeout: float = 240):
             return found
         for p in procs:
             assert p.poll() is None, p.communicate()[0]
-        time.sleep(0.25)
+        time.sleep(pause)
     raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
@@ -124,11 +119,18 @@ def test_two_tuners_on_postgres_one_killed_and_resumed_lose_nothing(two_nodes, p
         resumed = tuner("node1", "--resume", "--out", str(run_b), "--storage", postgres.url)
         procs = [a, resumed]
 
-        def claimed():  # the killed tuner's trial, now the resumed tuner's
-            return [t for t in storage_trials(postgres.url) if t.state == TrialState.RUNNING
-                    and t.user_attrs.get("worker", "").startswith(f"node1|{resumed.pid}|")]
+        # One connection, asked twice a second: a new RDBStorage a poll (its engine, its
+        # schema check) took a good part of a core from the jobs on this 2-core machine.
+        storage = optuna.storages.RDBStorage(postgres.url)
+        try:
+            def claimed():  # the killed tuner's trial, now the resumed tuner's
+                return [t for t in storage_trials(storage) if t.state == TrialState.RUNNING
+                        and t.user_attrs.get("worker", "").startswith(f"node1|{resumed.pid}|")]
 
-        rejoined = wait_until(claimed, [resumed], "the resumed tuner claiming its job")
+            rejoined = wait_until(claimed, [resumed], "the resumed tuner claiming its job",
+                                  pause=0.5)
+        finally:
+            storage.engine.dispose()
         assert len(rejoined) == 1
         (held / "node1" / "go").write_text("go\n")  # only now may the job end
         for p in (a, resumed):
@@ -141,7 +143,11 @@ def test_two_tuners_on_postgres_one_killed_and_resumed_lose_nothing(two_nodes, p
 
     recs = {"node0": records(run_a), "node1": records(run_b)}
     every = recs["node0"] + recs["node1"]
-    trials = storage_trials(postgres.url)
+    storage = optuna.storages.RDBStorage(postgres.url)
+    try:
+        trials = storage_trials(storage)
+    finally:
+        storage.engine.dispose()
     assert all(t.state == TrialState.COMPLETE for t in trials), [t.state for t in trials]
     numbers = Counter(r["tags"]["optuna_number"] for r in every)
     assert sorted(numbers) == sorted(t.number for t in trials) and set(numbers.values()) == {1}
