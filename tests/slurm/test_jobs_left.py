@@ -77,3 +77,15 @@ def test_only_failed_dead_workers_trials_without_their_own_record_lose_their_job
     assert notes[0] == ("trial 0: failed while its tuner was stopped (another worker took it "
                         "for dead and queued it again): its job of 0 cancelled")
     assert cancel_jobs_left(study, TrialRunner("s", store, 0, None, None)) == []  # type: ignore[arg-type]
+
+
+def test_a_launch_functions_cancel_job_attribute_is_honoured(tmp_path):
+    from harness.launch.launcher import as_launcher
+
+    def launch(prepared, out_dir, command, **kwargs):
+        raise AssertionError("nothing is launched here")
+
+    plain = as_launcher(launch)
+    assert plain.cancel_job(tmp_path) is None  # the default: no job to cancel
+    launch.cancel_job = lambda folder: f"cancelled {Path(folder).name}"  # type: ignore[attr-defined]
+    assert as_launcher(launch).cancel_job(tmp_path / "3") == "cancelled 3"
