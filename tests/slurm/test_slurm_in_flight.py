@@ -36,12 +36,12 @@ def env() -> dict[str, str]:  # at call time: the fixture has set SLURM_CONF
 
 
 def study_file(folder: Path, partition: str, meet_dir: Path, storage: dict | None = None,
-               **workload) -> Path:
+               budget: dict | None = None, **workload) -> Path:
     table = {**STUDY, "cluster": {"launcher": "slurm", "partition": partition, "max_jobs": 2}}
     if storage:
         table["storage"] = storage
     table["budget"] = {**STUDY["budget"], "n_trials": 2, "confirm_repeats": 0,
-                       "trial_timeout": "90s"}
+                       "trial_timeout": "90s", **(budget or {})}
     table["workload"] = {"name": "tests.slurm.meet_workload:build", "meet_dir": str(meet_dir),
                          **workload}
     path = folder / "study.toml"
@@ -139,8 +139,11 @@ def test_a_resume_past_grace_waits_for_a_claimed_job_and_cancels_a_failed_trials
         slurm_partition, tmp_path):
     run, met, gate = tmp_path / "run", tmp_path / "met", tmp_path / "go"
     db = f"sqlite:///{tmp_path / 'study.db'}"  # an RDB storage: heartbeats, grace
-    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(gate), wait_s=200,
-                       storage={"heartbeat": "1s", "grace": f"{GRACE_S}s", "retries": 0})
+    # The held jobs outlive any start of the resumed tuner on a loaded machine: only a
+    # cancel ends the failed trial's job before the test does.
+    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(gate), wait_s=400,
+                       storage={"heartbeat": "1s", "grace": f"{GRACE_S}s", "retries": 0},
+                       budget={"time": "15m", "trial_timeout": "6m"})
     assert stopped_with_two_jobs_held(study, run, met, signal.SIGKILL,
                                       "--storage", db) == -signal.SIGKILL
     trial_of = {json.loads((d / "slurm" / "job.json").read_text())["jobs"][-1]["job_id"]:
@@ -157,6 +160,7 @@ def test_a_resume_past_grace_waits_for_a_claimed_job_and_cancels_a_failed_trials
     finally:
         storage.engine.dispose()
     gate.with_name(f"go.{kept}").write_text("go\n")  # the job still owed a wait may end
+    assert failed in {line.split()[0] for line in queued()}  # held at its gate
 
     done = tune("--resume", "--out", str(run), "--storage", db)
     assert done.returncode == 0, done.stdout + done.stderr
