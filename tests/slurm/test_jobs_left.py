@@ -89,3 +89,17 @@ def test_a_launch_functions_cancel_job_attribute_is_honoured(tmp_path):
     assert plain.cancel_job(tmp_path) is None  # the default: no job to cancel
     launch.cancel_job = lambda folder: f"cancelled {Path(folder).name}"  # type: ignore[attr-defined]
     assert as_launcher(launch).cancel_job(tmp_path / "3") == "cancelled 3"
+
+
+def test_the_slurm_launcher_cancels_nothing_where_no_job_was_submitted(tmp_path):
+    import json
+
+    from harness.core.cluster import ClusterSpec
+    from harness.launch.slurm import JOB_FILE, SlurmLauncher
+
+    launcher = SlurmLauncher(ClusterSpec(launcher="slurm"))
+    assert launcher.cancel_job(tmp_path) is None  # no slurm/job.json: never submitted
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / JOB_FILE).write_text(json.dumps({"job": {}, "jobs": [
+        {"job_id": None, "state": "NOT_SUBMITTED", "nodes": "", "stopped": None}]}))
+    assert launcher.cancel_job(tmp_path) is None  # sbatch refused it: nothing runs
