@@ -4,6 +4,7 @@
     launcher.max_jobs                   # trials it may have in flight at once
     launcher.has_job(folder)            # a stopped tuner's job may still run there
     launcher.rejoin(folder, deadline=t) # that job waited for again (or None)
+    launcher.cancel_job(folder)         # that job stopped: its trial was failed meanwhile
     launcher.check_shared(run_dir)      # do the machines that run trials see the folder
 
 Three implementations: harness.launch.local.LocalLauncher (this machine's processes),
@@ -57,6 +58,11 @@ class Launcher(ABC):
     (stopped at `deadline`, epoch seconds); None when there is nothing to wait for
     (the trial must run again).
 
+    `cancel_job(folder)` (default None): stop the job a stopped tuner left in
+    `folder` if it still runs, and wait until it has gone: its trial was failed
+    meanwhile (another worker took the tuner's silence for death and queued it again),
+    so no one will wait for it. What was done, in words; None when nothing ran.
+
     `check_shared(run_dir)` (default None): for trials that run on other machines,
     whether they see the run folder; None when they do (or the trials run here), a
     note to print when it could not be told, HarnessError when they do not.
@@ -77,6 +83,9 @@ class Launcher(ABC):
                should_stop: StopCheck | None = None) -> TrialResult | None:
         return None
 
+    def cancel_job(self, folder: str | Path) -> str | None:
+        return None
+
     def check_shared(self, run_dir: str | Path) -> str | None:
         return None
 
@@ -90,8 +99,8 @@ class FunctionLauncher(Launcher):
     """A user's launch function (`--launcher package.module:function`, of
     harness.launch.local.launch's signature) as a Launcher.
 
-    A function that carries attributes `max_jobs`, `has_job`, `rejoin` or
-    `check_shared` (as the README has long documented for `max_jobs`) has them
+    A function that carries attributes `max_jobs`, `has_job`, `rejoin`, `cancel_job`
+    or `check_shared` (as the README has long documented for `max_jobs`) has them
     honoured: they are read once, here, when the function is wrapped; setting them
     on the function later changes nothing. Without them, the defaults of Launcher
     (a `has_job` attribute makes `may_leave_jobs` True)."""
@@ -103,6 +112,7 @@ class FunctionLauncher(Launcher):
         self._has_job = attrs.get("has_job")
         self.may_leave_jobs = self._has_job is not None
         self._rejoin = attrs.get("rejoin")
+        self._cancel_job = attrs.get("cancel_job")
         self._check_shared = attrs.get("check_shared")
         module = getattr(fn, "__module__", None) or "?"
         qualname = getattr(fn, "__qualname__", None) or "?"
@@ -120,6 +130,9 @@ class FunctionLauncher(Launcher):
         if self._rejoin is None:
             return None
         return self._rejoin(folder, deadline=deadline, should_stop=should_stop)
+
+    def cancel_job(self, folder: str | Path) -> str | None:
+        return self._cancel_job(folder) if self._cancel_job is not None else None
 
     def check_shared(self, run_dir: str | Path) -> str | None:
         return self._check_shared(run_dir) if self._check_shared is not None else None

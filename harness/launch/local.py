@@ -28,7 +28,12 @@ harness.measure.rank_main` in a new session, its logs in out/logs/rank0/):
         └── python -m harness.measure.rank_main ...       rank 1: out/logs/<id>_*/attempt_0/1/
 
 (torchrun's --log-dir with --redirects 3). On several nodes, each node's launcher
-keeps its logs in out/logs/node<N>/.
+keeps its logs in out/logs/node<N>/. Which ranks run on which node: with the c10d
+rendezvous (the default, `harness bench --nnodes`), the order the nodes' launchers
+arrived in; with rdzv_backend="static" (a Slurm job's nodes: harness.launch.slurm_job),
+node_rank's, as torchrun's --node-rank gives it: ranks 0..k-1 on node 0, k..2k-1 on
+node 1, the rendezvous endpoint being node 0's address (torchrun's --master-addr and
+--master-port).
 
 The record: the worker's own when one was written (ok, oom and diverged come from
 the ranks, which agree on them); otherwise the launcher makes one from what the
@@ -74,6 +79,7 @@ from harness.measure.rank_process import NODE_RANK_ENV
 from harness.records.result import TrialResult, read_result
 from harness.records.step_log import STEP_LOG_ENV
 
+RDZV_BACKENDS = ("c10d", "static")  # torchrun's, on several nodes (see `launch`)
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
 POLL_S = 0.25  # how often a waiting launch asks `should_stop` (and looks at its logs)
 
@@ -138,9 +144,15 @@ def launch(
     timeout_s: float | None = None,
     progress_file: str | Path | None = None,
     should_stop: Callable[[], str | None] | None = None,
+    rdzv_backend: str = "c10d",
 ) -> TrialResult:
     """Run the prepared plan in its own processes and return its record (see the
     module's doc).
+
+    `rdzv_backend` (several nodes): "c10d", the nodes' ranks in the order their
+    launchers arrive, or "static", node `node_rank` runs ranks node_rank*k..(node_rank+1)*k-1
+    and `rdzv_endpoint` is node 0's address, where it listens (a Slurm job's nodes,
+    whose node_rank is SLURM_NODEID).
 
     A node layout that cannot run the plan raises HarnessError before anything starts. On
     nodes other than 0 the record is made on node 0; this node's result says
@@ -152,6 +164,8 @@ def launch(
     """
     plan = prepared.plan
     check_nodes(plan, nnodes, node_rank, rdzv_endpoint, visible_gpus(prepared))
+    if rdzv_backend not in RDZV_BACKENDS:
+        raise HarnessError(f"rdzv_backend {rdzv_backend!r}: one of {', '.join(RDZV_BACKENDS)}")
     timeout = float(timeout_s or plan.timeout_s)
     out = Path(out_dir).absolute()
     logs = out / "logs" if nnodes == 1 else out / "logs" / f"node{node_rank}"
@@ -190,7 +204,8 @@ def launch(
             one = rank_server.rank_env(env, 0, 1, logs, 0, run_id)
             return _popen([sys.executable, *worker], one, logs / "rank0" / "stdout.log",
                           logs / "rank0" / "stderr.log")
-        argv = _torchrun(plan, nnodes, rdzv_endpoint, logs, run_id) + worker
+        argv = _torchrun(plan, nnodes, rdzv_endpoint, logs, run_id, rdzv_backend,
+                         node_rank) + worker
         return _popen(argv, env, logs / "agent.log", logs / "agent.log")
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -288,16 +303,21 @@ def _made_here(
     return result
 
 
-def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path,
-              run_id: str) -> list[str]:
+def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, run_id: str,
+              backend: str = "c10d", node_rank: int = 0) -> list[str]:
     endpoint = endpoint or f"127.0.0.1:{free_port()}"
-    host = endpoint.rsplit(":", 1)[0]
+    host, port = endpoint.rsplit(":", 1)
     argv = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(nnodes),
         "--nproc-per-node", str(plan.world_size // nnodes),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", endpoint,
+    ]
+    if backend == "static":  # the group rank is the node's: node 0 hosts the store
+        argv += ["--rdzv-backend", "static", "--node-rank", str(node_rank),
+                 "--master-addr", host, "--master-port", port]
+    else:  # the group rank is the order of arrival
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    argv += [
         "--rdzv-id", run_id,
         "--max-restarts", "0",
         "--monitor-interval", "0.1",

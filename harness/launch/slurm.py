@@ -3,12 +3,14 @@
     result = launch(prepared, "runs/x", "harness bench runs/x/plan.toml", cluster=spec)
     launcher = launcher_for(spec, "cuda", [8, 16], 900)   # checked: one line, exit 2
     result = rejoin("runs/x")       # a stopped caller's job, waited for again (or None)
+    cancel_left("runs/x")           # ...or cancelled, its trial failed meanwhile
 
 The job has as many nodes as the trial's layout needs (harness.launch.slurm_queue.
 shape_for) and one task a node, which runs harness.launch.slurm_job.run_node: the
-local launcher for that node (torchrun, c10d rendezvous on node 0). So the ranks,
-their logs and the record are the same as on one machine; the trial's folder must
-be on storage the nodes see (submitit's files for the job are in its slurm/).
+local launcher for that node (torchrun, static rendezvous on node 0, the node rank
+SLURM_NODEID's: ranks 0..k-1 on the first node). So the ranks, their logs and the
+record are the same as on one machine; the trial's folder must be on storage the
+nodes see (submitit's files for the job are in its slurm/).
 
 Here, in the caller's process, the launcher waits for the job and:
 - stops it (scancel) when the trial runs past its timeout counted from the job's
@@ -35,7 +37,7 @@ it is submitted, so a caller killed meanwhile loses nothing: `rejoin` waits for 
 job again (as `launch` would have) and returns the same record. The tuner's launcher
 (`launcher_for`: a SlurmLauncher, harness.launch.launcher's seam) says how many trials
 it may keep in flight (`max_jobs`) and how to find and rejoin such jobs (`has_job`,
-`rejoin`).
+`rejoin`), or cancel one whose trial another worker failed meanwhile (`cancel_job`).
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class SlurmLauncher(Launcher):
     def rejoin(self, folder: str | Path, deadline: float | None = None,
                should_stop: Callable[[], str | None] | None = None) -> TrialResult | None:
         return rejoin(folder, deadline=deadline, should_stop=should_stop)
+
+    def cancel_job(self, folder: str | Path) -> str | None:
+        return cancel_left(folder)
 
     def check_shared(self, run_dir: str | Path) -> str | None:
         return check_shared(self.cluster, Path(run_dir))
@@ -224,6 +229,22 @@ def rejoin(out_dir: str | Path, *, deadline: float | None = None,
     _in_flight.add(last.job_id)
     wall_deadline = time.monotonic() + deadline - time.time() if deadline else None
     return _follow(prepared, job, attempts, wall_deadline, should_stop)
+
+
+def cancel_left(out_dir: str | Path) -> str | None:
+    """Cancel the job a stopped caller left in `out_dir` if it is still queued or
+    running, and wait until it has left the queue (its nodes' launchers stop the trial's
+    processes on the way out); what was done, in words, or None when no job of it runs."""
+    try:
+        jobs = json.loads((Path(out_dir) / "slurm" / JOB_FILE).read_text())["jobs"]
+        job_id = jobs[-1]["job_id"]
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return None
+    if job_id is None or queue.job_info(job_id).over:
+        return None
+    queue.cancel(job_id)
+    info = queue.wait_gone(job_id)
+    return f"job {job_id} cancelled (scancel; it left the queue {info.state})"
 
 
 @dataclass

@@ -2,10 +2,13 @@
 
 submitit runs `run_node` once a node (srun, one task a node). Each calls
 harness.launch.local.launch for its node: one process for a one-rank trial, else
-torchrun with the node's ranks; on several nodes they meet at node 0 through
-torchrun's c10d rendezvous, at an address node 0 writes into the trial's folder
-(the folder is on storage every node sees). Node 0 writes result.json, as on one
-machine; the tuner's side (harness.launch.slurm) reads it when the job has ended.
+torchrun with the node's ranks. On several nodes they meet at node 0 through torchrun's
+static rendezvous, as torchrun users do on Slurm: the node rank is the task's
+SLURM_NODEID, so ranks 0..k-1 run on the job's first node, k..2k-1 on its second,
+whatever order the nodes start in; the master address is node 0's, with a port free
+there, which node 0 writes into the trial's folder (on storage every node sees).
+Node 0 writes result.json, as on one machine; the tuner's side (harness.launch.slurm)
+reads it when the job has ended.
 
 Runs on the compute node, where it is the job's main process: a SIGTERM (scancel,
 the time limit, a preemption) ends the local launcher's wait, which then stops the
@@ -39,7 +42,7 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     signal.signal(signal.SIGTERM, _exit)  # submitit ignores SIGTERM; the trial must stop
     os.environ[rank_server.ENV] = "0"  # a fresh interpreter: nothing here to fork from
     env = submitit.JobEnvironment()
-    node = env.node
+    node = env.node  # SLURM_NODEID: the node's rank in the job, the torchrun node rank
     endpoint = _endpoint(Path(job_dir), node, env.job_id) if nnodes > 1 else None
     prepared = PreparedPlan.read(prepared_file)
     if ends_at is not None:  # time in the queue came out of the trial's share
@@ -49,7 +52,7 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     result = local.launch(
         prepared, out_dir, command, study=study, trial_id=trial_id,
         nnodes=nnodes, node_rank=node, rdzv_endpoint=endpoint, timeout_s=timeout_s,
-        progress_file=progress_file if node == 0 else None,
+        progress_file=progress_file if node == 0 else None, rdzv_backend="static",
     )
     slurm_nodes.write_node(job_dir, env.job_id, node, result.status, result.reason or "")
     print(f"node {node} of {nnodes} ({slurm_nodes.this_node_name()} on {socket.gethostname()}): "

@@ -48,6 +48,7 @@ from harness.tune.recovery.follower import Announcer, run_follower
 from harness.tune.recovery.held import HeldTrials
 from harness.tune.recovery.resume import (
     StaleTrials,
+    cancel_jobs_left,
     jobs_left,
     recover,
     rejoin,
@@ -219,6 +220,8 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
                 wait_for_untagged(p.optuna_study, progress.line)
             # first: these are waited for, not failed by recover
             left = jobs_left(p.optuna_study, p.run, p.recorder)
+            for note in cancel_jobs_left(p.optuna_study, p.run):  # theirs failed meanwhile
+                progress.line(note)
             for note in recover(p.optuna_study, store, p.recorder, p.measured, retries):
                 progress.line(note)
             outcome.helpers = _start_helpers(args, checked, store, p.clock, progress.line)

@@ -4,7 +4,8 @@
     name = "tests.slurm.meet_workload:build"
     meet_dir = "/tmp/x/met"     # each job's first training step writes <job id> here...
     meet = 2                    # ...and waits until this many jobs have written theirs
-    gate = "/tmp/x/go"          # ...and, if given, until this file exists
+    gate = "/tmp/x/go"          # ...and, if given, until this file exists (or, for one
+                                # job alone, "/tmp/x/go.<job id>")
 
 So a test knows without timing anything that two jobs ran at once (the first two
 trials can only finish together), or holds a trial inside its job while it kills the
@@ -47,7 +48,9 @@ def _meet(folder: Path, job: str, meet: int, gate: Path | None, wait_s: float) -
     folder.mkdir(parents=True, exist_ok=True)
     (folder / job).write_text(f"{os.getpid()}\n")
     give_up = time.monotonic() + wait_s
-    while len(list(folder.iterdir())) < meet or (gate is not None and not gate.exists()):
+    own = gate.with_name(f"{gate.name}.{job}") if gate is not None else None
+    while len(list(folder.iterdir())) < meet or (
+            gate is not None and not gate.exists() and not own.exists()):  # type: ignore[union-attr]
         if time.monotonic() > give_up:
             raise RuntimeError(f"job {job}: {len(list(folder.iterdir()))} of {meet} jobs met "
                                f"in {wait_s:g}s" + (f", gate {gate} closed" if gate else ""))

@@ -19,8 +19,10 @@ import time
 import tomllib
 from pathlib import Path
 
+import optuna
 import pytest
 import tomli_w
+from optuna.trial import TrialState
 
 from harness.records.tags import tags_of
 from tests.slurm.conftest import queued
@@ -33,10 +35,13 @@ def env() -> dict[str, str]:  # at call time: the fixture has set SLURM_CONF
     return {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_QUIET_SHARE": "1"}
 
 
-def study_file(folder: Path, partition: str, meet_dir: Path, **workload) -> Path:
+def study_file(folder: Path, partition: str, meet_dir: Path, storage: dict | None = None,
+               budget: dict | None = None, **workload) -> Path:
     table = {**STUDY, "cluster": {"launcher": "slurm", "partition": partition, "max_jobs": 2}}
+    if storage:
+        table["storage"] = storage
     table["budget"] = {**STUDY["budget"], "n_trials": 2, "confirm_repeats": 0,
-                       "trial_timeout": "90s"}
+                       "trial_timeout": "90s", **(budget or {})}
     table["workload"] = {"name": "tests.slurm.meet_workload:build", "meet_dir": str(meet_dir),
                          **workload}
     path = folder / "study.toml"
@@ -70,11 +75,11 @@ def test_max_jobs_2_keeps_two_trials_in_flight(slurm_partition, tmp_path):
     assert (run / "best.toml").exists()
 
 
-def stopped_with_two_jobs_held(study: Path, run: Path, met: Path, sig: int) -> int:
-    """Start the tuner, wait until both its jobs are held in their first step, send `sig`;
-    its exit code."""
+def stopped_with_two_jobs_held(study: Path, run: Path, met: Path, sig: int, *args: str) -> int:
+    """Start the tuner (with `args`), wait until both its jobs are held in their first
+    step, send `sig`; its exit code."""
     tuner = subprocess.Popen([sys.executable, "-m", "harness", "tune", str(study), "--out",
-                              str(run), "--quiet"], cwd=ROOT, env=env(),
+                              str(run), "--quiet", *args], cwd=ROOT, env=env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              # a test run started in the background (`cmd &` in a
                              # script) ignores SIGINT, and a child inherits that
@@ -123,6 +128,53 @@ def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
         logs = run / "trials" / str(r["trial_id"]) / "logs"
         assert (logs / f"slurm-{r['tags']['cluster']['job_id']}-0.out").exists()
     assert (run / "best.toml").exists()
+
+
+GRACE_S = 3  # storage.grace of the next test: a killed tuner's trials are stale past it
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_resume_past_grace_waits_for_a_claimed_job_and_cancels_a_failed_trials_job(
+        slurm_partition, tmp_path):
+    run, met, gate = tmp_path / "run", tmp_path / "met", tmp_path / "go"
+    db = f"sqlite:///{tmp_path / 'study.db'}"  # an RDB storage: heartbeats, grace
+    # The held jobs outlive any start of the resumed tuner on a loaded machine: only a
+    # cancel ends the failed trial's job before the test does.
+    study = study_file(tmp_path, slurm_partition, met, meet=2, gate=str(gate), wait_s=400,
+                       storage={"heartbeat": "1s", "grace": f"{GRACE_S}s", "retries": 0},
+                       budget={"time": "15m", "trial_timeout": "6m"})
+    assert stopped_with_two_jobs_held(study, run, met, signal.SIGKILL,
+                                      "--storage", db) == -signal.SIGKILL
+    trial_of = {json.loads((d / "slurm" / "job.json").read_text())["jobs"][-1]["job_id"]:
+                int(d.name) for d in (run / "trials").iterdir() if (d / "slurm").is_dir()}
+    kept, failed = sorted(trial_of)
+    assert sorted(line.split()[0] for line in queued()) == [kept, failed]
+    time.sleep(GRACE_S + 1.5)  # no beat since the kill: both trials are stale now
+    storage = optuna.storages.RDBStorage(db)
+    try:  # as another worker's fail_stale_trials does (its record is in its own folder)
+        number = trial_of[failed]
+        trial = next(t for t in optuna.load_study(study_name=STUDY["name"], storage=storage)
+                     .get_trials(deepcopy=False) if t.number == number)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    finally:
+        storage.engine.dispose()
+    gate.with_name(f"go.{kept}").write_text("go\n")  # the job still owed a wait may end
+    assert failed in {line.split()[0] for line in queued()}  # held at its gate
+
+    done = tune("--resume", "--out", str(run), "--storage", db)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The failed trial's job was cancelled (it would have waited 200 s at its gate), the
+    # stale but unfailed trial's job was waited for and gave its record: nothing queued.
+    assert not queued()
+    states = subprocess.run(["squeue", "-h", "-t", "all", "-j", failed, "-o", "%T"],
+                            capture_output=True, text=True).stdout.split()
+    assert states == ["CANCELLED"], states
+    recs = {r["tags"]["optuna_number"]: r for r in records(run)}
+    assert set(recs) == {trial_of[kept]}, recs  # the failed one's record is the other's
+    mine = recs[trial_of[kept]]
+    assert mine["status"] == "ok" and mine["tags"]["cluster"]["job_id"] == kept, mine
+    assert not mine["tags"].get("orphan")
 
 
 @pytest.mark.timeout(180)

@@ -1,5 +1,6 @@
 """Trials that span two nodes of a real Slurm (conftest's `two_nodes`: n1 and n2 on this
-machine, one rank a node, gloo, c10d rendezvous on the job's first node).
+machine, one rank a node, gloo, torchrun's static rendezvous on the job's first node:
+rank 0 on n1, rank 1 on n2, whichever node's task starts first).
 
 One job a trial on both nodes; its record names the job, both nodes and each rank's
 node, and its losses and gradients are those of the same plan on two ranks of one
@@ -66,8 +67,8 @@ def test_a_two_node_bench_is_one_job_on_both_nodes_and_matches_one_node(two_node
     assert record.status == "ok", record.reason
     cluster = record.tags["cluster"]
     assert cluster["nodes"] == "n[1-2]" and cluster["node_names"] == ["n1", "n2"]
-    # one rank a node; which rank lands where is the c10d rendezvous's arrival order
-    assert sorted(cluster["rank_nodes"]) == ["n1", "n2"] and len(cluster["jobs"]) == 1
+    # one rank a node, by node rank (SLURM_NODEID): rank 0 on the job's first node
+    assert cluster["rank_nodes"] == ["n1", "n2"] and len(cluster["jobs"]) == 1
     assert cluster["state"] == "COMPLETED" and cluster["partition"] == two_nodes
     # The one job ran a task on each node, each node's launcher its rank.
     logs = out / "logs"
@@ -99,20 +100,19 @@ def test_a_two_node_bench_is_one_job_on_both_nodes_and_matches_one_node(two_node
 @pytest.mark.timeout(180)
 def test_a_rank_failing_on_the_second_node_is_a_failed_record_saying_where(two_nodes,
                                                                            tmp_path):
-    # The trial's timeout is far off: the record comes from the failure, not the clock.
+    # Rank 1 is the second node's (node rank 1: ranks 1..1). The trial's timeout is far
+    # off: the record comes from the failure, not the clock.
     prepared = prepare(faulty_plan(fail_rank=1, timeout_s=150.0)).checked()
     out = tmp_path / "fail"
     result = slurm.launch(prepared, out, "test", nnodes=2,
                           cluster=ClusterSpec(launcher="slurm", partition=two_nodes))
     assert result.status == "failed"
-    nodes = result.tags["cluster"]["rank_nodes"]  # the rendezvous's order: rank 1 on either
-    assert sorted(nodes) == ["n1", "n2"]
+    assert result.tags["cluster"]["rank_nodes"] == ["n1", "n2"]  # as each rank said
     first = result.reason.splitlines()[0]
-    assert first == (f"rank 1 on node {nodes[1]} failed: RuntimeError: injected failure on "
-                     "rank 1 at step 0")
+    assert first == "rank 1 on node n2 failed: RuntimeError: injected failure on rank 1 at step 0"
     assert "injected failure" in result.metrics["stderr_tail"]
-    assert result.metrics["failed_rank"]["node"] == nodes[1]
-    assert f"/logs/node{['n1', 'n2'].index(nodes[1])}/" in result.metrics["failed_rank"]["logs"]
+    assert result.metrics["failed_rank"]["node"] == "n2"
+    assert "/logs/node1/" in result.metrics["failed_rank"]["logs"]
     assert read_result(out / "result.json").reason == result.reason
     assert_nothing_left(out)
 
@@ -131,11 +131,10 @@ def test_a_rank_hanging_on_the_second_node_is_stopped_with_both_nodes_stacks(
     assert result.status == "timeout", result.reason
     assert result.tags["cluster"]["state"] == "COMPLETED"  # the job's launchers stopped it
     stacks = result.metrics["stacks"]
-    nodes = result.tags["cluster"]["rank_nodes"]  # the rendezvous's order: rank 1 on either
-    assert sorted(nodes) == ["n1", "n2"]
-    assert {k: v["node"] for k, v in stacks.items()} == {"0": nodes[0], "1": nodes[1]}
+    assert result.tags["cluster"]["rank_nodes"] == ["n1", "n2"]
+    assert {k: v["node"] for k, v in stacks.items()} == {"0": "n1", "1": "n2"}
     assert "faulty_workload.py" in stacks["1"]["stack"] and "in loss" in stacks["1"]["where"]
-    assert f"rank 1 on {nodes[1]} in loss at faulty_workload.py" in result.reason
+    assert "rank 1 on n2 in loss at faulty_workload.py" in result.reason
     assert_nothing_left(out)
 
 

@@ -40,7 +40,15 @@ harness.tune.trial_job.left_a_job) is not run again: `jobs_left` claims it for
 this worker before `recover` would fail it, and the tuner waits for its job
 (`rejoin`, one of the search's first trials in flight), which gives the record it
 would have had. A job that ended without a record is failed and queued again as
-above.
+above. A trial claimed so beats its heartbeat at once: resumed after storage.grace,
+its last beat (the stopped worker's) is stale, and this worker's own `settle` must not
+fail it before the wait has begun.
+
+A stopped worker's trial that another worker failed meanwhile (its silence past
+storage.grace taken for death: StaleTrials recorded it and queued its configuration
+again) is nobody's to wait for: `cancel_jobs_left` cancels its job (the launcher's
+`cancel_job`: scancel, then until it has left the queue), so that no job runs on
+unowned once the resumed study ends.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from harness.records.result import TrialResult, read_result
 from harness.records.run_store import RunStore
 from harness.records.tags import tags_of
 from harness.tune.recorder import Measured, Recorder, failed_record
-from harness.tune.recovery.storage import fail_stale_trials
+from harness.tune.recovery.storage import PatientStorage, fail_stale_trials
 from harness.tune.recovery.workers import Worker
 from harness.tune.study_trials import RETRY_OF
 from harness.tune.trial_job import TrialRunner, left_a_job, rejoin_trial_job
@@ -114,8 +122,35 @@ def jobs_left(optuna_study: optuna.Study, run: TrialRunner,
             if (now.state == TrialState.RUNNING and now.number not in records
                     and _abandoned(now) and left_a_job(run, tid)):
                 storage.set_trial_user_attr(sid, "worker", recorder.me.tag)
+                if isinstance(storage, PatientStorage) and storage.get_heartbeat_interval():
+                    storage.record_heartbeat(sid)  # alive again before anyone's settle
                 claimed.append(now)
     return claimed
+
+
+def cancel_jobs_left(optuna_study: optuna.Study, run: TrialRunner) -> list[str]:
+    """Cancel the jobs still running for stopped workers' trials that were failed
+    meanwhile (by another worker, from their silence: see the module's doc); what was
+    done, in words. A trial whose record here is its own (not an orphan's) has ended
+    with its job; a trial whose worker still runs is that worker's to end."""
+    if not run.launcher.may_leave_jobs:
+        return []
+    failed = optuna_study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    if not failed:
+        return []
+    records = _by_number(run.store.records())
+    notes = []
+    for t in failed:
+        tid = t.user_attrs.get("trial_id", t.number)
+        own = records.get(t.number)
+        if (own is not None and not tags_of(own).get("orphan")) or not _abandoned(t):
+            continue
+        if left_a_job(run, tid):
+            done = run.launcher.cancel_job(run.store.trial_dir(tid))
+            if done:
+                notes.append(f"trial {tid}: failed while its tuner was stopped (another "
+                             f"worker took it for dead and queued it again): its {done}")
+    return notes
 
 
 def rejoin(run: TrialRunner, deadline: float, recorder: Recorder, retries: int,
