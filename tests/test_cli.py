@@ -120,6 +120,7 @@ def test_the_bench_process_imports_no_torch(tmp_path):
     assert last == "0 False"
 
 
+@pytest.mark.slow  # the command, then its rank, each a new interpreter importing torch
 def test_bench_without_the_rank_server_prepares_in_its_own_process(tmp_path):
     env = {**os.environ, "HARNESS_FORK_RANKS": "0"}
     last = _bench_in_python("print(rc, 'torch' in sys.modules)", tmp_path / "o", env)[-1]

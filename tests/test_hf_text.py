@@ -51,6 +51,7 @@ def test_hf_data_mistakes():
         load_workload("hf:llama", {**LLAMA, "data": "digits"})
 
 
+@pytest.mark.slow  # two trials, the first training to the target loss on text
 def test_hf_llama_trains_to_a_target_loss_on_text():
     plan = Plan(name="hf-text", workload="hf:llama", workload_args=LLAMA, device="cpu",
                 micro_batch_size=8, global_batch_size=16, warmup_steps=1, steps=2,

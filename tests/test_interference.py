@@ -40,6 +40,7 @@ def short_trial():
     return run_trial(prepare(plan, peaks={"fp32": PEAK}), "test")
 
 
+@pytest.mark.slow  # a trial beside one spinning process per CPU: slows everything else
 def test_a_trial_beside_cpu_bound_processes_is_flagged():
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              start_new_session=True) for _ in cpus()]

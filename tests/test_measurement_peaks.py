@@ -176,6 +176,7 @@ def test_corrupt_cache_is_ignored_and_rewritten(cache_dir, counted, content) -> 
     assert data["version"] == 1 and len(data["entries"]) == 1
 
 
+@pytest.mark.slow  # two calibrations, each in a new interpreter importing torch
 def test_cache_false_always_measures(cache_dir, counted) -> None:
     measured_peak(CPU, "fp32", cache=False)
     n = len(counted)

@@ -99,6 +99,7 @@ def test_analytic_flops_agree_with_torchs_counter(model_type):
     assert workload.flops_per_sample() == pytest.approx(counted, rel=0.15)
 
 
+@pytest.mark.slow  # resnet18 (11M parameters): runs of 3, 3 and 1 steps
 def test_torchvision_resnet_trains_and_checkpoints_per_block():
     """Checkpointing its 8 BasicBlocks: within 1e-4 of the fp32 run over 3 steps. bf16:
     the first step's loss within 2e-2 (a ResNet on batches of 8 amplifies rounding from

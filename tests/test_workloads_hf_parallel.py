@@ -7,7 +7,7 @@ All cases (tests/workloads/run_hf_case.py: each case has its own layout of the t
 run in one torchrun launch of 2 CPU ranks, on its own free port, under a timeout, with
 tests/distributed/test_parallel_strategies.py's 2-rank cases (tests/conftest.py's
 parallel_records: once per session). Every case trains 5 AdamW steps (lr 1e-2; resnet18
-1e-3) on the same global batches of 8 as the single-process run (resnet18's accumulates
+3 steps at 1e-3) on the same global batches of 8 as the single-process run (resnet18's accumulates
 2 micro-batches of 4, the data ranks' share: BatchNorm normalises over each forward's
 samples). The job's loss of a step: the mean
 over data ranks, the last pipeline stage's, tensor rank 0's.
@@ -28,7 +28,7 @@ from harness.core.plan import Layout, Plan
 from strategies import reasons_against
 from tests.distributed.run_case import HF, TIMEOUT_S
 from tests.tiny import train
-from tests.workloads.run_hf_case import CASES, STEPS, VISION_LR
+from tests.workloads.run_hf_case import CASES, STEPS, VISION_LR, VISION_STEPS
 from tests.workloads.tiny_hf import TINY_HF, TINY_VISION, needs_transformers, tiny
 
 EXACT = 1e-4
@@ -44,7 +44,7 @@ def transformers_here():
 @functools.cache
 def baseline(key: str) -> tuple[float, ...]:
     if key in TINY_VISION:  # BatchNorm: the same 4-sample forwards as each data rank's
-        return tuple(train({"accumulation": {}}, micro=4, global_batch=8, steps=STEPS,
+        return tuple(train({"accumulation": {}}, micro=4, global_batch=8, steps=VISION_STEPS,
                            lr=VISION_LR, workload=tiny(key)))
     return tuple(train({}, micro=8, global_batch=8, steps=STEPS, workload=tiny(key)))
 

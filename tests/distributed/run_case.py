@@ -8,7 +8,8 @@ steps on this rank's share of the same global batches as the single-process
 run (harness.measure.batches.step_pool), and records per rank: the losses, and the
 bytes of optimizer state, gradients and parameters this rank holds (local
 shards of DTensors). The family "hf" is tests/workloads/run_hf_case.py's cases (each
-with its own layout of 2 ranks). Each rank writes OUT/rank{r}.json: {case: record}.
+with its own layout of 2 ranks), the family "estimator" tests/estimator/run_ranks.py's
+(their names prefixed "estimator:"). Each rank writes OUT/rank{r}.json: {case: record}.
 
 `launch_families` (the tests' side) runs the families on the same number of ranks in
 one launch: the interpreters, torch's import and the gloo group are paid once, and
@@ -163,18 +164,21 @@ def run(case: Case, layout: dict, rank: int) -> dict:
 
 
 HF = "hf"  # tests/workloads/run_hf_case.py's cases, on 2 ranks
-TIMEOUT_S = 300  # a launch of every family on 2 ranks, on a loaded 2-core machine
+ESTIMATOR = "estimator"  # tests/estimator/run_ranks.py's cases, on 2 ranks
+# A launch of every family on 2 ranks, on a 2-core machine shared with other test runs
+# (at a load of 10 one took 4 min): a hang guard, not a speed claim.
+TIMEOUT_S = 600
 
 
 def ranks(family: str) -> int:
     from harness.core.plan import Layout
 
-    return 2 if family == HF else Layout(**FAMILIES[family][0]).world_size
+    return 2 if family in (HF, ESTIMATOR) else Layout(**FAMILIES[family][0]).world_size
 
 
 def same_ranks(family: str) -> tuple[str, ...]:
     """The families that run in one launch with `family`: those on as many ranks."""
-    return tuple(f for f in [*FAMILIES, HF] if ranks(f) == ranks(family))
+    return tuple(f for f in [*FAMILIES, HF, ESTIMATOR] if ranks(f) == ranks(family))
 
 
 def launch_families(families: tuple[str, ...], out: Path) -> dict[int, dict]:
@@ -218,6 +222,11 @@ def main() -> None:
             from tests.workloads import run_hf_case
 
             found = run_hf_case.run_all(rank, only)
+        elif family == ESTIMATOR:
+            from tests.estimator import run_ranks
+
+            found = {f"{ESTIMATOR}:{case}": record
+                     for case, record in run_ranks.run_all(rank, only).items()}
         else:
             layout, cases = FAMILIES[family]
             found = {c.name: run(c, layout, rank) for c in cases if not only or c.name in only}

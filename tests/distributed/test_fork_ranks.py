@@ -66,6 +66,7 @@ def _gone(pids: dict[int, int]) -> None:
         assert status == psutil.STATUS_ZOMBIE, f"rank {rank} (pid {pid}) still {status}"
 
 
+@pytest.mark.slow  # two 2-rank trials, the second under torchrun (new interpreters)
 @pytest.mark.timeout(180)
 def test_two_forked_ranks_give_the_record_torchrun_gives(tmp_path, monkeypatch, ports):
     forked = launch_plan(faulty_plan(), tmp_path / "forked", "test")
@@ -120,6 +121,8 @@ def test_a_rank_that_dies_without_an_error_is_named(tmp_path, ports):
     _gone(pids)
 
 
+# The real clock: it waits out its 20 s timeout (test_rank_server.py: a jumped clock).
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_hanging_forked_trial_is_stopped_at_its_timeout(hung_two_ranks):
     # The trial (tests/distributed/conftest.py) is test_launch.py's: forked, here.

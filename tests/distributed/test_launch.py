@@ -126,6 +126,8 @@ def test_a_nan_loss_on_one_rank_stops_both(tmp_path):
     assert_nothing_left(out)
 
 
+# The real clock: it waits out its 20 s timeout (test_rank_server.py: a jumped clock).
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_hang_times_out_and_nothing_is_left(hung_two_ranks):
     # The trial (tests/distributed/conftest.py) is shared with test_fork_ranks.py.

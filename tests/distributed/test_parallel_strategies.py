@@ -1,13 +1,12 @@
 """ddp, zero 1/2/3, pipeline and tensor parallel on 2 gloo ranks against one process.
 
 The families of cases (tests/distributed/run_case.py) on 2 CPU ranks are one torchrun
-launch, with tests/test_workloads_hf_parallel.py's cases, on its own free port, under
-a timeout; the two 4-rank families that combine pipeline or tensor with zero are
-another (marked slow); both run once per session (tests/conftest.py's
-parallel_records). Every case trains the tiny
-GPT for 5 AdamW steps (lr 1e-2) on the same global batches of 8 as the
-single-process run (tests/tiny.py). The job's loss of a step is the mean over
-data ranks of the loss on the last pipeline stage (tensor rank 0).
+launch, with tests/test_workloads_hf_parallel.py's and tests/estimator/'s cases, on its
+own free port, under a timeout; the two 4-rank families that combine pipeline or tensor
+with zero are another (marked slow); both run once per session (tests/conftest.py's
+parallel_records). Every case trains the tiny GPT for 5 AdamW steps (lr 1e-2) on the
+same global batches of 8 as the single-process run (tests/tiny.py). The job's loss of a
+step is the mean over data ranks of the loss on the last pipeline stage (tensor rank 0).
 
 Tolerances (absolute, on each step's loss, loss ≈ 4):
   - fp32 cases (ddp, zero 1/2/3, offload, accumulation, checkpoint, every pipeline

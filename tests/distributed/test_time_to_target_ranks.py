@@ -35,6 +35,7 @@ def plan(data: int) -> Plan:
     return p
 
 
+@pytest.mark.slow  # a 2-rank trial and the one-process run it is checked against
 @pytest.mark.timeout(180)
 def test_two_ranks_take_the_one_process_steps_to_target(tmp_path, monkeypatch):
     needs_ddp()

@@ -21,6 +21,7 @@ from tests.distributed.launch_helpers import (
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
 
 
+@pytest.mark.slow  # two `harness bench` processes and their torchrun agents
 @pytest.mark.timeout(180)
 def test_two_nodes_on_loopback_complete_a_ddp_trial(tmp_path):
     plan_file = tmp_path / "two-nodes.toml"

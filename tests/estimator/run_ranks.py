@@ -9,6 +9,9 @@ step) and optimizer state the rank holds (local shards, as
 tests/distributed/run_case.py counts them), and the peak of the tensors created
 or written during the step that are alive together (`LiveBytes`), parameters and
 optimizer state aside. Each rank writes OUT/rank{r}.json: {case: record}.
+
+(The tests run these cases as tests/distributed/run_case.py's family "estimator", in the
+launch of the other 2-rank cases: one interpreter per rank, torch imported once.)
 """
 
 from __future__ import annotations
@@ -117,6 +120,18 @@ def run(case: str, rank: int) -> dict:
     }
 
 
+def run_all(rank: int, only: set[str]) -> dict:
+    """Every case (those named in `only`, where it names some) on this rank, by name."""
+    import torch.distributed as dist
+
+    results = {}
+    for case in CASES:
+        if not only or case in only:
+            results[case] = run(case, rank)
+            dist.barrier()
+    return results
+
+
 def main() -> None:
     import warnings
 
@@ -127,11 +142,7 @@ def main() -> None:
     only = set(sys.argv[2:])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    results = {}
-    for case in CASES:
-        if not only or case in only:
-            results[case] = run(case, rank)
-            dist.barrier()
+    results = run_all(rank, only)
     (out / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
 

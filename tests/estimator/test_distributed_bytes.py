@@ -1,9 +1,11 @@
 """The estimator against what 2 gloo ranks really hold: state bytes and a step's peak.
 
-One torchrun launch of tests/estimator/run_ranks.py (ddp, zero 1/2/3, zero 2 with
-bf16, the three pipeline schedules, tensor parallel) on its own free port, under a
-timeout. Per rank it records the bytes of parameters, gradients (at the optimizer
-step) and optimizer state it holds, and the peak of what a step adds above them.
+tests/estimator/run_ranks.py's cases (ddp, zero 1/2/3, zero 2 with bf16, the three
+pipeline schedules, tensor parallel) on 2 ranks, in the session's one torchrun launch of
+the 2-rank cases (tests/conftest.py's parallel_records, tests/distributed/run_case.py's
+family "estimator"), on its own free port, under a timeout. Per rank it records the
+bytes of parameters, gradients (at the optimizer step) and optimizer state it holds,
+and the peak of what a step adds above them.
 
 Tolerances: 10% on state bytes (observed: parameters and gradients exact,
 optimizer state 0.01-0.05% low, AdamW's 4-byte step counters not being counted;
@@ -15,19 +17,13 @@ buffers (observed over several launches: -1.6% on pipeline 1F1B's rank 0 to
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch.distributed as dist
 
 from harness.core.device import RuntimeEnv
 from harness.estimator import estimate
 from harness.workloads import load_workload
+from tests.distributed.run_case import ESTIMATOR, TIMEOUT_S
 from tests.estimator.run_ranks import CASES, GPT, plan_of
 
 pytestmark = [
@@ -35,10 +31,7 @@ pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="needs torch.distributed (gloo)"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN_RANKS = Path(__file__).with_name("run_ranks.py")
 RANKS = 2
-TIMEOUT_S = 240
 TOLERANCE = 0.10  # state bytes
 STEP_TOLERANCE = 0.15  # a step's peak above the state
 STATE = {"param_bytes": "parameters", "grad_bytes": "gradients",
@@ -46,31 +39,11 @@ STATE = {"param_bytes": "parameters", "grad_bytes": "gradients",
 CPU = RuntimeEnv("cpu", "cpu", 1, bf16=True, triton=False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> dict[str, list[dict]]:
+def measured(parallel_records) -> dict[str, list[dict]]:
     """Per case, each rank's record."""
-    out = tmp_path_factory.mktemp("estimator-ranks")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={RANKS}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(RUN_RANKS), str(out),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
-                              cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"no result within {TIMEOUT_S}s\n{(e.stderr or '')[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun exited {proc.returncode}\n{proc.stderr[-6000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
-    return {case: [records[case] for records in ranks] for case in CASES}
+    ranks = parallel_records(ESTIMATOR)
+    return {case: [ranks[r][f"{ESTIMATOR}:{case}"] for r in range(RANKS)] for case in CASES}
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

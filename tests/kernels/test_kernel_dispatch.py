@@ -60,6 +60,7 @@ def _python(code: str, env_interpret: bool = False) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # two new interpreters importing torch
 def test_without_triton_and_with_triton_imported_too_early():
     """Two fresh processes: triton missing (everything imports, the reference runs), and
     TRITON_INTERPRET=1 set only after triton was imported (reported, not crashed)."""
