@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness.core.clock import process_age_s
 
         _PYTHON_S = process_age_s()
+        if sys.argv[1:2] == ["bench"]:  # its rank server's imports, beside ours
+            from harness.cli.bench_early import start_rank_server
+
+            start_rank_server(sys.argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad flag
     try:

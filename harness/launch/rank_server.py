@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 ENV = "HARNESS_FORK_RANKS"
-PRELOAD = ["torch", "torch._dynamo", "strategies", "harness.measure.rank_main",
-           "harness.measure.trial_loop"]
+# torch, torch._dynamo, the strategies and the rank's modules, imported with the
+# garbage collector paused (see that module)
+PRELOAD = ["harness.measure.rank_preload"]
 # What some trials import beside: a study's many trials share the server, a bench's one
 # trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
 STUDY_PRELOAD = ["torch.distributed.optim"]
@@ -72,6 +73,15 @@ def warm_up() -> None:
     if enabled():
         threading.Thread(target=_server, args=(PRELOAD + STUDY_PRELOAD,), name="rank-server",
                          daemon=True).start()
+
+
+def start_now() -> None:
+    """Start the server (PRELOAD only) now, if it is on: `harness bench` calls this
+    first thing, so the server's imports run beside the command line's own. It only
+    spawns the server (a few milliseconds); the imports go on in its process, and the
+    server is stopped at this process's exit whatever happens meanwhile."""
+    if enabled():
+        _server()
 
 
 def _server(preload: list[str] = PRELOAD) -> Any:
