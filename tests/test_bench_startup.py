@@ -62,15 +62,6 @@ def test_the_quickstart_path_imports_nothing_heavy_it_does_not_use(tmp_path):
     assert got["dynamo"] and got["gc_on"] and got["frozen"] > 100_000
 
 
-def test_a_module_named_heavy_is_found_when_imported(tmp_path):
-    """The guard above can fail: the same check sees a module the path did import."""
-    script = ("import json, sys\nimport harness.core.units, email.message\n"
-              "print(json.dumps([m for m in sys.argv[1:] if m in sys.modules]))")
-    done = subprocess.run([sys.executable, "-c", script, "email.message", "optuna"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert json.loads(done.stdout) == ["email.message"]
-
-
 @pytest.mark.parametrize(("argv", "here"), [
     (["studies/plans/quickstart.toml"], True),
     (["plan.toml", "--nnodes", "1", "--launcher", "local", "--out", "x"], True),

@@ -18,6 +18,9 @@ the next. Several nodes still go through torchrun.
 `harness bench` checks and prepares its plan in such a fork too (`ask`), so its own
 process never imports torch: the server's imports are the only ones its trial
 waits for, and a peak calibration that misses the cache no longer runs beside them.
+It starts the server first thing (`start_now`, harness.cli.bench_early), so that
+its own start (argparse's parsers, the plan) runs beside the server's imports; these
+run with the garbage collector paused (harness.measure.rank_preload).
 
 Each fork runs `python -m harness.measure.rank_main ARGV` as torchrun's worker
 would: a session of its own (so stopping its process group stops what it
