@@ -110,3 +110,24 @@ def test_a_plan_refused_early_leaves_no_server_behind(tmp_path):
     assert pid != "None"  # it was started
     assert not _alive(int(pid))
     assert not (tmp_path / "o").exists()  # nothing of a trial was made
+
+
+STOP_NOW = """
+from multiprocessing import forkserver
+from harness.launch import rank_server
+rank_server.start_now()
+pid = forkserver._forkserver._forkserver_pid
+rank_server.stop_now()  # as `harness bench` does once its plan turns out to be Slurm's
+print(pid, forkserver._forkserver._forkserver_pid)
+"""
+
+
+@pytest.mark.skipif(not rank_server.enabled(), reason="no forkserver here")
+@pytest.mark.timeout(60)
+def test_a_server_started_early_can_be_stopped_at_once():
+    done = subprocess.run([sys.executable, "-c", STOP_NOW], cwd=ROOT, capture_output=True,
+                          text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    pid, after = done.stdout.split()
+    assert pid != "None" and after == "None"
+    assert not _alive(int(pid))

@@ -7,8 +7,8 @@ so they run beside them, on another core, instead of before them.
 
 Only for what will fork its ranks from that server: one node, the local launcher.
 A plan whose [cluster] table sends it to Slurm is only known once the plan is read;
-its server then goes unused and is stopped at the command's exit, as is the server
-of a plan refused as a user's mistake (nothing of a trial has started by then).
+its server is stopped as soon as the plan says so, and the server of a plan refused
+as a user's mistake at the command's exit (nothing of a trial has started by then).
 """
 
 from __future__ import annotations

@@ -100,6 +100,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.launcher:
         cluster = dataclasses.replace(cluster or ClusterSpec(), launcher=args.launcher)
     on_slurm = cluster is not None and cluster.launcher == "slurm"
+    if on_slurm:  # its server, started first thing (bench_early), would idle meanwhile
+        rank_server.stop_now()
     # Refuse a bad plan before anything is made or run.
     if args.nnodes == 1 and not on_slurm and rank_server.enabled():
         from harness.launch.torch_helper import prepare_forked

@@ -87,6 +87,12 @@ def start_now() -> None:
         _server()
 
 
+def stop_now() -> None:
+    """Stop the server now, if one runs: `harness bench` of a plan whose [cluster]
+    sends it to Slurm, known only once the plan is read, after `start_now`."""
+    _stop()
+
+
 def _server(preload: list[str] = PRELOAD) -> Any:
     global _context
     with _lock:
