@@ -100,6 +100,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.launcher:
         cluster = dataclasses.replace(cluster or ClusterSpec(), launcher=args.launcher)
     on_slurm = cluster is not None and cluster.launcher == "slurm"
+    if on_slurm:  # its server, started first thing (bench_early), would idle meanwhile
+        rank_server.stop_now()
     # Refuse a bad plan before anything is made or run.
     if args.nnodes == 1 and not on_slurm and rank_server.enabled():
         from harness.launch.torch_helper import prepare_forked
@@ -272,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness.core.clock import process_age_s
 
         _PYTHON_S = process_age_s()
+        if sys.argv[1:2] == ["bench"]:  # its rank server's imports, beside ours
+            from harness.cli.bench_early import start_rank_server
+
+            start_rank_server(sys.argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad flag
     try:

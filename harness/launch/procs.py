@@ -131,6 +131,11 @@ def stop(started: list[Any], launch_id: str, grace_s: float) -> None:
     # While one is not reaped its pid (and group id) cannot belong to anyone else.
     running = [p for p in started if p.poll() is None]
     procs = {p.pid: p for p in [q for p in running for q in tree(p.pid)] + tagged(launch_id)}
+    if not procs:  # a trial that ended whole: no process of it is left to start another
+        for p in started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=grace_s)
+        return
     for p in running:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGTERM)  # a session of its own: its group is its pid

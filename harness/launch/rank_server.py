@@ -18,6 +18,9 @@ the next. Several nodes still go through torchrun.
 `harness bench` checks and prepares its plan in such a fork too (`ask`), so its own
 process never imports torch: the server's imports are the only ones its trial
 waits for, and a peak calibration that misses the cache no longer runs beside them.
+It starts the server first thing (`start_now`, harness.cli.bench_early), so that
+its own start (argparse's parsers, the plan) runs beside the server's imports; these
+run with the garbage collector paused (harness.measure.rank_preload).
 
 Each fork runs `python -m harness.measure.rank_main ARGV` as torchrun's worker
 would: a session of its own (so stopping its process group stops what it
@@ -49,8 +52,9 @@ from pathlib import Path
 from typing import Any
 
 ENV = "HARNESS_FORK_RANKS"
-PRELOAD = ["torch", "torch._dynamo", "strategies", "harness.measure.rank_main",
-           "harness.measure.trial_loop"]
+# torch, torch._dynamo, the strategies and the rank's modules, imported with the
+# garbage collector paused (see that module)
+PRELOAD = ["harness.measure.rank_preload"]
 # What some trials import beside: a study's many trials share the server, a bench's one
 # trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
 STUDY_PRELOAD = ["torch.distributed.optim"]
@@ -72,6 +76,21 @@ def warm_up() -> None:
     if enabled():
         threading.Thread(target=_server, args=(PRELOAD + STUDY_PRELOAD,), name="rank-server",
                          daemon=True).start()
+
+
+def start_now() -> None:
+    """Start the server (PRELOAD only) now, if it is on: `harness bench` calls this
+    first thing, so the server's imports run beside the command line's own. It only
+    spawns the server (a few milliseconds); the imports go on in its process, and the
+    server is stopped at this process's exit whatever happens meanwhile."""
+    if enabled():
+        _server()
+
+
+def stop_now() -> None:
+    """Stop the server now, if one runs: `harness bench` of a plan whose [cluster]
+    sends it to Slurm, known only once the plan is read, after `start_now`."""
+    _stop()
 
 
 def _server(preload: list[str] = PRELOAD) -> Any:

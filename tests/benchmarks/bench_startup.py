@@ -36,12 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(code: Path, plan: str, out: Path, cache: Path) -> dict:
+def run(code: Path, plan: str, out: Path, cache: Path, extra: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code), "HARNESS_CACHE_DIR": str(cache)}
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", str(code / plan),
-                             "--device", "cpu", "--out", str(out)], cwd=code, env=env,
+                             "--device", "cpu", "--out", str(out), *extra], cwd=code, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.wait(timeout=900)
     exited = time.monotonic() - t0
@@ -128,6 +128,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--plan", default="studies/plans/quickstart.toml")
     p.add_argument("--no-cold", action="store_true", help="only the warm peak cache")
+    p.add_argument("--short", action="store_true",
+                   help="1 warm-up and 2 measured steps (--steps 2 --warmup-steps 1): the "
+                        "same model and optimizer, so the same fixed cost, in a shorter run "
+                        "(more rounds on a busy machine)")
     p.add_argument("--old-phases", action="store_true",
                    help="also time --before's phases from inside, step by step (ea66f3b's "
                         "cmd_bench replayed), once a round with the warm cache")
@@ -159,7 +163,8 @@ def main() -> int:
                     folder = tmp / f"cache-{r}-{cache}-{name.split()[0]}"
                     if cache == "warm":
                         shutil.copytree(warm, folder)
-                    got = run(codes[name], args.plan, tmp / "out", folder)
+                    got = run(codes[name], args.plan, tmp / "out", folder,
+                              ["--steps", "2", "--warmup-steps", "1"] if args.short else [])
                     rows.setdefault((name, cache), []).append(got)
                     print(f"round {r + 1} {name} {cache}: wall {got['wall']:.2f} steps "
                           f"{got['steps']:.2f} overhead {got['overhead']:.2f} load "
