@@ -89,10 +89,10 @@ def _status(server: PostgresServer) -> bool:
     return done.returncode == 0
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
-    """One server for the session, started at its first use: a server's copy, start and
-    stop cost each test a few seconds on a loaded 2-core machine; a database costs less."""
+def server_for_session():
+    """The session's server (tests/conftest.py's `postgres_server`), started at its first
+    use: a server's start and stop cost each test seconds on a loaded 2-core machine, a
+    database a fraction of that."""
     bin_dir = _bin_dir()
     if bin_dir is None:
         pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
