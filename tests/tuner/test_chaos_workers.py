@@ -27,7 +27,8 @@ from tests.tuner.test_tune_processes import journal_trials, launches, wait_for_r
 
 # slow: each test runs several `harness tune` processes for 20-40 s (issue 35: the
 # `-m "not slow"` edit-test loop within 5 minutes; the whole suite runs them all)
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(240)]
+# timeouts: hang guards only (a helper importing torch took over 90 s to start at load 20)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
@@ -39,7 +40,7 @@ def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
                                          "n_trials": 10})
     main = tune_process(str(path), "--out", str(out), "--budget", "3m", "--workers", "2",
                         "--quiet", env={"FAKE_TRIAL_S": "1.5", "FAKE_LOG": str(log)})
-    end, running, helper = time.monotonic() + 90, [], None
+    end, running, helper = time.monotonic() + 240, [], None
     while not running and time.monotonic() < end:  # a helper's trial well under way
         assert main.poll() is None, main.stdout.read()
         helpers = [p for p in psutil.Process(main.pid).children() if "--helper" in p.cmdline()]
