@@ -38,8 +38,9 @@ def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
     out, log = tmp_path / "run", tmp_path / "launches.log"
     path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
                                          "n_trials": 10})
-    main = tune_process(str(path), "--out", str(out), "--budget", "3m", "--workers", "2",
-                        "--quiet", env={"FAKE_TRIAL_S": "1.5", "FAKE_LOG": str(log)})
+    main = tune_process(str(path), "--out", str(out), "--budget", "5m", "--workers", "2",
+                        "--quiet", env={"FAKE_TRIAL_S": "1.5", "FAKE_LOG": str(log),
+                                        "FAKE_WAIT_FOR_WORKERS": "2"})  # the helper joins
     end, running, helper = time.monotonic() + 240, [], None
     while not running and time.monotonic() < end:  # a helper's trial well under way
         assert main.poll() is None, main.stdout.read()
