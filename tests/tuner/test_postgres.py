@@ -85,7 +85,9 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
         # node1's trials last 10 s, so that the kill below lands mid-trial however slowly
         # a loaded machine polls the database (a 2-s trial could end, and be recorded,
         # between the poll that saw it running and the kill)
-        return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "3m",
+        # (the budget a cap: n_trials ends the study; at load 20 the workers' starts took
+        # a minute of 3m and the estimator, timing a loaded machine, skipped trials)
+        return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "10m",
                             "--storage", postgres.url, "--quiet",
                             env={"FAKE_TRIAL_S": "10.0" if i == 1 else "2.0",
                                  "FAKE_LOG": str(log), "HARNESS_WORKER_HOST": f"node{i}"})
