@@ -10,11 +10,13 @@ launch's trial id to that file; with FAKE_WINDOW_S, the record's measured window
 that many seconds. With FAKE_WAIT_FOR_WORKERS=n as well, a process's first launch waits
 until n processes have launched (FAKE_LOG), or `should_stop` says stop: a helper worker
 importing torch on a loaded machine then joins before the first worker ends the study.
+FAKE_HELPER_TRIAL_S, where set, is a helper worker's (`--helper`) FAKE_TRIAL_S.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -74,7 +76,8 @@ def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(f"{trial_id} {os.getpid()}\n")
         _wait_for_workers(os.environ["FAKE_LOG"], should_stop)
-    total = float(os.environ.get("FAKE_TRIAL_S", "0"))
+    helper = "--helper" in sys.argv and "FAKE_HELPER_TRIAL_S" in os.environ
+    total = float(os.environ.get("FAKE_HELPER_TRIAL_S" if helper else "FAKE_TRIAL_S", "0"))
     rate, busy = objective(prep.plan), None
     if TWEAK is not None:
         rate, busy = TWEAK(prep.plan.to_dict(), rate, len(CALLS) - 1)

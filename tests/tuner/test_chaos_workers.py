@@ -39,19 +39,25 @@ def test_chaos_kill_9_a_helper_worker_mid_trial(tmp_path):
     path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
                                          "n_trials": 10})
     main = tune_process(str(path), "--out", str(out), "--budget", "5m", "--workers", "2",
-                        "--quiet", env={"FAKE_TRIAL_S": "1.5", "FAKE_LOG": str(log),
-                                        "FAKE_WAIT_FOR_WORKERS": "2"})  # the helper joins
+                        "--quiet", env={"FAKE_TRIAL_S": "1.0", "FAKE_LOG": str(log),
+                                        "FAKE_WAIT_FOR_WORKERS": "2",  # the helper joins
+                                        # and its trials last, so that the kill below lands
+                                        # mid-trial however slowly a loaded machine polls
+                                        "FAKE_HELPER_TRIAL_S": "30"})
     end, running, helper = time.monotonic() + 240, [], None
     while not running and time.monotonic() < end:  # a helper's trial well under way
         assert main.poll() is None, main.stdout.read()
         helpers = [p for p in psutil.Process(main.pid).children() if "--helper" in p.cmdline()]
         if helpers and (out / "optuna.journal").exists():
             helper = helpers[0]
+            # launched by the helper (the launch log): its plan chosen and being measured
+            launched = {line.split()[0] for line in (log.read_text().splitlines()
+                                                     if log.exists() else [])
+                        if line.split()[1:] == [str(helper.pid)]}
             running = [t.number for t in journal_trials(out / "optuna.journal")
-                       if t.state == TrialState.RUNNING and t.datetime_start is not None
+                       if t.state == TrialState.RUNNING
                        and f"|{helper.pid}|" in t.user_attrs.get("worker", "")
-                       and "plan" in t.user_attrs  # measuring, not still being chosen
-                       and time.time() - t.datetime_start.timestamp() > 0.3]
+                       and str(t.user_attrs.get("trial_id", t.number)) in launched]
         time.sleep(0.1)
     assert running, "the helper never ran a trial"
     helper.kill()
