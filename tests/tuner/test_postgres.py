@@ -90,7 +90,12 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
         return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "10m",
                             "--storage", postgres.url, "--quiet",
                             env={"FAKE_TRIAL_S": "10.0" if i == 1 else "2.0",
-                                 "FAKE_LOG": str(log), "HARNESS_WORKER_HOST": f"node{i}"})
+                                 "FAKE_LOG": str(log), "HARNESS_WORKER_HOST": f"node{i}",
+                                 # node0's first trial waits for all three: the kill then
+                                 # lands early, with trials left for the retry (a loaded
+                                 # machine's late node1 was killed as the last trials ran,
+                                 # and n_trials ended the study with the retry queued)
+                                 "FAKE_WAIT_FOR_WORKERS": "3"})
 
     first = worker(0)
     wait_until(lambda: launches(log), first, what="the first trial")  # the study exists
