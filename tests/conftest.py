@@ -57,3 +57,12 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
                           cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=budget * 4)  # a hang guard
     return SimpleNamespace(out=out, budget=budget, proc=proc)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One PostgreSQL server per session (tests/pg_server.py); its `postgres` fixture gives
+    each test a fresh database on it."""
+    from tests.pg_server import server_for_session
+
+    yield from server_for_session()

@@ -1,6 +1,6 @@
-"""A throwaway PostgreSQL server for tests: its own data folder (a copy of one made
-once per session), a free port on loopback, password authentication (scram), stopped
-and removed after the test.
+"""A throwaway PostgreSQL server for tests: one per session, on its own data folder,
+a free port on loopback, password authentication (scram), stopped and removed at the
+session's end; each test that asks for `postgres` gets a fresh database on it.
 
 Needs Debian's `postgresql` package (.ci/run installs it); without it the tests
 that use the `postgres` fixture are skipped, saying so. PostgreSQL refuses to run
@@ -9,9 +9,9 @@ as root: as root, the server runs as the `postgres` user the package creates.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import glob
+import itertools
 import os
 import pwd
 import shutil
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-USER, PASSWORD, DATABASE = "tuner", "pw-Zq81-not-in-any-file", "studies"
+USER, PASSWORD = "tuner", "pw-Zq81-not-in-any-file"
 
 
 def _bin_dir() -> Path | None:
@@ -40,9 +40,8 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self, bin_dir: Path, root: Path, template: Path | None = None):
-        """A server on a new data folder under `root`; with `template`, a copy of that
-        stopped server's data folder (its user, password and database made already)."""
+    def __init__(self, bin_dir: Path, root: Path):
+        """A server on a new data folder under `root`, its user and password made."""
         self.bin, self.root = bin_dir, root
         self.data, self.port = root / "data", _free_port()
         self.as_user: list[str] = []
@@ -50,11 +49,6 @@ class PostgresServer:
             pwd.getpwnam("postgres")  # KeyError: no user to run it as
             shutil.chown(root, "postgres")
             self.as_user = ["runuser", "-u", "postgres", "--"]
-        if template is not None:
-            subprocess.run(["cp", "-a", str(template), str(self.data)], check=True,
-                           capture_output=True, timeout=60)  # owner and modes kept
-            self.start()
-            return
         pwfile = root / "pw"
         pwfile.write_text(PASSWORD + "\n")
         if self.as_user:
@@ -63,11 +57,6 @@ class PostgresServer:
                   "-A", "scram-sha-256", "-E", "UTF8", "--no-sync")
         pwfile.unlink()
         self.start()
-        self._psql(f"CREATE DATABASE {DATABASE}")
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{self.port}/{DATABASE}"
 
     def _run(self, tool: str, *args: str) -> None:
         subprocess.run([*self.as_user, str(self.bin / tool), *args], check=True,
@@ -93,24 +82,17 @@ class PostgresServer:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-_TEMPLATE: list[Path] = []  # the data folder every test's server starts from a copy of
+def _status(server: PostgresServer) -> bool:
+    """Whether the server runs (pg_ctl status exits 3 when it does not)."""
+    done = subprocess.run([*server.as_user, str(server.bin / "pg_ctl"), "status", "-D",
+                           str(server.data)], capture_output=True, timeout=60, cwd=server.root)
+    return done.returncode == 0
 
 
-def _template(bin_dir: Path) -> Path:
-    """A stopped server's data folder with the user, password and database made, made
-    once per session: initdb costs each test about a second, a copy a tenth of that."""
-    if not _TEMPLATE:
-        root = Path(tempfile.mkdtemp(prefix="harness-pg-template-"))
-        root.chmod(0o755)
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        server = PostgresServer(bin_dir, root)
-        server.stop("fast")
-        _TEMPLATE.append(server.data)
-    return _TEMPLATE[0]
-
-
-@pytest.fixture
-def postgres():
+def server_for_session():
+    """The session's server (tests/conftest.py's `postgres_server`), started at its first
+    use: a server's start and stop cost each test seconds on a loaded 2-core machine, a
+    database a fraction of that."""
     bin_dir = _bin_dir()
     if bin_dir is None:
         pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
@@ -122,11 +104,55 @@ def postgres():
     root.chmod(0o755)
     try:
         try:
-            server = PostgresServer(bin_dir, root, template=_template(bin_dir))
+            server = PostgresServer(bin_dir, root)
         except KeyError:
             pytest.skip("running as root and there is no 'postgres' user to run the server")
         yield server
-        with contextlib.suppress(subprocess.CalledProcessError):  # stopped by the test
+        with contextlib.suppress(subprocess.CalledProcessError):  # stopped by a test
             server.stop("immediate")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+class Database:
+    """One test's database on the session's server: its `url`; `stop`, `start` and `log`
+    act on the whole server (tests run one at a time, and each starts with it running)."""
+
+    def __init__(self, server: PostgresServer, name: str):
+        self.server, self.name = server, name
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{self.server.port}/{self.name}"
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self, mode: str = "fast") -> None:
+        self.server.stop(mode)
+
+    def log(self) -> str:
+        return self.server.log()
+
+
+_DATABASES = itertools.count()
+
+
+@pytest.fixture
+def postgres(postgres_server):
+    """A fresh database for the test on the session's server (tests/pg_server.py), which
+    runs when the test starts whatever the test before did to it."""
+    if not _status(postgres_server):  # stopped by a test that failed before restarting it
+        postgres_server.start()
+    name = f"test_{next(_DATABASES)}"
+    postgres_server._psql(f"CREATE DATABASE {name}")
+    yield Database(postgres_server, name)
+    if not _status(postgres_server):
+        postgres_server.start()
+    # FORCE: a test's process left connected (a killed worker's) must not keep it
+    with contextlib.suppress(subprocess.CalledProcessError):
+        postgres_server._psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

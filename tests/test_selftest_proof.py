@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from harness.cli.main import main
 from harness.core.errors import HarnessError
@@ -179,12 +180,19 @@ def test_the_wheel_check_fails_when_a_wheel_is_missing_or_extra(tmp_path, capsys
 def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path):
     """harness selftest --gpu --rehearse end to end: the proof's plans (tiny, on the CPU),
     the tests' selections, a short tune and its report, the page after every step. The
-    time limit is long (the boxes fill it) so that a busy machine cuts nothing. The tune's
-    40 s: one ok trial and its report are what is checked (the rehearsal's own 20 s left
-    its first trial timed out on a 2-core machine at load 10)."""
+    time limit is long (the boxes fill it) so that a busy machine cuts nothing. The tune:
+    the rehearsal's own study with the least work a study does (the two references and one
+    search trial, no final phases: --study), ended by its trial count on a quiet machine
+    (about 20 s); its 90-s budget is the cap on a busy one (the tuner's start is on the
+    study's clock: at load 12, 40 s left the first trial timed out). One ok trial and its
+    report are what is checked."""
     out = tmp_path / "st"
+    study = tomllib.loads((ROOT / proof.REHEARSAL_STUDY).read_text())
+    study["budget"].update(n_trials=1, confirm_repeats=0, ablation_repeats=0)
+    (tmp_path / "tune.toml").write_text(tomli_w.dumps(study))
     done = selftest("--gpu", "--rehearse", "--out", str(out), "--only", "tests,bench,tune,report",
-                    "--time-limit", "14m", "--tune-budget", "40s", cwd=tmp_path, timeout=850)
+                    "--time-limit", "14m", "--tune-budget", "90s", "--study",
+                    str(tmp_path / "tune.toml"), cwd=tmp_path, timeout=850)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     state = json.loads((out / "selftest.json").read_text())
     assert state["rehearsal"] and state["device"]["name"] == "Rehearsal CPU"

@@ -7,12 +7,16 @@ result.json into the trial's folder as the real one does, and sleeps FAKE_TRIAL_
 seconds (default 0) in small steps, writing step times to the progress file and
 honouring `should_stop` and the timeout. With FAKE_LOG set it appends each
 launch's trial id to that file; with FAKE_WINDOW_S, the record's measured window lasts
-that many seconds.
+that many seconds. With FAKE_WAIT_FOR_WORKERS=n as well, a process's first launch waits
+until n processes have launched (FAKE_LOG), or `should_stop` says stop: a helper worker
+importing torch on a loaded machine then joins before the first worker ends the study.
+FAKE_HELPER_TRIAL_S, where set, is a helper worker's (`--helper`) FAKE_TRIAL_S.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +51,21 @@ def peak_bytes(plan: Plan | dict) -> int:
     return int((200 + 20 * d["micro_batch_size"] * scale) * 2**20)
 
 
+_WAITED: list[bool] = []  # this process's first launch has waited
+
+
+def _wait_for_workers(log: str, should_stop) -> None:
+    wanted = int(os.environ.get("FAKE_WAIT_FOR_WORKERS", "0"))
+    if _WAITED or not wanted:
+        return
+    _WAITED.append(True)
+    while len({line.split()[1] for line in Path(log).read_text().splitlines()
+               if len(line.split()) == 2}) < wanted:  # a line being written is left out
+        if should_stop is not None and should_stop():
+            return
+        time.sleep(0.1)
+
+
 def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
            progress_file=None, should_stop=None, **_):
     out = Path(out_dir)
@@ -56,7 +75,9 @@ def launch(prep, out_dir, command, *, study=None, trial_id=None, timeout_s=None,
     if os.environ.get("FAKE_LOG"):  # launches across processes, for the process tests
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(f"{trial_id} {os.getpid()}\n")
-    total = float(os.environ.get("FAKE_TRIAL_S", "0"))
+        _wait_for_workers(os.environ["FAKE_LOG"], should_stop)
+    helper = "--helper" in sys.argv and "FAKE_HELPER_TRIAL_S" in os.environ
+    total = float(os.environ.get("FAKE_HELPER_TRIAL_S" if helper else "FAKE_TRIAL_S", "0"))
     rate, busy = objective(prep.plan), None
     if TWEAK is not None:
         rate, busy = TWEAK(prep.plan.to_dict(), rate, len(CALLS) - 1)

@@ -28,7 +28,9 @@ from tests.tuner.conftest import (
 
 # slow: each test runs several `harness tune` processes for 20-40 s (issue 35: the
 # `-m "not slow"` edit-test loop within 5 minutes; the whole suite runs them all)
-pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(240)]
+# timeouts: hang guards only, long enough for a 2-core machine at load 20, where a `harness
+# tune` process takes over a minute to start (seen while four engineers ran tests)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 # Grace is 5 heartbeats: a live worker on a loaded CI machine must not look dead.
 FAST_HEARTBEAT = {"heartbeat": "1s", "grace": "5s"}
 
@@ -46,7 +48,7 @@ def launches(log) -> list[tuple[str, str]]:
         if log.exists() else []
 
 
-def wait_until(condition, proc, timeout=90, what="the condition"):
+def wait_until(condition, proc, timeout=240, what="the condition"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         found = condition()
@@ -80,20 +82,27 @@ def test_postgres_three_workers_and_a_killed_worker_retried(tmp_path, postgres):
                        storage=FAST_HEARTBEAT)
 
     def worker(i):
-        # node1's trials last 10 s, so that the kill below lands mid-trial however slowly
-        # a loaded machine polls the database (a 2-s trial could end, and be recorded,
-        # between the poll that saw it running and the kill)
-        return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "3m",
+        # node1's trials last 60 s (it is killed in its first), so that the kill below lands
+        # mid-trial however slowly a loaded machine polls the database (a 10-s trial ended,
+        # and was recorded, between the poll that saw it running and the kill at load 10)
+        # (the budget a cap: n_trials ends the study; at load 20 the workers' starts took
+        # a minute of 3m and the estimator, timing a loaded machine, skipped trials)
+        return tune_process(str(path), "--out", str(tmp_path / f"node{i}"), "--budget", "10m",
                             "--storage", postgres.url, "--quiet",
-                            env={"FAKE_TRIAL_S": "10.0" if i == 1 else "2.0",
-                                 "FAKE_LOG": str(log), "HARNESS_WORKER_HOST": f"node{i}"})
+                            env={"FAKE_TRIAL_S": "60.0" if i == 1 else "2.0",
+                                 "FAKE_LOG": str(log), "HARNESS_WORKER_HOST": f"node{i}",
+                                 # node0's first trial waits for all three: the kill then
+                                 # lands early, with trials left for the retry (a loaded
+                                 # machine's late node1 was killed as the last trials ran,
+                                 # and n_trials ended the study with the retry queued)
+                                 "FAKE_WAIT_FOR_WORKERS": "3"})
 
     first = worker(0)
     wait_until(lambda: launches(log), first, what="the first trial")  # the study exists
     others = [worker(1), worker(2)]
     victim = others[0]
 
-    def busy_on_node1():  # a trial node1 has launched (its run lasts 10 s) and not told:
+    def busy_on_node1():  # a trial node1 has launched (its run lasts 60 s) and not told:
         # killed before its launch (inside ask(), say) a trial has no configuration to retry
         launched = {t for t, pid in launches(log) if pid == str(victim.pid)}
         return [t.number for t in storage_trials(postgres.url)

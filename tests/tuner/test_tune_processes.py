@@ -94,28 +94,6 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert any(r["tags"]["phase"] == "ablation" for r in recs)
 
 
-@pytest.mark.slow  # a tuner and its helper over 12 trials of 1 s: ~23 s quiet
-def test_two_workers_on_one_storage_duplicate_no_trial(tmp_path):
-    out, log = tmp_path / "run", tmp_path / "launches.log"
-    path = write_study(tmp_path, budget={"ablation_repeats": 1, "confirm_repeats": 0,
-                                         "n_trials": 12})
-    # trials long enough that the helper (a new process importing torch) gets some
-    env = {"FAKE_TRIAL_S": "1.0", "FAKE_LOG": str(log)}
-    proc = tune_process(str(path), "--out", str(out), "--budget", "2m", "--workers", "2",
-                        "--quiet", env=env)
-    assert proc.wait(timeout=150) == 0, proc.stdout.read()
-    recs = records(out)
-    trials = journal_trials(out / "optuna.journal")
-    assert len(trials) == len(recs)
-    assert max(Counter(str(r["trial_id"]) for r in recs).values()) == 1
-    assert sorted(r["tags"]["optuna_number"] for r in recs) == [t.number for t in trials]
-    assert max(Counter(launches(log)).values()) == 1
-    workers = {t.user_attrs["worker"] for t in trials if t.user_attrs.get("phase") != "ablation"}
-    assert len(workers) == 2  # both searched
-    pids = {line.split()[1] for line in log.read_text().splitlines()}
-    assert len(pids) == 2
-
-
 def test_two_tuners_sharing_a_storage_from_separate_folders(tmp_path):
     """As on two machines: one storage (here a journal file), a run folder each."""
     journal, log = tmp_path / "shared.journal", tmp_path / "launches.log"
