@@ -38,15 +38,17 @@ def test_nothing_measured_corrects_nothing():
 
 def test_a_link_fifteen_times_slower_is_learned_from_a_few_trials():
     """A PCIe node under an NVLink datasheet: the data-parallel part is 15x, the compute
-    1.3x. Eight trials give both within 15%, and a plan's corrected step follows."""
+    1.3x. Eight trials give the data part within 20% and the compute within 25% (the
+    prior ties the two a little: PART_SD), and a chatty plan's corrected step within
+    10%."""
     rows, steps = _trials(8, {"compute": 1.3, "recompute": 1.3, "data": 15.0})
     fit = PartFit(rows, steps)
     w = fit.weights()
-    assert w["compute"] == pytest.approx(1.3, rel=0.15)
-    assert w["data"] == pytest.approx(15.0, rel=0.15)
+    assert w["compute"] == pytest.approx(1.3, rel=0.25)
+    assert w["data"] == pytest.approx(15.0, rel=0.2)
     chatty = {"compute": 0.5, "data": 0.2, "optimizer": 0.05}
     true = 1.3 * 0.5 + 15.0 * 0.2 + 0.05
-    assert fit.ratio(chatty) * 0.75 == pytest.approx(true, rel=0.15)
+    assert fit.ratio(chatty) * 0.75 == pytest.approx(true, rel=0.1)
 
 
 def test_a_part_no_trial_exercises_moves_with_the_compute():

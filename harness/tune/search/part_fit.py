@@ -17,10 +17,13 @@ study's measured steps:
 
 where smax is the estimator's max, smoothed (SHARP). log k_compute ~ N(0, COMPUTE_SD^2)
 (the common ratio may be far off: a CPU's MFU against the assumed one), and every other
-log k ~ N(log k_compute, PART_SD^2): a part that no
-trial exercises moves with the compute (the machine's common ratio), and one that is 15x
-off (log 2.7, about two standard deviations) is learned from a handful of trials that
-differ in it. The fit is a maximum a posteriori estimate by damped Gauss-Newton on the log
+log k ~ N(log k_compute, PART_SD^2): a part that no trial exercises moves with the
+compute (the machine's common ratio), and one that is 15x off (log 2.7, four standard
+deviations) is learned from several trials that differ in it. The prior is that tight
+because the parts also soak up what they do not cause: on the family's 1-GPU surfaces a
+GEMM efficiency that varies with the micro-batch, read as launch cost under PART_SD 1.2,
+cost the search a third more trials (docs/benchmarks/search_replay_family_2026-11-26.md).
+The fit is a maximum a posteriori estimate by damped Gauss-Newton on the log
 step times.
 """
 
@@ -33,7 +36,7 @@ import numpy as np
 
 PARTS = ("compute", "recompute", "bubble", "launches", "data", "tensor", "optimizer")
 COMPUTE_SD = 1.5  # log units: the compute's, the common ratio of the machine
-PART_SD = 1.2  # a part's own error: 3.3x at one sd, 11x at two
+PART_SD = 0.7  # a part's own error: 2x at one sd, 4x at two (a link 15x slower is 3.9 sd)
 NOISE_SD = 0.15  # what no re-weighting explains (the plan features' share, the noise)
 ITERATIONS = 30
 # The max of the busy time and the launches, smoothed: a part below the other still has a
