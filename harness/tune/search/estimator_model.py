@@ -144,10 +144,10 @@ class EstimatorCostModel:
 
     def prior(self, params: dict[str, Any]) -> float | None:
         rate = self.predictions.rate(params, self._now, self.budget_bytes)
-        if not rate:
-            return None
+        if not rate or not self._parts.n:
+            return rate or None
         parts = (self.predictions.raw(params)[1] or {}).get("step_parts")
-        return rate / self._parts.ratio(parts) if parts and self._parts.n else rate
+        return rate / self._parts.ratio(parts) if parts else rate
 
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         return factors(self.predictions.plan(params)[1])

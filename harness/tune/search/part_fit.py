@@ -96,12 +96,13 @@ class PartFit:
 
         now = loss(theta)
         for _ in range(ITERATIONS):
-            r = np.log(_steps(theta, x)) - y
+            base = np.log(_steps(theta, x))
+            r = base - y
             jac = np.empty((len(y), len(theta)))
             for j in range(len(theta)):  # numerical
                 step = np.zeros_like(theta)
                 step[j] = 1e-5
-                jac[:, j] = (np.log(_steps(theta + step, x)) - np.log(_steps(theta, x))) / 1e-5
+                jac[:, j] = (np.log(_steps(theta + step, x)) - base) / 1e-5
             grad = jac.T @ r / NOISE_SD**2 + prior @ theta
             hess = jac.T @ jac / NOISE_SD**2 + prior
             while True:
