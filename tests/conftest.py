@@ -1,18 +1,31 @@
-"""Shared pytest hooks: `gpu`-marked tests are skipped where no CUDA device is visible."""
+"""Shared pytest hooks: `gpu`-marked tests are skipped where no CUDA device is visible,
+and the two workers share the suite as tests/workers.py says."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests import workers
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if workers.under_xdist(config):
+        workers.group_items(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not workers.under_xdist(item.config):
+        return (yield)
+    with workers.turn(alone=item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ def short_trial():
 
 
 @pytest.mark.slow  # a trial beside one spinning process per CPU: slows everything else
+@pytest.mark.alone  # ... so the other worker's tests wait
 def test_a_trial_beside_cpu_bound_processes_is_flagged():
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              start_new_session=True) for _ in cpus()]
@@ -60,6 +61,7 @@ def test_a_trial_beside_cpu_bound_processes_is_flagged():
     assert busy_note(result.to_dict()).startswith("others used")
 
 
+@pytest.mark.alone  # the other worker's test would make the machine busy
 def test_a_quiet_trial_is_not_flagged():
     # The premise: nothing else runs here now (this process and its children aside).
     busy = machine_share_of_others(1.0, ours)

@@ -1,0 +1,91 @@
+"""How the suite shares two workers (pytest-xdist: `-n 2 --dist loadgroup` in pyproject).
+
+Much of the suite waits (Slurm jobs, PostgreSQL, tuner budgets, torchrun's
+rendezvous) rather than computes, so two workers overlap the waits on two cores.
+
+- A module is the unit of scheduling, so its module fixtures are built once. Modules
+  that share a costly session fixture (a launch, a study, a cluster) go to one worker
+  together: SHARED names those fixtures, and the modules using one become one group.
+- The groups are scheduled longest first (the Slurm group, then the shared launches),
+  so that none of them is the suite's tail.
+- A test marked `alone` runs with no test of the other worker beside it (the
+  interference tests measure what other processes take). Every test holds a shared
+  lock on a file while it runs; an `alone` test takes it exclusive. A turnstile taken
+  before either keeps the `alone` test from waiting behind an endless run of others.
+
+Without xdist (`-n 0`, or `-p no:xdist`) nothing here changes the order or locks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+# Session fixtures that launch something costly, by the group their users share.
+SHARED = {"local_slurm": "slurm", "two_node_slurm": "slurm",
+          "parallel_records": "parallel-launch", "quickstart_study": "quickstart-study",
+          "hung_two_ranks": "hung-ranks"}
+# Scheduled first, in this order: the longest groups (tests/slurm sums to minutes).
+FIRST = ("slurm", "quickstart-study", "parallel-launch")
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def group_items(items: list[pytest.Item]) -> None:
+    """Give every item an xdist_group (its module's, or its shared fixture's), and put
+    the FIRST groups at the front, keeping the order within each."""
+    shared_by_module: dict[str, str] = {}
+    for item in items:
+        module = _module(item)
+        if module.startswith("tests/slurm/"):
+            shared_by_module[module] = "slurm"
+        for name in getattr(item, "fixturenames", ()):
+            if name in SHARED:
+                # A module using two shared fixtures joins the first one met.
+                shared_by_module.setdefault(module, SHARED[name])
+    for item in items:
+        module = _module(item)
+        item.add_marker(pytest.mark.xdist_group(shared_by_module.get(module, module)))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(shared_by_module.get(_module(item), ""), len(FIRST)),
+                                 order[id(item)]))
+
+
+def _lock_folder() -> Path:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "solo")
+    folder = Path(tempfile.gettempdir()) / f"harness-suite-{run}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextmanager
+def turn(alone: bool) -> Iterator[None]:
+    """Hold the suite's lock for one test: shared, or exclusive when `alone`."""
+    folder = _lock_folder()
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "running", "a") as running:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(running, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def under_xdist(config: pytest.Config) -> bool:
+    return bool(getattr(config, "workerinput", None)) or bool(
+        config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None))
