@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import harness  # noqa: F401  (mends torchvision's import: harness.core.torchvision_ops)
 from tests import workers
+
+# That mend matters in xdist's controller too: to show a worker's warning it imports the
+# warning class's module (lightning's, which imports torchvision).
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
