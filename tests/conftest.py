@@ -13,6 +13,7 @@ from tests import workers
 # warning class's module (lightning's, which imports torchvision).
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups given here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if workers.under_xdist(config):
         workers.group_items(items)
@@ -83,3 +84,4 @@ def postgres_server():
     from tests.pg_server import server_for_session
 
     yield from server_for_session()
+

@@ -1,4 +1,5 @@
-"""How the suite shares two workers (pytest-xdist: `-n 2 --dist loadgroup` in pyproject).
+"""How the suite shares two workers (pytest-xdist: `-n 2 --dist loadgroup` in pyproject;
+pytest below 9 there, whose item ids xdist 3.8 can still suffix with the group).
 
 Much of the suite waits (Slurm jobs, PostgreSQL, tuner budgets, torchrun's
 rendezvous) rather than computes, so two workers overlap the waits on two cores.
@@ -9,7 +10,8 @@ rendezvous) rather than computes, so two workers overlap the waits on two cores.
 - The groups are scheduled longest first (the Slurm group, then the shared launches),
   so that none of them is the suite's tail.
 - A test marked `alone` runs with no test of the other worker beside it (the
-  interference tests measure what other processes take). Every test holds a shared
+  interference tests measure what other processes take; the quickstart study's users,
+  since it spends a real budget). Every test holds a shared
   lock on a file while it runs; an `alone` test takes it exclusive. A turnstile taken
   before either keeps the `alone` test from waiting behind an endless run of others.
 
@@ -33,6 +35,9 @@ SHARED = {"local_slurm": "slurm", "two_node_slurm": "slurm",
           "hung_two_ranks": "hung-ranks"}
 # Scheduled first, in this order: the longest groups (tests/slurm sums to minutes).
 FIRST = ("slurm", "quickstart-study", "parallel-launch")
+# Session fixtures whose users run `alone`: the study spends a real budget, and how many
+# trials fit in it is what its tests check.
+ALONE = ("quickstart_study",)
 
 
 def _module(item: pytest.Item) -> str:
@@ -54,6 +59,8 @@ def group_items(items: list[pytest.Item]) -> None:
     for item in items:
         module = _module(item)
         item.add_marker(pytest.mark.xdist_group(shared_by_module.get(module, module)))
+        if set(getattr(item, "fixturenames", ())) & set(ALONE):
+            item.add_marker(pytest.mark.alone)
     rank = {name: i for i, name in enumerate(FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(shared_by_module.get(_module(item), ""), len(FIRST)),

@@ -1,0 +1,96 @@
+"""How the suite shares its two workers (tests/workers.py): groups, order, the `alone` lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests import workers
+
+
+class FakeItem:
+    def __init__(self, nodeid: str, *fixtures: str) -> None:
+        self.nodeid, self.fixturenames, self.marks = nodeid, list(fixtures), []
+
+    def add_marker(self, mark) -> None:
+        self.marks.append(mark)
+
+    def group(self) -> str:
+        return next(m.args[0] for m in self.marks if m.name == "xdist_group")
+
+
+def test_modules_sharing_a_launch_are_one_group_and_the_long_groups_go_first():
+    items = [FakeItem("tests/test_a.py::one"), FakeItem("tests/test_a.py::two"),
+             FakeItem("tests/test_b.py::uses", "parallel_records"),
+             FakeItem("tests/test_b.py::plain"),
+             FakeItem("tests/slurm/test_s.py::job"),
+             FakeItem("tests/test_c.py::study", "quickstart_study", "tmp_path"),
+             FakeItem("tests/test_d.py::also", "parallel_records")]
+    workers.group_items(items)
+    assert [i.nodeid for i in items] == [
+        "tests/slurm/test_s.py::job", "tests/test_c.py::study", "tests/test_b.py::uses",
+        "tests/test_b.py::plain", "tests/test_d.py::also", "tests/test_a.py::one",
+        "tests/test_a.py::two"]
+    groups = {i.nodeid: i.group() for i in items}
+    # the whole module follows its test that uses the shared launch
+    assert groups["tests/test_b.py::plain"] == groups["tests/test_d.py::also"] == "parallel-launch"
+    assert groups["tests/test_a.py::one"] == groups["tests/test_a.py::two"] == "tests/test_a.py"
+    assert groups["tests/slurm/test_s.py::job"] == "slurm"
+    alone = {i.nodeid for i in items if any(m.name == "alone" for m in i.marks)}
+    assert alone == {"tests/test_c.py::study"}
+
+
+def test_an_alone_test_waits_for_the_running_one_and_holds_the_next_back(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+    events: list[str] = []
+    first_in = threading.Event()
+
+    def shared(name: str, hold: float) -> None:
+        with workers.turn(alone=False):
+            events.append(f"{name} in")
+            first_in.set()
+            time.sleep(hold)
+            events.append(f"{name} out")
+
+    def alone() -> None:
+        with workers.turn(alone=True):
+            events.append("alone in")
+            time.sleep(0.3)
+            events.append("alone out")
+
+    running = threading.Thread(target=shared, args=("first", 0.5))
+    running.start()
+    assert first_in.wait(10)
+    waiting = threading.Thread(target=alone)
+    waiting.start()
+    blocked_on(workers._lock_folder() / "running")  # it holds the turnstile now ...
+    later = threading.Thread(target=shared, args=("next", 0.0))
+    later.start()  # ... so this one waits behind it
+    for t in (running, waiting, later):
+        t.join(20)
+    assert events == ["first in", "first out", "alone in", "alone out", "next in", "next out"]
+
+
+def blocked_on(path, timeout: float = 20.0) -> None:
+    """Wait until some lock request on `path` is blocked (Linux's /proc/locks marks it
+    "->")."""
+    inode = f":{path.stat().st_ino} "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/locks") as locks:
+            if any("->" in line and inode in line for line in locks):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"no lock request on {path} was blocked")
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_the_lock_is_let_go_when_a_test_fails(monkeypatch, alone):
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+    with pytest.raises(RuntimeError), workers.turn(alone=alone):
+        raise RuntimeError("the test failed")
+    with workers.turn(alone=True):  # would block forever if the lock were kept
+        pass
