@@ -1,12 +1,9 @@
 """The estimator, corrected by what the study has measured so far (docs/tuning.md, "Budgets").
 
 Each measured component gets its own correction, a median over the study's ok trials:
-`runtime_bytes`, what the process holds before the model is built (the RSS on a CPU; on a
-GPU what NVML says the device holds for it: context, workspaces; before any trial the
-estimator's measured device_overhead_bytes, else DEFAULT_RUNTIME_BYTES); `memory_ratio`,
-(measured peak - runtime) / predicted tensors; `step_ratio`, measured / predicted median
-step, and per factor of the configuration once two trials are measured (step_fit);
-`overhead_s`, a trial's duration beyond its steps, apart for compiled trials.
+`runtime_bytes` (what the process holds before the model is built), `memory_ratio`,
+`step_ratio` (per factor of the configuration once two trials are measured: step_fit) and
+`overhead_s`, a trial's duration beyond its steps, apart for compiled trials:
 
     corrected peak  = runtime + memory_ratio x predicted tensors
     corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
@@ -14,8 +11,7 @@ step, and per factor of the configuration once two trials are measured (step_fit
                       choose them: harness.core.window) x corrected step
 
 (The record and study.json keep these under the older keys `calibration` and
-`calibrated_peak_memory_bytes`; "calibration" in the code means only the measurement of
-a device's peak FLOPs: harness.measure.calibrate.)
+`calibrated_peak_memory_bytes`.)
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]],
     fresh = Correction.from_records([], ready.device_type)  # the defaults: nothing measured
     scored = [(rate, params) for params in configs
               if (rate := predictions.rate(params, fresh, ready.budget_bytes)) > 0]
-    size = ready.space.size()
-    return first_tier(scored, size if size is not None else 2 * CAP, ready.study.seed)
+    return first_tier(scored, ready.space.size(), ready.study.seed)
 
 
 def tier_limit(size: int | None) -> int:
@@ -41,7 +40,7 @@ def tier_limit(size: int | None) -> int:
     return max(START, min(CAP, (size if size is not None else 2 * CAP) // 2))
 
 
-def first_tier(scored: list[tuple[float, dict[str, Any]]], size: int,
+def first_tier(scored: list[tuple[float, dict[str, Any]]], size: int | None,
                seed: int | None) -> list[dict[str, Any]]:
     """From (predicted samples/s, params): the fastest START, then the rest of those
     within TIE of the fastest, in a seeded random order, at most tier_limit(size)."""

@@ -1,13 +1,8 @@
 """GuidedSampler: an Optuna sampler that ranks configurations by a cost model it corrects
 from the study's own trials, explores where that model is unsure, and says when it is done.
 
-How it chooses (`before_trial`; enqueued trials keep their parameters), in order: after a
-trial over the memory constraint, the same configuration needing less memory; after a
-repeat of a measured configuration, the best's unmeasured neighbour with the highest
-expected improvement; every FALLBACK_EVERY-th trial, the fallback sampler (TPE); else the
-candidate with the highest expected improvement over the best, the cost model's prior
-corrected by the surrogate. docs/tuning.md ("How it searches") has the rules and an
-example of the sampler in a plain Optuna study.
+Its rules (`_choose`), and an example of it in a plain Optuna study: docs/tuning.md ("How
+it searches"). Enqueued trials keep their parameters.
 """
 
 from __future__ import annotations

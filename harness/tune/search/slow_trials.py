@@ -25,9 +25,9 @@ class SlowTrialStop:
     best: tuple[float, str] | None  # (samples/s, trial id) of the best so far
     slower_than: float
     min_steps: int
-    report: Callable[[float, int], None] | None = None
-    on_step: Callable[[int], None] | None = None
-    busy: Callable[[], bool] | None = None  # others competing: slowness is not the trial's
+    report: Callable[[float, int], None] | None  # Optuna's trial.report; None: not reported
+    on_step: Callable[[int], None]
+    busy: Callable[[], bool]  # others competing: slowness is not the trial's
     seen: int = 0
 
     def __call__(self) -> str | None:
@@ -38,16 +38,12 @@ class SlowTrialStop:
             if self.report is not None and times[step] > 0:
                 self.report(self.batch_size / times[step], step)
         self.seen = len(times)
-        if self.on_step is not None:
-            self.on_step(self.seen)
-        return self.verdict(times)
-
-    def verdict(self, times: list[float]) -> str | None:
+        self.on_step(self.seen)
         if not self.best or not self.slower_than or len(times) < self.min_steps:
             return None
         rate = self.batch_size / statistics.median(times)
         best_rate, best_id = self.best
-        if rate * self.slower_than >= best_rate or (self.busy is not None and self.busy()):
+        if rate * self.slower_than >= best_rate or self.busy():
             return None  # busy: measured to the end, its record flagged, measured again
         return (f"stopped early after {len(times)} steps: {rate:.4g} samples/s (median) "
                 f"< 1/{self.slower_than:g} of the best so far, {best_rate:.4g} samples/s "

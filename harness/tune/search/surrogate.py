@@ -52,8 +52,7 @@ class Surrogate:
 
     @staticmethod
     def _kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        scale = np.full(a.shape[1], PRIOR_SD**2)
-        scale[0] = INTERCEPT_SD**2
+        scale = np.r_[INTERCEPT_SD**2, np.full(a.shape[1] - 1, PRIOR_SD**2)]  # intercept first
         linear = (a * scale) @ b.T  # the linear model's covariance
         d2 = (a[:, 1:] ** 2).sum(1)[:, None] + (b[:, 1:] ** 2).sum(1)[None, :] \
             - 2 * a[:, 1:] @ b[:, 1:].T
@@ -74,8 +73,7 @@ class Surrogate:
     def predict(self, rows: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
         """(mean, sd) of log(measured / prior) for each row, the noise included."""
         x, z = self._features(rows)
-        scale = np.full(z.shape[1], PRIOR_SD**2)
-        scale[0] = INTERCEPT_SD**2
+        scale = np.r_[INTERCEPT_SD**2, np.full(z.shape[1] - 1, PRIOR_SD**2)]
         own = np.einsum("ij,ij->i", z * scale, z) + INTERACTION_SD**2  # k(z, z)
         if not self.n:
             return np.zeros(len(z)), np.sqrt(own + self.noise**2)
@@ -97,7 +95,7 @@ def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.nd
     """E[max(value - best, 0)] for normal beliefs: high for a configuration likely better,
     and for one the study knows little of (the search's exploration)."""
     z = (mean - best) / sd
-    cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    cdf = prob_above(mean, sd, best)
     pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
     return sd * (z * cdf + pdf)
 
