@@ -67,12 +67,6 @@ class Tuner:
         self._time_skips = 0  # proposals in a row that did not fit the time left
         self._last: TrialResult | None = None
 
-    def search_left(self) -> float:
-        """Seconds the search may still start trials: until the time left is what the
-        final phases need (harness.tune.final.time_reserve). One rule for every worker:
-        helpers read the same records and the main worker's clock."""
-        return self.clock.left() - self.final_time.reserve_s()
-
     def search(self, first: Sequence[Callable[..., TrialResult]] = ()) -> str:
         """Ask, run, tell until a reason to stop; return that reason in words. Each of
         `first` (a stopped tuner's jobs, still running) is called with the `should_stop`
@@ -119,7 +113,8 @@ class Tuner:
             last = self._last.reason if self._last else ""
             return (f"time: the last {self._time_skips} configurations proposed were each "
                     f"expected not to fit the time left ({last})")
-        if self.search_left() <= 0:
+        # One rule for every worker: helpers read the same records and the main worker's clock.
+        if self.clock.left() - self.final_time.reserve_s() <= 0:
             return "time: the rest of the budget is for the final measurements"
         n = self.study.budget.n_trials
         if n and self.trials.n_reference_trials() >= n and not self.trials.retries_waiting():
@@ -189,13 +184,12 @@ class Tuner:
 
             def attempt() -> TrialResult:
                 # Optuna keeps the first attempt's step values: the second reports none.
-                stop = (self._slow_stop(trial, plan, report=not attempts)
-                        if phase == "search" else None)
+                search = phase == "search"
+                stop = self._slow_stop(trial, plan, report=not attempts) if search else None
                 attempts.append(1)
                 return run_trial_job(run, trial.number, plan, tags, self.corrections(),
                                      clock.deadline, should_stop=self._pool.guard(stop),
-                                     early_stop=self._early_stop() if phase == "search"
-                                     else None)
+                                     early_stop=self._early_stop() if search else None)
 
             result = measure_again_if_busy(
                 attempt(), attempt, clock.budget_s, clock.left(),
@@ -214,7 +208,7 @@ class Tuner:
             return None
         return EarlyStop(best[0], pruning.slower_than, pruning.min_steps)
 
-    def _slow_stop(self, trial: optuna.Trial, plan, report: bool = True):
+    def _slow_stop(self, trial: optuna.Trial, plan: Plan, report: bool) -> Any:
         from harness.core.interference import BusyWatch
         from harness.tune.search.slow_trials import SlowTrialStop
 

@@ -1,30 +1,23 @@
 """The estimator's step time with its parts re-weighted by what the study measured.
 
-The estimator predicts a step from its parts (harness.estimator.result.STEP_PARTS):
-
-    step = max(compute + recompute + bubble, launches) + data + tensor + optimizer
-
-each resting on an assumption (the MFU, the link's bandwidth, the host's launch time...).
-A machine that breaks one assumption, a PCIe node whose links are 15x slower than the
-datasheet's NVLink, moves every configuration in proportion to that part, and a
-correction per plan feature (harness.tune.search.surrogate) needs many trials to learn
-what one weight per part says at once. So each part gets a multiplier, fitted to the
-study's measured steps:
+The estimator predicts a step from its parts (harness.estimator.result.STEP_PARTS), each
+resting on an assumption (the MFU, the link's bandwidth, the host's launch time...). A
+machine that breaks one, a PCIe node whose links are 15x slower than the datasheet's
+NVLink, moves every configuration in proportion to that part, and a correction per plan
+feature (harness.tune.search.surrogate) needs many trials to learn what one weight per
+part says at once. So each part gets a multiplier k, fitted to the measured steps:
 
     measured step ~ smax(k_compute compute + k_recompute recompute + k_bubble bubble,
                         k_launches launches) + k_data data + k_tensor tensor
                     + k_optimizer optimizer
 
-where smax is the estimator's max, smoothed (SHARP). log k_compute ~ N(0, COMPUTE_SD^2)
-(the common ratio may be far off: a CPU's MFU against the assumed one), and every other
-log k ~ N(log k_compute, PART_SD^2): a part that no trial exercises moves with the
-compute (the machine's common ratio), and one that is 15x off (log 2.7, four standard
-deviations) is learned from several trials that differ in it. The prior is that tight
-because the parts also soak up what they do not cause: on the family's 1-GPU surfaces a
-GEMM efficiency that varies with the micro-batch, read as launch cost under PART_SD 1.2,
-cost the search a third more trials (docs/benchmarks/search_replay_family_2026-11-26.md).
-The fit is a maximum a posteriori estimate by damped Gauss-Newton on the log
-step times.
+where smax is the estimator's max, smoothed (SHARP); log k_compute ~ N(0, COMPUTE_SD^2)
+and every other log k ~ N(log k_compute, PART_SD^2): a part no trial exercises moves with
+the compute (the machine's common ratio). The prior is tight because the parts also soak
+up what they do not cause: on the family's 1-GPU surfaces a GEMM efficiency that varies
+with the micro-batch, read as launch cost under PART_SD 1.2, cost the search a third more
+trials (docs/benchmarks/search_replay_family_2026-11-26.md). The fit is a maximum a
+posteriori estimate by damped Gauss-Newton on the log step times.
 """
 
 from __future__ import annotations

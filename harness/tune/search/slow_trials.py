@@ -1,11 +1,6 @@
-"""Stopping a running trial that is clearly slower than the best so far.
-
-`SlowTrialStop` is a launcher's `should_stop`: it reads the steps rank 0 appends to
-`steps_file` (harness.records.step_log), reports each step's throughput to Optuna, and
-once `min_steps` are in, stops the trial when its median throughput is below the best's
-divided by `slower_than`, unless others competed for the machine meanwhile (`busy`): then
-it runs to the end, and its flagged record is measured again. A factor of 2 by default: on
-a shared CPU repeats of one configuration differ by tens of percent.
+"""Stopping a running trial that is clearly slower than the best so far (docs/tuning.md,
+"Early stopping"); `SlowTrialStop` is a launcher's `should_stop`. A factor of 2 by
+default: on a shared CPU repeats of one configuration differ by tens of percent.
 """
 
 from __future__ import annotations
@@ -20,6 +15,9 @@ from harness.records.step_log import read_steps
 
 @dataclass
 class SlowTrialStop:
+    """Reads the step times rank 0 appends to `steps_file`, reports each to Optuna, and
+    after `min_steps` stops a trial whose median is below the best's / `slower_than`."""
+
     steps_file: Path
     batch_size: int
     best: tuple[float, str] | None  # (samples/s, trial id) of the best so far

@@ -1,10 +1,9 @@
 """The estimator's step time corrected per factor, from the study's own measured trials.
 
 One ratio (measured / predicted) for every configuration cannot learn that the estimator
-is right about bf16 and wrong about compile, so the correction is the surrogate
-(harness.tune.search.surrogate) fitted to log(measured step / predicted step) over the
-plan's `factors`. With a few trials it is close to one ratio for all; each factor earns its
-own weight as trials that differ in it come in, and a factor never measured moves nothing.
+is right about bf16 and wrong about compile, so the correction is the surrogate fitted to
+log(measured step / predicted step) over the plan's `factors`: close to one ratio for all
+with a few trials, each factor earning its own weight as trials that differ in it come in.
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ no single feature explains (ZeRO-3 slow only at small micro-batches):
     log(measured / prior) = w0 + w . x + g(x) + noise,   w ~ N(0, PRIOR_SD^2),
                             g ~ GP(0, INTERACTION_SD^2 exp(-|x - x'|^2 / LENGTH))
 
-A choice never measured keeps PRIOR_SD per feature: 2x at one standard deviation, the size
-of the estimator's errors on the one H100 run (61% median step-time error). The noise is
-the study's own: the leave-one-out residuals of the fit, so a study whose measurements the
-model keeps missing stays uncertain everywhere.
+The noise is the study's own: the leave-one-out residuals of the fit, so a study whose
+measurements the model keeps missing stays uncertain everywhere.
 """
 
 from __future__ import annotations
@@ -20,7 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PRIOR_SD = 0.7  # a feature's weight before it is measured: 2x at one sd (log units)
+# A feature's weight before it is measured: 2x at one sd (log units), the size of the
+# estimator's errors on the one H100 run (61% median step-time error).
+PRIOR_SD = 0.7
 INTERCEPT_SD = 1.5  # the common ratio may be far off (a CPU's MFU against the assumed one)
 INTERACTION_SD = 0.4  # what no single feature explains: a combination's own departure ...
 LENGTH = 4.0  # ... shared with configurations nearby: 0.61 at one choice away, 0.37 at two
