@@ -1,12 +1,12 @@
-"""The estimator's start for a study without the GuidedSampler (plain TPE: a time-to-loss
-or two-objective study), which starts from these itself.
+"""The estimator's first guesses for plain TPE (a time-to-loss or two-objective study; the
+GuidedSampler starts from the estimator itself).
 
 The estimator ties configurations that differ only in what it does not model (fused
-kernels on a CPU, a micro-batch that changes only overheads: on the quickstart space 15
-of 60 share its fastest prediction), so the start is its TIER: every sampled configuration
-predicted within TIE of the fastest, in a seeded order (a measurement must rank them), at
-least START and at most CAP (and half of a small space), so that TPE keeps budget to
-correct a wrong estimate. Replayed: docs/benchmarks/search_replay_*.
+kernels on a CPU, a micro-batch that changes only overheads: 15 of the quickstart's 60
+share its fastest prediction), so the start is its TIER: every sampled configuration
+within TIE of the fastest, in a seeded order (a measurement must rank them), at least
+START and at most CAP (half of a small space), so that TPE keeps budget to correct a
+wrong estimate. Replayed: docs/benchmarks/search_replay_*.
 """
 
 from __future__ import annotations

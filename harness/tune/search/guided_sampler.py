@@ -107,7 +107,6 @@ class GuidedSampler(BaseSampler):
         self._noted: int | None = None  # the last finished trial _note_last acted on
         self.converged: str | None = None  # why the search may stop, once it may
 
-    # --- Optuna's sampler interface ---------------------------------------------------------
     # A trial the sampler picked for takes its parameters from sample_independent.
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
@@ -149,7 +148,6 @@ class GuidedSampler(BaseSampler):
         if self.converged:
             study.stop()
 
-    # --- the choice -------------------------------------------------------------------------
     def _choose(self, study: Study) -> tuple[dict[str, Any], str] | None:
         if len(study.directions) != 1:
             return None  # several objectives: the fallback's (NSGA-II) alone

@@ -184,12 +184,12 @@ class Tuner:
 
             def attempt() -> TrialResult:
                 # Optuna keeps the first attempt's step values: the second reports none.
-                search = phase == "search"
-                stop = self._slow_stop(trial, plan, report=not attempts) if search else None
+                stop, early = (self._slow_rules(trial, plan, report=not attempts)
+                               if phase == "search" else (None, None))
                 attempts.append(1)
                 return run_trial_job(run, trial.number, plan, tags, self.corrections(),
                                      clock.deadline, should_stop=self._pool.guard(stop),
-                                     early_stop=self._early_stop() if search else None)
+                                     early_stop=early)
 
             result = measure_again_if_busy(
                 attempt(), attempt, clock.budget_s, clock.left(),
@@ -201,26 +201,23 @@ class Tuner:
         on_event("end", result.to_dict())
         return result, original is not None
 
-    def _early_stop(self) -> EarlyStop | None:
-        """The slow-trial rule as a trial's expected cost sees it (single objective)."""
-        best, pruning = self.trials.best_throughput(), self.study.pruning
-        if best is None or len(self.study.objectives) != 1:
-            return None
-        return EarlyStop(best[0], pruning.slower_than, pruning.min_steps)
-
-    def _slow_stop(self, trial: optuna.Trial, plan: Plan, report: bool) -> Any:
+    def _slow_rules(self, trial: optuna.Trial, plan: Plan, report: bool
+                    ) -> tuple[Any, EarlyStop | None]:
+        """The slow-trial rule: the stop that watches the running trial, and the rule as
+        the trial's expected cost sees it (single objective, once there is a best)."""
         from harness.core.interference import BusyWatch
         from harness.tune.search.slow_trials import SlowTrialStop
 
         pruning, single = self.study.pruning, len(self.study.objectives) == 1
-        folder = self.run.store.trial_dir(trial.number)
-        return SlowTrialStop(
-            folder / "steps.log", plan.batch_size, self.trials.best_throughput(),
+        best = self.trials.best_throughput()
+        stop = SlowTrialStop(
+            self.run.store.trial_dir(trial.number) / "steps.log", plan.batch_size, best,
             pruning.slower_than if single else 0.0, pruning.min_steps,
             report=trial.report if single and report else None,
             on_step=lambda n: self.on_event("step", {"trial_id": trial.number, "steps": n}),
-            busy=BusyWatch(),
-        )
+            busy=BusyWatch())
+        early = EarlyStop(best[0], pruning.slower_than, pruning.min_steps) if best else None
+        return stop, (early if single else None)
 
 
 def _repeat_record(original: dict[str, Any], number: int, tags: dict) -> TrialResult:

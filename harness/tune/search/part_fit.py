@@ -1,11 +1,9 @@
 """The estimator's step time with its parts re-weighted by what the study measured.
 
-The estimator predicts a step from its parts (harness.estimator.result.STEP_PARTS), each
-resting on an assumption (the MFU, the link's bandwidth, the host's launch time...). A
-machine that breaks one, a PCIe node whose links are 15x slower than the datasheet's
-NVLink, moves every configuration in proportion to that part, and a correction per plan
-feature (harness.tune.search.surrogate) needs many trials to learn what one weight per
-part says at once. So each part gets a multiplier k, fitted to the measured steps:
+A machine that breaks one of the estimator's assumptions (a PCIe node whose links are 15x
+slower than the datasheet's NVLink) moves every configuration in proportion to one part
+of its step (harness.estimator.result.STEP_PARTS), which one weight per part learns from a
+few trials and a correction per plan feature (the surrogate) only from many:
 
     measured step ~ smax(k_compute compute + k_recompute recompute + k_bubble bubble,
                         k_launches launches) + k_data data + k_tensor tensor

@@ -1,14 +1,13 @@
-"""What the search believes of a configuration it has not measured: a mean and an uncertainty.
-
-A Gaussian process on log(measured / prior) over the configuration's features (one-hot
-choices, log2 sizes), whose kernel is a Bayesian linear model's plus a local term for what
-no single feature explains (ZeRO-3 slow only at small micro-batches):
+"""What the search believes of a configuration it has not measured: a mean and an
+uncertainty (docs/tuning.md, "How it searches"), from a Gaussian process over the
+configuration's features whose kernel is a Bayesian linear model's plus a local term for
+what no single feature explains (ZeRO-3 slow only at small micro-batches):
 
     log(measured / prior) = w0 + w . x + g(x) + noise,   w ~ N(0, PRIOR_SD^2),
                             g ~ GP(0, INTERACTION_SD^2 exp(-|x - x'|^2 / LENGTH))
 
-The noise is the study's own: the leave-one-out residuals of the fit, so a study whose
-measurements the model keeps missing stays uncertain everywhere.
+Its noise is the fit's leave-one-out error: a study whose measurements the model keeps
+missing stays uncertain everywhere.
 """
 
 from __future__ import annotations
