@@ -1,10 +1,8 @@
 """A trial measured while the machine was busy is measured again once it is quiet.
 
-A flagged figure (metrics.interference, harness.core.interference) is the busy machine's,
-not the configuration's: the tuner waits for quiet (others below QUIET_CPU_SHARE of the
-CPUs, this tuner and its children left out; a bounded wait), then runs the trial once more
-under the same id. The record kept is the second, its tags keep the first figure; still
-flagged, Optuna is told FAIL (harness.tune.optuna_outcome). docs/tuning.md has the rule.
+A flagged figure (metrics.interference) is the busy machine's, not the configuration's:
+the tuner waits for quiet (a bounded wait), then runs the trial once more under the same
+id; docs/tuning.md ("A busy machine is noticed") has the rule.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The estimator, corrected by what the study has measured so far (docs/tuning.md, "Budgets").
 
 Each measured component gets its own correction, a median over the study's ok trials:
-`runtime_bytes`, what the process holds before the model is built (the RSS on a CPU; on a
-GPU what NVML says the device holds for it: context, workspaces; before any trial the
-estimator's measured device_overhead_bytes, else DEFAULT_RUNTIME_BYTES); `memory_ratio`,
-(measured peak - runtime) / predicted tensors; `step_ratio`, measured / predicted median
-step, and per factor of the configuration once two trials are measured (step_fit);
-`overhead_s`, a trial's duration beyond its steps, apart for compiled trials.
+`runtime_bytes` (what the process holds before the model is built), `memory_ratio`,
+`step_ratio` (per factor of the configuration once two trials are measured: step_fit) and
+`overhead_s`, a trial's duration beyond its steps, apart for compiled trials:
 
     corrected peak  = runtime + memory_ratio x predicted tensors
     corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
@@ -14,8 +11,7 @@ step, and per factor of the configuration once two trials are measured (step_fit
                       choose them: harness.core.window) x corrected step
 
 (The record and study.json keep these under the older keys `calibration` and
-`calibrated_peak_memory_bytes`; "calibration" in the code means only the measurement of
-a device's peak FLOPs: harness.measure.calibrate.)
+`calibrated_peak_memory_bytes`.)
 """
 
 from __future__ import annotations
@@ -80,7 +76,7 @@ class Correction:
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]], device_type: str = "cpu") -> Correction:
-        runtime, mem, step, over, over_compiled, samples = [], [], [], [], [], []
+        runtime, mem, over, over_compiled, samples = [], [], [], [], []
         for r in records:
             if r.get("status") != "ok" or not r.get("predicted"):
                 continue
@@ -98,23 +94,19 @@ class Correction:
                 median = None  # the time of a busy machine, not the configuration's
             plan = r.get("plan") or {}
             if median and p.get("step_time_s"):
-                step.append(median / p["step_time_s"])
                 samples.append((plan, median, p["step_time_s"]))
             if median and r.get("duration_s"):
-                n_steps = steps_run(r)
-                beyond = max(r["duration_s"] - n_steps * median, 0.0)
+                beyond = max(r["duration_s"] - steps_run(r) * median, 0.0)
                 (over_compiled if compiled(plan) else over).append(beyond)
         med = statistics.median
+        step = [measured / predicted for _, measured, predicted in samples]
         return cls(
             runtime_bytes=med(runtime) if runtime else DEFAULT_RUNTIME_BYTES.get(device_type, 0.0),
             memory_ratio=med(mem) if mem else 1.0,
             step_ratio=med(step) if step else 1.0,
             overhead_s=med(over) if over else None,
             overhead_compiled_s=med(over_compiled) if over_compiled else None,
-            n_memory=len(mem),
-            n_time=len(step),
-            fit=StepFit(samples),
-        )
+            n_memory=len(mem), n_time=len(step), fit=StepFit(samples))
 
     def peak_memory(self, predicted: dict[str, Any] | None) -> float | None:
         tensors = tensor_bytes(predicted)

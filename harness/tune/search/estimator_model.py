@@ -1,9 +1,6 @@
-"""The harness's cost model for the GuidedSampler: the estimator, asked through the
-torch-side helper (one request per configuration, 0.1-0.2 s, cached), over the study's
-search space. The prior is the estimator's samples/s where its peak, corrected by the
-measured trials (harness.tune.search.correction), fits the memory budget; the features are
-the plan's factors (harness.tune.search.step_fit). How many candidates it ranks, and how
-it widens them before the search may converge: docs/tuning.md ("How it searches").
+"""The harness's cost model for the GuidedSampler: the estimator's samples/s (asked of the
+torch-side helper once per configuration, 0.1-0.2 s) where its corrected peak fits the
+memory budget, over the study's search space; docs/tuning.md ("How it searches").
 """
 
 from __future__ import annotations
@@ -31,13 +28,12 @@ PER_PREDICTION_S = 30.0  # one more configuration ranked per this much of the bu
 
 
 def sample_size(budget_s: float) -> int:
-    """How many configurations the estimator ranks: more for a longer study (a day's
-    study can spend a few minutes predicting), from SAMPLE to MOST."""
+    """How many configurations the estimator ranks first: a day's study can spend a few
+    minutes predicting."""
     return int(min(MOST, max(SAMPLE, budget_s // PER_PREDICTION_S)))
 
 
-def first_guess_pool(space: SearchSpace, seed: int | None,
-                     n: int = SAMPLE) -> list[dict[str, Any]]:
+def first_guess_pool(space: SearchSpace, seed: int | None, n: int) -> list[dict[str, Any]]:
     """The configurations the estimator ranks first: all of a small space, else a
     seeded sample of `n` (and a few more, for the references it leaves out)."""
     size = space.size()
@@ -58,7 +54,7 @@ def resolved_key(facts: MachineFacts, plan: Plan) -> str:
 
 
 class Predictions:
-    """The estimator's predictions, asked of the torch-side helper once per configuration."""
+    """The estimator's predictions, cached by resolved configuration."""
 
     def __init__(self, space: SearchSpace, facts: MachineFacts, torch_helper: Any):
         self.space, self.facts, self.torch_helper = space, facts, torch_helper

@@ -1,12 +1,12 @@
-"""The estimator's start for a study without the GuidedSampler (plain TPE: a time-to-loss
-or two-objective study), which starts from these itself.
+"""The estimator's first guesses for plain TPE (a time-to-loss or two-objective study; the
+GuidedSampler starts from the estimator itself).
 
 The estimator ties configurations that differ only in what it does not model (fused
-kernels on a CPU, a micro-batch that changes only overheads: on the quickstart space 15
-of 60 share its fastest prediction), so the start is its TIER: every sampled configuration
-predicted within TIE of the fastest, in a seeded order (a measurement must rank them), at
-least START and at most CAP (and half of a small space), so that TPE keeps budget to
-correct a wrong estimate. Replayed: docs/benchmarks/search_replay_*.
+kernels on a CPU, a micro-batch that changes only overheads: 15 of the quickstart's 60
+share its fastest prediction), so the start is its TIER: every sampled configuration
+within TIE of the fastest, in a seeded order (a measurement must rank them), at least
+START and at most CAP (half of a small space), so that TPE keeps budget to correct a
+wrong estimate. Replayed: docs/benchmarks/search_replay_*.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ def estimated_start(ready: CheckedStudy, taken: list[dict[str, Any]],
     fresh = Correction.from_records([], ready.device_type)  # the defaults: nothing measured
     scored = [(rate, params) for params in configs
               if (rate := predictions.rate(params, fresh, ready.budget_bytes)) > 0]
-    size = ready.space.size()
-    return first_tier(scored, size if size is not None else 2 * CAP, ready.study.seed)
+    return first_tier(scored, ready.space.size(), ready.study.seed)
 
 
 def tier_limit(size: int | None) -> int:
@@ -41,7 +40,7 @@ def tier_limit(size: int | None) -> int:
     return max(START, min(CAP, (size if size is not None else 2 * CAP) // 2))
 
 
-def first_tier(scored: list[tuple[float, dict[str, Any]]], size: int,
+def first_tier(scored: list[tuple[float, dict[str, Any]]], size: int | None,
                seed: int | None) -> list[dict[str, Any]]:
     """From (predicted samples/s, params): the fastest START, then the rest of those
     within TIE of the fastest, in a seeded random order, at most tier_limit(size)."""

@@ -1,13 +1,8 @@
 """GuidedSampler: an Optuna sampler that ranks configurations by a cost model it corrects
 from the study's own trials, explores where that model is unsure, and says when it is done.
 
-How it chooses (`before_trial`; enqueued trials keep their parameters), in order: after a
-trial over the memory constraint, the same configuration needing less memory; after a
-repeat of a measured configuration, the best's unmeasured neighbour with the highest
-expected improvement; every FALLBACK_EVERY-th trial, the fallback sampler (TPE); else the
-candidate with the highest expected improvement over the best, the cost model's prior
-corrected by the surrogate. docs/tuning.md ("How it searches") has the rules and an
-example of the sampler in a plain Optuna study.
+Its rules (`_choose`), and an example of it in a plain Optuna study: docs/tuning.md ("How
+it searches"). Enqueued trials keep their parameters.
 """
 
 from __future__ import annotations
@@ -37,7 +32,8 @@ PICK = "guided_by"  # the user attribute naming why the sampler chose a trial's 
 
 
 class CostModel(Protocol):
-    """What the sampler knows before measuring. Parameters are Optuna's, as a dict."""
+    """What the sampler knows before measuring. Parameters are Optuna's, as a dict. A
+    subclass may leave out `smaller` and `widen`."""
 
     def candidates(self, study: Study) -> list[dict[str, Any]]:
         """The configurations to rank now (may grow from call to call)."""
@@ -54,6 +50,7 @@ class CostModel(Protocol):
 
     def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """The same configuration needing less memory; None when there is none."""
+        return None
 
     def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The configurations one choice away."""
@@ -62,9 +59,10 @@ class CostModel(Protocol):
         """Draw more of the space into `candidates`, before the sampler may call the
         search converged; False when it lists every configuration, or as many as it
         ever will."""
+        return False
 
 
-class SimpleCostModel:
+class SimpleCostModel(CostModel):
     """A CostModel over a list of candidate parameter dicts and a prediction function:
     features are one-hot values (and log2 of positive numbers), neighbours differ in one
     value, and nothing is known of memory."""
@@ -89,12 +87,6 @@ class SimpleCostModel:
     def key(self, params: dict[str, Any]) -> str:
         return json.dumps(params, sort_keys=True, default=str)
 
-    def smaller(self, params: dict[str, Any]) -> dict[str, Any] | None:
-        return None
-
-    def widen(self) -> bool:
-        return False
-
     def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return [c for c in self.pool
                 if sum(c.get(k) != v for k, v in params.items()) == 1 and c.keys() == params.keys()]
@@ -102,12 +94,10 @@ class SimpleCostModel:
 
 class GuidedSampler(BaseSampler):
     def __init__(self, cost_model: CostModel, fallback: BaseSampler | None = None,
-                 seed: int | None = None, noise: float = NOISE,
-                 memory_constraint: str = "memory"):
+                 seed: int | None = None, noise: float = NOISE):
         self.cost_model = cost_model
         self.fallback = fallback or optuna.samplers.TPESampler(seed=seed, constant_liar=True)
         self.noise = noise
-        self.memory_constraint = memory_constraint
         self._rng = random.Random(seed)
         self._picks: dict[int, tuple[dict[str, Any], str]] = {}  # trial number -> (params, why)
         self._decided: set[int] = set()
@@ -117,7 +107,6 @@ class GuidedSampler(BaseSampler):
         self._noted: int | None = None  # the last finished trial _note_last acted on
         self.converged: str | None = None  # why the search may stop, once it may
 
-    # --- Optuna's sampler interface ---------------------------------------------------------
     # A trial the sampler picked for takes its parameters from sample_independent.
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial
                                     ) -> dict[str, BaseDistribution]:
@@ -159,7 +148,6 @@ class GuidedSampler(BaseSampler):
         if self.converged:
             study.stop()
 
-    # --- the choice -------------------------------------------------------------------------
     def _choose(self, study: Study) -> tuple[dict[str, Any], str] | None:
         if len(study.directions) != 1:
             return None  # several objectives: the fallback's (NSGA-II) alone
@@ -167,7 +155,7 @@ class GuidedSampler(BaseSampler):
         sign = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
         observed, taken = self._observed(trials, sign)
         taken |= {self.cost_model.key(p) for p, _ in self._picks.values()}  # asked, not told
-        self._note_last(trials, taken)
+        self._note_last(trials)
         if self._step_down is not None:
             params, self._step_down = self._step_down, None
             if self.cost_model.key(params) not in taken:
@@ -203,7 +191,7 @@ class GuidedSampler(BaseSampler):
                 scores.setdefault(k, (params, []))[1].append(sign * math.log(t.values[0]))
         return {k: (p, float(np.median(v))) for k, (p, v) in scores.items()}, taken
 
-    def _note_last(self, trials: list[FrozenTrial], taken: set[str]) -> None:
+    def _note_last(self, trials: list[FrozenTrial]) -> None:
         """What the last finished trial asks for next: a step down after one over memory,
         the best's neighbours after a repeat of a configuration measured before."""
         done = [t for t in trials if t.state.is_finished() and t.params]
@@ -211,7 +199,7 @@ class GuidedSampler(BaseSampler):
             return
         last = done[-1]
         self._noted = last.number
-        if (last.constraints or {}).get(self.memory_constraint, 0) > 0:
+        if (last.constraints or {}).get("memory", 0) > 0:
             self._step_down = self.cost_model.smaller(last.params)
         k = self.cost_model.key(last.params)
         if k is not None and any(self.cost_model.key(t.params) == k for t in done[:-1]):
@@ -223,13 +211,12 @@ class GuidedSampler(BaseSampler):
         """The fresh candidate with the highest expected improvement, and why; with
         `judge`, also whether the search has converged."""
         model = self.cost_model
-        fresh, seen = [], set()
+        fresh, seen = [], set(taken)
         for params in pool:
             k = model.key(params)
-            prior = model.prior(params) if k and k not in taken and k not in seen else None
-            seen.add(k)
-            if prior:
+            if k and k not in seen and (prior := model.prior(params)):
                 fresh.append((params, sign * math.log(prior)))
+            seen.add(k)
         if not fresh:
             if judge and observed:
                 self.converged = "converged: every configuration the cost model offers was measured"
@@ -249,13 +236,13 @@ class GuidedSampler(BaseSampler):
             self._judge(mean, sd, bar, len(observed), len(fresh) + len(observed))
             if self.converged and self.cost_model.widen():
                 self.converged = None  # judged again over the wider candidates
-        why = (f"expected improvement {math.expm1(gain[i]):.1%} over the best measured (as the "
-               f"model believes it, {math.exp(sign * bar):.4g}): "
-               f"predicted {math.exp(sign * mean[i]):.4g}, within x/{math.exp(sd[i]):.2f} at "
-               f"one sd (the cost model corrected by {surrogate.n} measured"
-               + (f"; its step parts re-weighted: {learnt}" if (learnt := getattr(
-                   model, "learnt", lambda: "")()) else "") + ")")
-        return fresh[i][0], why
+        learnt = getattr(model, "learnt", lambda: "")()  # EstimatorCostModel's part weights
+        learnt = f"; its step parts re-weighted: {learnt}" if learnt else ""
+        return fresh[i][0], (
+            f"expected improvement {math.expm1(gain[i]):.1%} over the best measured (as the "
+            f"model believes it, {math.exp(sign * bar):.4g}): predicted "
+            f"{math.exp(sign * mean[i]):.4g}, within x/{math.exp(sd[i]):.2f} at one sd (the "
+            f"cost model corrected by {surrogate.n} measured{learnt})")
 
     def _surrogate(self, observed: dict, sign: float) -> tuple[Surrogate, float | None]:
         """Fitted to log(measured / prior) of each measured configuration, in the

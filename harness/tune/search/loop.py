@@ -1,30 +1,17 @@
 """The search: ask Optuna for a configuration, run it as a trial, record it, tell Optuna.
 
-`Tuner.search` asks, runs and tells until the time left is what the final phases
-need (harness.tune.final.time_reserve), n_trials are done, five proposals in a row did not fit
-the time left, every configuration of a finite space has been measured, or the sampler
-says it converged (harness.tune.search.guided_sampler: what to run next is the sampler's
-decision alone, with no queue beside it): ask, run (harness.tune.trial_job: refused / over
-memory / out of time are records that were never launched), record, tell
-(Recorder.record_then_tell: the record first, so a tuner stopped between the two
-loses nothing). Before each trial,
-`settle` (harness.tune.recovery.resume.settle, its arguments given by the session) fails
-and queues again the trials of workers that died meanwhile.
+`Tuner.search` asks, runs and tells until a reason to stop (`_why_stop`). What runs next
+is the sampler's decision alone (harness.tune.search.guided_sampler), with no queue beside
+it. The record is written before Optuna is told (Recorder.record_then_tell), so a tuner
+stopped between the two loses nothing; before each trial, `settle`
+(harness.tune.recovery.resume.settle) fails and queues again the trials of dead workers.
+Optuna is driven through ask/tell so that the harness decides what is launched, when a
+trial is stopped, and which state each trial gets.
 
-Trials that run elsewhere (a launcher with `max_jobs`: Slurm jobs) are kept in
-flight up to that many at once (harness.launch.jobs_in_flight), each in its own thread;
-Optuna is asked for the next while they run (TPE's constant liar: a pending
-trial counts as a bad one, so it is not proposed again), and a configuration
-proposed while another trial runs it waits for that record instead of running
-twice. The reasons to stop are checked as each trial ends; once one holds, no
-trial starts and those in flight are waited for (each stops at the deadline).
-`first` trials (a stopped tuner's jobs that still run: harness.tune.recovery.resume) are
-waited for before new ones are asked for.
-
-Optuna is driven through ask/tell so that the harness decides what is launched,
-when a trial is stopped, and which state each trial gets (harness.tune.search.sampling).
-The ablation (harness.tune.final.ablation) and the recovery (harness.tune.recovery.resume)
-share the same Recorder (harness.tune.recorder); this module imports neither.
+Trials that run elsewhere (a launcher with `max_jobs`: Slurm jobs) are kept in flight up
+to that many at once, each in its own thread; the constant liar keeps Optuna from
+proposing a pending configuration again, and one proposed while another trial runs it
+waits for that record instead of running twice.
 """
 
 from __future__ import annotations
@@ -46,7 +33,6 @@ from harness.study.study_file import Study
 from harness.tune.budget import Clock
 from harness.tune.final.time_reserve import FinalTime
 from harness.tune.recorder import Measured, Recorder
-from harness.tune.recovery.held import Held
 from harness.tune.search.busy_machine import measure_again_if_busy
 from harness.tune.search.correction import Corrections
 from harness.tune.search.estimator_model import resolved_key
@@ -80,12 +66,6 @@ class Tuner:
         self._repeats = 0  # proposals in a row of configurations measured before
         self._time_skips = 0  # proposals in a row that did not fit the time left
         self._last: TrialResult | None = None
-
-    def search_left(self) -> float:
-        """Seconds the search may still start trials: until the time left is what the
-        final phases need (harness.tune.final.time_reserve). One rule for every worker:
-        helpers read the same records and the main worker's clock."""
-        return self.clock.left() - self.final_time.reserve_s()
 
     def search(self, first: Sequence[Callable[..., TrialResult]] = ()) -> str:
         """Ask, run, tell until a reason to stop; return that reason in words. Each of
@@ -133,7 +113,8 @@ class Tuner:
             last = self._last.reason if self._last else ""
             return (f"time: the last {self._time_skips} configurations proposed were each "
                     f"expected not to fit the time left ({last})")
-        if self.search_left() <= 0:
+        # One rule for every worker: helpers read the same records and the main worker's clock.
+        if self.clock.left() - self.final_time.reserve_s() <= 0:
             return "time: the rest of the budget is for the final measurements"
         n = self.study.budget.n_trials
         if n and self.trials.n_reference_trials() >= n and not self.trials.retries_waiting():
@@ -151,28 +132,24 @@ class Tuner:
     def _search_trial(self, trial: optuna.Trial) -> tuple[TrialResult, bool]:
         phase = trial.user_attrs.get("phase", "search")
         with self.recorder.holding(trial.number, phase=phase) as held:  # mine to record from now
-            return self._run_search_trial(trial, phase, held)
-
-    def _run_search_trial(self, trial: optuna.Trial, phase: str,
-                          held: Held) -> tuple[TrialResult, bool]:
-        # first: the worker tag claims the trial (resume.py)
-        trial.set_user_attr("worker", self.recorder.me.tag)
-        trial.set_user_attr("phase", phase)
-        trial.set_user_attr("trial_id", trial.number)
-        plan = self.space.suggest(trial)
-        held.plan = plan.to_dict()
-        tags = {"phase": phase, "optuna_number": trial.number}
-        retry_of = trial.user_attrs.get(RETRY_OF)  # a dead worker's trial, run again
-        if retry_of is not None:
-            tags[RETRY_OF] = retry_of
-        key = resolved_key(self.run.facts, plan)
-        original, claim = self._measured_or_claim(key) if phase == "search" else (None, None)
-        try:
-            return self._measure(trial, phase, plan, tags, original)
-        finally:
-            if claim is not None:  # those waiting for this configuration find its record
-                self._running.pop(key, None)
-                claim.set()
+            # first: the worker tag claims the trial (resume.py)
+            trial.set_user_attr("worker", self.recorder.me.tag)
+            trial.set_user_attr("phase", phase)
+            trial.set_user_attr("trial_id", trial.number)
+            plan = self.space.suggest(trial)
+            held.plan = plan.to_dict()
+            tags = {"phase": phase, "optuna_number": trial.number}
+            retry_of = trial.user_attrs.get(RETRY_OF)  # a dead worker's trial, run again
+            if retry_of is not None:
+                tags[RETRY_OF] = retry_of
+            key = resolved_key(self.run.facts, plan)
+            original, claim = self._measured_or_claim(key) if phase == "search" else (None, None)
+            try:
+                return self._measure(trial, phase, plan, tags, original)
+            finally:
+                if claim is not None:  # those waiting for this configuration find its record
+                    self._running.pop(key, None)
+                    claim.set()
 
     def _measured_or_claim(self, key: str) -> tuple[dict[str, Any] | None, Any]:
         """(the record of configuration `key` measured before, None), or (None, this
@@ -207,13 +184,12 @@ class Tuner:
 
             def attempt() -> TrialResult:
                 # Optuna keeps the first attempt's step values: the second reports none.
-                stop = (self._slow_stop(trial, plan, report=not attempts)
-                        if phase == "search" else None)
+                stop, early = (self._slow_rules(trial, plan, report=not attempts)
+                               if phase == "search" else (None, None))
                 attempts.append(1)
                 return run_trial_job(run, trial.number, plan, tags, self.corrections(),
                                      clock.deadline, should_stop=self._pool.guard(stop),
-                                     early_stop=self._early_stop() if phase == "search"
-                                     else None)
+                                     early_stop=early)
 
             result = measure_again_if_busy(
                 attempt(), attempt, clock.budget_s, clock.left(),
@@ -225,26 +201,23 @@ class Tuner:
         on_event("end", result.to_dict())
         return result, original is not None
 
-    def _early_stop(self) -> EarlyStop | None:
-        """The slow-trial rule as a trial's expected cost sees it (single objective)."""
-        best, pruning = self.trials.best_throughput(), self.study.pruning
-        if best is None or len(self.study.objectives) != 1:
-            return None
-        return EarlyStop(best[0], pruning.slower_than, pruning.min_steps)
-
-    def _slow_stop(self, trial: optuna.Trial, plan, report: bool = True):
+    def _slow_rules(self, trial: optuna.Trial, plan: Plan, report: bool
+                    ) -> tuple[Any, EarlyStop | None]:
+        """The slow-trial rule: the stop that watches the running trial, and the rule as
+        the trial's expected cost sees it (single objective, once there is a best)."""
         from harness.core.interference import BusyWatch
         from harness.tune.search.slow_trials import SlowTrialStop
 
         pruning, single = self.study.pruning, len(self.study.objectives) == 1
-        folder = self.run.store.trial_dir(trial.number)
-        return SlowTrialStop(
-            folder / "steps.log", plan.batch_size, self.trials.best_throughput(),
+        best = self.trials.best_throughput()
+        stop = SlowTrialStop(
+            self.run.store.trial_dir(trial.number) / "steps.log", plan.batch_size, best,
             pruning.slower_than if single else 0.0, pruning.min_steps,
             report=trial.report if single and report else None,
             on_step=lambda n: self.on_event("step", {"trial_id": trial.number, "steps": n}),
-            busy=BusyWatch(),
-        )
+            busy=BusyWatch())
+        early = EarlyStop(best[0], pruning.slower_than, pruning.min_steps) if best else None
+        return stop, (early if single else None)
 
 
 def _repeat_record(original: dict[str, Any], number: int, tags: dict) -> TrialResult:

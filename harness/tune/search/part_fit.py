@@ -1,36 +1,28 @@
 """The estimator's step time with its parts re-weighted by what the study measured.
 
-The estimator predicts a step from its parts (harness.estimator.result.STEP_PARTS):
-
-    step = max(compute + recompute + bubble, launches) + data + tensor + optimizer
-
-each resting on an assumption (the MFU, the link's bandwidth, the host's launch time...).
-A machine that breaks one assumption, a PCIe node whose links are 15x slower than the
-datasheet's NVLink, moves every configuration in proportion to that part, and a
-correction per plan feature (harness.tune.search.surrogate) needs many trials to learn
-what one weight per part says at once. So each part gets a multiplier, fitted to the
-study's measured steps:
+A machine that breaks one of the estimator's assumptions (a PCIe node whose links are 15x
+slower than the datasheet's NVLink) moves every configuration in proportion to one part
+of its step (harness.estimator.result.STEP_PARTS), which one weight per part learns from a
+few trials and a correction per plan feature (the surrogate) only from many:
 
     measured step ~ smax(k_compute compute + k_recompute recompute + k_bubble bubble,
                         k_launches launches) + k_data data + k_tensor tensor
                     + k_optimizer optimizer
 
-where smax is the estimator's max, smoothed (SHARP). log k_compute ~ N(0, COMPUTE_SD^2)
-(the common ratio may be far off: a CPU's MFU against the assumed one), and every other
-log k ~ N(log k_compute, PART_SD^2): a part that no trial exercises moves with the
-compute (the machine's common ratio), and one that is 15x off (log 2.7, four standard
-deviations) is learned from several trials that differ in it. The prior is that tight
-because the parts also soak up what they do not cause: on the family's 1-GPU surfaces a
-GEMM efficiency that varies with the micro-batch, read as launch cost under PART_SD 1.2,
-cost the search a third more trials (docs/benchmarks/search_replay_family_2026-11-26.md).
-The fit is a maximum a posteriori estimate by damped Gauss-Newton on the log
-step times.
+where smax is the estimator's max, smoothed (SHARP); log k_compute ~ N(0, COMPUTE_SD^2)
+and every other log k ~ N(log k_compute, PART_SD^2): a part no trial exercises moves with
+the compute (the machine's common ratio). The prior is tight because the parts also soak
+up what they do not cause: on the family's 1-GPU surfaces a GEMM efficiency that varies
+with the micro-batch, read as launch cost under PART_SD 1.2, cost the search a third more
+trials (docs/benchmarks/search_replay_family_2026-11-26.md). The fit is a maximum a
+posteriori estimate by damped Gauss-Newton on the log step times.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,16 +37,15 @@ ITERATIONS = 30
 SHARP = 4.0
 
 
-def _matrix(rows: Sequence[dict[str, float]]) -> np.ndarray:
-    return np.array([[float(r.get(p) or 0.0) for p in PARTS] for r in rows], dtype=float)
+def _step(x: Any, k: Any) -> Any:
+    """The step of parts `x` (one plan's floats, or a column per part) weighted by `k`."""
+    busy, launches = x[0] * k[0] + x[1] * k[1] + x[2] * k[2], x[3] * k[3]
+    return (busy**SHARP + launches**SHARP) ** (1 / SHARP) + x[4] * k[4] + x[5] * k[5] \
+        + x[6] * k[6]
 
 
-def _steps(theta: np.ndarray, x: np.ndarray) -> np.ndarray:
-    k = np.exp(theta)
-    busy = x[:, 0] * k[0] + x[:, 1] * k[1] + x[:, 2] * k[2]
-    launches = x[:, 3] * k[3]
-    return (busy**SHARP + launches**SHARP) ** (1 / SHARP) + x[:, 4] * k[4] + x[:, 5] * k[5] \
-        + x[:, 6] * k[6]
+def _log_steps(theta: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    return np.log(_step(columns, np.exp(theta)))
 
 
 def _prior() -> np.ndarray:
@@ -79,7 +70,7 @@ class PartFit:
         self.n = len(keep)
         self.theta = np.zeros(len(PARTS))
         if self.n:
-            x = _matrix([rows[i] for i in keep])
+            x = np.array([[float(rows[i].get(p) or 0.0) for i in keep] for p in PARTS])
             y = np.log(np.array([measured[i] for i in keep], dtype=float))
             self.theta = self._fit(x, y)
         self._k = [math.exp(t) for t in self.theta]
@@ -91,18 +82,15 @@ class PartFit:
         damping = 1e-3
 
         def loss(t: np.ndarray) -> float:
-            r = np.log(_steps(t, x)) - y
+            r = _log_steps(t, x) - y
             return float((r**2).sum() / NOISE_SD**2 + t @ prior @ t)
 
         now = loss(theta)
         for _ in range(ITERATIONS):
-            base = np.log(_steps(theta, x))
+            base = _log_steps(theta, x)
             r = base - y
-            jac = np.empty((len(y), len(theta)))
-            for j in range(len(theta)):  # numerical
-                step = np.zeros_like(theta)
-                step[j] = 1e-5
-                jac[:, j] = (np.log(_steps(theta + step, x)) - base) / 1e-5
+            jac = np.column_stack([(_log_steps(theta + h, x) - base) / 1e-5  # numerical
+                                   for h in 1e-5 * np.eye(len(theta))])
             grad = jac.T @ r / NOISE_SD**2 + prior @ theta
             hess = jac.T @ jac / NOISE_SD**2 + prior
             while True:
@@ -128,9 +116,3 @@ class PartFit:
         x = [float(parts.get(p) or 0.0) for p in PARTS]
         predicted = _step(x, [1.0] * len(PARTS))
         return _step(x, self._k) / predicted if predicted > 0 else 1.0
-
-
-def _step(x: list[float], k: list[float]) -> float:
-    busy, launches = x[0] * k[0] + x[1] * k[1] + x[2] * k[2], x[3] * k[3]
-    return (busy**SHARP + launches**SHARP) ** (1 / SHARP) + x[4] * k[4] + x[5] * k[5] \
-        + x[6] * k[6]

@@ -1,11 +1,6 @@
-"""Stopping a running trial that is clearly slower than the best so far.
-
-`SlowTrialStop` is a launcher's `should_stop`: it reads the steps rank 0 appends to
-`steps_file` (harness.records.step_log), reports each step's throughput to Optuna, and
-once `min_steps` are in, stops the trial when its median throughput is below the best's
-divided by `slower_than`, unless others competed for the machine meanwhile (`busy`): then
-it runs to the end, and its flagged record is measured again. A factor of 2 by default: on
-a shared CPU repeats of one configuration differ by tens of percent.
+"""Stopping a running trial that is clearly slower than the best so far (docs/tuning.md,
+"Early stopping"); `SlowTrialStop` is a launcher's `should_stop`. A factor of 2 by
+default: on a shared CPU repeats of one configuration differ by tens of percent.
 """
 
 from __future__ import annotations
@@ -20,14 +15,17 @@ from harness.records.step_log import read_steps
 
 @dataclass
 class SlowTrialStop:
+    """Reads the step times rank 0 appends to `steps_file`, reports each to Optuna, and
+    after `min_steps` stops a trial whose median is below the best's / `slower_than`."""
+
     steps_file: Path
     batch_size: int
     best: tuple[float, str] | None  # (samples/s, trial id) of the best so far
     slower_than: float
     min_steps: int
-    report: Callable[[float, int], None] | None = None
-    on_step: Callable[[int], None] | None = None
-    busy: Callable[[], bool] | None = None  # others competing: slowness is not the trial's
+    report: Callable[[float, int], None] | None  # Optuna's trial.report; None: not reported
+    on_step: Callable[[int], None]
+    busy: Callable[[], bool]  # others competing: slowness is not the trial's
     seen: int = 0
 
     def __call__(self) -> str | None:
@@ -38,16 +36,12 @@ class SlowTrialStop:
             if self.report is not None and times[step] > 0:
                 self.report(self.batch_size / times[step], step)
         self.seen = len(times)
-        if self.on_step is not None:
-            self.on_step(self.seen)
-        return self.verdict(times)
-
-    def verdict(self, times: list[float]) -> str | None:
+        self.on_step(self.seen)
         if not self.best or not self.slower_than or len(times) < self.min_steps:
             return None
         rate = self.batch_size / statistics.median(times)
         best_rate, best_id = self.best
-        if rate * self.slower_than >= best_rate or (self.busy is not None and self.busy()):
+        if rate * self.slower_than >= best_rate or self.busy():
             return None  # busy: measured to the end, its record flagged, measured again
         return (f"stopped early after {len(times)} steps: {rate:.4g} samples/s (median) "
                 f"< 1/{self.slower_than:g} of the best so far, {best_rate:.4g} samples/s "

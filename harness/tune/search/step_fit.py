@@ -1,10 +1,9 @@
 """The estimator's step time corrected per factor, from the study's own measured trials.
 
 One ratio (measured / predicted) for every configuration cannot learn that the estimator
-is right about bf16 and wrong about compile, so the correction is the surrogate
-(harness.tune.search.surrogate) fitted to log(measured step / predicted step) over the
-plan's `factors`. With a few trials it is close to one ratio for all; each factor earns its
-own weight as trials that differ in it come in, and a factor never measured moves nothing.
+is right about bf16 and wrong about compile, so the correction is the surrogate fitted to
+log(measured step / predicted step) over the plan's `factors`: close to one ratio for all
+with a few trials, each factor earning its own weight as trials that differ in it come in.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import Any
 
 from harness.tune.search.surrogate import Surrogate
 
-NOT_FACTORS = {"accumulation"}  # follows from the micro-batch size
 SETTINGS = ("dtype", "attention", "optimizer", "compile", "stage", "schedule", "every",
             "offload", "mode", "layernorm", "gelu", "cross_entropy")
 
@@ -23,16 +21,14 @@ def factors(plan: dict[str, Any]) -> dict[str, float]:
     """A plan's factors, by name: log2 of the micro-batch (a trend) and an indicator per
     size (a launch-bound small one is off the trend), log2 of each layout axis, and an
     indicator per technique and per searched setting value (amp.dtype=bf16, ...)."""
-    out: dict[str, float] = {}
     micro = plan.get("micro_batch_size") or 1
-    out["log2 micro-batch"] = math.log2(micro)  # the trend, for sizes not measured yet
-    out[f"micro-batch={micro}"] = 1.0  # each size's own departure from the trend
+    out = {"log2 micro-batch": math.log2(micro), f"micro-batch={micro}": 1.0}
     layout = plan.get("layout") or {}
     for axis in ("data", "tensor", "pipeline"):
         if (layout.get(axis) or 1) > 1:
             out[f"log2 {axis}"] = math.log2(layout[axis])
     for name, settings in (plan.get("strategies") or {}).items():
-        if name in NOT_FACTORS:
+        if name == "accumulation":  # follows from the micro-batch size
             continue
         out[name] = 1.0
         for key in SETTINGS:

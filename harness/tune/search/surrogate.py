@@ -1,16 +1,13 @@
-"""What the search believes of a configuration it has not measured: a mean and an uncertainty.
-
-A Gaussian process on log(measured / prior) over the configuration's features (one-hot
-choices, log2 sizes), whose kernel is a Bayesian linear model's plus a local term for what
-no single feature explains (ZeRO-3 slow only at small micro-batches):
+"""What the search believes of a configuration it has not measured: a mean and an
+uncertainty (docs/tuning.md, "How it searches"), from a Gaussian process over the
+configuration's features whose kernel is a Bayesian linear model's plus a local term for
+what no single feature explains (ZeRO-3 slow only at small micro-batches):
 
     log(measured / prior) = w0 + w . x + g(x) + noise,   w ~ N(0, PRIOR_SD^2),
                             g ~ GP(0, INTERACTION_SD^2 exp(-|x - x'|^2 / LENGTH))
 
-A choice never measured keeps PRIOR_SD per feature: 2x at one standard deviation, the size
-of the estimator's errors on the one H100 run (61% median step-time error). The noise is
-the study's own: the leave-one-out residuals of the fit, so a study whose measurements the
-model keeps missing stays uncertain everywhere.
+Its noise is the fit's leave-one-out error: a study whose measurements the model keeps
+missing stays uncertain everywhere.
 """
 
 from __future__ import annotations
@@ -20,7 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PRIOR_SD = 0.7  # a feature's weight before it is measured: 2x at one sd (log units)
+# A feature's weight before it is measured: 2x at one sd (log units), the size of the
+# estimator's errors on the one H100 run (61% median step-time error).
+PRIOR_SD = 0.7
 INTERCEPT_SD = 1.5  # the common ratio may be far off (a CPU's MFU against the assumed one)
 INTERACTION_SD = 0.4  # what no single feature explains: a combination's own departure ...
 LENGTH = 4.0  # ... shared with configurations nearby: 0.61 at one choice away, 0.37 at two
@@ -52,8 +51,7 @@ class Surrogate:
 
     @staticmethod
     def _kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        scale = np.full(a.shape[1], PRIOR_SD**2)
-        scale[0] = INTERCEPT_SD**2
+        scale = np.r_[INTERCEPT_SD**2, np.full(a.shape[1] - 1, PRIOR_SD**2)]  # intercept first
         linear = (a * scale) @ b.T  # the linear model's covariance
         d2 = (a[:, 1:] ** 2).sum(1)[:, None] + (b[:, 1:] ** 2).sum(1)[None, :] \
             - 2 * a[:, 1:] @ b[:, 1:].T
@@ -74,8 +72,7 @@ class Surrogate:
     def predict(self, rows: Sequence[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
         """(mean, sd) of log(measured / prior) for each row, the noise included."""
         x, z = self._features(rows)
-        scale = np.full(z.shape[1], PRIOR_SD**2)
-        scale[0] = INTERCEPT_SD**2
+        scale = np.r_[INTERCEPT_SD**2, np.full(z.shape[1] - 1, PRIOR_SD**2)]
         own = np.einsum("ij,ij->i", z * scale, z) + INTERACTION_SD**2  # k(z, z)
         if not self.n:
             return np.zeros(len(z)), np.sqrt(own + self.noise**2)
@@ -97,7 +94,7 @@ def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.nd
     """E[max(value - best, 0)] for normal beliefs: high for a configuration likely better,
     and for one the study knows little of (the search's exploration)."""
     z = (mean - best) / sd
-    cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    cdf = prob_above(mean, sd, best)
     pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
     return sd * (z * cdf + pdf)
 
