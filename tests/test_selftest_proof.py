@@ -230,7 +230,8 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path)
     study's clock: at load 12, 40 s left the first trial timed out). One ok trial and its
     report are what is checked. The bench: two of the proof's plans (--plans), the bf16
     reference and one it changes, for the page's comparison; that each of the proof's
-    plans benches tiny on the CPU is test_the_rehearsals_bench_runs_every_proof_plan_..."""
+    plans benches tiny on the CPU is proved by
+    test_the_rehearsals_bench_runs_every_proof_plan_tiny_on_the_cpu above."""
     out = tmp_path / "st"
     two = tmp_path / "plans"
     two.mkdir()
