@@ -176,6 +176,49 @@ def test_the_wheel_check_fails_when_a_wheel_is_missing_or_extra(tmp_path, capsys
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_rehearsals_bench_runs_every_proof_plan_tiny_on_the_cpu(tmp_path, monkeypatch):
+    """`harness selftest --gpu --rehearse --only bench` with its default plans: each of the
+    proof's plans, with the rehearsal's flags, benches ok on this CPU. Each step's
+    `harness bench` runs in this process (the session's rank server runs its trial): a
+    new interpreter and rank server per plan cost ten times what the plans' tiny steps
+    do; the steps' subprocesses are the end-to-end rehearsal's below."""
+    from harness.cli import selftest as cli_selftest
+    from harness.selftest import phases as ph
+    from harness.selftest.runner import Step
+
+    ran: list[list[str]] = []
+
+    def bench_here(run, argv, log, timeout_s):
+        assert argv[1:4] == ["-m", "harness", "bench"]
+        ran.append(argv)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        rc = main(argv[3:])
+        log.write_text(f"rc {rc}\n")
+        return Step(command=" ".join(argv), log=log.name, rc=rc, seconds=0.0)
+
+    monkeypatch.setenv("HARNESS_QUIET_SHARE", "1")  # as Run.step gives a rehearsal's steps
+    monkeypatch.setattr(ph.Run, "step", bench_here)
+    monkeypatch.setattr(cli_selftest, "_stop_on_sigterm", lambda: None)  # pytest's own
+    out = tmp_path / "st"
+    assert main(["selftest", "--gpu", "--rehearse", "--out", str(out), "--only", "bench",
+                 "--time-limit", "10m"]) == 0
+    state = json.loads((out / "selftest.json").read_text())
+    plans = state["phases"]["bench"]["plans"]
+    assert [p["name"] for p in plans] == [
+        tomllib.loads((ROOT / p).read_text()).get("name", Path(p).stem)
+        for p in proof.CORE_PLANS]
+    assert [Path(argv[4]) for argv in ran] == [ROOT / p for p in proof.CORE_PLANS]
+    for argv in ran:  # each tiny, as the rehearsal makes it
+        assert argv[5:5 + len(proof.TINY_FLAGS)] == list(proof.TINY_FLAGS)
+    for entry in plans:
+        record = json.loads((out / entry["dir"] / "result.json").read_text())
+        assert record["status"] == "ok", (entry["name"], record["reason"])
+        assert record["plan"]["device"] == "cpu" and record["metrics"]["step_time_s"]["n"] == 2
+    assert state["runs"][-1]["progress"] == {"bench": "done"}
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path):
     """harness selftest --gpu --rehearse end to end: the proof's plans (tiny, on the CPU),
@@ -185,23 +228,30 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path)
     search trial, no final phases: --study), ended by its trial count on a quiet machine
     (about 20 s); its 90-s budget is the cap on a busy one (the tuner's start is on the
     study's clock: at load 12, 40 s left the first trial timed out). One ok trial and its
-    report are what is checked."""
+    report are what is checked. The bench: two of the proof's plans (--plans), the bf16
+    reference and one it changes, for the page's comparison; that each of the proof's
+    plans benches tiny on the CPU is proved by
+    test_the_rehearsals_bench_runs_every_proof_plan_tiny_on_the_cpu above."""
     out = tmp_path / "st"
+    two = tmp_path / "plans"
+    two.mkdir()
+    for name in ("gpt2-small-bf16", "gpt2-small-float8-rowwise"):
+        (two / f"{name}.toml").write_text((ROOT / f"studies/selftest/plans/{name}.toml")
+                                          .read_text())
     study = tomllib.loads((ROOT / proof.REHEARSAL_STUDY).read_text())
     study["budget"].update(n_trials=1, confirm_repeats=0, ablation_repeats=0)
     (tmp_path / "tune.toml").write_text(tomli_w.dumps(study))
     done = selftest("--gpu", "--rehearse", "--out", str(out), "--only", "tests,bench,tune,report",
                     "--time-limit", "14m", "--tune-budget", "90s", "--study",
-                    str(tmp_path / "tune.toml"), cwd=tmp_path, timeout=850)
+                    str(tmp_path / "tune.toml"), "--plans", str(two / "*.toml"), cwd=tmp_path,
+                    timeout=850)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     state = json.loads((out / "selftest.json").read_text())
     assert state["rehearsal"] and state["device"]["name"] == "Rehearsal CPU"
     assert state["runs"][-1]["progress"] == {p: "done" for p in ("tests", "bench", "tune",
                                                                  "report")}
     plans = state["phases"]["bench"]["plans"]
-    assert [p["name"] for p in plans] == [
-        tomllib.loads((ROOT / p).read_text()).get("name", Path(p).stem)
-        for p in proof.CORE_PLANS]
+    assert [p["name"] for p in plans] == ["gpt2-small-bf16", "gpt2-small-float8-rowwise"]
     assert all((out / p["dir"] / "result.json").is_file() for p in plans)
     assert state["phases"]["tune"]["report"]["step"]["rc"] == 0
     pages = list(out.glob("gpu_rehearsal-cpu_*.md"))

@@ -5,8 +5,10 @@ cross-entropy and the multi-tensor optimizer, in Triton (the interpreter on a
 CPU). Tolerance: 1e-4 absolute on a loss of about 4 over 3 steps (fp32; the
 kernels round differently from eager PyTorch, observed ~1e-6).
 
-Batches of 2 sequences (32 rows), not 8: on the CPU the interpreter runs one program
-per row, so the time grows with the rows (8 sequences took 3 times as long). Each
+Batches of 2 sequences of 8 tokens (16 rows), not 8 of 16: on the CPU the interpreter
+runs one program per row, so the time grows with the rows (8 sequences took 3 times as
+long as 2, 16 tokens twice as long as 8). Three steps: the third is the first that
+reads the optimizer's state of an earlier step (its moments, the step count). Each
 kernel is checked at many shapes against float64 in its own file; this one checks
 that compose puts them together into a model that trains like eager.
 """
@@ -44,8 +46,8 @@ def test_fused_triton_swaps_every_module(device):
 @pytest.mark.parametrize("optimizer", [{}, {"lamb": {}}])
 def test_fused_triton_trains_like_eager(optimizer, device):
     run = dict(micro=2, global_batch=2, steps=3, device=device)
-    plain = train(dict(optimizer), **run)
-    fused = train({"fused": ALL_TRITON, **optimizer}, **run)
+    plain = train(dict(optimizer), workload=tiny_gpt(seq_len=8), **run)
+    fused = train({"fused": ALL_TRITON, **optimizer}, workload=tiny_gpt(seq_len=8), **run)
     assert max(abs(a - b) for a, b in zip(fused, plain, strict=True)) < 1e-4, (fused, plain)
 
 
