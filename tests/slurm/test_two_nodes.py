@@ -118,9 +118,10 @@ def test_a_rank_failing_on_the_second_node_is_a_failed_record_saying_where(two_n
 
 
 # The hanging trial's timeouts, tried in turn until rank 1 reached its hang before the
-# timeout (a try where it had not proves nothing: its ranks were still starting, 5 s
-# on a quiet machine, 20 s on a loaded one); the last one is long enough on any machine.
-# Doubling keeps a loaded machine's total near the one long timeout it replaced (40 s).
+# timeout: a try where it had not proves nothing (its ranks were still starting: 22 s
+# after the job started at a load average of 7 on these 2 cores, over 24 s at 13). A
+# quiet machine ends after the first; a loaded one pays at most about twice the timeout
+# it needed; the last is long enough on any machine this suite runs on.
 HANG_TIMEOUTS_S = (12.0, 24.0, 60.0)
 
 
