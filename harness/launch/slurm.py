@@ -77,6 +77,10 @@ DEADLINE_GRACE_S = 15.0  # for a job's launcher to stop its trial at the caller'
 # How often the job's state is asked for (one squeue call): often at first, when short
 # trials end, then less, so as not to load the controller (nor a CPU trial beside it).
 POLL_S = (0.5, 5.0)
+# Between two asks, whether node 0 has written the trial's record (one stat, no load on
+# the controller): the job ends within seconds of it, so the next ask comes at once
+# instead of up to POLL_S[1] later.
+RECORD_CHECK_S = 0.25
 # A controller that has not answered (squeue failing, not "no such job") for this long:
 # the job is given up (scancel tried) and recorded, so that no trial waits for ever.
 CONTROLLER_PATIENCE_S = 600.0
@@ -283,7 +287,7 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
             attempt = attempts[-1]
             if attempt.job_id is None:
                 break
-            _wait(attempt, job.timeout, wall_deadline, should_stop)
+            _wait(attempt, job.timeout, wall_deadline, should_stop, out / "result.json")
             job.save(attempts)
             ended = attempt.info.state if attempt.info else "UNKNOWN"
             if (attempt.stopped or ended not in queue.RETRIED or len(attempts) >= 2
@@ -325,8 +329,9 @@ def _submit(folder: Path, flags: dict[str, Any], args: tuple) -> Attempt:
 
 
 def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
-          should_stop: Callable[[], str | None] | None) -> None:
-    """Until the job has left the queue; stops it past its time or when asked to."""
+          should_stop: Callable[[], str | None] | None, record: Path | None = None) -> None:
+    """Until the job has left the queue; stops it past its time or when asked to. Asked
+    again soon once `record` (node 0's result.json) appears: the job is ending."""
     job_id = attempt.job_id
     assert job_id is not None
     started: float | None = None
@@ -357,8 +362,7 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
                 if attempt.stopped != "unreachable":  # (no answer to wait for)
                     info = queue.wait_gone(job_id)
                 break
-            time.sleep(pause)
-            pause = min(POLL_S[1], pause * 1.25)
+            pause = POLL_S[0] if _nap(pause, record) else min(POLL_S[1], pause * 1.25)
         done = True
     finally:
         if not done:  # interrupted (Ctrl-C): the job goes with us
@@ -367,6 +371,18 @@ def _wait(attempt: Attempt, timeout: float, wall_deadline: float | None,
         _in_flight.discard(job_id)
     attempt.info = info
     attempt.ran_s = time.monotonic() - started if started is not None else 0.0
+
+
+def _nap(pause: float, record: Path | None) -> bool:
+    """Sleep `pause`, or less when `record` appears meanwhile (looked for every
+    RECORD_CHECK_S unless it was there already); whether it appeared."""
+    watch = record if record is not None and not record.exists() else None
+    until = time.monotonic() + pause
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(RECORD_CHECK_S, left) if watch else left)
+        if watch is not None and watch.exists():
+            return True
+    return False
 
 
 def _record(prepared: PreparedPlan, out: Path, command: str, study: str | None,

@@ -72,9 +72,12 @@ def two_node_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     started once, for every test that uses it. Each node says it has PAIR_CPUS (on a
     2-core machine they share the cores), so that two tuners' 2-node jobs and a third
     tuner's probe job (harness.launch.slurm_shared) run at once. A node that stops
-    answering is set DOWN after 15 s (Slurm's default: 300 s), for the test of a node
-    that dies."""
-    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2, LOCAL_SLURM_SLURMD_TIMEOUT_S="15",
+    answering is set DOWN after 8 s (Slurm's default: 300 s), for the test of a node
+    that dies, which waits for Slurm's word: with Slurm's messages waited for 5 s, not
+    10 s (MessageTimeout), that came 15 s after the kill, not 28 s (scripts/local-slurm).
+    A live slurmd or controller answers within milliseconds, however busy the cores."""
+    with _cluster(tmp_path_factory.mktemp("slurm2"), PAIR, 2, LOCAL_SLURM_SLURMD_TIMEOUT_S="8",
+                  LOCAL_SLURM_MESSAGE_TIMEOUT_S="5",
                   LOCAL_SLURM_CPUS_PER_NODE=str(PAIR_CPUS)) as conf:
         yield conf
 
