@@ -70,17 +70,11 @@ def test_a_bad_node_count_is_refused(tmp_path):
     assert done.returncode == 1 and "--nodes zero: give a whole number" in done.stderr
 
 
-def test_a_bad_cpu_count_is_refused(tmp_path):
-    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path), "LOCAL_SLURM_CPUS_PER_NODE": "two"}
+@pytest.mark.parametrize("setting, value", [("LOCAL_SLURM_CPUS_PER_NODE", "two"),
+                                            ("LOCAL_SLURM_MESSAGE_TIMEOUT_S", "5s")])
+def test_a_bad_setting_is_refused(tmp_path, setting, value):
+    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path), setting: value}
     done = subprocess.run([str(SCRIPT), "start", "--nodes", "2"], capture_output=True,
                           text=True, env=env)
-    assert done.returncode == 1 and "LOCAL_SLURM_CPUS_PER_NODE=two: give a whole" in done.stderr
-    assert not (tmp_path / "slurm.conf").exists()  # refused before anything started
-
-
-def test_a_bad_message_timeout_is_refused(tmp_path):
-    env = {**os.environ, "LOCAL_SLURM_DIR": str(tmp_path), "LOCAL_SLURM_MESSAGE_TIMEOUT_S": "5s"}
-    done = subprocess.run([str(SCRIPT), "start", "--nodes", "2"], capture_output=True,
-                          text=True, env=env)
-    assert done.returncode == 1 and "LOCAL_SLURM_MESSAGE_TIMEOUT_S=5s: give a whole" in done.stderr
+    assert done.returncode == 1 and f"{setting}={value}: give a whole" in done.stderr
     assert not (tmp_path / "slurm.conf").exists()  # refused before anything started
