@@ -63,6 +63,7 @@ from harness.launch import slurm_queue as queue
 from harness.launch.launcher import Launcher
 from harness.launch.slurm_record import (
     Attempt,
+    at_time_limit,
     cluster_tag,
     copy_logs,
     made_here,
@@ -298,6 +299,7 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
     last = attempts[-1]
     written = nodes.read_nodes(out, last.job_id)
     names = nodes.node_names(written, last.info.nodes if last.info else "")
+    at_time_limit(record, last, job.flags["time"])
     nodes.across_nodes(record, out, names, written)  # a failure or a hang, from every node
     record.tags = {**record.tags, "cluster": cluster_tag(
         job.partition, attempts, names, nodes.rank_nodes(record, out, names))}

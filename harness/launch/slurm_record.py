@@ -72,6 +72,17 @@ def reason_for(attempt: Attempt, timeout: float, startup_s: float,
     return "failed", f"{where} ended {state}{said} and left no record{tail}"
 
 
+def at_time_limit(record: TrialResult, attempt: Attempt, minutes: Any) -> None:
+    """Node 0 wrote a failed record because Slurm's time limit stopped the job (its
+    SIGTERM ended the ranks): say so, rather than blame the ranks or a node that had
+    no time to say a word (harness.launch.slurm_nodes.across_nodes)."""
+    if record.status != "failed" or attempt.info is None or attempt.info.state != "TIMEOUT":
+        return
+    record.status = "timeout"
+    record.reason = (f"Slurm stopped job {attempt.job_id} at its time limit ({minutes} min) "
+                     f"before the trial had ended; what the ranks said: {record.reason}")
+
+
 def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
               study: str | None, trial_id: int | str | None, started_at: str | None,
               duration_s: float) -> TrialResult:

@@ -1,15 +1,14 @@
-"""A tiny GPT whose Slurm jobs, from each tuner's second on, wait for that tuner's gate.
+"""A tiny GPT whose Slurm jobs wait for their tuner's gate.
 
     [workload]
     name = "tests.slurm.held_workload:build"
     hold_dir = "/tmp/x/held"    # each job writes <hold_dir>/<worker>/<job id> at its first batch
 
 <worker> is the submitting tuner's $HARNESS_WORKER_HOST (the job inherits its
-environment). A tuner's first job goes on; a later one waits until the file
-<hold_dir>/<worker>/go exists. So a test knows, without timing anything, that each
-tuner finished one trial and holds the next one inside a running job (both of its
-nodes: the rank that waits stalls the other in its first collective), for as long as
-it takes to kill the tuner and resume it. Past `wait_s` the batch raises (the trial
+environment). Each job waits until the file <hold_dir>/<worker>/go exists. So a test
+knows, without timing anything, that each tuner holds a trial inside a running job
+(both of its nodes: the rank that waits stalls the other in its first collective), for
+as long as it takes to kill the tuner and resume it. Past `wait_s` the batch raises (the trial
 is `failed`, saying why). Outside a Slurm job (the tuner's own checks) nothing waits.
 """
 
@@ -42,9 +41,6 @@ def build(hold_dir: str, wait_s: float = 150.0, **gpt_args: Any) -> Workload:
 def _hold(folder: Path, job: str, wait_s: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / job).write_text(f"{os.getpid()}\n")  # both nodes' ranks: the same file
-    jobs = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-    if jobs[0] == int(job):
-        return  # this tuner's first job
     give_up = time.monotonic() + wait_s
     while not (folder / "go").exists():
         if time.monotonic() > give_up:

@@ -4,6 +4,8 @@ and the word of a node whose part of a job never ended (Slurm's commands stood i
 from __future__ import annotations
 
 from harness.launch import slurm_nodes
+from harness.launch.slurm_queue import JobInfo
+from harness.launch.slurm_record import Attempt, at_time_limit
 from harness.records.result import TrialResult
 from tests.slurm.conftest import stand_in
 
@@ -48,3 +50,19 @@ def test_a_node_that_said_nothing_is_named_with_slurms_word(fake_bin, tmp_path, 
     r = record()  # every node ended its part: nothing to add
     slurm_nodes.across_nodes(r, tmp_path, ["n1", "n2"], [{"node": 0}, {"node": 1}])
     assert r.reason == "rank 0 failed: Connection closed by peer" and "lost_nodes" not in r.metrics
+
+
+def test_a_job_at_slurms_time_limit_is_a_timeout_not_a_lost_node(fake_bin, tmp_path):
+    # Node 0 wrote "failed" as Slurm's SIGTERM at the time limit ended its ranks; n2 had
+    # no time to say a word. Neither the ranks nor the node are to blame: the limit is.
+    stand_in(fake_bin, "sinfo", 'echo "n2|idle|none"')
+    r = record(reason="rank 1 failed: SIGTERM")
+    at_time_limit(r, Attempt("7", JobInfo("TIMEOUT", nodes="n[1-2]")), 3)
+    slurm_nodes.across_nodes(r, tmp_path, ["n1", "n2"], [{"node": 0, "name": "n1"}])
+    assert r.status == "timeout" and "lost_nodes" not in r.metrics
+    assert r.reason == ("Slurm stopped job 7 at its time limit (3 min) before the trial had "
+                        "ended; what the ranks said: rank 1 failed: SIGTERM")
+    for state in ("COMPLETED", "FAILED"):  # any other end: the record stands as written
+        r = record()
+        at_time_limit(r, Attempt("7", JobInfo(state)), 3)
+        assert (r.status, r.reason) == ("failed", "rank 0 failed: Connection closed by peer")
