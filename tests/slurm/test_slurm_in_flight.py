@@ -62,19 +62,6 @@ def launched(run: Path) -> list[dict]:
     return [r for r in records(run) if "cluster" in tags_of(r)]
 
 
-@pytest.mark.timeout(300)
-def test_max_jobs_2_keeps_two_trials_in_flight(slurm_partition, tmp_path):
-    run, met = tmp_path / "run", tmp_path / "met"
-    done = tune(str(study_file(tmp_path, slurm_partition, met, meet=2)), "--out", str(run))
-    assert done.returncode == 0, done.stdout + done.stderr
-    jobs = launched(run)
-    # Each job's first step waited until both had started it: both ok means both ran at once.
-    assert len(jobs) == 2 and all(r["status"] == "ok" for r in jobs), jobs
-    assert sorted(p.name for p in met.iterdir()) == sorted(
-        r["tags"]["cluster"]["job_id"] for r in jobs)
-    assert (run / "best.toml").exists()
-
-
 def stopped_with_two_jobs_held(study: Path, run: Path, met: Path, sig: int, *args: str) -> int:
     """Start the tuner (with `args`), wait until both its jobs are held in their first
     step, send `sig`; its exit code."""
@@ -120,6 +107,9 @@ def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
     done = tune("--resume", "--out", str(run))
     assert done.returncode == 0, done.stdout + done.stderr
     recs = records(run)
+    # max_jobs = 2 keeps two trials in flight: each job's first step waited until both
+    # had started it, so both ok means both ran at once.
+    assert sorted(p.name for p in met.iterdir()) == seen
     # Each trial has one record, from the job the killed tuner submitted: none run again.
     assert sorted(r["tags"]["cluster"]["job_id"] for r in recs if "cluster" in r["tags"]) == seen
     assert all(r["status"] == "ok" and not r["tags"].get("orphan") for r in recs), recs
@@ -214,6 +204,12 @@ def test_the_quickstart_study_on_slurm_with_max_jobs_2_ends_with_a_best_plan_and
     jobs = launched(run)
     assert {r["tags"]["phase"] for r in jobs} >= {"baseline", "ablation"}, jobs
     assert len({r["tags"]["cluster"]["job_id"] for r in jobs}) == len(jobs)
+    for r in jobs:  # every launched trial a job of the partition, its output in logs/
+        cluster = r["tags"]["cluster"]
+        assert cluster["partition"] == slurm_partition, cluster
+        assert r["status"] != "ok" or cluster["state"] == "COMPLETED", cluster
+        logs = run / "trials" / str(r["trial_id"]) / "logs"
+        assert (logs / f"slurm-{cluster['job_id']}-0.out").exists()
     assert (run / "best.toml").exists()
     report = subprocess.run([sys.executable, "-m", "harness", "report", str(run)], cwd=ROOT,
                             env=env(), capture_output=True, text=True, timeout=120)
