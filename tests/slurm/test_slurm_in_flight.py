@@ -29,6 +29,7 @@ from tests.slurm.conftest import queued
 from tests.slurm.test_slurm_study import STUDY
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # each runs a tuner whose trials are real Slurm jobs: 10-60 s
 
 
 def env() -> dict[str, str]:  # at call time: the fixture has set SLURM_CONF
@@ -123,7 +124,6 @@ def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
 GRACE_S = 3  # storage.grace of the next test: a killed tuner's trials are stale past it
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_resume_past_grace_waits_for_a_claimed_job_and_cancels_a_failed_trials_job(
         slurm_partition, tmp_path):

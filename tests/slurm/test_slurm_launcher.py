@@ -38,6 +38,7 @@ def shape_of(record: dict) -> dict:
     }
 
 
+@pytest.mark.slow  # a real Slurm job: 5-20 s
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_trial_as_a_job_gives_the_local_record(slurm_partition, tmp_path, world):
@@ -80,6 +81,7 @@ def test_a_job_slurm_refuses_is_one_line_and_exit_2(slurm_partition, tmp_path, c
     assert not out.exists()  # nothing made, nothing submitted
 
 
+@pytest.mark.slow  # a real Slurm job: 5-20 s
 @pytest.mark.timeout(120)
 def test_a_job_past_its_trial_timeout_is_cancelled(slurm_partition, tmp_path, monkeypatch):
     # The trial's own launcher in the job stops a hanging trial at its timeout (the local
@@ -97,6 +99,7 @@ def test_a_job_past_its_trial_timeout_is_cancelled(slurm_partition, tmp_path, mo
     assert_nothing_left(out)
 
 
+@pytest.mark.slow  # a real Slurm job: 5-20 s
 @pytest.mark.timeout(120)
 def test_a_hanging_trial_is_stopped_at_its_timeout_inside_the_job(slurm_partition, tmp_path):
     prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=4.0)).checked()
@@ -108,6 +111,7 @@ def test_a_hanging_trial_is_stopped_at_its_timeout_inside_the_job(slurm_partitio
     assert_nothing_left(out)
 
 
+@pytest.mark.slow  # a real Slurm job: 5-20 s
 @pytest.mark.timeout(120)
 def test_stopped_early_is_pruned_and_ctrl_c_or_sigterm_cancels_the_job(slurm_partition, tmp_path):
     prepared = prepare(faulty_plan(world=1, hang_rank=0, timeout_s=60.0)).checked()
@@ -146,6 +150,7 @@ def test_stopped_early_is_pruned_and_ctrl_c_or_sigterm_cancels_the_job(slurm_par
     assert signal.getsignal(signal.SIGTERM) is before and not slurm._in_flight
 
 
+@pytest.mark.slow  # a real Slurm job: 5-20 s
 @pytest.mark.timeout(180)
 def test_a_job_whose_node_fails_is_submitted_once_more(slurm_partition, tmp_path):
     import subprocess
