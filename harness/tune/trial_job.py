@@ -21,7 +21,6 @@ the trial the record it would have had.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import statistics
 import time
@@ -43,7 +42,7 @@ from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRU
 from harness.study.machine_facts import MachineFacts
 from harness.tune.budget import MARGIN, fits, launch_timeout
 from harness.tune.optuna_outcome import memory_excess_bytes
-from harness.tune.search.correction import FRONTIER, Correction
+from harness.tune.search.correction import Correction
 
 if TYPE_CHECKING:
     from harness.tune.recovery.follower import Announcer
@@ -129,15 +128,13 @@ def run_trial_job(
                      corrected_step_time_s=correction.step_time(predicted, planned),
                      corrected_from_trials=correction.n_time,
                      calibration=correction.as_dict())  # the record's key
-    # over by more than the ratio's learnt spread (the search's memory frontier)
-    if correction.fit_chance(predicted, run.budget_bytes) < FRONTIER:
+    if peak is not None and peak > run.budget_bytes:
         tags["pruned"] = PRUNED_MEMORY
         return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
             f"not launched: predicted peak memory {format_bytes(peak)} per device "
             f"(estimator {format_bytes(predicted.get('peak_memory_bytes'))}, corrected by "
             f"{correction.n_memory} measured trial(s)) is over the memory budget "
-            f"{format_bytes(run.budget_bytes)} by more than its spread (x/"
-            f"{math.exp(correction.memory_sd):.2f})"))
+            f"{format_bytes(run.budget_bytes)}"))
     left = deadline - time.time()
     # Before any trial is measured the steps' time is the estimator's alone (on a busy
     # machine its measured peak can be 20x low): only the start-up may rule a trial out.

@@ -6,9 +6,6 @@ Each measured component gets its own correction, a median over the study's ok tr
 `overhead_s`, a trial's duration beyond its steps, apart for compiled trials:
 
     corrected peak  = runtime + memory_ratio x predicted tensors
-    chance to fit   = P(runtime + ratio x predicted tensors <= budget), log(ratio) normal
-                      around log(memory_ratio) with sd `memory_sd` (the measured ratios'
-                      spread, wide while few: the memory frontier of "How it searches")
     corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
     expected trial  = overhead + (warm-up + the window's steps as the trial loop will
                       choose them: harness.core.window) x corrected step
@@ -19,7 +16,6 @@ Each measured component gets its own correction, a median over the study's ok tr
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,25 +34,6 @@ DEFAULT_OVERHEAD_S = {"cpu": 5.0, "cuda": 40.0}
 DEFAULT_RUNTIME_BYTES = {"cpu": 0.0, "cuda": 1024.0**3}
 # Compiling a model, beyond a trial's other overhead, until a compiled trial is measured.
 DEFAULT_COMPILE_S = {"cpu": 30.0, "cuda": 70.0}
-# The tensor ratio's spread (log units) until trials measure it: the estimator misses a
-# GPU's peak by 10-30% (fragmentation, the allocator's cache, workspaces it does not model).
-MEMORY_SD = 0.15
-MEMORY_SD_FLOOR = 0.02  # repeats of one configuration differ by a little at least
-# The memory frontier: a configuration less than one sd of the ratio over the budget is
-# still a candidate (weighted by its chance to fit); further over, it is refused.
-FRONTIER = 0.5 * math.erfc(1.0 / math.sqrt(2.0))  # P(z < -1) = 0.159
-
-
-def memory_spread(ratios: list[float]) -> float:
-    """The sd of log(tensor ratio) for a configuration not measured yet: the measured
-    ratios' spread (and their median's own error), shrunk towards MEMORY_SD while few."""
-    logs = [math.log(r) for r in ratios if r > 0]
-    if len(logs) < 2:
-        return MEMORY_SD
-    n = len(logs)
-    measured = statistics.stdev(logs) * math.sqrt(1.0 + 1.0 / n)
-    weight = n / (n + 5.0)  # five trials' worth of the prior's say, as the surrogate's noise
-    return max(MEMORY_SD_FLOOR, weight * measured + (1 - weight) * MEMORY_SD)
 
 
 def compiled(plan: dict[str, Any] | None) -> bool:
@@ -90,7 +67,6 @@ def tensor_bytes(predicted: dict[str, Any] | None) -> float | None:
 class Correction:
     runtime_bytes: float = 0.0
     memory_ratio: float = 1.0
-    memory_sd: float = MEMORY_SD
     step_ratio: float = 1.0
     overhead_s: float | None = None
     overhead_compiled_s: float | None = None
@@ -126,34 +102,20 @@ class Correction:
         step = [measured / predicted for _, measured, predicted in samples]
         return cls(
             runtime_bytes=med(runtime) if runtime else DEFAULT_RUNTIME_BYTES.get(device_type, 0.0),
-            memory_ratio=med(mem) if mem else 1.0, memory_sd=memory_spread(mem),
+            memory_ratio=med(mem) if mem else 1.0,
             step_ratio=med(step) if step else 1.0,
             overhead_s=med(over) if over else None,
             overhead_compiled_s=med(over_compiled) if over_compiled else None,
             n_memory=len(mem), n_time=len(step), fit=StepFit(samples))
 
-    def _runtime(self, predicted: dict[str, Any] | None) -> float:
-        if not self.n_memory and (predicted or {}).get("device_overhead_bytes"):
-            return float(predicted["device_overhead_bytes"])  # measured on this GPU
-        return self.runtime_bytes
-
     def peak_memory(self, predicted: dict[str, Any] | None) -> float | None:
         tensors = tensor_bytes(predicted)
         if tensors is None:
             return None
-        return self._runtime(predicted) + self.memory_ratio * tensors
-
-    def fit_chance(self, predicted: dict[str, Any] | None, budget_bytes: float) -> float:
-        """The chance `predicted`'s peak fits the budget (0.5 where the corrected peak is
-        the budget; 1 without a prediction of memory)."""
-        tensors = tensor_bytes(predicted)
-        if tensors is None or tensors <= 0:
-            return 1.0
-        room = budget_bytes - self._runtime(predicted)
-        if room <= 0:
-            return 0.0
-        z = (math.log(room / tensors) - math.log(max(self.memory_ratio, 1e-9))) / self.memory_sd
-        return 0.5 * math.erfc(-z / math.sqrt(2.0))
+        runtime = self.runtime_bytes
+        if not self.n_memory and (predicted or {}).get("device_overhead_bytes"):
+            runtime = float(predicted["device_overhead_bytes"])  # measured on this GPU
+        return runtime + self.memory_ratio * tensors
 
     def step_time(self, predicted: dict[str, Any] | None,
                   plan: dict[str, Any] | None = None) -> float | None:

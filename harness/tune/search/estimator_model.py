@@ -18,7 +18,7 @@ from harness.core.plan import Plan
 from harness.study.machine_facts import MachineFacts
 from harness.study.search_space import NotInSpace, SearchSpace, config_key
 from harness.study.space_sampling import neighbours, sample, smaller
-from harness.tune.search.correction import FRONTIER, Correction
+from harness.tune.search.correction import Correction
 from harness.tune.search.part_fit import PartFit
 from harness.tune.search.step_fit import factors
 
@@ -80,17 +80,16 @@ class Predictions:
                 self._raw[k] = None
         return plan, self._raw[k]
 
-    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float,
-             least: float = 0.5) -> float:
+    def rate(self, params: dict[str, Any], correction: Correction, budget_bytes: float
+             ) -> float:
         """Predicted samples/s of `params` at the estimator's own step time (the sampler
-        learns its error); 0 where it cannot be predicted or its chance to fit the memory
-        budget, as `correction` corrects it, is under `least` (0.5: its corrected peak
-        is over the budget)."""
+        learns its error); 0 where it cannot be predicted or its peak, as `correction`
+        corrects it, is over the memory budget."""
         plan, predicted = self.raw(params)
         if not predicted:
             return 0.0
-        step = predicted.get("step_time_s")
-        if not step or correction.fit_chance(predicted, budget_bytes) < least:
+        step, peak = predicted.get("step_time_s"), correction.peak_memory(predicted)
+        if not step or (peak is not None and peak > budget_bytes):
             return 0.0
         return plan.batch_size / step
 
@@ -140,14 +139,11 @@ class EstimatorCostModel:
         return ", ".join(f"{p} x{w:.2g}" for p, w in moved.items()) if self._parts.n else ""
 
     def prior(self, params: dict[str, Any]) -> float | None:
-        rate = self.predictions.rate(params, self._now, self.budget_bytes, FRONTIER)
+        rate = self.predictions.rate(params, self._now, self.budget_bytes)
         if not rate or not self._parts.n:
             return rate or None
         parts = (self.predictions.raw(params)[1] or {}).get("step_parts")
         return rate / self._parts.ratio(parts) if parts else rate
-
-    def fits(self, params: dict[str, Any]) -> float:
-        return self._now.fit_chance(self.predictions.raw(params)[1], self.budget_bytes)
 
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         return factors(self.predictions.plan(params)[1])

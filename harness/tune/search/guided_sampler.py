@@ -41,10 +41,6 @@ class CostModel(Protocol):
     def prior(self, params: dict[str, Any]) -> float | None:
         """Predicted objective value (> 0); None: predicted not to run or not to fit."""
 
-    def fits(self, params: dict[str, Any]) -> float:
-        """The chance it fits the memory budget (its expected improvement's weight)."""
-        return 1.0
-
     def features(self, params: dict[str, Any]) -> dict[str, float]:
         """What the prior's error may depend on: one-hot choices, log2 sizes."""
 
@@ -234,13 +230,10 @@ class GuidedSampler(BaseSampler):
             i = max(order, key=lambda j: mean[j])
             return fresh[i][0], "the cost model's fastest prediction (nothing measured yet)"
         bar = best[1] if belief is None else belief
-        # constrained Bayesian optimisation: EI x P(fits), a configuration near the memory
-        # frontier is worth its gain as often as it will fit
-        fits = np.array([getattr(model, "fits", lambda _: 1.0)(p) for p, _ in fresh])
-        gain = expected_improvement(mean, sd, bar) * fits
+        gain = expected_improvement(mean, sd, bar)
         i = max(order, key=lambda j: gain[j])
         if judge:
-            self._judge(mean, sd, bar, len(observed), len(fresh) + len(observed), fits)
+            self._judge(mean, sd, bar, len(observed), len(fresh) + len(observed))
             if self.converged and self.cost_model.widen():
                 self.converged = None  # judged again over the wider candidates
         learnt = getattr(model, "learnt", lambda: "")()  # EstimatorCostModel's part weights
@@ -266,10 +259,10 @@ class GuidedSampler(BaseSampler):
         return surrogate, float(max(mean + np.array([lp for _, _, lp in known])))
 
     def _judge(self, mean: np.ndarray, sd: np.ndarray, best: float, n_observed: int,
-               n_candidates: int, fits: np.ndarray) -> None:
-        """Converged: no candidate PROB_STOP likely to fit and beat the best by more than
-        the noise, and fewer than EXPECTED_STOP expected to."""
-        p = prob_above(mean, sd, best + math.log1p(self.noise)) * fits
+               n_candidates: int) -> None:
+        """Converged: no candidate PROB_STOP likely to beat the best by more than the
+        noise, and fewer than EXPECTED_STOP expected to."""
+        p = prob_above(mean, sd, best + math.log1p(self.noise))
         self.converged = None
         if n_observed >= MIN_OBSERVED and p.max() < PROB_STOP and p.sum() < EXPECTED_STOP:
             self.converged = (f"converged: of {n_candidates} configurations the model ranks, "
