@@ -107,10 +107,12 @@ def test_a_cpu_trial_by_default_runs_as_asked_and_says_so():
 
 
 def test_a_trial_with_a_least_duration_measures_longer():
-    metrics, status, _ = measure(_prepared(warmup_max_steps=30, min_window_s=0.3))
+    # a warm-up cap of 8 (not 30): room to judge, and on a loaded machine, where the step
+    # times do not settle, 8 warm-up steps run, not 30 (most of this test's CPU time)
+    metrics, status, _ = measure(_prepared(warmup_max_steps=8, min_window_s=0.3))
     assert status == "ok"
     w = metrics["window"]
-    assert 2 <= w["warmup_steps_run"] <= 30 and isinstance(w["settled"], bool)
+    assert 2 <= w["warmup_steps_run"] <= 8 and isinstance(w["settled"], bool)
     assert w["min_seconds"] == 0.3
     # as many steps as last 0.3 s at the warm-up's pace (a loaded machine's pace too)
     assert w["steps"] == w["steps_planned"] == window_steps(4, 0.3, w["warmup_step_s"])
