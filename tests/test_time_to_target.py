@@ -45,7 +45,7 @@ def test_the_validation_loss_of_a_trained_model_is_below_a_fresh_ones():
     before = validation_loss(model, w, 64, "cpu")
     assert model.training and all(p.grad is None for p in model.parameters())  # no grad
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for step in range(40):
+    for step in range(10):  # 5.55 -> 3.50 here (40 steps: 3.29): the margin is 0.5
         opt.zero_grad()
         w.loss(model, w.batch(16, step, "cpu")).backward()
         opt.step()
