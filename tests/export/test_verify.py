@@ -100,10 +100,16 @@ def test_verify_refuses_a_folder_without_records(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_verify_one_process_reads_every_setting_back(tmp_path, capsys):
-    best, plain = plans.single(), plans.plan({})
-    run = run_folder(tmp_path, [record(5, best, 9.0), record(0, plain, 3.0, "baseline"),
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_verify_reads_every_setting_back_in_one_process_and_under_torchrun(tmp_path, capsys):
+    """One `harness verify` of the best (one process), a DDP plan (two ranks under
+    torchrun) and a LAMB plan (not started). The DDP record was its own test, with a plain
+    baseline record here beside the best: each Trainer run is a new interpreter importing
+    transformers (~14 CPU-s), so the plain run's checks of settings read back as off
+    (bf16, checkpointing, fused AdamW, SDPA) are test_verify_fsdp_on_cpus_...'s now."""
+    best = plans.single()
+    run = run_folder(tmp_path, [record(5, best, 9.0), record(3, plans.ddp(), 5.0),
                                 record(7, plans.plan({"lamb": {}}), 1.0)])
     assert main(["verify", str(run), "--with", "hf-trainer", "--top", "3",
                  "--timeout", "500"]) == 0
@@ -118,15 +124,22 @@ def test_verify_one_process_reads_every_setting_back(tmp_path, capsys):
     assert seen["attn_implementation"] == "sdpa"
     assert seen["distributed_type"] == "NO" and seen["world_size"] == 1
     assert seen["lr_scheduler"] == "LambdaLR" and seen["max_grad_norm"] == 0.0  # constant lr
-    plain_seen = json.loads((run / "verify" / "0" / "result.json").read_text())["observed"]
-    assert not plain_seen["bf16"] and not plain_seen["model_is_gradient_checkpointing"]
-    assert plain_seen["optim"] == "adamw_torch" and plain_seen["attn_implementation"] == "eager"
+    # the DDP plan under torchrun: two ranks, the same settings kept through the wrapper
+    ran = run / "verify" / "3"
+    assert (ran / "result.json").exists(), (ran / "log.txt").read_text()[-4000:]
+    ddp = json.loads((ran / "result.json").read_text())["observed"]
+    assert ddp["world_size"] == 2 and ddp["distributed_type"] == "MULTI_CPU"
+    assert ddp["wrapper"] == "DistributedDataParallel"
+    assert ddp["micro_steps_per_step"] == [2] and ddp["gradient_accumulation_steps"] == 2
+    assert ddp["optimizer_fused"] and ddp["model_is_gradient_checkpointing"]
     assert "#1 settings read back from the running Trainer: as exported" in out
+    assert "#2 settings read back from the running Trainer: as exported" in out  # lost == []
     assert "#3 (trial 7) the Trainer cannot run it as measured: lamb:" in out
     head = next(line for line in out.splitlines() if "trainer/s" in line)
     assert head.split()[:5] == ["#", "trial", "study/s", "trainer/s", "ratio"]
-    first = out.splitlines()[out.splitlines().index(head) + 1].split()
-    assert first[:2] == ["1", "5"]  # the study's fastest first
+    first, second = out.splitlines()[out.splitlines().index(head) + 1:][:2]
+    first = first.split()
+    assert first[:2] == ["1", "5"] and second.split()[:2] == ["2", "3"]  # fastest first
     study, trainer, ratio = map(float, first[2:5])
     assert study == 9.0 and trainer > 0 and ratio == pytest.approx(trainer / study, abs=0.01)
     assert "ranking: " in out
@@ -138,18 +151,8 @@ def failure(row, folder) -> str:
     return f"{row.failed}\n{log.read_text()[-4000:] if log.exists() else ''}"
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.timeout(600)
-def test_verify_ddp_two_ranks_under_torchrun(tmp_path):
-    row = verify_one(record(3, plans.ddp(), 5.0), tmp_path / "3", timeout_s=500)
-    assert row.trainer_rate, failure(row, tmp_path / "3")
-    seen = row.observed
-    assert seen["world_size"] == 2 and seen["distributed_type"] == "MULTI_CPU"
-    assert seen["wrapper"] == "DistributedDataParallel"
-    assert seen["micro_steps_per_step"] == [2] and seen["gradient_accumulation_steps"] == 2
-    assert seen["optimizer_fused"] and seen["model_is_gradient_checkpointing"]
-    assert row.lost == []
+# test_verify_ddp_two_ranks_under_torchrun: its DDP run and checks are in
+# test_verify_reads_every_setting_back_in_one_process_and_under_torchrun.
 
 
 @pytest.mark.slow
@@ -158,8 +161,11 @@ def test_verify_ddp_two_ranks_under_torchrun(tmp_path):
 def test_verify_fsdp_on_cpus_catches_the_trainer_running_ddp(tmp_path):
     """ZeRO-2 exports as fsdp = true (FSDP2, no reshard); on CPUs accelerate enters FSDP
     for accelerators only and the Trainer trains with DDP. The file says so (its nearest),
-    and verify, reading the running Trainer, names what it did not take."""
-    row = verify_one(record(4, plans.zero(2), 5.0), tmp_path / "4", timeout_s=500)
+    and verify, reading the running Trainer, names what it did not take. Without amp,
+    fused or SDPA in the plan, it also shows those read back as off (the plain baseline
+    run's checks, once in the one-process test)."""
+    plain_zero2 = plans.plan({"zero": {"stage": 2}, "checkpoint": {}}, data=2, gb=8)
+    row = verify_one(record(4, plain_zero2, 5.0), tmp_path / "4", timeout_s=500)
     assert row.trainer_rate, failure(row, tmp_path / "4")
     assert any(n.startswith("zero.stage = 2 on a CPU") for n in row.nearest)
     seen = row.observed
@@ -168,3 +174,7 @@ def test_verify_fsdp_on_cpus_catches_the_trainer_running_ddp(tmp_path):
     assert seen["wrapper"] == "DistributedDataParallel"
     assert "distributed_type: exported 'FSDP', the Trainer ran 'MULTI_CPU'" in row.lost
     assert "checkpointing: exported True, the Trainer ran False" in row.lost
+    assert not seen["model_is_gradient_checkpointing"]
+    assert not seen["bf16"] and seen["mixed_precision"] == "no"
+    assert seen["optim"] == "adamw_torch" and not seen["optimizer_fused"]
+    assert seen["attn_implementation"] == "eager"
