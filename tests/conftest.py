@@ -13,6 +13,14 @@ from tests import workers
 # warning class's module (lightning's, which imports torchvision).
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Two workers share the cores: torch's second intra-op thread in each would only
+    # spin-wait for a core the other worker holds (2-4x the CPU time of a small in-process
+    # training test, measured). Processes the tests start choose their own threads.
+    if getattr(config, "workerinput", None) is not None:
+        torch.set_num_threads(1)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups given here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if workers.under_xdist(config):
