@@ -33,21 +33,29 @@ PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test"
         "measured": {"flops": 1e12, "source": "test: a fixed figure"}}
 
 
-def short_trial():
+def prepared_trial(warmup_steps: int = 2, steps: int = 12):
     plan = Plan(name="interference", workload="gpt",
                 workload_args=dict(layers=2, heads=4, hidden=128, seq_len=128, vocab=512),
-                device="cpu", micro_batch_size=8, warmup_steps=2, steps=12)
-    return run_trial(prepare(plan, peaks={"fp32": PEAK}), "test")
+                device="cpu", micro_batch_size=8, warmup_steps=warmup_steps, steps=steps)
+    return prepare(plan, peaks={"fp32": PEAK})
+
+
+def short_trial():
+    return run_trial(prepared_trial(), "test")
 
 
 @pytest.mark.slow  # a trial beside one spinning process per CPU: slows everything else
 @pytest.mark.alone  # ... so the other worker's tests wait
 def test_a_trial_beside_cpu_bound_processes_is_flagged():
+    # Four steps, prepared before the hogs start: they spin the whole window, so its
+    # share is as plain in a window of a second as in one of ten (read in /proc/stat's
+    # 10 ms ticks), and each second they spin costs a CPU-second per hog.
+    prepared = prepared_trial(warmup_steps=1, steps=4)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              start_new_session=True) for _ in cpus()]
     try:
         time.sleep(0.5)  # running before the window opens
-        result = short_trial()
+        result = run_trial(prepared, "test")
     finally:
         for p in hogs:
             p.kill()
