@@ -36,6 +36,7 @@ def estimate(
     peak_flops: float | None = None,
     flops_per_sample: float | None = None,
     overhead: DeviceOverhead | None = None,
+    workload_key: str | None = None,
 ) -> Estimate:
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
@@ -44,12 +45,14 @@ def estimate(
     `flops_per_sample`, when the caller counted it already, is not counted again.
     `overhead` (harness.measure.device_overhead, on CUDA) is what the process holds
     beyond its tensors; the peak counts it, so that it predicts what the device holds.
+    `workload_key`: the name and arguments `workload` was loaded from, when it was
+    (harness.measure.prepare): its model is then read once per key in this process.
     Strategy settings the plan leaves out take the strategies' defaults; a bad
     setting is a HarnessError.
     """
     cfg = Settings.of(plan)
     par = cfg.parallel
-    facts = model_facts(workload, cfg.lora)
+    facts = model_facts(workload, cfg.lora, workload_key)
     b = plan.micro_batch_size
     assumptions = state_assumptions(facts, cfg, b)
     parts = activation_parts(workload, facts, cfg, env.device_type, b)

@@ -12,11 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from harness.workloads.base import Workload
 from harness.workloads.blocks import Blocks, block_of, find_blocks
+from harness.workloads.meta import on_meta
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ModelFacts:
         """`lora`: the plan's LoRA settings (strategies.lora.LoraSettings), if any."""
         from harness.workloads.attention import ATTENTION
 
-        with torch.device("meta"):
+        with on_meta():  # sizes only: the initialisers skipped
             model = workload.build_model()
             if lora is not None:
                 from strategies.lora import inject

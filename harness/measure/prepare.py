@@ -87,7 +87,8 @@ def prepare(
     flops = flops_per_sample(plan, workload)
     lap("flops")
     overhead = device_overhead(device) if device.type == "cuda" else None
-    predicted = estimate(plan, workload, runtime, peak.used.flops, flops, overhead).to_record()
+    predicted = estimate(plan, workload, runtime, peak.used.flops, flops, overhead,
+                         workload_key=_workload_key(plan)).to_record()
     lap("estimate")
     return Prepared(plan, workload, device, runtime, predicted, peak, flops,
                     workload.tokens_per_sample)
@@ -115,10 +116,15 @@ def flops_per_sample(plan: Plan, workload: Workload) -> float:
     (FlopCounterMode, for models without a formula) takes seconds to tens of seconds.
     The strategies leave them unchanged (MFU counts the model's FLOPs, not the work a
     technique adds), so only the workload and its arguments key them."""
-    key = json.dumps([plan.workload, plan.workload_args], sort_keys=True, default=str)
+    key = _workload_key(plan)
     if key not in _FLOPS:
         _FLOPS[key] = float(workload.flops_per_sample())
     return _FLOPS[key]
+
+
+def _workload_key(plan: Plan) -> str:
+    """What load_workload built the plan's workload from: in this process, one model."""
+    return json.dumps([plan.workload, plan.workload_args], sort_keys=True, default=str)
 
 
 def peak_for_workload(

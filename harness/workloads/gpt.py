@@ -15,6 +15,7 @@ from harness.workloads.attention import ATTENTION
 from harness.workloads.base import TransformerShape, Workload
 from harness.workloads.data import check_name, is_synthetic
 from harness.workloads.data import tokens as token_data
+from harness.workloads.meta import on_meta
 
 
 @dataclass
@@ -179,7 +180,7 @@ class GPTWorkload(Workload):
         embedding's matrix is the LM head and counts once, as the head.
         """
         cfg = self.cfg
-        with torch.device("meta"):
+        with on_meta():
             model = self.build_model()
         lookups = [model.wpe.weight]
         if model.wte.weight is not model.lm_head.weight:
