@@ -20,16 +20,6 @@ PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test"
         "measured": {"flops": 1e12, "source": "test: a fixed figure"}}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the suite's two workers share two cores, where a second
-    thread's spin-waits took 3-6x this module's CPU time (measured side by side)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))

@@ -6,7 +6,6 @@ whose times settle after k steps, and a tiny GPT on the CPU."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness.core.errors import HarnessError
 from harness.core.plan import Plan
@@ -15,16 +14,6 @@ from harness.measure.timing import settled, warm_up, window_rule, window_steps
 from harness.measure.trial_loop import measure
 from tests.test_measurement_window import PEAK
 from tests.tiny import TINY_GPT
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the suite's two workers share two cores, where a second
-    thread's spin-waits took 3-6x this module's CPU time (measured side by side)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class FakeSteps:

@@ -26,16 +26,6 @@ EXACT = 1e-4
 BF16 = 2e-2
 MODELS = list(TINY_HF)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
-    two threads spin-wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 pytestmark = pytest.mark.usefixtures("transformers_here")
 
 

@@ -21,16 +21,6 @@ def transformers_here():
     needs_transformers()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: tiny models gain nothing from two, and on a shared machine
-    two threads spin-wait on each other (resnet18's 3 steps: 8.2 CPU-s, 1.4 with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("model_type", ["llama", "bert"])
 def test_a_saved_folder_round_trips_with_its_weights(model_type, tmp_path):
     torch.manual_seed(1)
