@@ -108,10 +108,9 @@ def test_resume_waits_for_the_jobs_of_a_killed_tuner(slurm_partition, tmp_path):
     done = tune("--resume", "--out", str(run))
     assert done.returncode == 0, done.stdout + done.stderr
     recs = records(run)
-    # max_jobs = 2 keeps two trials in flight: each job's first step waited until both
-    # had started it, so both ok means both ran at once.
-    assert sorted(p.name for p in met.iterdir()) == seen
     # Each trial has one record, from the job the killed tuner submitted: none run again.
+    # And max_jobs = 2 keeps two trials in flight: each job's first step waited until
+    # both had started it (meet = 2), so both ok means both ran at once.
     assert sorted(r["tags"]["cluster"]["job_id"] for r in recs if "cluster" in r["tags"]) == seen
     assert all(r["status"] == "ok" and not r["tags"].get("orphan") for r in recs), recs
     assert len({r["trial_id"] for r in recs}) == len(recs) == 2
