@@ -37,4 +37,3 @@ def model_facts(workload: Workload, lora: Any = None, key: str | None = None) ->
         return _FACTS[workload]
     except TypeError:  # not hashable or not weakly referable: nothing kept
         return ModelFacts.of(workload)
-
