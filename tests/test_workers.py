@@ -28,12 +28,13 @@ def test_modules_sharing_a_launch_are_one_group_and_the_long_groups_go_first():
              FakeItem("tests/test_b.py::plain"),
              FakeItem("tests/slurm/test_s.py::job"),
              FakeItem("tests/test_c.py::study", "quickstart_study", "tmp_path"),
-             FakeItem("tests/test_d.py::also", "parallel_records")]
+             FakeItem("tests/test_d.py::also", "parallel_records"),
+             FakeItem("tests/test_cli.py::long")]  # a long module of its own, in FIRST
     workers.group_items(items)
     assert [i.nodeid for i in items] == [
         "tests/slurm/test_s.py::job", "tests/test_c.py::study", "tests/test_b.py::uses",
-        "tests/test_b.py::plain", "tests/test_d.py::also", "tests/test_a.py::one",
-        "tests/test_a.py::two"]
+        "tests/test_b.py::plain", "tests/test_d.py::also", "tests/test_cli.py::long",
+        "tests/test_a.py::one", "tests/test_a.py::two"]
     groups = {i.nodeid: i.group() for i in items}
     # the whole module follows its test that uses the shared launch
     assert groups["tests/test_b.py::plain"] == groups["tests/test_d.py::also"] == "parallel-launch"

@@ -7,8 +7,9 @@ rendezvous) rather than computes, so two workers overlap the waits on two cores.
 - A module is the unit of scheduling, so its module fixtures are built once. Modules
   that share a costly session fixture (a launch, a study, a cluster) go to one worker
   together: SHARED names those fixtures, and the modules using one become one group.
-- The groups are scheduled longest first (the Slurm group, then the shared launches),
-  so that none of them is the suite's tail.
+- The long groups are scheduled first, longest first (FIRST: the Slurm group, the
+  shared launches, the modules that take most of a minute), so that none of them is
+  the suite's tail.
 - A test marked `alone` runs with no test of the other worker beside it (the
   interference tests measure what other processes take; the quickstart study's users,
   since it spends a real budget). Every test holds a shared
@@ -33,8 +34,22 @@ import pytest
 SHARED = {"local_slurm": "slurm", "two_node_slurm": "slurm",
           "parallel_records": "parallel-launch", "quickstart_study": "quickstart-study",
           "hung_two_ranks": "hung-ranks"}
-# Scheduled first, in this order: the longest groups (tests/slurm sums to minutes).
-FIRST = ("slurm", "quickstart-study", "parallel-launch")
+# Scheduled first, longest first (their wall seconds in a quiet 2-worker run of 76ee33b),
+# so that the suite's tail is short modules that fill both workers, not a long one
+# waiting on a server while the other worker idles. Every other module follows in order.
+FIRST = ("slurm",  # 463: Slurm jobs on one throwaway cluster
+         "quickstart-study",  # 171
+         "tests/tuner/test_postgres.py",  # 122, half of it waiting on the server
+         "tests/test_selftest_proof.py",  # 104
+         "parallel-launch",  # 98
+         "tests/export/test_verify.py",  # 95
+         "tests/test_chaos_output.py",  # 67
+         "hung-ranks",  # 53
+         "tests/test_cli.py",  # 51
+         "tests/tuner/test_chaos_workers.py",  # 45
+         "tests/tuner/test_storage_outage.py",  # 39
+         "tests/distributed/test_two_nodes.py",  # 34
+         "tests/tuner/test_confirm.py")  # 34
 # Session fixtures whose users run `alone`: the study spends a real budget, and how many
 # trials fit in it is what its tests check.
 ALONE = ("quickstart_study",)
@@ -42,6 +57,11 @@ ALONE = ("quickstart_study",)
 
 def _module(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
+
+
+def _group(item: pytest.Item, shared_by_module: dict[str, str]) -> str:
+    module = _module(item)
+    return shared_by_module.get(module, module)
 
 
 def group_items(items: list[pytest.Item]) -> None:
@@ -57,13 +77,12 @@ def group_items(items: list[pytest.Item]) -> None:
                 # A module using two shared fixtures joins the first one met.
                 shared_by_module.setdefault(module, SHARED[name])
     for item in items:
-        module = _module(item)
-        item.add_marker(pytest.mark.xdist_group(shared_by_module.get(module, module)))
+        item.add_marker(pytest.mark.xdist_group(_group(item, shared_by_module)))
         if set(getattr(item, "fixturenames", ())) & set(ALONE):
             item.add_marker(pytest.mark.alone)
     rank = {name: i for i, name in enumerate(FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(shared_by_module.get(_module(item), ""), len(FIRST)),
+    items.sort(key=lambda item: (rank.get(_group(item, shared_by_module), len(FIRST)),
                                  order[id(item)]))
 
 
