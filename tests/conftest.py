@@ -16,9 +16,11 @@ from tests import workers
 def pytest_configure(config: pytest.Config) -> None:
     # Two workers share the cores: torch's second intra-op thread in each would only
     # spin-wait for a core the other worker holds (2-4x the CPU time of a small in-process
-    # training test, measured). Processes the tests start choose their own threads.
+    # training test, measured). The processes the tests start get one thread too, except
+    # beside an `alone` test (tests/workers.py).
     if getattr(config, "workerinput", None) is not None:
         torch.set_num_threads(1)
+        workers.one_thread_for_processes()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups given here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -95,3 +96,22 @@ def test_the_lock_is_let_go_when_a_test_fails(monkeypatch, alone):
         raise RuntimeError("the test failed")
     with workers.turn(alone=True):  # would block forever if the lock were kept
         pass
+
+
+@pytest.mark.parametrize("users", [None, "4"])
+def test_processes_get_one_thread_except_beside_an_alone_test(monkeypatch, users):
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+    monkeypatch.setattr(workers, "_set_here", {})
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")  # so that monkeypatch restores what was there
+    if users is None:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", users)
+    workers.one_thread_for_processes()
+    ours = users or "1"
+    assert os.environ["OMP_NUM_THREADS"] == ours
+    with workers.turn(alone=False):
+        assert os.environ["OMP_NUM_THREADS"] == ours
+    with workers.turn(alone=True):  # the user's value stays; ours is lifted
+        assert os.environ.get("OMP_NUM_THREADS") == users
+    assert os.environ["OMP_NUM_THREADS"] == ours

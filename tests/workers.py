@@ -25,7 +25,7 @@ import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -93,6 +93,31 @@ def _lock_folder() -> Path:
     return folder
 
 
+_ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+_set_here: dict[str, str] = {}
+
+
+def one_thread_for_processes() -> None:
+    """Processes the tests start (a trial, a rank server, a Slurm job) run torch with one
+    intra-op thread, as torchrun's ranks do: beside the other worker a second thread only
+    spin-waits (8% of the CPU of the subprocess-heavy modules, measured side by side). A
+    value the user set stays."""
+    for name, value in _ONE_THREAD.items():
+        if name not in os.environ:
+            os.environ[name] = _set_here[name] = value
+
+
+@contextmanager
+def _all_threads() -> Iterator[None]:
+    """An `alone` test has both cores: its processes choose their threads as a user's."""
+    for name in _set_here:
+        os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        os.environ.update(_set_here)
+
+
 @contextmanager
 def turn(alone: bool) -> Iterator[None]:
     """Hold the suite's lock for one test: shared, or exclusive when `alone`."""
@@ -105,7 +130,8 @@ def turn(alone: bool) -> Iterator[None]:
             if not alone:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
-            yield
+            with _all_threads() if alone else nullcontext():
+                yield
         finally:
             fcntl.flock(running, fcntl.LOCK_UN)
             if alone:
