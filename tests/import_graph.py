@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,6 +124,7 @@ def _nearest(name: str) -> str:
     return ".".join(parts)
 
 
+@cache  # parsed when a test asks (3 s), not when pytest collects this module in each worker
 def import_graph() -> tuple[list[Edge], dict[str, list[tuple[str, int]]]]:
     """The edges between the repo's modules, and per module the outside packages it
     imports at module level (top-level name, line)."""
@@ -148,9 +150,6 @@ def import_graph() -> tuple[list[Edge], dict[str, list[tuple[str, int]]]]:
                 if name.split(".")[0] not in TOP:
                     outside.setdefault(module, []).append((name.split(".")[0], node.lineno))
     return edges, outside
-
-
-EDGES, OUTSIDE = import_graph()
 
 
 def _cycles(edges: list[Edge]) -> list[list[Edge]]:
