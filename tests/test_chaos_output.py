@@ -21,8 +21,9 @@ import pytest
 from harness.core.errors import HarnessError
 from harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, cap_bytes, disk_bytes
 from harness.launch.rank_logs import tail
+from harness.measure.prepare import prepare
 from harness.measure.rank_process import append_output
-from tests.distributed.launch_helpers import ROOT, assert_nothing_left, needs_ddp
+from tests.distributed.launch_helpers import ROOT, assert_nothing_left, faulty_plan, needs_ddp
 
 CAP = 8 * 2**20
 MB = 10**6
@@ -30,19 +31,20 @@ SLACK = 64 * 2**10  # what a file may hold past the cap: the marker, a last line
 GROWTH = 64 * 2**20  # the most the launcher's peak RSS may grow while a trial floods
 HEADER = "harness worker: rank"
 
-# Prepares the plan first (torch imported, the workload built on the meta device),
-# as launch does anyway: the peak RSS after the launch, less the one before it, is
-# what launching the flooding trial cost.
+# The plan is prepared in the test's process (torch is imported there already) and
+# handed over as JSON, as the tuner gets it from its torch-side helper: the driver, like
+# the tuner, never imports torch (an interpreter's worth of imports, ~3.5 CPU-s a test,
+# saved). The peak RSS after the launch, less the one before it, is what launching the
+# flooding trial cost.
 DRIVER = r"""
 import contextlib, json, resource, sys, threading
 from pathlib import Path
+from harness.core.prepared import PreparedPlan
 from harness.launch.local import launch
 from harness.launch.log_cap import disk_bytes
-from harness.measure.prepare import prepare
-from tests.distributed.launch_helpers import faulty_plan
 
-out, plan = Path(sys.argv[1]), faulty_plan(**json.loads(sys.argv[2]))
-prepared = prepare(plan).checked()
+out, prepared = Path(sys.argv[1]), PreparedPlan.from_dict(json.loads(sys.argv[2]))
+assert "torch" not in sys.modules
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 peak_disk, done = {}, threading.Event()
 
@@ -67,7 +69,8 @@ def run_flood(out, fork: bool = True, **plan) -> dict:
     """Launch the faulty plan from a driver process (its ranks forked from the rank
     server, or without `fork` a new interpreter each, under torchrun); its report."""
     env = {**os.environ, CAP_ENV: str(CAP), "HARNESS_FORK_RANKS": "1" if fork else "0"}
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(out), json.dumps(plan)], cwd=ROOT,
+    prepared = json.dumps(prepare(faulty_plan(**plan)).checked().to_dict())
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(out), prepared], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -91,7 +91,9 @@ def gpu_test_files(root: Path) -> list[str]:
 
 
 def suite_args(suite: Suite, root: Path, rehearse: bool) -> list[str]:
-    args = list(suite.rehearse if rehearse else suite.args)
+    # A rehearsal's selections run in one process: the addopts' two xdist workers would
+    # import torch twice more (~6 CPU-s a selection) for a handful of tests on the CPU.
+    args = (["-n", "0", *suite.rehearse] if rehearse else list(suite.args))
     if suite.files == "gpu":
         args += gpu_test_files(root) or ["tests"]
     return args
