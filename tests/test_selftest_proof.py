@@ -125,9 +125,9 @@ def test_the_gpu_tests_are_collected_from_their_files_only():
     files = proof.gpu_test_files(ROOT)
     assert "tests/test_gpu_paths.py" in files and "tests/test_cli.py" not in files
     args = proof.suite_args(proof.CORE_TESTS[0], ROOT, rehearse=False)
-    assert args[:2] == ["-m", "gpu and not slow"] and args[2:] == files
-    rehearsed = proof.suite_args(proof.CORE_TESTS[0], ROOT, rehearse=True)
-    assert rehearsed == ["-n", "0", *args]  # one process: no xdist workers on the CPU
+    # one process, on the GPU and in the rehearsal: no two xdist workers on one device
+    assert args[:4] == ["-n", "0", "-m", "gpu and not slow"] and args[4:] == files
+    assert proof.suite_args(proof.CORE_TESTS[0], ROOT, rehearse=True) == args
 
 
 def test_a_stopped_run_leaves_a_page_that_says_what_did_not_finish(tmp_path):

@@ -91,9 +91,10 @@ def gpu_test_files(root: Path) -> list[str]:
 
 
 def suite_args(suite: Suite, root: Path, rehearse: bool) -> list[str]:
-    # A rehearsal's selections run in one process: the addopts' two xdist workers would
-    # import torch twice more (~6 CPU-s a selection) for a handful of tests on the CPU.
-    args = (["-n", "0", *suite.rehearse] if rehearse else list(suite.args))
+    # A selection runs in one process, not the addopts' two xdist workers: on one GPU they
+    # would share the device (a memory test reads NVML's, the whole device's), and on the
+    # CPU they would import torch twice more (~6 CPU-s a selection) for a handful of tests.
+    args = ["-n", "0", *(suite.rehearse if rehearse else suite.args)]
     if suite.files == "gpu":
         args += gpu_test_files(root) or ["tests"]
     return args
