@@ -15,8 +15,10 @@ rendezvous) rather than computes, so two workers overlap the waits on two cores.
   since it spends a real budget). Every test holds a shared
   lock on a file while it runs; an `alone` test takes it exclusive. A turnstile taken
   before either keeps the `alone` test from waiting behind an endless run of others.
+- In each worker torch runs one intra-op thread (tests/conftest.py), and the processes
+  the tests start get OMP_NUM_THREADS=1, except while an `alone` test runs.
 
-Without xdist (`-n 0`, or `-p no:xdist`) nothing here changes the order or locks.
+Without xdist (`-n 0`, or `-p no:xdist`) nothing here changes the order, locks or threads.
 """
 
 from __future__ import annotations
