@@ -95,8 +95,7 @@ def _lock_folder() -> Path:
     return folder
 
 
-_ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-_set_here: dict[str, str] = {}
+_set_here: dict[str, str] = {}  # what one_thread_for_processes set, to lift and restore
 
 
 def one_thread_for_processes() -> None:
@@ -104,9 +103,8 @@ def one_thread_for_processes() -> None:
     intra-op thread, as torchrun's ranks do: beside the other worker a second thread only
     spin-waits (8% of the CPU of the subprocess-heavy modules, measured side by side). A
     value the user set stays."""
-    for name, value in _ONE_THREAD.items():
-        if name not in os.environ:
-            os.environ[name] = _set_here[name] = value
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = _set_here["OMP_NUM_THREADS"] = "1"
 
 
 @contextmanager
