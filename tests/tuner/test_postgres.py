@@ -197,8 +197,9 @@ def test_postgres_password_is_in_no_file_the_study_writes(tmp_path, postgres, ca
     # `harness report` in this process: what it prints and writes is the same, without
     # a second interpreter importing pandas and plotly
     capsys.readouterr()
-    assert main(["report", str(out), "--csv", "--json"]) == 0
+    code = main(["report", str(out), "--csv", "--json"])
     report = capsys.readouterr()
+    assert code == 0, report.err
     assert PASSWORD not in text + report.out + report.err
     written = [p for p in out.rglob("*") if p.is_file()]  # report.html, .csv, .json too
     assert len(written) > 10
