@@ -14,6 +14,7 @@ the next. Several nodes still go through torchrun.
     ranks.returncode; ranks.first_failure; ranks.pids; ranks.members
 
     ask({"op": "prepare", "plan": ...})    # a fork answers as the torch-side helper would
+    process, conn = serve(env, log)        # a fork that answers them until conn closes
 
 `harness bench` checks and prepares its plan in such a fork too (`ask`), so its own
 process never imports torch: the server's imports are the only ones its trial
@@ -58,6 +59,8 @@ PRELOAD = ["harness.measure.rank_preload"]
 # What some trials import beside: a study's many trials share the server, a bench's one
 # trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
 STUDY_PRELOAD = ["torch.distributed.optim"]
+
+HELPER_NAME = "harness-helper"  # the torch-side helper's process name (see `serve`)
 
 _lock = threading.Lock()
 _context: Any = None
@@ -193,6 +196,20 @@ def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
     return answer
 
 
+def serve(env: dict[str, str], log: str) -> tuple[Any, Any]:
+    """A fork of the server that answers the torch-side helper's requests (JSON bytes in,
+    JSON bytes out, on the returned duplex connection) until that connection closes: the
+    tuner's helper, which then imports nothing of its own. Its stdout and stderr go to
+    the file `log`. The server gets a study's preload, as `warm_up` would start it."""
+    forking = _server(PRELOAD + STUDY_PRELOAD)
+    conn, theirs = forking.Pipe(duplex=True)
+    process = forking.Process(target=_serve, args=(dict(env), log, theirs),
+                              name="harness-helper", daemon=True)
+    _start(process)
+    theirs.close()
+    return process, conn
+
+
 def rank_env(env: dict[str, str], rank: int, world_size: int, logs: Path, port: int,
              run_id: str) -> dict[str, str]:
     """`env` with what torchrun's agent gives rank `rank` of a one-node trial
@@ -296,15 +313,7 @@ def _run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) ->
     try:
         os.setsid()
         _use_env(env)
-        for fd, path in ((1, stdout), (2, stderr)):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        _redirect(stdout, stderr)
         sys.argv = ["harness.measure.rank_main", *argv]
         from harness.core.errors import HarnessError
         from harness.measure import rank_main
@@ -326,6 +335,41 @@ def _run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) ->
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def _serve(env: dict[str, str], log: str, conn: Any) -> None:
+    """In the fork (see `serve`): the torch-side helper's loop, then os._exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tuner decides what stops
+    with contextlib.suppress(OSError):  # its name in ps and top (its command line is the
+        Path("/proc/self/comm").write_text(HELPER_NAME)  # server's, as every fork's)
+    _use_env(env)
+    _redirect(log, log)
+    from harness.measure import torch_helper_server
+
+    while True:
+        try:
+            request = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the tuner closed its end, or ended
+            break
+        answer = torch_helper_server.answer(request)
+        conn.send_bytes(json.dumps(answer, default=str).encode())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def _redirect(stdout: str, stderr: str) -> None:
+    """In a fork: stdin from /dev/null, stdout and stderr appended to these files."""
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def _use_env(env: dict[str, str]) -> None:

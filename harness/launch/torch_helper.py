@@ -1,13 +1,15 @@
 """The tuner's client of its torch-side helper (harness.measure.torch_helper_server).
 
-    probe = shared()                     # one helper process per tuner, started lazily
+    probe = shared()                     # one helper per tuner, started lazily
     facts = probe.study_facts(study)     # the study checked here (HarnessError if not)
     prepared = probe.prepare(plan)       # the plan checked, estimated, FLOPs counted
     prepared, phases_s = prepare_forked(plan)   # the same, by a fork of the rank server
 
 The tuner process never imports torch: what needs it is asked of this helper.
-The helper's imports (torch, the strategies, the estimator) are paid once per
-tuner, not once per trial. It ends with the tuner (its stdin closes).
+The helper is a fork of the rank server (harness.launch.rank_server.serve), whose
+imports (torch, the strategies, the estimator) the trials share, or, where ranks
+are not forked, a process of its own (harness.measure.torch_helper_server). It ends
+with the tuner (its connection, or its stdin, closes).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class ProbeCrashed(RuntimeError):
 
 class TorchHelper:
     def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
+        self._proc: Any = None  # the helper: a fork of the rank server, or a process
+        self._conn: Any = None  # the fork's connection (None for a process: its pipes)
         self._stderr: Any = None
         self._lock = threading.Lock()  # one question at a time
 
@@ -59,31 +62,53 @@ class TorchHelper:
         return PreparedPlan.from_dict(self._ask(request))
 
     def _ask(self, request: dict[str, Any]) -> Any:
-        request = {**request, "cwd": os.getcwd(), "path": import_path()}
+        line = json.dumps({**request, "cwd": os.getcwd(), "path": import_path()}, default=str)
         with self._lock:
-            proc = self._start()
+            self._start()
             try:
-                proc.stdin.write(json.dumps(request, default=str) + "\n")
-                proc.stdin.flush()
-                line = proc.stdout.readline()
-            except (BrokenPipeError, OSError):
+                if self._conn is not None:
+                    self._conn.send_bytes(line.encode())
+                    line = self._conn.recv_bytes().decode()
+                else:
+                    self._proc.stdin.write(line + "\n")
+                    self._proc.stdin.flush()
+                    line = self._proc.stdout.readline()
+            except (BrokenPipeError, EOFError, OSError):
                 line = ""
             if not line:
-                self._proc = None
-                raise ProbeCrashed(f"the torch-side helper stopped (exit {proc.wait()}): "
+                code = self._ended()
+                raise ProbeCrashed(f"the torch-side helper stopped (exit {code}): "
                                    f"{self._stderr_tail()}")
         return _ok(json.loads(line))
 
-    def _start(self) -> subprocess.Popen:
-        if self._proc is None or self._proc.poll() is not None:
-            # Its warnings must not reach the display; kept to explain a crash.
-            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the probe)
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                import_path(os.environ.get("PYTHONPATH")))}
+    def _start(self) -> None:
+        """The helper, started if it is not running. Where one-node trials are forked from
+        the rank server, it is a fork of that server too (rank_server.serve): torch is
+        imported once for the tuner's trials and its questions, not a second time."""
+        if self._proc is not None and (self._proc.exitcode if self._conn is not None
+                                       else self._proc.poll()) is None:
+            return
+        # Its warnings must not reach the display; kept to explain a crash.
+        self._stderr = tempfile.NamedTemporaryFile(prefix="harness-helper-")  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            import_path(os.environ.get("PYTHONPATH")))}
+        if rank_server.enabled():
+            self._proc, self._conn = rank_server.serve(env, self._stderr.name)
+        else:
+            self._conn = None
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.measure.torch_helper_server"], env=env, text=True,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
-        return self._proc
+                [sys.executable, "-m", "harness.measure.torch_helper_server"], env=env,
+                text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
+
+    def _ended(self) -> int | None:
+        """The stopped helper's exit status; it is forgotten (the next question starts one)."""
+        proc, self._proc = self._proc, None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            proc.join()
+            return proc.exitcode
+        return proc.wait()
 
     def _stderr_tail(self) -> str:
         if self._stderr is None:
@@ -92,8 +117,16 @@ class TorchHelper:
         return self._stderr.read()[-2000:].decode(errors="replace").strip()
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
+        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        if proc is None:
+            return
+        if conn is not None:  # the fork ends when its connection closes
+            conn.close()
+            proc.join(timeout=10)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join()
+        elif proc.poll() is None:
             proc.stdin.close()
             try:
                 proc.wait(timeout=10)

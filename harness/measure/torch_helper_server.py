@@ -1,6 +1,7 @@
-"""The tuner's torch side: one helper process per tuner answers what needs torch.
+"""The tuner's torch side: one helper per tuner answers what needs torch.
 
-    python -m harness.measure.torch_helper_server      (started by harness.launch.torch_helper)
+    a fork of the rank server running `answer` (harness.launch.rank_server.serve), or
+    python -m harness.measure.torch_helper_server      (where ranks are not forked)
 
 The tuner process never imports torch (nor touches a device): checking a study
 against the strategy registry, and checking, estimating and counting the FLOPs
@@ -16,7 +17,7 @@ line on stdout:
 A user's mistake (a plan or study this machine refuses) is {"error": message,
 "exit_code": n}; anything else that goes wrong, {"crash": traceback}. Every
 request carries the tuner's working folder and import path, so a user's workload
-module imports here as it would there. The process ends when its stdin closes.
+module imports here as it would there. It ends when its stdin (or connection) closes.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 
 import strategies
 from harness.core.plan import Layout, Plan
+from harness.launch import rank_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(layers=2, heads=2, hidden=32, seq_len=16, vocab=64)
@@ -54,7 +55,8 @@ def survivors(out_dir: Path) -> list[psutil.Process]:
     for p in found.values():
         try:
             cmdline = " ".join(p.cmdline())
-            if "harness.measure.torch_helper_server" in cmdline:
+            if "harness.measure.torch_helper_server" in cmdline \
+                    or p.name() == rank_server.HELPER_NAME:
                 continue  # this process's torch-side helper, no trial's
             if p.ppid() == os.getpid() and ("multiprocessing.forkserver" in cmdline
                                             or "multiprocessing.resource_tracker" in cmdline):
