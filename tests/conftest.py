@@ -79,11 +79,15 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     out, budget = tmp_path_factory.mktemp("quickstart") / "run", 45
     # Other work on this machine would flag every trial (tests/test_interference.py
     # covers that): here the flow is under test, so busy figures count.
-    env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "harness", "tune", "studies/quickstart.toml",
-                           "--out", str(out), "--budget", f"{budget}s"],
-                          cwd=Path(__file__).resolve().parents[1], env=env,
-                          capture_output=True, text=True, timeout=budget * 4)  # a hang guard
+    # It runs with no test of the other worker beside it (tests/workers.py); the tests
+    # that then read its output need not.
+    with workers.alone_now():
+        env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}
+        proc = subprocess.run([sys.executable, "-m", "harness", "tune",
+                               "studies/quickstart.toml", "--out", str(out), "--budget",
+                               f"{budget}s"], cwd=Path(__file__).resolve().parents[1],
+                              env=env, capture_output=True, text=True,
+                              timeout=budget * 4)  # a hang guard
     return SimpleNamespace(out=out, budget=budget, proc=proc)
 
 

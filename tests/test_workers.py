@@ -41,8 +41,8 @@ def test_modules_sharing_a_launch_are_one_group_and_the_long_groups_go_first():
     assert groups["tests/test_b.py::plain"] == groups["tests/test_d.py::also"] == "parallel-launch"
     assert groups["tests/test_a.py::one"] == groups["tests/test_a.py::two"] == "tests/test_a.py"
     assert groups["tests/slurm/test_s.py::job"] == "slurm"
-    alone = {i.nodeid for i in items if any(m.name == "alone" for m in i.marks)}
-    assert alone == {"tests/test_c.py::study"}
+    # the study's users are not `alone`: the fixture runs the study alone_now
+    assert not [i for i in items if any(m.name == "alone" for m in i.marks)]
 
 
 def test_an_alone_test_waits_for_the_running_one_and_holds_the_next_back(monkeypatch):
@@ -74,6 +74,46 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_the_next_back(monkeyp
     for t in (running, waiting, later):
         t.join(20)
     assert events == ["first in", "first out", "alone in", "alone out", "next in", "next out"]
+
+
+def test_a_block_alone_now_waits_for_the_other_test_and_holds_the_next_back(monkeypatch):
+    """A session fixture's costly part (the quickstart study) runs alone_now within a
+    test's shared turn: the other worker's running test ends first, its next one waits
+    until the block is over, then runs beside the rest of the test."""
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+    events: list[str] = []
+    first_in, block_out = threading.Event(), threading.Event()
+
+    def shared(name: str, hold: float) -> None:
+        with workers.turn(alone=False):
+            events.append(f"{name} in")
+            first_in.set()
+            time.sleep(hold)
+            events.append(f"{name} out")
+
+    def fixture_user() -> None:
+        with workers.turn(alone=False):
+            with workers.alone_now():
+                events.append("alone in")
+                time.sleep(0.3)
+                events.append("alone out")
+            block_out.set()
+            time.sleep(0.5)  # the test goes on, beside the next one
+            events.append("reader out")
+
+    running = threading.Thread(target=shared, args=("first", 0.5))
+    running.start()
+    assert first_in.wait(10)
+    user = threading.Thread(target=fixture_user)
+    user.start()
+    blocked_on(workers._lock_folder() / "running")  # it holds the turnstile now ...
+    later = threading.Thread(target=shared, args=("next", 0.0))
+    later.start()  # ... so this one waits behind the block, not behind the whole test
+    for t in (running, user, later):
+        t.join(20)
+    assert events == ["first in", "first out", "alone in", "alone out", "next in",
+                      "next out", "reader out"]
+    assert block_out.is_set()
 
 
 def blocked_on(path, timeout: float = 20.0) -> None:

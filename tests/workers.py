@@ -11,12 +11,14 @@ rendezvous) rather than computes, so two workers overlap the waits on two cores.
   shared launches, the modules that take most of a minute), so that none of them is
   the suite's tail.
 - A test marked `alone` runs with no test of the other worker beside it (the
-  interference tests measure what other processes take; the quickstart study's users,
-  since it spends a real budget). Every test holds a shared
+  interference tests measure what other processes take). Every test holds a shared
   lock on a file while it runs; an `alone` test takes it exclusive. A turnstile taken
   before either keeps the `alone` test from waiting behind an endless run of others.
+  A session fixture that spends a real budget once (the quickstart study: how many
+  trials fit is what its tests check) runs that part `alone_now`; the tests that only
+  read its output then run beside the other worker's.
 - In each worker torch runs one intra-op thread (tests/conftest.py), and the processes
-  the tests start get OMP_NUM_THREADS=1, except while an `alone` test runs.
+  the tests start get OMP_NUM_THREADS=1, except while an `alone` test (or block) runs.
 
 Without xdist (`-n 0`, or `-p no:xdist`) nothing here changes the order, locks or threads.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -52,9 +55,6 @@ FIRST = ("slurm",  # 463: Slurm jobs on one throwaway cluster
          "tests/tuner/test_storage_outage.py",  # 39
          "tests/distributed/test_two_nodes.py",  # 34
          "tests/tuner/test_confirm.py")  # 34
-# Session fixtures whose users run `alone`: the study spends a real budget, and how many
-# trials fit in it is what its tests check.
-ALONE = ("quickstart_study",)
 
 
 def _module(item: pytest.Item) -> str:
@@ -80,8 +80,6 @@ def group_items(items: list[pytest.Item]) -> None:
                 shared_by_module.setdefault(module, SHARED[name])
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item, shared_by_module)))
-        if set(getattr(item, "fixturenames", ())) & set(ALONE):
-            item.add_marker(pytest.mark.alone)
     rank = {name: i for i, name in enumerate(FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(_group(item, shared_by_module), len(FIRST)),
@@ -96,6 +94,7 @@ def _lock_folder() -> Path:
 
 
 _set_here: dict[str, str] = {}  # what one_thread_for_processes set, to lift and restore
+_held = threading.local()  # the running test's lock files and whether it is alone
 
 
 def one_thread_for_processes() -> None:
@@ -129,13 +128,35 @@ def turn(alone: bool) -> Iterator[None]:
         finally:
             if not alone:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _held.turn = (turnstile, running, alone)
         try:
             with _all_threads() if alone else nullcontext():
                 yield
         finally:
+            _held.turn = None
             fcntl.flock(running, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@contextmanager
+def alone_now() -> Iterator[None]:
+    """Within a test's shared turn: this block alone, as an `alone` test would run. The
+    shared lock is let go first, so an `alone` test of the other worker already waiting
+    goes before it (holding it while taking the turnstile could deadlock with that one)."""
+    turnstile, running, alone = getattr(_held, "turn", None) or (None, None, True)
+    if alone:  # not within a turn (no xdist), or alone already
+        yield
+        return
+    fcntl.flock(running, fcntl.LOCK_UN)
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(running, fcntl.LOCK_EX)
+        with _all_threads():
+            yield
+    finally:
+        fcntl.flock(running, fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 def under_xdist(config: pytest.Config) -> bool:

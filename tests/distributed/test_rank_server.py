@@ -86,3 +86,27 @@ def test_a_fork_of_the_server_answers_as_the_torch_side_helper():
     bad = rank_server.ask({"op": "prepare", "plan": {**plan.to_dict(), "strategies": {"amq": {}}}})
     assert bad["exit_code"] == 2 and "unknown strategy 'amq'" in bad["error"]
     assert "KeyError" in rank_server.ask({"op": "no such op"})["crash"]
+
+
+@pytest.mark.timeout(120)
+def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
+    """The helper answers from a fork of the rank server (torch imported once for the
+    study's trials and its questions); one that died is replaced at the next question."""
+    from multiprocessing import forkserver
+
+    import psutil
+
+    from harness.launch.torch_helper import TorchHelper
+
+    helper = TorchHelper()
+    try:
+        assert "cuda" in helper.devices()
+        first = psutil.Process(helper._proc.pid)
+        assert first.name() == rank_server.HELPER_NAME
+        assert first.ppid() == forkserver._forkserver._forkserver_pid
+        first.kill()
+        first.wait(10)
+        assert "cuda" in helper.devices()
+        assert helper._proc.pid != first.pid
+    finally:
+        helper.close()
