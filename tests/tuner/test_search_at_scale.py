@@ -43,6 +43,18 @@ def test_a_sample_needs_no_list_of_the_space(monkeypatch):
     assert sample(space, random.Random(0), 64) == drawn  # seeded
 
 
+def test_a_days_study_ranks_a_space_of_thousands_whole():
+    """A day's budget buys a prediction of each of 2,880 configurations (8-16 ms each),
+    all of this space of 2,744: a best the estimator ranks low is a candidate from the
+    start (drawn-0 of the replay's family). A 4-minute study still ranks a sample."""
+    from harness.tune.search.estimator_model import first_guess_pool, sample_size
+
+    space = wide_space()
+    listed = first_guess_pool(space, 0, sample_size(24 * 3600))
+    assert len(listed) == space.size() == len({key(p) for p in listed})
+    assert len(first_guess_pool(space, 0, sample_size(240))) == 64 + 2  # a sample
+
+
 def test_a_sample_of_a_space_with_ranges():
     """A learning rate searched as a range: the space has no size, a sample still works."""
     table = study_table(objective="time_to_loss", target_loss=5.0)

@@ -23,7 +23,7 @@ from harness.tune.search.part_fit import PartFit
 from harness.tune.search.step_fit import factors
 
 SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
-MOST = 1024  # the most (a long study's): a prediction takes 0.1-0.2 s of the helper
+MOST = 8192  # the most (a long study's): a day's 2,880, all of a space that size
 PER_PREDICTION_S = 30.0  # one more configuration ranked per this much of the budget
 
 

@@ -34,7 +34,12 @@ from harness.study.machine_facts import MachineFacts
 DEVICE_NAME = "NVIDIA H100 80GB HBM3"
 CAPACITY = int(79.18 * 2**30)
 MEASURED = {"fp32": 52e12, "tf32": 371e12, "bf16": 715e12, "fp16": 673e12}  # selftest 11-23
-PREPARE_S = 0.2  # virtual seconds per question to the torch-side helper
+# Virtual seconds per question to the torch-side helper: measured 11.8 ms wall (7.8 ms
+# CPU) per prepare of the 1B GPT's plans in this process on a loaded 2-core EPYC
+# (2026-11-27; the model's facts and FLOPs counted once per workload, as the helper
+# does), times four for the helper's round trip and a slower login node. It was 0.2 s
+# while every prepare built the model on the meta device.
+PREPARE_S = 0.05
 # What the calibration process would measure beside the tensors (device_overhead): the
 # context the H100 page measured (0.51 GiB), and the workspaces the surfaces hold beside
 # it (surfaces.hardware.CONTEXT less the context); NCCL not measurable on one rank here.
