@@ -45,8 +45,9 @@ def test_modules_sharing_a_launch_are_one_group_and_the_long_groups_go_first():
     assert not [i for i in items if any(m.name == "alone" for m in i.marks)]
 
 
-def test_an_alone_test_waits_for_the_running_one_and_holds_the_next_back(monkeypatch):
-    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+def _around(exclusive) -> list[str]:
+    """What happens when `exclusive(events)` starts while another test runs and a third
+    starts once it waits: the events, in order."""
     events: list[str] = []
     first_in = threading.Event()
 
@@ -57,63 +58,49 @@ def test_an_alone_test_waits_for_the_running_one_and_holds_the_next_back(monkeyp
             time.sleep(hold)
             events.append(f"{name} out")
 
-    def alone() -> None:
-        with workers.turn(alone=True):
-            events.append("alone in")
-            time.sleep(0.3)
-            events.append("alone out")
-
     running = threading.Thread(target=shared, args=("first", 0.5))
     running.start()
     assert first_in.wait(10)
-    waiting = threading.Thread(target=alone)
+    waiting = threading.Thread(target=exclusive, args=(events,))
     waiting.start()
     blocked_on(workers._lock_folder() / "running")  # it holds the turnstile now ...
     later = threading.Thread(target=shared, args=("next", 0.0))
     later.start()  # ... so this one waits behind it
     for t in (running, waiting, later):
         t.join(20)
-    assert events == ["first in", "first out", "alone in", "alone out", "next in", "next out"]
+    return events
+
+
+def test_an_alone_test_waits_for_the_running_one_and_holds_the_next_back(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
+
+    def alone(events: list[str]) -> None:
+        with workers.turn(alone=True):
+            events.append("alone in")
+            time.sleep(0.3)
+            events.append("alone out")
+
+    assert _around(alone) == ["first in", "first out", "alone in", "alone out", "next in",
+                              "next out"]
 
 
 def test_a_block_alone_now_waits_for_the_other_test_and_holds_the_next_back(monkeypatch):
     """A session fixture's costly part (the quickstart study) runs alone_now within a
     test's shared turn: the other worker's running test ends first, its next one waits
-    until the block is over, then runs beside the rest of the test."""
+    until the block is over (not until the whole test is), then runs beside the rest."""
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", f"test-{uuid.uuid4().hex}")
-    events: list[str] = []
-    first_in, block_out = threading.Event(), threading.Event()
 
-    def shared(name: str, hold: float) -> None:
-        with workers.turn(alone=False):
-            events.append(f"{name} in")
-            first_in.set()
-            time.sleep(hold)
-            events.append(f"{name} out")
-
-    def fixture_user() -> None:
+    def fixture_user(events: list[str]) -> None:
         with workers.turn(alone=False):
             with workers.alone_now():
                 events.append("alone in")
                 time.sleep(0.3)
                 events.append("alone out")
-            block_out.set()
             time.sleep(0.5)  # the test goes on, beside the next one
             events.append("reader out")
 
-    running = threading.Thread(target=shared, args=("first", 0.5))
-    running.start()
-    assert first_in.wait(10)
-    user = threading.Thread(target=fixture_user)
-    user.start()
-    blocked_on(workers._lock_folder() / "running")  # it holds the turnstile now ...
-    later = threading.Thread(target=shared, args=("next", 0.0))
-    later.start()  # ... so this one waits behind the block, not behind the whole test
-    for t in (running, user, later):
-        t.join(20)
-    assert events == ["first in", "first out", "alone in", "alone out", "next in",
-                      "next out", "reader out"]
-    assert block_out.is_set()
+    assert _around(fixture_user) == ["first in", "first out", "alone in", "alone out",
+                                     "next in", "next out", "reader out"]
 
 
 def blocked_on(path, timeout: float = 20.0) -> None:
