@@ -128,7 +128,8 @@ def _stop() -> None:
 
 
 class ForkedRank:
-    """A forked rank with the part of subprocess.Popen the launcher uses."""
+    """A forked rank (or the helper: `serve`) with the part of subprocess.Popen the
+    launcher and the helper's client use."""
 
     def __init__(self, process: Any) -> None:
         self._process = process
@@ -147,6 +148,9 @@ class ForkedRank:
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired("harness.measure.rank_main", timeout or 0.0)
         return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
 
 
 def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> ForkedRank:
@@ -196,7 +200,7 @@ def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
     return answer
 
 
-def serve(env: dict[str, str], log: str) -> tuple[Any, Any]:
+def serve(env: dict[str, str], log: str) -> tuple[ForkedRank, Any]:
     """A fork of the server that answers the torch-side helper's requests (JSON bytes in,
     JSON bytes out, on the returned duplex connection) until that connection closes: the
     tuner's helper, which then imports nothing of its own. Its stdout and stderr go to
@@ -204,10 +208,10 @@ def serve(env: dict[str, str], log: str) -> tuple[Any, Any]:
     forking = _server(PRELOAD + STUDY_PRELOAD)
     conn, theirs = forking.Pipe(duplex=True)
     process = forking.Process(target=_serve, args=(dict(env), log, theirs),
-                              name="harness-helper", daemon=True)
+                              name=HELPER_NAME, daemon=True)
     _start(process)
     theirs.close()
-    return process, conn
+    return ForkedRank(process), conn
 
 
 def rank_env(env: dict[str, str], rank: int, world_size: int, logs: Path, port: int,

@@ -38,7 +38,7 @@ class ProbeCrashed(RuntimeError):
 
 class TorchHelper:
     def __init__(self) -> None:
-        self._proc: Any = None  # the helper: a fork of the rank server, or a process
+        self._proc: Any = None  # the helper: a fork of the rank server, or a Popen
         self._conn: Any = None  # the fork's connection (None for a process: its pipes)
         self._stderr: Any = None
         self._lock = threading.Lock()  # one question at a time
@@ -85,8 +85,7 @@ class TorchHelper:
         """The helper, started if it is not running. Where one-node trials are forked from
         the rank server, it is a fork of that server too (rank_server.serve): torch is
         imported once for the tuner's trials and its questions, not a second time."""
-        if self._proc is not None and (self._proc.exitcode if self._conn is not None
-                                       else self._proc.poll()) is None:
+        if self._proc is not None and self._proc.poll() is None:
             return
         # Its warnings must not reach the display; kept to explain a crash.
         self._stderr = tempfile.NamedTemporaryFile(prefix="harness-helper-")  # noqa: SIM115
@@ -102,12 +101,9 @@ class TorchHelper:
 
     def _ended(self) -> int | None:
         """The stopped helper's exit status; it is forgotten (the next question starts one)."""
-        proc, self._proc = self._proc, None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            proc.join()
-            return proc.exitcode
+        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        if conn is not None:
+            conn.close()
         return proc.wait()
 
     def _stderr_tail(self) -> str:
@@ -118,21 +114,17 @@ class TorchHelper:
 
     def close(self) -> None:
         proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if proc is None:
-            return
-        if conn is not None:  # the fork ends when its connection closes
+        if conn is not None:  # the helper ends when its connection, or its stdin, closes
             conn.close()
-            proc.join(timeout=10)
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
-        elif proc.poll() is None:
+        if proc is None or proc.poll() is not None:
+            return
+        if conn is None:
             proc.stdin.close()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _ok(answer: dict[str, Any]) -> Any:
