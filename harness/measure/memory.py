@@ -94,7 +94,9 @@ def apply_memory_cap(device: torch.device, budget_bytes: int | None,
 def set_expandable_segments(device: torch.device, on: bool) -> None:
     """The allocator's expandable segments, as PYTORCH_CUDA_ALLOC_CONF (set by the launcher,
     harness.launch.local.allocator_env) asks, for a rank forked after torch was imported."""
-    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    # torch 2.11 deprecates the cuda one for the accelerator-wide setter (a FutureWarning)
+    setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+              or getattr(torch.cuda.memory, "_set_allocator_settings", None))
     if device.type == "cuda" and setter is not None:
         setter(f"expandable_segments:{on}")
 
