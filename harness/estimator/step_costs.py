@@ -33,19 +33,12 @@ from dataclasses import dataclass
 from harness.estimator.bandwidth import Bandwidth
 
 COMPUTE_MFU = 0.5  # of the peak, on large matmuls with nothing else in the way
-# host time to issue one kernel from eager PyTorch (Python, module calls and the
-# dispatcher included, not the driver's launch alone): the tiny GPT plans, launch-bound,
-# stepped at 7-13 ms on an H100 and an H200 for ~220 kernels and a foreach optimizer
-# (docs/benchmarks/gpu_h100-80gb-hbm3_2026-11-23.md, gpu_h200_2026-11-27.md); 6 us had
-# them 40-80% fast
-LAUNCH_S = 25e-6
+LAUNCH_S = 6e-6  # host time to issue one kernel (eager PyTorch, CUDA)
 KERNELS_PER_BLOCK = 45  # forward and backward of a transformer block, eager
 COMPILED_KERNELS = 0.3  # compile fuses the element-wise ones: this share is left
 OTHER_KERNELS = 40  # embedding, head, loss, per micro-step
 DATA_EXPOSED = 0.5  # of the data-parallel traffic, not overlapped with backward
-# kernels per parameter tensor; on CUDA torch's default AdamW is its foreach one
-# (torch.optim's _default_to_fused_or_foreach), so "default" counts as "foreach" here
-OPTIMIZER_KERNELS = {"default": 0.2, "foreach": 0.2, "fused": 0.05, "triton": 0.05}
+OPTIMIZER_KERNELS = {"default": 6, "foreach": 0.2, "fused": 0.05, "triton": 0.05}
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,7 @@ def test_a_small_micro_batch_is_launch_bound_on_a_gpu():
         plan.global_batch_size = 8
         return estimate(plan, w, CUDA, peak_flops=1e15).step_time_s
     assert step(1) > 2 * step(4)  # 8 micro-steps' launches against 2
-    # the blocks' kernels fall to 0.3 of them (2 blocks of 45, 40 others: 130 -> 67)
-    assert step(1, fused={"compile": True}) < step(1, fused={"compile": False}) / 1.8
+    assert step(1, fused={"compile": True}) < step(1) / 2
 
 
 def test_data_and_tensor_parallel_traffic_on_a_gpu():
