@@ -35,8 +35,6 @@ def prepared(device: str = "cpu", warmup: int = 1, steps: int = 4,
              warmup_max_steps: int | None = None, min_window_s: float | None = None, **faults):
     """A tiny GPT (tests.faulty_workload: `nan_at_step` counts warm-up steps too)."""
     plan = Plan(
-        warmup_max_steps=warmup_max_steps,
-        min_window_s=min_window_s,
         name="window",
         workload="tests.faulty_workload:build",
         workload_args={**TINY_GPT, **faults},
@@ -44,6 +42,8 @@ def prepared(device: str = "cpu", warmup: int = 1, steps: int = 4,
         micro_batch_size=4,
         warmup_steps=warmup,
         steps=steps,
+        warmup_max_steps=warmup_max_steps,
+        min_window_s=min_window_s,
     )
     return prepare(plan, peaks={"fp32": PEAK, "tf32": {**PEAK, "dtype": "tf32"}})
 
