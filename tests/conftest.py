@@ -3,6 +3,8 @@ and the two workers share the suite as tests/workers.py says."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -11,6 +13,11 @@ from tests import workers
 
 # That mend matters in xdist's controller too: to show a worker's warning it imports the
 # warning class's module (lightning's, which imports torchvision).
+
+# No rank server kept warm between the commands the tests start: each test's commands run
+# in an environment of their own, so each would leave a server of its own behind for ten
+# minutes. tests/test_warm_server.py turns it on, in a runtime folder of its own.
+os.environ["HARNESS_WARM_SERVER"] = "0"
 
 
 def pytest_configure(config: pytest.Config) -> None:

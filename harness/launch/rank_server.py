@@ -64,6 +64,7 @@ HELPER_NAME = "harness-helper"  # the torch-side helper's process name (see `ser
 
 _lock = threading.Lock()
 _context: Any = None
+_warm: Any = None  # harness.launch.warm_server.WarmServer, when `start_now` found one
 
 
 def enabled() -> bool:
@@ -85,15 +86,42 @@ def start_now() -> None:
     """Start the server (PRELOAD only) now, if it is on: `harness bench` calls this
     first thing, so the server's imports run beside the command line's own. It only
     spawns the server (a few milliseconds); the imports go on in its process, and the
-    server is stopped at this process's exit whatever happens meanwhile."""
-    if enabled():
+    server is stopped at this process's exit whatever happens meanwhile. Where a warm
+    server kept between commands is on (harness.launch.warm_server), that one is found
+    or started instead, and left running at the exit."""
+    global _warm
+    if not enabled():
+        return
+    from harness.launch import warm_server
+
+    _warm = warm_server.WarmServer.start(PRELOAD)
+    if _warm is None:
         _server()
 
 
 def stop_now() -> None:
     """Stop the server now, if one runs: `harness bench` of a plan whose [cluster]
-    sends it to Slurm, known only once the plan is read, after `start_now`."""
+    sends it to Slurm, known only once the plan is read, after `start_now`. A warm
+    server is left to other commands."""
+    global _warm
+    _warm = None
     _stop()
+
+
+def _forked_by_warm(how: str, *args: Any) -> Any:
+    """`how` (start_rank or ask) by the warm server, or None (then by this command's
+    own server) when there is none or it could not fork."""
+    global _warm
+    if _warm is None:
+        return None
+    from harness.launch import warm_server
+
+    try:
+        return getattr(_warm, how)(*args)
+    except warm_server.Unavailable as e:
+        print(f"harness: {e}; starting this command's own rank server", file=sys.stderr)
+        _warm = None
+        return None
 
 
 def _server(preload: list[str] = PRELOAD) -> Any:
@@ -155,6 +183,9 @@ class ForkedRank:
 
 def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> ForkedRank:
     """Fork `python -m harness.measure.rank_main ARGV` from the server (see the module)."""
+    warm = _forked_by_warm("start_rank", argv, env, stdout, stderr)
+    if warm is not None:
+        return warm
     process = _server().Process(target=_run_rank, args=(argv, env, stdout, stderr),
                                 name="harness-rank", daemon=False)
     _start(process)
@@ -181,6 +212,9 @@ def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
     runs with `env` (default: this process's environment) and ends with its answer;
     the answer also says when it began (`forked_at`, time.monotonic(): the server's
     imports were done by then) and when it ended (`answered_at`)."""
+    warm = _forked_by_warm("ask", request, dict(env or os.environ))
+    if warm is not None:
+        return warm
     forking = _server()
     reader, writer = forking.Pipe(duplex=False)
     process = forking.Process(target=_answer, args=(request, dict(env or os.environ), writer),

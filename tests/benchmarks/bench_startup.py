@@ -36,8 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(code: Path, plan: str, out: Path, cache: Path, extra: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(code), "HARNESS_CACHE_DIR": str(cache)}
+def run(code: Path, plan: str, out: Path, cache: Path, extra: list[str], server: str,
+        runtime: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code), "HARNESS_CACHE_DIR": str(cache),
+           "XDG_RUNTIME_DIR": str(runtime), "HARNESS_WARM_SERVER": str(int(server == "warm"))}
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", str(code / plan),
@@ -128,6 +130,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--plan", default="studies/plans/quickstart.toml")
     p.add_argument("--no-cold", action="store_true", help="only the warm peak cache")
+    p.add_argument("--server", choices=("own", "warm", "both"), default="both",
+                   help="the command's own rank server (HARNESS_WARM_SERVER=0), one kept "
+                        "warm between commands (harness.launch.warm_server: started by an "
+                        "untimed run first), or both side by side")
     p.add_argument("--short", action="store_true",
                    help="1 warm-up and 2 measured steps (--steps 2 --warmup-steps 1): the "
                         "same model and optimizer, so the same fixed cost, in a shorter run "
@@ -137,6 +143,9 @@ def main() -> int:
                         "cmd_bench replayed), once a round with the warm cache")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_startup."))
+    runtime = tmp / "runtime"  # the warm servers' folder: this run's own
+    runtime.mkdir(mode=0o700)
+    servers = ["own", "warm"] if args.server == "both" else [args.server]
     codes = {"now": ROOT}
     try:
         if args.before:
@@ -150,8 +159,28 @@ def main() -> int:
                        env={**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_CACHE_DIR": str(warm)},
                        check=True)
         caches = ["warm"] + ([] if args.no_cold else ["cold"])
-        rows: dict[tuple[str, str], list[dict]] = {}
+        rows: dict[tuple[str, str, str], list[dict]] = {}
         old: list[dict[str, float]] = []
+        extra = ["--steps", "2", "--warmup-steps", "1"] if args.short else []
+
+        def one(r: int, name: str, cache: str, server: str, timed: bool = True) -> None:
+            # one folder per kind of run, filled afresh: a warm server serves only the
+            # environment it started in, and HARNESS_CACHE_DIR is part of it
+            folder = tmp / f"cache-{cache}-{server}-{name.split()[0]}"
+            shutil.rmtree(folder, ignore_errors=True)
+            if cache == "warm":
+                shutil.copytree(warm, folder)
+            got = run(codes[name], args.plan, tmp / "out", folder, extra, server, runtime)
+            if timed:
+                rows.setdefault((name, cache, server), []).append(got)
+            print(f"round {r + 1} {name} {cache} {server}{'' if timed else ' (untimed)'}: "
+                  f"wall {got['wall']:.2f} steps {got['steps']:.2f} overhead "
+                  f"{got['overhead']:.2f} load {got['load']:.2f}", file=sys.stderr, flush=True)
+
+        if "warm" in servers:  # start each kind of run's warm server
+            for cache in caches:
+                for name in codes:
+                    one(-1, name, cache, "warm", timed=False)
         for r in range(args.rounds):
             names = list(codes) if r % 2 == 0 else list(reversed(codes))
             if args.old_phases and args.before:
@@ -159,37 +188,33 @@ def main() -> int:
                 shutil.copytree(warm, folder)
                 old.append(old_phases(tmp / "before", args.plan, tmp / "out", folder))
             for cache in caches:
-                for name in names:
-                    folder = tmp / f"cache-{r}-{cache}-{name.split()[0]}"
-                    if cache == "warm":
-                        shutil.copytree(warm, folder)
-                    got = run(codes[name], args.plan, tmp / "out", folder,
-                              ["--steps", "2", "--warmup-steps", "1"] if args.short else [])
-                    rows.setdefault((name, cache), []).append(got)
-                    print(f"round {r + 1} {name} {cache}: wall {got['wall']:.2f} steps "
-                          f"{got['steps']:.2f} overhead {got['overhead']:.2f} load "
-                          f"{got['load']:.2f}", file=sys.stderr, flush=True)
-        print("| code | peak cache | wall clock | its steps (warm-up + window) | overhead "
-              "| overhead, output closed | load (1 min) |\n| --- | --- | --- | --- | --- | --- "
-              "| --- |")
-        for (name, cache), runs in rows.items():
+                for server in servers:
+                    for name in names:
+                        one(r, name, cache, server)
+        print("| code | peak cache | rank server | wall clock | its steps (warm-up + window) "
+              "| overhead | overhead, output closed | load (1 min) |\n| --- | --- | --- | --- "
+              "| --- | --- | --- | --- |")
+        for (name, cache, server), runs in rows.items():
             cells = [summary([x[k] for x in runs])
                      for k in ("wall", "steps", "overhead", "overhead_closed", "load")]
-            print(f"| {name} | {cache} | " + " | ".join(cells) + " |")
+            print(f"| {name} | {cache} | {server} | " + " | ".join(cells) + " |")
         if old:
             print(f"\nphases, before ({args.before}), warm cache, timed from inside "
                   "(median [min, max] s):")
             for k in dict.fromkeys(k for x in old for k in x):
                 print(f"  {k:44} {summary([x.get(k) or 0.0 for x in old])}")
-        for (name, cache), runs in rows.items():
+        for (name, cache, server), runs in rows.items():
             if name != "now":
                 continue
             keys = list(dict.fromkeys(k for x in runs for k in x["phases"]))
-            print(f"\nphases, {name}, {cache} cache (median [min, max] s):")
+            print(f"\nphases, {name}, {cache} cache, {server} rank server (median [min, max] s):")
             for k in keys:
                 print(f"  {k:12} {summary([x['phases'].get(k) or 0.0 for x in runs])}")
             print(f"  {'(window)':12} {summary([x['window'] for x in runs])}")
     finally:
+        subprocess.run([sys.executable, "-m", "harness.launch.warm_server", "--stop"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_RUNTIME_DIR": str(runtime)},
+                       capture_output=True)
         if args.before:
             subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "before")],
                            cwd=ROOT, capture_output=True)
