@@ -141,15 +141,15 @@ def test_a_server_serves_only_the_environment_and_code_it_started_with(monkeypat
     assert warm_server.key(["x"]) != base
 
 
-def test_off_by_switch_inside_slurm_and_in_a_folder_others_can_enter(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_off_by_switch_inside_slurm_and_in_a_folder_others_can_enter(runtime, tmp_path,
+                                                                     monkeypatch):
     monkeypatch.setenv(warm_server.ENV, "0")
     assert warm_server.WarmServer.start([]) is None
     monkeypatch.setenv(warm_server.ENV, "1")
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     assert warm_server.WarmServer.start([]) is None
     monkeypatch.delenv("SLURM_JOB_ID")
-    shared = tmp_path / f"harness-warm-{os.getuid()}"
+    shared = runtime
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
     assert warm_server.folder() is None and warm_server.WarmServer.start([]) is None

@@ -52,6 +52,8 @@ from multiprocessing import connection, spawn
 from pathlib import Path
 from typing import Any
 
+from harness.launch import fork_child  # what each fork runs
+
 ENV = "HARNESS_FORK_RANKS"
 # torch, torch._dynamo, the strategies and the rank's modules, imported with the
 # garbage collector paused (see that module)
@@ -60,7 +62,7 @@ PRELOAD = ["harness.measure.rank_preload"]
 # trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
 STUDY_PRELOAD = ["torch.distributed.optim"]
 
-HELPER_NAME = "harness-helper"  # the torch-side helper's process name (see `serve`)
+HELPER_NAME = fork_child.HELPER_NAME
 
 _lock = threading.Lock()
 _context: Any = None
@@ -186,8 +188,9 @@ def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -
     warm = _forked_by_warm("start_rank", argv, env, stdout, stderr)
     if warm is not None:
         return warm
-    process = _server().Process(target=_run_rank, args=(argv, env, stdout, stderr),
-                                name="harness-rank", daemon=False)
+    process = _server().Process(target=fork_child.run_rank,
+                                args=(argv, env, stdout, stderr), name="harness-rank",
+                                daemon=False)
     _start(process)
     return ForkedRank(process)
 
@@ -217,7 +220,8 @@ def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
         return warm
     forking = _server()
     reader, writer = forking.Pipe(duplex=False)
-    process = forking.Process(target=_answer, args=(request, dict(env or os.environ), writer),
+    process = forking.Process(target=fork_child.answer,
+                              args=(request, dict(env or os.environ), writer),
                               name="harness-prepare", daemon=False)
     try:
         _start(process)
@@ -241,7 +245,7 @@ def serve(env: dict[str, str], log: str) -> tuple[ForkedRank, Any]:
     the file `log`. The server gets a study's preload, as `warm_up` would start it."""
     forking = _server(PRELOAD + STUDY_PRELOAD)
     conn, theirs = forking.Pipe(duplex=True)
-    process = forking.Process(target=_serve, args=(dict(env), log, theirs),
+    process = forking.Process(target=fork_child.serve, args=(dict(env), log, theirs),
                               name=HELPER_NAME, daemon=True)
     _start(process)
     theirs.close()
@@ -342,105 +346,3 @@ def _without_main(name: str) -> dict[str, Any]:
     data.pop("init_main_from_path", None)
     data.pop("init_main_from_name", None)
     return data
-
-
-def _run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
-    """In the fork: become the rank process `python -m harness.measure.rank_main` would
-    be, then leave with its exit status (os._exit: nothing of the server runs after)."""
-    code = 1
-    try:
-        os.setsid()
-        _use_env(env)
-        _redirect(stdout, stderr)
-        sys.argv = ["harness.measure.rank_main", *argv]
-        from harness.core.errors import HarnessError
-        from harness.measure import rank_main
-
-        try:
-            code = rank_main.main(argv)
-        except HarnessError as e:
-            print(f"{rank_main.HEADER} error: {e}", file=sys.stderr)
-            code = e.exit_code
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-def _serve(env: dict[str, str], log: str, conn: Any) -> None:
-    """In the fork (see `serve`): the torch-side helper's loop, then os._exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tuner decides what stops
-    with contextlib.suppress(OSError):  # its name in ps and top (its command line is the
-        Path("/proc/self/comm").write_text(HELPER_NAME)  # server's, as every fork's)
-    _use_env(env)
-    _redirect(log, log)
-    from harness.measure import torch_helper_server
-
-    while True:
-        try:
-            request = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):  # the tuner closed its end, or ended
-            break
-        answer = torch_helper_server.answer(request)
-        conn.send_bytes(json.dumps(answer, default=str).encode())
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)
-
-
-def _redirect(stdout: str, stderr: str) -> None:
-    """In a fork: stdin from /dev/null, stdout and stderr appended to these files."""
-    for fd, path in ((1, stdout), (2, stderr)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-
-
-def _use_env(env: dict[str, str]) -> None:
-    """In a fork: the caller's environment in place of the server's."""
-    os.environ.clear()
-    os.environ.update(env)
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:  # a new interpreter reads it at import;
-        import torch  # this one imported torch in the server (preloaded: no cost here)
-
-        torch.set_num_threads(int(threads))
-
-
-def _answer(request: dict[str, Any], env: dict[str, str], conn: Any) -> None:
-    """In a fork (see `ask`): answer `request` as the torch-side helper would, send it
-    back, and leave (os._exit: nothing of the server runs after)."""
-    forked_at = time.monotonic()
-    try:
-        _use_env(env)
-        from harness.measure import peaks, torch_helper_server
-
-        peaks.calibrate_here()  # this fork ends before the trial starts
-
-        answer = torch_helper_server.answer(request)
-    except BaseException:
-        import traceback
-
-        answer = {"crash": traceback.format_exc()[-4000:]}
-    with contextlib.suppress(Exception):
-        answer = {**answer, "forked_at": forked_at, "answered_at": time.monotonic()}
-        conn.send_bytes(json.dumps(answer, default=str).encode())
-        conn.close()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)

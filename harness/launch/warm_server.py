@@ -51,6 +51,8 @@ from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
+from harness.launch import fork_child
+
 ENV = "HARNESS_WARM_SERVER"
 IDLE_ENV = "HARNESS_WARM_SERVER_IDLE_S"
 IDLE_S = 600.0
@@ -290,8 +292,6 @@ def main(argv: list[str]) -> None:
     listener.bind(str(where))  # first: a command can connect while the imports run
     listener.listen(64)
     inode = where.stat().st_ino
-    from harness.launch import rank_server
-
     for name in preload:
         __import__(name)
     print(f"{NAME}: pid {os.getpid()}, ready after {time.process_time():.1f} CPU-s", flush=True)
@@ -313,7 +313,7 @@ def main(argv: list[str]) -> None:
                 os.read(woken_r, 4096)
         if listener in ready:
             sock, _ = listener.accept()
-            if _fork_for(sock, children, own, rank_server):
+            if _fork_for(sock, children, own):
                 quiet_since = time.monotonic()
         for pid, code in _reaped():
             quiet_since = time.monotonic()
@@ -329,8 +329,7 @@ def main(argv: list[str]) -> None:
     print(f"{NAME}: idle for {idle_s:.0f} s, ended", flush=True)
 
 
-def _fork_for(sock: socket.socket, children: dict[int, Any], own: list[int],
-              rank_server: Any) -> bool:
+def _fork_for(sock: socket.socket, children: dict[int, Any], own: list[int]) -> bool:
     """Read one request (the command's stdout and stderr, then the message) and fork for
     it (see the module). False for none."""
     fds: list[int] = []
@@ -369,9 +368,9 @@ def _fork_for(sock: socket.socket, children: dict[int, Any], own: list[int],
         conn.send_bytes(json.dumps({"pid": os.getpid()}).encode())
         if request["op"] == "rank":
             conn.close()
-            rank_server._run_rank(request["argv"], request["env"], request["stdout"],
+            fork_child.run_rank(request["argv"], request["env"], request["stdout"],
                                   request["stderr"])
-        rank_server._answer(request["request"], request["env"], conn)
+        fork_child.answer(request["request"], request["env"], conn)
     finally:
         os._exit(1)  # both leave by os._exit themselves
 

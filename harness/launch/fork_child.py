@@ -1,0 +1,121 @@
+"""What a fork of a rank server runs (harness.launch.rank_server's, started by the
+command, or harness.launch.warm_server's, kept between commands): a rank, as
+`python -m harness.measure.rank_main ARGV` would be (`run_rank`); one answer of the
+torch-side helper (`answer`); or the helper's loop (`serve`). Each takes the caller's
+environment (`use_env`) and leaves by os._exit, so nothing of the server runs after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HELPER_NAME = "harness-helper"  # the torch-side helper's process name (see `serve`)
+
+
+def run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
+    """In the fork: become the rank process `python -m harness.measure.rank_main` would
+    be, then leave with its exit status (os._exit: nothing of the server runs after)."""
+    code = 1
+    try:
+        os.setsid()
+        use_env(env)
+        redirect(stdout, stderr)
+        sys.argv = ["harness.measure.rank_main", *argv]
+        from harness.core.errors import HarnessError
+        from harness.measure import rank_main
+
+        try:
+            code = rank_main.main(argv)
+        except HarnessError as e:
+            print(f"{rank_main.HEADER} error: {e}", file=sys.stderr)
+            code = e.exit_code
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def serve(env: dict[str, str], log: str, conn: Any) -> None:
+    """In the fork (see `serve`): the torch-side helper's loop, then os._exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tuner decides what stops
+    with contextlib.suppress(OSError):  # its name in ps and top (its command line is the
+        Path("/proc/self/comm").write_text(HELPER_NAME)  # server's, as every fork's)
+    use_env(env)
+    redirect(log, log)
+    from harness.measure import torch_helper_server
+
+    while True:
+        try:
+            request = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the tuner closed its end, or ended
+            break
+        answer = torch_helper_server.answer(request)
+        conn.send_bytes(json.dumps(answer, default=str).encode())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def redirect(stdout: str, stderr: str) -> None:
+    """In a fork: stdin from /dev/null, stdout and stderr appended to these files."""
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def use_env(env: dict[str, str]) -> None:
+    """In a fork: the caller's environment in place of the server's."""
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # a new interpreter reads it at import;
+        import torch  # this one imported torch in the server (preloaded: no cost here)
+
+        torch.set_num_threads(int(threads))
+
+
+def answer(request: dict[str, Any], env: dict[str, str], conn: Any) -> None:
+    """In a fork (see `ask`): answer `request` as the torch-side helper would, send it
+    back, and leave (os._exit: nothing of the server runs after)."""
+    forked_at = time.monotonic()
+    try:
+        use_env(env)
+        from harness.measure import peaks, torch_helper_server
+
+        peaks.calibrate_here()  # this fork ends before the trial starts
+
+        answer = torch_helper_server.answer(request)
+    except BaseException:
+        import traceback
+
+        answer = {"crash": traceback.format_exc()[-4000:]}
+    with contextlib.suppress(Exception):
+        answer = {**answer, "forked_at": forked_at, "answered_at": time.monotonic()}
+        conn.send_bytes(json.dumps(answer, default=str).encode())
+        conn.close()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
