@@ -63,9 +63,11 @@ def _ended(pid: int, within_s: float) -> bool:
 def test_a_second_bench_forks_from_the_first_ones_server(runtime, tmp_path):
     first = _bench(*TINY, "--out", str(tmp_path / "one"))
     assert first.returncode == 0, first.stderr[-3000:]
-    [server] = _servers(runtime)  # left running by the first command
+    [server] = _servers(runtime)  # left running by the first command, which says so
+    assert f"the rank server stays up for the next `harness bench` (pid {server};" in first.stdout
     second = _bench(*TINY, "--out", str(tmp_path / "two"))
     assert second.returncode == 0, second.stderr[-3000:]
+    assert "stays up" not in second.stdout  # it started nothing
     assert _servers(runtime) == [server]  # the same one: no second start
     for out in ("one", "two"):
         record = json.loads((tmp_path / out / "result.json").read_text())

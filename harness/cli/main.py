@@ -164,6 +164,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"saved the trained weights to {record['metrics']['saved']} (a distillation "
               "teacher: [strategies.distill] teacher = that folder)")
     print(f"wrote {out / 'result.json'} (logs in {out / 'logs'})\nre-run: {command}")
+    if (left := rank_server.warm_note()) is not None:
+        print(left)
     return 0
 
 

@@ -110,6 +110,11 @@ def stop_now() -> None:
     _stop()
 
 
+def warm_note() -> str | None:
+    """What a `harness bench` that started the warm server leaves running, or None."""
+    return _warm.left_running() if _warm is not None else None
+
+
 def _forked_by_warm(how: str, *args: Any) -> Any:
     """`how` (start_rank or ask) by the warm server, or None (then by this command's
     own server) when there is none or it could not fork."""

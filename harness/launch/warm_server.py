@@ -113,9 +113,19 @@ class WarmServer:
     def __init__(self, where: Path, pid: int, spawned: bool = False) -> None:
         self.socket = where
         self.pid = pid
+        self.spawned = spawned
         self.forked = False
         if spawned:  # a command that never forks (its input refused) leaves nothing behind
             atexit.register(self._stop_unused)
+
+    def left_running(self) -> str | None:
+        """One line for the command that started this server and used it: what it left
+        running, and how to end it. None otherwise."""
+        if not (self.spawned and self.forked and _alive_pid(self.pid)):
+            return None
+        idle = float(os.environ.get(IDLE_ENV, IDLE_S))
+        return (f"the rank server stays up for the next `harness bench` (pid {self.pid}; "
+                f"it ends after {idle / 60:g} idle minutes; {ENV}=0 turns it off)")
 
     def _stop_unused(self) -> None:
         if not self.forked and _alive_pid(self.pid) is not None:
