@@ -171,3 +171,17 @@ def test_files_of_servers_ended_over_a_day_ago_are_pruned(tmp_path):
             os.utime(path, (time.time() - age, time.time() - age))
     warm_server._prune(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.lock", "new.log", "new.pid"]
+
+
+def test_stop_all_since_ends_only_the_servers_started_after(runtime):
+    older = warm_server.WarmServer.start([])
+    os.utime(next(runtime.glob("*.pid")), (time.time() - 60, time.time() - 60))
+    since = time.time()
+    os.environ["HARNESS_SOMETHING_ELSE"] = "1"  # another environment: another server
+    try:
+        newer = warm_server.WarmServer.start([])
+    finally:
+        del os.environ["HARNESS_SOMETHING_ELSE"]
+    assert newer.pid != older.pid
+    assert warm_server.stop_all(since=since) == 1
+    assert _ended(newer.pid, 30) and warm_server._alive_pid(older.pid) == older.pid

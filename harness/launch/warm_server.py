@@ -397,11 +397,15 @@ def _reaped() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def stop_all() -> int:
-    """End this user's warm servers (`--stop`); how many there were."""
+def stop_all(since: float | None = None) -> int:
+    """End this user's warm servers (`--stop`), or those started at or after `since`
+    (time.time()); how many there were."""
     home = folder()
     stopped = 0
     for pidfile in sorted(home.glob("*.pid")) if home else []:
+        with contextlib.suppress(OSError):
+            if since is not None and pidfile.stat().st_mtime < since:
+                continue
         pid = _alive(pidfile)
         if pid is not None:
             with contextlib.suppress(OSError):
