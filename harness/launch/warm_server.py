@@ -70,8 +70,11 @@ class Unavailable(Exception):
 
 
 def enabled(env: dict[str, str] | None = None) -> bool:
+    """On unless switched off or inside a Slurm job; only where /proc tells a server's
+    pid from another's (Linux)."""
     env = os.environ if env is None else env
-    return env.get(ENV, "1") != "0" and "SLURM_JOB_ID" not in env
+    linux = Path("/proc/self/cmdline").exists()
+    return env.get(ENV, "1") != "0" and "SLURM_JOB_ID" not in env and linux
 
 
 def folder() -> Path | None:
