@@ -59,6 +59,7 @@ def _ended(pid: int, within_s: float) -> bool:
     return True
 
 
+@pytest.mark.slow  # two real benches; the light server's tests cover the protocol
 @pytest.mark.timeout(300)
 def test_a_second_bench_forks_from_the_first_ones_server(runtime, tmp_path):
     first = _bench(*TINY, "--out", str(tmp_path / "one"))
