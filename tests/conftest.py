@@ -3,13 +3,20 @@ and the two workers share the suite as tests/workers.py says."""
 
 from __future__ import annotations
 
-import os
+import gc
 
-import pytest
-import torch
+# Collection imports torch, transformers, timm and the rest with the cyclic collector
+# paused, as the rank server's preload does (harness.measure.rank_preload): 4 of each
+# worker's 9 CPU-s of collection, measured. It is back on once the tests are collected.
+gc.disable()
 
-import harness  # noqa: F401  (mends torchvision's import: harness.core.torchvision_ops)
-from tests import workers
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import harness  # noqa: E402, F401  (mends torchvision's import: harness.core.torchvision_ops)
+from tests import workers  # noqa: E402
 
 # That mend matters in xdist's controller too: to show a worker's warning it imports the
 # warning class's module (lightning's, which imports torchvision).
@@ -20,7 +27,26 @@ from tests import workers
 os.environ["HARNESS_WARM_SERVER"] = "0"
 
 
+def _collector_back_on() -> None:
+    gc.freeze()  # what the imports made stays out of every later collection
+    gc.enable()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _collector_back_on()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Frozen, the imports' objects would meet the interpreter's exit uncollected, and
+    # triton's extension (nanobind) would print pages of leak warnings. An xdist
+    # worker's stderr is not shown: it skips the exit's collection (2.7 CPU-s).
+    if getattr(config, "workerinput", None) is None:
+        gc.unfreeze()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if workers.under_xdist(config) and getattr(config, "workerinput", None) is None:
+        _collector_back_on()  # xdist's controller: it collects nothing
     # Two workers share the cores: torch's second intra-op thread in each would only
     # spin-wait for a core the other worker holds (2-4x the CPU time of a small in-process
     # training test, measured). The processes the tests start get one thread too, except

@@ -45,6 +45,17 @@ def test_modules_sharing_a_launch_are_one_group_and_the_long_groups_go_first():
     assert not [i for i in items if any(m.name == "alone" for m in i.marks)]
 
 
+def test_the_modules_that_wait_are_spread_through_the_rest():
+    rest = [FakeItem(f"tests/test_{m}.py::{n}") for m in "abcd" for n in ("x", "y")]
+    items = [FakeItem("tests/tuner/test_confirm.py::w"), *rest,
+             FakeItem("tests/tuner/test_postgres.py::w"), FakeItem("tests/test_cli.py::c")]
+    workers.group_items(items)
+    # FIRST's, then the longest waiting one at once, the next after half of the rest
+    assert [i.nodeid.split("::")[0].split("/")[-1] for i in items] == [
+        "test_cli.py", "test_postgres.py", "test_a.py", "test_a.py", "test_b.py", "test_b.py",
+        "test_confirm.py", "test_c.py", "test_c.py", "test_d.py", "test_d.py"]
+
+
 def _around(exclusive) -> list[str]:
     """What happens when `exclusive(events)` starts while another test runs and a third
     starts once it waits: the events, in order."""

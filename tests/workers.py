@@ -7,9 +7,11 @@ rendezvous) rather than computes, so two workers overlap the waits on two cores.
 - A module is the unit of scheduling, so its module fixtures are built once. Modules
   that share a costly session fixture (a launch, a study, a cluster) go to one worker
   together: SHARED names those fixtures, and the modules using one become one group.
-- The long groups are scheduled first, longest first (FIRST: the Slurm group, the
-  shared launches, the modules that take most of a minute), so that none of them is
-  the suite's tail.
+- The long groups are scheduled first (FIRST: the Slurm group, which mostly waits on
+  its cluster, then the launches and modules that compute the most, run beside it), so
+  that none of them is the suite's tail. The modules that mostly wait on the real clock
+  (WAITING) are spread through the rest, so that each runs beside modules that compute
+  rather than beside another that waits (two waiting leave both cores idle).
 - A test marked `alone` runs with no test of the other worker beside it (the
   interference tests measure what other processes take). Every test holds a shared
   lock on a file while it runs; an `alone` test takes it exclusive. A turnstile taken
@@ -39,22 +41,28 @@ import pytest
 SHARED = {"local_slurm": "slurm", "two_node_slurm": "slurm",
           "parallel_records": "parallel-launch", "quickstart_study": "quickstart-study",
           "hung_two_ranks": "hung-ranks"}
-# Scheduled first, longest first (their wall seconds in a quiet 2-worker run of 76ee33b),
-# so that the suite's tail is short modules that fill both workers, not a long one
-# waiting on a server while the other worker idles. Every other module follows in order.
-FIRST = ("slurm",  # 463: Slurm jobs on one throwaway cluster
-         "quickstart-study",  # 171
-         "tests/tuner/test_postgres.py",  # 122, half of it waiting on the server
-         "tests/test_selftest_proof.py",  # 104
-         "parallel-launch",  # 98
-         "tests/export/test_verify.py",  # 95
-         "tests/test_chaos_output.py",  # 67
-         "hung-ranks",  # 53
-         "tests/test_cli.py",  # 51
-         "tests/tuner/test_chaos_workers.py",  # 45
-         "tests/tuner/test_storage_outage.py",  # 39
-         "tests/distributed/test_two_nodes.py",  # 34
-         "tests/tuner/test_confirm.py")  # 34
+# Scheduled first: the Slurm group (its jobs wait on the throwaway cluster, 0.7 of a core
+# on average), then the groups that compute the most, which the other worker runs beside
+# it. Wall seconds (CPU seconds per wall second) of a quiet 2-worker run of 3c0e7ba.
+FIRST = ("slurm",  # 240 (0.7): Slurm jobs on one throwaway cluster
+         "quickstart-study",  # 115 (1.0), 45 of it alone
+         "parallel-launch",  # 55 (1.2)
+         "tests/export/test_verify.py",  # 29 (1.2)
+         "tests/test_selftest_proof.py",  # 27 (1.0)
+         "tests/test_cli.py",  # 23 (0.8)
+         "tests/distributed/test_two_nodes.py")  # 8 (1.6)
+# Modules that mostly wait on the real clock (a study's budget, a hung rank's timeout,
+# a database restarted), longest first. Side by side they would leave both cores idle,
+# so they are spread evenly through the rest of the suite, each beside modules that
+# compute (their wall seconds and CPU seconds per wall second, as above).
+WAITING = ("tests/tuner/test_postgres.py",  # 80 (0.4)
+           "tests/tuner/test_chaos_workers.py",  # 29 (0.4)
+           "tests/test_chaos_output.py",  # 27 (0.6)
+           "hung-ranks",  # 27 (0.2)
+           "tests/tuner/test_confirm.py",  # 24 (0.2)
+           "tests/tuner/test_storage_outage.py",  # 23 (0.3)
+           "tests/tuner/test_heartbeat_bridge.py",  # 9 (0.0)
+           "tests/tuner/test_tuner_parts.py")  # 7 (0.1)
 
 
 def _module(item: pytest.Item) -> str:
@@ -67,8 +75,9 @@ def _group(item: pytest.Item, shared_by_module: dict[str, str]) -> str:
 
 
 def group_items(items: list[pytest.Item]) -> None:
-    """Give every item an xdist_group (its module's, or its shared fixture's), and put
-    the FIRST groups at the front, keeping the order within each."""
+    """Give every item an xdist_group (its module's, or its shared fixture's), and order
+    the groups: FIRST's, then the rest with WAITING's spread evenly among them, keeping
+    the order within each group."""
     shared_by_module: dict[str, str] = {}
     for item in items:
         module = _module(item)
@@ -78,12 +87,30 @@ def group_items(items: list[pytest.Item]) -> None:
             if name in SHARED:
                 # A module using two shared fixtures joins the first one met.
                 shared_by_module.setdefault(module, SHARED[name])
+    by_group: dict[str, list[pytest.Item]] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item, shared_by_module)))
-    rank = {name: i for i, name in enumerate(FIRST)}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(_group(item, shared_by_module), len(FIRST)),
-                                 order[id(item)]))
+        group = _group(item, shared_by_module)
+        item.add_marker(pytest.mark.xdist_group(group))
+        by_group.setdefault(group, []).append(item)
+    items[:] = [item for group in _order(list(by_group), {g: len(i) for g, i in by_group.items()})
+                for item in by_group[group]]
+
+
+def _order(groups: list[str], sizes: dict[str, int]) -> list[str]:
+    """FIRST's groups, then the others in collection order, with WAITING's k-th group
+    placed after k equal shares of their tests (the first at once)."""
+    first = [g for g in FIRST if g in sizes]
+    waiting = [g for g in WAITING if g in sizes]
+    rest = [g for g in groups if g not in first and g not in waiting]
+    share = sum(sizes[g] for g in rest) / max(len(waiting), 1)
+    ordered, seen, placed = list(first), 0, 0
+    for group in rest:
+        while placed < len(waiting) and seen >= share * placed:
+            ordered.append(waiting[placed])
+            placed += 1
+        ordered.append(group)
+        seen += sizes[group]
+    return ordered + waiting[placed:]
 
 
 def _lock_folder() -> Path:

@@ -130,7 +130,7 @@ def _command(world: int, plan: Path, args: Path, out: Path) -> list[str]:
         return [sys.executable, *run]
     from harness.core.ports import free_port
 
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+    return [sys.executable, "-m", "harness.launch.torchrun_agent", "--nnodes", "1",
             "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
             "--master-port", str(free_port()), *run]
 

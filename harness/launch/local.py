@@ -23,7 +23,7 @@ the ranks go through torchrun instead (one rank alone: `python -m
 harness.measure.rank_main` in a new session, its logs in out/logs/rank0/):
 
     caller                                     waits with a deadline
-    └── python -m torch.distributed.run ...    a new session; out/logs/agent.log
+    └── python -m harness.launch.torchrun_agent ...   torchrun, in a new session; out/logs/agent.log
         ├── python -m harness.measure.rank_main ...       rank 0: out/logs/<id>_*/attempt_0/0/
         └── python -m harness.measure.rank_main ...       rank 1: out/logs/<id>_*/attempt_0/1/
 
@@ -308,7 +308,7 @@ def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, run_id:
     endpoint = endpoint or f"127.0.0.1:{free_port()}"
     host, port = endpoint.rsplit(":", 1)
     argv = [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "harness.launch.torchrun_agent",  # torch.distributed.run
         "--nnodes", str(nnodes),
         "--nproc-per-node", str(plan.world_size // nnodes),
     ]

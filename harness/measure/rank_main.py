@@ -21,6 +21,12 @@ import os
 import signal
 import sys
 
+if __name__ == "__main__":
+    # A new interpreter (torchrun's rank, a Slurm job's), not a fork of the rank server:
+    # the server's imports, made as it makes them (2.0 CPU-s against 3.0 with the
+    # collector on), so that this rank runs on the heap a forked one has.
+    import harness.measure.rank_preload  # noqa: F401
+
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from harness.measure.rank_process import LOG_HEADER as HEADER

@@ -2,37 +2,21 @@
 
 Importing this module is the server's preload: torch, torch._dynamo (every
 torch.optim optimizer imports it, in its constructor and at each step, so a trial
-cannot skip it), the strategies and the rank's own modules. Nothing else imports it.
+cannot skip it), the strategies and the rank's own modules. The server imports it,
+and so does a rank started as a new interpreter (harness.measure.rank_main), so that
+both run a trial on the same heap.
 
-The imports run with Python's cyclic garbage collector paused: torch and dynamo
-create about a million objects and no garbage worth collecting, and a collector
-that sweeps the growing heap every few hundred allocations costs about an eighth of
-the import's CPU time. At the end they are frozen (`gc.freeze`, the prefork
-pattern of Python's gc docs) and the collector is back on: each fork keeps
-collecting its own objects as any process does, without sweeping (and so copying
-on write) the server's. What a trial runs is unchanged.
+The imports run with Python's cyclic garbage collector paused, then frozen
+(harness.core.paused_imports): each fork keeps collecting its own objects as any
+process does, without sweeping (and so copying on write) the server's. What a trial
+runs is unchanged.
 """
 
 from __future__ import annotations
 
-import gc
-import importlib
+from harness.core.paused_imports import import_paused
 
 MODULES = ("torch", "torch._dynamo", "strategies", "harness.measure.rank_main",
            "harness.measure.trial_loop")
 
-
-def preload(modules: tuple[str, ...] = MODULES) -> None:
-    """Import `modules` with the collector paused, then freeze what they made."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        for name in modules:
-            importlib.import_module(name)
-    finally:
-        gc.freeze()  # before enabling: the first collection would sweep all of it
-        if was_on:
-            gc.enable()
-
-
-preload()
+import_paused(*MODULES)

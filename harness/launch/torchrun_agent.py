@@ -1,0 +1,21 @@
+"""`python -m torch.distributed.run ARGS`, its imports made with the collector paused
+(harness.core.paused_imports: 0.9 against 1.4 CPU-s): the agent that starts a
+trial's ranks on each node of a multi-node trial, and `harness verify`'s ranks.
+
+    python -m harness.launch.torchrun_agent ARGS      (ARGS: torchrun's own)
+"""
+
+from __future__ import annotations
+
+from harness.core.paused_imports import import_paused
+
+
+def main() -> None:
+    import_paused("torch.distributed.run")
+    from torch.distributed import run
+
+    run.main()  # reads sys.argv, as `python -m torch.distributed.run` does
+
+
+if __name__ == "__main__":
+    main()
