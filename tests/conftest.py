@@ -1,5 +1,5 @@
 """Shared pytest hooks: `gpu`-marked tests are skipped where no CUDA device is visible,
-and the two workers share the suite as tests/workers.py says."""
+and the xdist workers share the suite as tests/workers.py says."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if workers.under_xdist(config) and getattr(config, "workerinput", None) is None:
         _collector_back_on()  # xdist's controller: it collects nothing
-    # Two workers share the cores: torch's second intra-op thread in each would only
-    # spin-wait for a core the other worker holds (2-4x the CPU time of a small in-process
+    # The workers share the cores: torch's second intra-op thread in each would only
+    # spin-wait for a core another worker holds (2-4x the CPU time of a small in-process
     # training test, measured). The processes the tests start get one thread too, except
     # beside an `alone` test (tests/workers.py).
     if getattr(config, "workerinput", None) is not None:
@@ -112,7 +112,7 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     out, budget = tmp_path_factory.mktemp("quickstart") / "run", 45
     # Other work on this machine would flag every trial (tests/test_interference.py
     # covers that): here the flow is under test, so busy figures count.
-    # It runs with no test of the other worker beside it (tests/workers.py); the tests
+    # It runs with no test of another worker beside it (tests/workers.py); the tests
     # that then read its output need not.
     with workers.alone_now():
         env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}

@@ -71,7 +71,9 @@ def test_each_study_has_its_own_inductor_cache(tmp_path):
 
 @pytest.mark.slow
 def test_compile_time_is_in_the_record_of_a_compiled_trial():
-    """One tiny compiled CPU trial (slow: inductor compiles on the CPU)."""
+    """One tiny compiled CPU trial (slow: inductor compiles on the CPU). Its model, batch
+    and settings are test_strategies.py's compiled run's, so that whichever runs second
+    finds the kernels in inductor's cache."""
     from harness.measure.prepare import prepare
     from harness.measure.trial_loop import measure
     from tests.test_measurement_window import PEAK
@@ -79,9 +81,9 @@ def test_compile_time_is_in_the_record_of_a_compiled_trial():
 
     if not strategies.fused.has_compiler():
         pytest.skip("no C compiler for inductor on the CPU")
-    plan = Plan(name="compiled", workload="gpt", workload_args={**TINY_GPT, "layers": 1},
-                device="cpu", micro_batch_size=2, warmup_steps=2, steps=2,
-                strategies={"fused": {"compile": True}})
+    plan = Plan(name="compiled", workload="gpt", workload_args=TINY_GPT, device="cpu",
+                micro_batch_size=8, global_batch_size=8, warmup_steps=2, steps=2,
+                strategies={"fused": {"compile": True, "attention": "sdpa"}})
     metrics, status, reason = measure(prepare(plan, peaks={"fp32": PEAK}))
     assert (status, reason) == ("ok", None)
     assert metrics["compile_s"] is not None and metrics["compile_s"] > 0

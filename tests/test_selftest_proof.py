@@ -125,7 +125,7 @@ def test_the_gpu_tests_are_collected_from_their_files_only():
     files = proof.gpu_test_files(ROOT)
     assert "tests/test_gpu_paths.py" in files and "tests/test_cli.py" not in files
     args = proof.suite_args(proof.CORE_TESTS[0], ROOT, rehearse=False)
-    # one process, on the GPU and in the rehearsal: no two xdist workers on one device
+    # one process, on the GPU and in the rehearsal: no xdist workers sharing one device
     assert args[:4] == ["-n", "0", "-m", "gpu and not slow"] and args[4:] == files
     assert proof.suite_args(proof.CORE_TESTS[0], ROOT, rehearse=True) == args
 

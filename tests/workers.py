@@ -1,8 +1,11 @@
-"""How the suite shares two workers (pytest-xdist: `-n 2 --dist loadgroup` in pyproject;
+"""How the suite shares its workers (pytest-xdist: `-n 3 --dist loadgroup` in pyproject;
 pytest below 9 there, whose item ids xdist 3.8 can still suffix with the group).
 
 Much of the suite waits (Slurm jobs, PostgreSQL, tuner budgets, torchrun's
-rendezvous) rather than computes, so two workers overlap the waits on two cores.
+rendezvous) rather than computes, so three workers overlap the waits on two cores: with
+two, both cores stood idle for a fifth of the run's core-seconds (223 of 888 in a quiet
+run on a 2-core Zen 4), with three for an eighth (111 of 806), and the run took 402 s
+against 444.
 
 - A module is the unit of scheduling, so its module fixtures are built once. Modules
   that share a costly session fixture (a launch, a study, a cluster) go to one worker
@@ -12,13 +15,13 @@ rendezvous) rather than computes, so two workers overlap the waits on two cores.
   that none of them is the suite's tail. The modules that mostly wait on the real clock
   (WAITING) are spread through the rest, so that each runs beside modules that compute
   rather than beside another that waits (two waiting leave both cores idle).
-- A test marked `alone` runs with no test of the other worker beside it (the
+- A test marked `alone` runs with no test of another worker beside it (the
   interference tests measure what other processes take). Every test holds a shared
   lock on a file while it runs; an `alone` test takes it exclusive. A turnstile taken
   before either keeps the `alone` test from waiting behind an endless run of others.
   A session fixture that spends a real budget once (the quickstart study: how many
   trials fit is what its tests check) runs that part `alone_now`; the tests that only
-  read its output then run beside the other worker's.
+  read its output then run beside the other workers'.
 - In each worker torch runs one intra-op thread (tests/conftest.py), and the processes
   the tests start get OMP_NUM_THREADS=1, except while an `alone` test (or block) runs.
 
@@ -42,8 +45,9 @@ SHARED = {"local_slurm": "slurm", "two_node_slurm": "slurm",
           "parallel_records": "parallel-launch", "quickstart_study": "quickstart-study",
           "hung_two_ranks": "hung-ranks"}
 # Scheduled first: the Slurm group (its jobs wait on the throwaway cluster, 0.7 of a core
-# on average), then the groups that compute the most, which the other worker runs beside
-# it. Wall seconds (CPU seconds per wall second) of a quiet 2-worker run of 3c0e7ba.
+# on average), then the groups that compute the most, which the other workers run beside
+# it. Wall seconds (CPU seconds per wall second) in a quiet 2-worker run of f240ecd on a
+# 2-core Zen 4 (2026-11-27).
 FIRST = ("slurm",  # 240 (0.7): Slurm jobs on one throwaway cluster
          "quickstart-study",  # 115 (1.0), 45 of it alone
          "parallel-launch",  # 55 (1.2)
@@ -126,7 +130,7 @@ _held = threading.local()  # the running test's lock files and whether it is alo
 
 def one_thread_for_processes() -> None:
     """Processes the tests start (a trial, a rank server, a Slurm job) run torch with one
-    intra-op thread, as torchrun's ranks do: beside the other worker a second thread only
+    intra-op thread, as torchrun's ranks do: beside the other workers a second thread only
     spin-waits (8% of the CPU of the subprocess-heavy modules, measured side by side). A
     value the user set stays."""
     if "OMP_NUM_THREADS" not in os.environ:
@@ -169,7 +173,7 @@ def turn(alone: bool) -> Iterator[None]:
 @contextmanager
 def alone_now() -> Iterator[None]:
     """Within a test's shared turn: this block alone, as an `alone` test would run. The
-    shared lock is let go first, so an `alone` test of the other worker already waiting
+    shared lock is let go first, so an `alone` test of another worker already waiting
     goes before it (holding it while taking the turnstile could deadlock with that one)."""
     turnstile, running, alone = getattr(_held, "turn", None) or (None, None, True)
     if alone:  # not within a turn (no xdist), or alone already

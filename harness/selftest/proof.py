@@ -92,9 +92,9 @@ def gpu_test_files(root: Path) -> list[str]:
 
 
 def suite_args(suite: Suite, root: Path, rehearse: bool) -> list[str]:
-    # A selection runs in one process, not the addopts' two xdist workers: on one GPU they
+    # A selection runs in one process, not the addopts' xdist workers: on one GPU they
     # would share the device (a memory test reads NVML's, the whole device's), and on the
-    # CPU they would import torch twice more (~6 CPU-s a selection) for a handful of tests.
+    # CPU they would import torch again in each (~6 CPU-s a selection) for a handful of tests.
     args = ["-n", "0", *(suite.rehearse if rehearse else suite.args)]
     if suite.files == "gpu":
         args += gpu_test_files(root) or ["tests"]
