@@ -3,7 +3,7 @@
 A process that starts by importing torch (and torch._dynamo, transformers...) creates
 about a million objects and no garbage worth collecting; a collector sweeping the
 growing heap every few hundred allocations costs a third of that import's CPU time
-here (2.0 against 3.0 CPU-s for a rank's imports, 0.9 against 1.4 for torchrun's
+here (2.0 against 3.0 CPU-s for a rank's imports, 1.0 against 1.6 for torchrun's
 agent). At the end the objects are frozen (`gc.freeze`, the prefork pattern of
 Python's gc docs) and the collector is back on: later collections skip them, and
 what the process runs next collects its own objects as usual.

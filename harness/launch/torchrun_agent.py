@@ -1,5 +1,5 @@
 """`python -m torch.distributed.run ARGS`, its imports made with the collector paused
-(harness.core.paused_imports: 0.9 against 1.4 CPU-s): the agent that starts a
+(harness.core.paused_imports: 1.0 against 1.6 CPU-s): the agent that starts a
 trial's ranks on each node of a multi-node trial, and `harness verify`'s ranks.
 
     python -m harness.launch.torchrun_agent ARGS      (ARGS: torchrun's own)

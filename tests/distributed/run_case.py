@@ -190,7 +190,8 @@ def launch_families(families: tuple[str, ...], out: Path) -> dict[int, dict]:
 
     n = ranks(families[0])
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+        # torchrun, its imports with the collector paused
+        sys.executable, "-m", "harness.launch.torchrun_agent", f"--nproc-per-node={n}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
         str(Path(__file__)), ",".join(families), str(out),
     ]
