@@ -38,9 +38,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     # Frozen, the imports' objects would meet the interpreter's exit uncollected, and
-    # triton's extension (nanobind) would print pages of leak warnings. An xdist
-    # worker's stderr is not shown: it skips the exit's collection (2.7 CPU-s).
-    if getattr(config, "workerinput", None) is None:
+    # triton's extension (nanobind) would print pages of leak warnings. Under xdist the
+    # workers' stderr is not shown and the controller imports no triton: they skip the
+    # exit's collection (2.7 CPU-s).
+    if not workers.under_xdist(config):
         gc.unfreeze()
 
 
