@@ -280,3 +280,14 @@ def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_p
     assert "2 configurations recorded (2 ok), 1 of them this session" in page
     table = __import__("tomllib").loads(study.read_text())
     assert table["sampler"] == "grid" and table["pruning"]["slower_than"] == 0
+    # its folder is named by the study, and the table can be finished: a few GPU
+    # sessions' 4-5 minutes of table each, not the 3 hours the first (378) needed
+    from harness.cli.selftest import TABLE_STUDY, table_folder
+    from harness.study.search_space import SearchSpace
+    from harness.study.study_file import Study
+    from tests.benchmarks.surface_replay.world import h100_world
+
+    assert table_folder(ROOT / TABLE_STUDY, "NVIDIA H200") == (
+        ROOT / "tests" / "benchmarks" / "tables" / f"{table['name']}_h200")
+    with h100_world(1):
+        assert len(SearchSpace.of(Study.from_toml(study), "cuda").enumerate()) <= 100

@@ -42,6 +42,17 @@ TABLE_STUDY = "studies/gpt2-small-1gpu-table.toml"
 REHEARSAL_DEVICE = "Rehearsal CPU"  # the stand-in device name of --rehearse
 
 
+def table_folder(study: Path, device_name: str) -> Path:
+    """Where the GPU table of `study` on this device is kept: named by the study, so a
+    table study changed under a new name starts a table of its own."""
+    import tomllib
+
+    from harness.selftest.device import slug
+
+    name = tomllib.loads(study.read_text())["name"]
+    return study.parents[1] / "tests" / "benchmarks" / "tables" / f"{name}_{slug(device_name)}"
+
+
 def add_selftest_parser(sub: argparse._SubParsersAction) -> None:
     from harness.selftest.proof import DEFAULT_PHASES, PHASES
 
@@ -203,8 +214,8 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
         "tune": lambda: ph.run_tune(run, study, budget),
         "report": lambda: ph.run_report(run),
         "rest": lambda: _rest(run, device.count),
-        "table": lambda: ph.run_table(run, proof.ROOT / TABLE_STUDY, proof.ROOT / (
-            f"tests/benchmarks/tables/gpt2-small-1gpu_{slug(device.name)}")),
+        "table": lambda: ph.run_table(run, proof.ROOT / TABLE_STUDY,
+                                      table_folder(proof.ROOT / TABLE_STUDY, device.name)),
     }
     seconds = {b.phase: b.seconds for b in found}
     try:

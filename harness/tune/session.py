@@ -45,6 +45,7 @@ from harness.tune.final.time_reserve import FinalTime
 from harness.tune.progress import Progress
 from harness.tune.recorder import Measured, Recorder, record_held
 from harness.tune.recovery.follower import Announcer, run_follower
+from harness.tune.recovery.grid_rest import requeue_grid
 from harness.tune.recovery.held import HeldTrials
 from harness.tune.recovery.resume import (
     StaleTrials,
@@ -181,6 +182,12 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy,
     optuna_study, created = _open(storage, study, sampler)
     if created:
         _enqueue_first(optuna_study, checked, predictions)
+    elif args.resume and study.sampler == "grid":
+        queued = requeue_grid(optuna_study, checked.space.enumerate(), study.seed,
+                              store.records())
+        if queued:
+            store.say(f"{queued} configuration(s) of the grid not yet measured (skipped for "
+                      "time, or cut off at the deadline) queued again")
     # Trials across nodes need a tuner on each node (followers), except a Slurm job's,
     # which spans its nodes itself.
     nodes = None
