@@ -101,7 +101,7 @@ def parallel_records(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     """The README's main job, for real: `harness tune studies/quickstart.toml` on this CPU
-    with a 45-second budget (trials in their own processes), run once per session and
+    with a 30-second budget (trials in their own processes), run once per session and
     shared by the tests that check the study (tests/tuner/test_tune_processes.py) and
     the report drawn from it (tests/reports/test_chromium.py)."""
     import os
@@ -110,7 +110,7 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     from pathlib import Path
     from types import SimpleNamespace
 
-    out, budget = tmp_path_factory.mktemp("quickstart") / "run", 45
+    out, budget = tmp_path_factory.mktemp("quickstart") / "run", 30
     # Other work on this machine would flag every trial (tests/test_interference.py
     # covers that): here the flow is under test, so busy figures count.
     # It runs with no test of another worker beside it (tests/workers.py); the tests
