@@ -128,7 +128,8 @@ def out(tmp_path: Path) -> tuple[Path, dict]:
     (out / "tests" / "gpu.xml").write_text(JUNIT)
     bench = {"quickstart": record(748.9, 0.0107, 1_331_000_000, 1_000_000_000, 0.0027,
                                   window={"seconds": 2.0, "steps": 180,
-                                          "samples_per_s": 720.5, "source": "wall clock"}),
+                                          "samples_per_s": 720.5, "source": "wall clock"},
+                                  nvml={"utilization_mean_pct": 34.6}),
              "amp-fp16": record(0, 0, 0, 0, 0, status="oom", reason="CUDA out of memory")}
     for name, r in bench.items():
         (out / "bench" / name).mkdir(parents=True)
@@ -212,8 +213,11 @@ def test_the_page_holds_the_figures(out):
     assert "- `tests/kernels/test_kernel_layernorm.py::test_grad[(4, 1)-torch.float32]`" in page
     assert "did not run: only 12 s left" in page
     # bench: rate, spread, window, MFU both ways, memory against prediction
-    assert ("| quickstart | ok | 748.9 | 10.70 [10.59, 10.91] (n=20) | 3.0% | 720.5 over 180 "
-            "steps, 2.00 s |") in page
+    assert ("| quickstart | ok | 748.9 | 10.70 [10.59, 10.91] (n=20) | 3.0% | 35% | 720.5 "
+            "over 180 steps, 2.00 s |") in page
+    # a GPU that ran kernels a third of the window: the plan's speed is the host's too
+    assert "Host-bound (the GPU ran kernels under 80% of the window, NVML): quickstart (35%)" \
+        in page
     assert "| 66.3% | 98.3% of 667 TFLOP/s |" in page  # 655.9 TFLOP/s over 989.4 and 667
     assert "| quickstart | 1.24 GiB (1.24 GiB / 2.24 GiB) | 953.67 MiB | -24.9% " in page
     assert "| 10.70 | 2.70 | -74.8% |" in page
@@ -231,6 +235,24 @@ def test_the_page_holds_the_figures(out):
     assert "| bf16 | 989 TFLOP/s (datasheet: H100 bf16) | 667 TFLOP/s" in page
     assert "`python -m harness tune studies/gpt2-small-1gpu.toml`: exit code 0" in page
     assert "Not run" not in page
+
+
+def test_a_host_bound_gpu_record_says_so_in_the_bench_table():
+    """NVML's utilisation over the window: under 80% the record is called host-bound
+    (on an H200 the tiny plans ran kernels 12-46% of their steps and moved by up to 45%
+    between two machines; GPT-2 small at micro-batch 64 ran them 96-100%)."""
+    from harness.cli.bench_table import result_table
+
+    def bench(samples, median, util):
+        return record(samples, median, 2**30, 2**30, median / 2, tokens_per_s=None,
+                      peak_flops_source="datasheet", loss={"first": None},
+                      nvml={"utilization_mean_pct": util})
+
+    bound, busy, cpu = bench(748.9, 0.0107, 34.6), bench(406.1, 0.1576, 99.9), bench(40, 0.2, None)
+    assert "GPU busy            35% of the window (NVML); HOST-BOUND: the host's kernel " \
+        "launches bound the step" in result_table(bound)
+    assert "GPU busy            100% of the window (NVML)\n" in result_table(busy)
+    assert "GPU busy" not in result_table(cpu)
 
 
 def test_the_page_says_which_phases_did_not_run(out):

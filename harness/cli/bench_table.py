@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.predicates import busy_note
+from harness.records.predicates import busy_note, gpu_busy_pct, host_bound_note
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -51,6 +51,12 @@ def result_table(record: dict[str, Any]) -> str:
                                     "the machine is quiet" if busy else
                                     f"quiet (others used {seen['other_cpu_share']:.0%} of "
                                     "the CPUs during the measured steps)"))
+        gpu_busy = gpu_busy_pct(record)
+        if gpu_busy is not None:
+            bound = host_bound_note(record)
+            rows.append(("GPU busy", f"{gpu_busy:.0f}% of the window (NVML)"
+                                     + (f"; HOST-BOUND: {bound.split(': ', 1)[1]}"
+                                        if bound else "")))
         warning = (m.get("peak_flops") or {}).get("warning")
         if warning:
             rows.append(("MFU warning", warning))

@@ -18,6 +18,29 @@ from typing import Any
 from harness.core.memory_need import budget_peak_bytes
 from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
 
+# Below this share of the window with a kernel running (NVML's utilisation), the GPU
+# waited on the host: on an H200 GPT-2 small at micro-batch 64 kept it 96-100% busy,
+# the tiny plans (steps of 6-30 ms) 12-46%, and those moved by up to 45% between two
+# lent machines with the same GPU (docs/benchmarks/gpu_h200_2026-11-27b.md).
+HOST_BOUND_BELOW_PCT = 80.0
+
+
+def gpu_busy_pct(record: dict[str, Any]) -> float | None:
+    """The share (%) of the measured window the GPU ran a kernel, as NVML sampled it;
+    None off a GPU or without NVML."""
+    value = ((record.get("metrics") or {}).get("nvml") or {}).get("utilization_mean_pct")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def host_bound_note(record: dict[str, Any]) -> str | None:
+    """Why a GPU record's speed is the host's as much as the GPU's: "the GPU ran kernels
+    35% of the window", where that is under HOST_BOUND_BELOW_PCT; None otherwise."""
+    busy = gpu_busy_pct(record)
+    if busy is None or busy >= HOST_BOUND_BELOW_PCT:
+        return None
+    return (f"the GPU ran kernels {busy:.0f}% of the window: the host's kernel launches "
+            "bound the step, so this figure depends on the CPU as much as on the GPU")
+
 
 def busy_note(record: dict[str, Any]) -> str | None:
     """Why a record's measurement is not to be trusted, when its trial was flagged as

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.records.jsonl_lines import read_trials
+from harness.records.predicates import gpu_busy_pct
 from harness.records.values import get, number
 
 
@@ -134,6 +135,7 @@ def bench_figures(record: dict[str, Any]) -> dict[str, Any]:
         "predicted_memory": pred_mem, "memory_error": signed_error(pred_mem, peak_mem),
         "step_median": step, "predicted_step": num(pred.get("step_time_s")),
         "step_error": signed_error(pred.get("step_time_s"), step),
+        "gpu_busy": gpu_busy_pct(record),
     }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.units import format_bytes
+from harness.records.predicates import HOST_BOUND_BELOW_PCT
 from harness.selftest.figures import (
     bench_figures,
     env_facts,
@@ -223,18 +224,18 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
     lines = ["## Bench", "",
              f"{len(plans)} plan(s) matched `{bench.get('pattern')}`: {len(ran)} run, "
              f"{len(skipped)} skipped. Step times in ms: median [p10, p90] (steps timed).", "",
-             "| plan | status | samples/s | step time | p10-p90 spread | window "
+             "| plan | status | samples/s | step time | p10-p90 spread | GPU busy | window "
              "| MFU (datasheet) | MFU (measured peak) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     memory = ["| plan | peak memory (allocated / reserved) | predicted | error "
               "| step time | predicted | error |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    sources, problems = set(), []
+    sources, problems, host_bound = set(), [], []
     for entry, record in ran:
         if record is None:
             step = entry.get("step") or {}
             why = "timed out" if step.get("timed_out") else f"exit code {step.get('rc')}"
             said = last_words(out / step["log"]) if step.get("log") else ""
-            lines.append(f"| {entry['name']} | no record | - | - | - | - | - | - |")
+            lines.append(f"| {entry['name']} | no record | - | - | - | - | - | - | - |")
             problems.append(f"{entry['name']}: no result.json ({why}{': ' if said else ''}"
                             f"{cell(said)}); log `{step.get('log')}`")
             continue
@@ -249,8 +250,12 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
                       + (f", {seconds:.2f} s" if seconds is not None else ""))
         measured = (f"{pct(f['mfu_measured'])} of {tflops(f['measured_peak_flops'])}"
                     if f["mfu_measured"] is not None else "-")
+        busy = f["gpu_busy"]
+        if busy is not None and busy < HOST_BOUND_BELOW_PCT:
+            host_bound.append(f"{entry['name']} ({busy:.0f}%)")
         lines.append(f"| {entry['name']} | {f['status']} | {rate(f['samples_per_s'])} | "
-                     f"{spread(f['step'])} | {pct(relative_spread(f['step']))} | {window} | "
+                     f"{spread(f['step'])} | {pct(relative_spread(f['step']))} | "
+                     f"{'-' if busy is None else f'{busy:.0f}%'} | {window} | "
                      f"{pct(f['mfu_datasheet'])} | {measured} |")
         if f["datasheet_source"]:
             sources.add(f"{f['peak_dtype'] or '?'}: {f['datasheet_source']}")
@@ -260,6 +265,11 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
                       f"{format_bytes(f['predicted_memory'])} | {pct(f['memory_error'], True)} "
                       f"| {ms(f['step_median'])} | {ms(f['predicted_step'])} | "
                       f"{pct(f['step_error'], True)} |")
+    if host_bound:
+        lines += ["", f"Host-bound (the GPU ran kernels under {HOST_BOUND_BELOW_PCT:.0f}% of "
+                  "the window, NVML): " + ", ".join(host_bound) + ". Their steps wait on the "
+                  "host's kernel launches: their speed and spread are the CPU's as much as "
+                  "the GPU's, and differ between machines with the same GPU."]
     lines += ["", "Memory and step time (ms), measured against the estimator's prediction "
               "(error: (predicted - measured) / measured):", "", *memory, ""]
     lines += against_reference(ran)
