@@ -73,6 +73,22 @@ def test_the_time_limit_and_the_tune_budget_change_the_boxes():
         proof.boxes(list(proof.DEFAULT_PHASES), 480, 30, proof.GPU)
 
 
+def test_the_table_takes_what_the_phases_before_it_left():
+    """The lent machine's one call (docs/gpu.md): the proof's phases, then the GPU table.
+    On 2026-11-27 the phases ended 166 s early; the table's 60-s box alone would have
+    wasted that. The rest keeps its box: a proof that ends early ends sooner."""
+    phases = ["tests", "bench", "tune", "report", "table"]
+    boxes = {b.phase: b.seconds for b in proof.boxes(phases, 540, 150, proof.GPU)}
+    assert boxes["table"] == 60
+    deadline = 1000.0 + 540  # the run started at 1000; the table starts 166 s early
+    start = 1000.0 + proof.GPU.start + sum(boxes[p] for p in phases[:-1]) - 166
+    end = proof.phase_end("table", start, boxes["table"], deadline, 0.0, proof.GPU.end)
+    assert end == deadline - proof.GPU.end  # 60 + 166 s: its box and what was left
+    # a phase with later ones keeps room for their boxes; the rest, its own box
+    assert proof.phase_end("bench", 1000.0, 135, 1100.0, 40.0, 20) == 1060.0
+    assert proof.phase_end("rest", start, 0.0, deadline, 0.0, proof.GPU.end) == start
+
+
 def test_a_time_limit_too_short_is_refused_before_anything_runs(capsys):
     assert main(["selftest", "--gpu", "--time-limit", "4m", "--plan"]) == 2
     assert "raise it to" in capsys.readouterr().err

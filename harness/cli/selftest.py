@@ -218,10 +218,12 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
                                       table_folder(proof.ROOT / TABLE_STUDY, device.name)),
     }
     seconds = {b.phase: b.seconds for b in found}
+    end_s = (proof.REHEARSAL if args.rehearse else proof.GPU).end
     try:
         for i, phase in enumerate(phases):
             later = sum(seconds[p] for p in phases[i + 1:])
-            run.phase_end = min(time.monotonic() + seconds[phase], run.deadline - later)
+            run.phase_end = proof.phase_end(phase, time.monotonic(), seconds[phase],
+                                            run.deadline, later, end_s)
             if phase in ("rest", "table") and run.left() < run.min_step:
                 progress[phase] = "not in this run"
                 continue

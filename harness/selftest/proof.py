@@ -54,6 +54,9 @@ REHEARSAL = Timing(tests=25.0, bench=30.0, report=13.0, tune_budget=25.0, time_l
                    tune_min=10.0, start=5.0, tune_overhead=12.0, end=10.0, core_min=30.0)
 
 PHASES = ("tests", "bench", "tune", "report", "rest", "table")
+# The phase that takes what is left: its box, and the time the phases before it did not
+# use (harness.cli.selftest). Not the rest: a proof that ends early ends sooner.
+FILLERS = ("table",)
 DEFAULT_PHASES = PHASES[:5]  # the table (the search replay's GPU table) only when asked
 
 # --- the tests ------------------------------------------------------------------------
@@ -177,7 +180,8 @@ def boxes(phases: list[str], limit_s: float, budget_s: float, timing: Timing,
                 f"budget {budget_s:.0f} s",
         "report": "harness report of the tune",
         "rest": "the slow `gpu` tests, then the other plans of " + REST_PLANS,
-        "table": "harness tune of the GPU table study, resumed",
+        "table": "harness tune of the GPU table study, resumed; also what the phases "
+                 "before it leave",
     }
     fixed = {"tune": budget_s + timing.tune_overhead, "report": timing.report}
     wanted = {"tests": timing.tests, "bench": timing.bench}
@@ -229,3 +233,12 @@ def plan_text(found: list[Box], limit_s: float, timing: Timing) -> str:
     lines.append(f"  {'total':<7} {start:5.0f} s  ({start / 60:.1f} min; time limit "
                  f"{limit_s / 60:.1f} min)")
     return "\n".join(lines)
+
+
+def phase_end(phase: str, now: float, box_s: float, deadline: float, later_s: float,
+              end_s: float) -> float:
+    """When a phase starting `now` must stop: at its box, leaving the later phases'
+    boxes (`later_s`) before the deadline; a FILLER also takes what the phases before
+    it left unused, up to the deadline less the later boxes and the end's reserve."""
+    end = min(now + box_s, deadline - later_s)
+    return max(end, deadline - later_s - end_s) if phase in FILLERS else end
