@@ -18,8 +18,9 @@ launch-bound GPU needs, nor see what tensor or data parallel send. On CUDA a ste
     tensor      4 all-reduces of a micro-batch's activations per layer and micro-step
                 (2 forward, 2 backward; 2 (t-1)/t of their bytes), not overlapped
     optimizer   the bytes an optimizer step reads and writes (parameters and its state
-                twice, gradients once) at the device memory's bandwidth; an unfused
-                optimizer also launches a few kernels per parameter tensor
+                twice, gradients once) at the device memory's bandwidth; a for-loop
+                optimizer also launches a few kernels per parameter tensor (torch's
+                default on DTensors; on plain CUDA tensors it is foreach)
 
 The bandwidths are the datasheet's (harness.estimator.bandwidth). Every constant here
 is an assumption the tuner corrects from the study's own trials
@@ -38,7 +39,18 @@ KERNELS_PER_BLOCK = 45  # forward and backward of a transformer block, eager
 COMPILED_KERNELS = 0.3  # compile fuses the element-wise ones: this share is left
 OTHER_KERNELS = 40  # embedding, head, loss, per micro-step
 DATA_EXPOSED = 0.5  # of the data-parallel traffic, not overlapped with backward
-OPTIMIZER_KERNELS = {"default": 6, "foreach": 0.2, "fused": 0.05, "triton": 0.05}
+# kernels per parameter tensor; "loop" is torch's for-loop implementation
+OPTIMIZER_KERNELS = {"loop": 6, "foreach": 0.2, "fused": 0.05, "triton": 0.05}
+
+
+def default_impl(zero: int, tensor: int) -> str:
+    """What torch's AdamW runs when no implementation is asked for, on CUDA: foreach
+    when every parameter is a plain tensor (torch.optim.optimizer's
+    `_default_to_fused_or_foreach`), the for-loop for FSDP2's and tensor parallel's
+    DTensors (ZeRO 2 and 3 here). On an H200 the default plan (quickstart) stepped no
+    slower than the same with fused AdamW, not the 1.9 ms of launches a for-loop
+    would add (docs/benchmarks/gpu_h200_2026-11-27b.md)."""
+    return "loop" if zero >= 2 or tensor > 1 else "foreach"
 
 
 @dataclass(frozen=True)
@@ -81,8 +93,10 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
     tensor = (costs.microsteps * costs.blocks * 4 * 2 * (t - 1) / t * costs.activation_bytes
               / bw.link) if t > 1 else 0.0
     touched = 2 * costs.state_touched_bytes + costs.gradient_bytes
+    impl = (default_impl(costs.zero, costs.tensor) if costs.optimizer_impl == "default"
+            else costs.optimizer_impl)
     optimizer = touched / bw.memory + costs.param_tensors * OPTIMIZER_KERNELS.get(
-        costs.optimizer_impl, 1.0) * LAUNCH_S
+        impl, 1.0) * LAUNCH_S
     total = max(compute, launches) + data + tensor + optimizer
     parts = {"compute": compute_flops_s * (1 - recompute_share),
              "recompute": compute_flops_s * recompute_share, "bubble": compute - compute_flops_s,
