@@ -10,12 +10,12 @@ import json
 from typing import Any
 
 from harness.core.memory_need import budget_peak_bytes
-from harness.records.predicates import busy_note
+from harness.records.predicates import busy_note, gpu_busy_pct, host_bound_note
 from harness.records.values import get, number  # the one lookup and coercion
 
 NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "step_time_p90", "step_n", "mfu", "tflops_per_device", "peak_memory_bytes",
-           "predicted_memory_bytes", "predicted_step_time_s", "energy_j_per_sample",
+           "predicted_memory_bytes", "predicted_step_time_s", "energy_j_per_sample", "gpu_busy_pct",
            "loss_first", "loss_last", "duration_s", "micro_batch_size", "global_batch_size",
            "world_size", "optuna_number", "ablation_repeat", "calibrated_memory_bytes",
            "measured_for_estimate", "corrected_step_time_s", "corrected_from_trials",
@@ -88,6 +88,8 @@ def flatten(r: dict, order: int, trial_id: str) -> dict[str, Any]:
         "duplicate_of": _str_or_none(get(tags, "duplicate_of")),  # a repeat, not re-measured
         # measured while other processes used the machine: why its figure is not its own
         "busy": busy_note(r) or "",
+        "host_bound": host_bound_note(r) or "",
+        "gpu_busy_pct": gpu_busy_pct(r),
         "workload": str(get(workload, "name", "") if isinstance(workload, dict) else workload),
         "workload_args": settings_text(wl_args),
         "layout": f"{dp}x{pp}x{tp}",

@@ -182,7 +182,8 @@ def trials_html(run: Run) -> str:
         first = reason.split("\n", 1)[0]
         rows.append((cls, [
             (e(r.trial_id), r.trial_id), (e(r.phase), r.phase),
-            (status(r.status) + (f' <i title="{e(r.busy)}">busy</i>' if r.busy else ""),
+            (status(r.status) + (f' <i title="{e(r.busy)}">busy</i>' if r.busy else "")
+             + (f' <i title="{e(r.host_bound)}">host-bound</i>' if r.host_bound else ""),
              r.status),
             (f'<span title="{e(r.config)}">{e(r.label)}</span>'
              + (f" <i>(without {e(r.ablation_without)})</i>"
@@ -207,6 +208,8 @@ def trials_html(run: Run) -> str:
                    "Click a column to sort; type to filter. The best trial is yellow, the "
                    "baseline grey. 'busy': measured while other processes used the "
                    "machine (hover for how much); such a figure is never the best. "
+                   "'host-bound': the GPU ran kernels under 80% of the measured window, so "
+                   "the host's kernel launches set its speed. "
                    "`harness report --csv` writes this table as CSV.")
 
 

@@ -162,3 +162,21 @@ def test_the_headline_pools_the_confirmation_rounds(tmp_path, within):
     assert "5 and 5 measurements" in h.basis
     assert h.verdict.startswith("The best configuration is not distinguishable") == within
     assert h.study.verdict == ("not distinguishable at this n" if within else "faster")
+
+
+def test_a_host_bound_gpu_trial_is_marked_and_its_gpu_busy_share_exported(tmp_path):
+    """NVML's utilisation over the window (metrics.nvml.utilization_mean_pct): a trial
+    whose GPU ran kernels under 80% of it is marked host-bound in the trial table (the
+    host's launches set its speed); the share is a column of the CSV."""
+    from reports.export import trial_table
+
+    recs = synthetic_records(5)
+    recs[1]["metrics"]["nvml"] = {"utilization_mean_pct": 34.6}
+    recs[2]["metrics"]["nvml"] = {"utilization_mean_pct": 99.0}
+    run = load_run(write_run(tmp_path / "h", recs, journal=False))
+    page = build_report(run)
+    assert page.count(">host-bound</i>") == 1
+    assert 'title="the GPU ran kernels 35% of the window: the host&#x27;s kernel launches' in page
+    table = trial_table(run)
+    assert table["gpu_busy_pct"].dropna().tolist() == [34.6, 99.0]
+    assert table["host_bound"].astype(bool).sum() == 1
