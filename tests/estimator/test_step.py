@@ -92,7 +92,7 @@ def test_a_small_micro_batch_is_launch_bound_on_a_gpu():
 def test_torchs_default_optimizer_is_foreach_on_plain_cuda_tensors():
     """torch's AdamW with no implementation asked for runs foreach on CUDA (the for-loop
     only for FSDP2's DTensors): the default plan's optimizer step costs what foreach's
-    does, not a for-loop's launches (on an H200 it stepped no slower than fused)."""
+    does, not a for-loop's launches."""
     w = TinyGPTWorkload()
 
     def optimizer_s(impl=None, **strategies):
