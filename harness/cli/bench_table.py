@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.predicates import busy_note, gpu_busy_pct, host_bound_note
+from harness.records.predicates import (
+    HOST_BOUND_WHY,
+    busy_note,
+    gpu_busy_pct,
+    host_bound_note,
+)
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -53,10 +58,9 @@ def result_table(record: dict[str, Any]) -> str:
                                     "the CPUs during the measured steps)"))
         gpu_busy = gpu_busy_pct(record)
         if gpu_busy is not None:
-            bound = host_bound_note(record)
             rows.append(("GPU busy", f"{gpu_busy:.0f}% of the window (NVML)"
-                                     + (f"; HOST-BOUND: {bound.split(': ', 1)[1]}"
-                                        if bound else "")))
+                                     + (f"; HOST-BOUND: {HOST_BOUND_WHY}"
+                                        if host_bound_note(record) else "")))
         warning = (m.get("peak_flops") or {}).get("warning")
         if warning:
             rows.append(("MFU warning", warning))

@@ -23,6 +23,8 @@ from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
 # the tiny plans (steps of 6-30 ms) 12-46%, and those moved by up to 45% between two
 # lent machines with the same GPU (docs/benchmarks/gpu_h200_2026-11-27b.md).
 HOST_BOUND_BELOW_PCT = 80.0
+HOST_BOUND_WHY = ("the host's kernel launches bound the step, so this figure depends on "
+                  "the CPU as much as on the GPU")
 
 
 def gpu_busy_pct(record: dict[str, Any]) -> float | None:
@@ -38,8 +40,7 @@ def host_bound_note(record: dict[str, Any]) -> str | None:
     busy = gpu_busy_pct(record)
     if busy is None or busy >= HOST_BOUND_BELOW_PCT:
         return None
-    return (f"the GPU ran kernels {busy:.0f}% of the window: the host's kernel launches "
-            "bound the step, so this figure depends on the CPU as much as on the GPU")
+    return f"the GPU ran kernels {busy:.0f}% of the window: {HOST_BOUND_WHY}"
 
 
 def busy_note(record: dict[str, Any]) -> str | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.units import format_bytes
-from harness.records.predicates import HOST_BOUND_BELOW_PCT
+from harness.records.predicates import HOST_BOUND_BELOW_PCT, host_bound_note
 from harness.selftest.figures import (
     bench_figures,
     env_facts,
@@ -251,7 +251,7 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
         measured = (f"{pct(f['mfu_measured'])} of {tflops(f['measured_peak_flops'])}"
                     if f["mfu_measured"] is not None else "-")
         busy = f["gpu_busy"]
-        if busy is not None and busy < HOST_BOUND_BELOW_PCT:
+        if host_bound_note(record):
             host_bound.append(f"{entry['name']} ({busy:.0f}%)")
         lines.append(f"| {entry['name']} | {f['status']} | {rate(f['samples_per_s'])} | "
                      f"{spread(f['step'])} | {pct(relative_spread(f['step']))} | "
