@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import subprocess
 import sys
 import time
@@ -45,7 +44,7 @@ from harness.tune.final.time_reserve import FinalTime
 from harness.tune.progress import Progress
 from harness.tune.recorder import Measured, Recorder, record_held
 from harness.tune.recovery.follower import Announcer, run_follower
-from harness.tune.recovery.grid_rest import requeue_grid
+from harness.tune.recovery.grid_rest import requeue_grid, seeded_grid
 from harness.tune.recovery.held import HeldTrials
 from harness.tune.recovery.resume import (
     StaleTrials,
@@ -323,9 +322,7 @@ def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy,
         for params in estimated_start(checked, references, predictions):
             optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
     if checked.study.sampler == "grid":
-        grid = checked.space.enumerate()
-        random.Random(checked.study.seed).shuffle(grid)
-        for params in grid:
+        for params in seeded_grid(checked.space.enumerate(), checked.study.seed):
             if all(params != p for p in references):
                 optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 

@@ -30,6 +30,13 @@ def _key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
+def seeded_grid(grid: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """The grid in the order a grid study queues it: shuffled by the study's seed."""
+    grid = list(grid)
+    random.Random(seed).shuffle(grid)
+    return grid
+
+
 def requeue_grid(optuna_study: optuna.Study, grid: list[dict[str, Any]], seed: int,
                  records: list[dict[str, Any]]) -> int:
     """Queue each configuration of `grid` (shuffled by `seed`, as when it was first
@@ -40,10 +47,8 @@ def requeue_grid(optuna_study: optuna.Study, grid: list[dict[str, Any]], seed: i
         if t.state in _COVERED or t.number in orphans:
             # a queued trial holds its configuration as fixed_params until it is asked
             covered.add(_key(t.system_attrs.get("fixed_params") or t.params))
-    grid = list(grid)
-    random.Random(seed).shuffle(grid)
     queued = 0
-    for params in grid:
+    for params in seeded_grid(grid, seed):
         if _key(params) not in covered:
             optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
             queued += 1
