@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import harness  # noqa: E402, F401  (mends torchvision's import: harness.core.torchvision_ops)
+from harness.launch import rank_server  # noqa: E402
 from tests import workers  # noqa: E402
 
 # That mend matters in xdist's controller too: to show a worker's warning it imports the
@@ -25,6 +26,14 @@ from tests import workers  # noqa: E402
 # in an environment of their own, so each would leave a server of its own behind for ten
 # minutes. tests/test_warm_server.py turns it on, in a runtime folder of its own.
 os.environ["HARNESS_WARM_SERVER"] = "0"
+
+# A test process has one rank server (multiprocessing's forkserver), started by
+# whichever test needs it first. An in-process `harness tune` with the fake launcher
+# would start it with the helper's preload alone (its trials are not forked), and the
+# ranks that later tests fork from it would each import torch._dynamo and the trial
+# loop: here the server always gets the trials' preload. (tests/tuner/
+# test_helper_preload.py checks the helper's own, in processes of their own.)
+rank_server.HELPER_PRELOAD = rank_server.PRELOAD + rank_server.STUDY_PRELOAD
 
 
 def _collector_back_on() -> None:

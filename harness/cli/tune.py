@@ -109,6 +109,7 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     What needs torch (the strategy registry, the device) is asked of the tuner's
     torch-side helper (harness.launch.torch_helper): this process never imports torch."""
     from harness.cli.tune_check import check_run_folder
+    from harness.launch import rank_server
     from harness.launch.torch_helper import shared
     from harness.records.run_store import RunStore
     from harness.study.references import baseline, known_good
@@ -129,6 +130,8 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
 
     probe = shared()
     study = _load_study(args, probe)
+    if _forks_trials(args.launcher, study):  # before the helper starts (rank_server.warm_up)
+        rank_server.warm_up()
     # Checked as the file says (the flags below change only the budget, which the
     # registry and the device have no say in).
     facts = probe.study_facts(study)
@@ -229,10 +232,22 @@ def _load_study(args: argparse.Namespace, probe: Any):
 
 
 def _default(probe: Any):
+    from harness.launch import rank_server
     from harness.study.defaults import default_study
 
+    rank_server.warm_up()  # a default study's trials are forked here: see `check`
     cuda = probe.devices()["cuda"]
     return default_study("cuda", cuda) if cuda else default_study("cpu")
+
+
+def _forks_trials(spec: str | None, study: Any) -> bool:
+    """Whether this tuner forks its trials' ranks from its own rank server: the local
+    launcher (as `_launcher` picks it) on one node (harness.launch.local.launch)."""
+    if spec in (None, "local", "slurm"):
+        kind = spec or (study.cluster.launcher if study.cluster else "local")
+    else:
+        kind = "local" if spec == "harness.launch.local:launch" else "a user's"
+    return kind == "local" and study.layout.nnodes == 1
 
 
 def _launcher(spec: str | None, study: Any, device_type: str):

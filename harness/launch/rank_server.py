@@ -61,6 +61,8 @@ PRELOAD = ["harness.measure.rank_preload"]
 # What some trials import beside: a study's many trials share the server, a bench's one
 # trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
 STUDY_PRELOAD = ["torch.distributed.optim"]
+# A server that only hosts the tuner's torch-side helper (its trials run elsewhere)
+HELPER_PRELOAD = ["harness.measure.helper_preload"]
 
 HELPER_NAME = fork_child.HELPER_NAME
 
@@ -76,12 +78,12 @@ def enabled() -> bool:
 
 
 def warm_up() -> None:
-    """Start a study's server now (with STUDY_PRELOAD), in the background, so its imports
-    overlap the caller's own work (preparing the plan) instead of delaying the first
-    trial."""
+    """Start a study's server now (with STUDY_PRELOAD), so its imports overlap the tuner's
+    own start instead of delaying the first trial. Called before the tuner's torch-side
+    helper starts (`serve`), where the study's trials will be forked from it: a server
+    started by the helper alone preloads only what the helper uses."""
     if enabled():
-        threading.Thread(target=_server, args=(PRELOAD + STUDY_PRELOAD,), name="rank-server",
-                         daemon=True).start()
+        _server(PRELOAD + STUDY_PRELOAD)  # spawns it (milliseconds); it imports in its process
 
 
 def start_now() -> None:
@@ -247,8 +249,9 @@ def serve(env: dict[str, str], log: str) -> tuple[ForkedRank, Any]:
     """A fork of the server that answers the torch-side helper's requests (JSON bytes in,
     JSON bytes out, on the returned duplex connection) until that connection closes: the
     tuner's helper, which then imports nothing of its own. Its stdout and stderr go to
-    the file `log`. The server gets a study's preload, as `warm_up` would start it."""
-    forking = _server(PRELOAD + STUDY_PRELOAD)
+    the file `log`. A server that `warm_up` started has the trials' preload; one started
+    here, the helper's only (HELPER_PRELOAD)."""
+    forking = _server(HELPER_PRELOAD)
     conn, theirs = forking.Pipe(duplex=True)
     process = forking.Process(target=fork_child.serve, args=(dict(env), log, theirs),
                               name=HELPER_NAME, daemon=True)

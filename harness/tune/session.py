@@ -130,12 +130,6 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy,
                on_event: Callable[[str, dict[str, Any]], None] | None = None) -> Parts:
     """`on_event`: what each trial's start, steps, end and notes are told to (the
     progress display's by default)."""
-    from harness.launch import local, rank_server
-
-    # One-node trials' ranks are forked from the rank server: its imports overlap the
-    # study's start.
-    if isinstance(checked.launcher, local.LocalLauncher) and checked.study.layout.nnodes == 1:
-        rank_server.warm_up()
     study, main = checked.study, not args.helper
     if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
         clock = Clock(time.time(), args.search_until, args.deadline_at)
