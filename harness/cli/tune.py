@@ -130,7 +130,8 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
 
     probe = shared()
     study = _load_study(args, probe)
-    if _forks_trials(args.launcher, study):  # before the helper starts (rank_server.warm_up)
+    # Before the helper starts its server (rank_server.warm_up); --check launches nothing.
+    if _forks_trials(args.launcher, study) and not args.check:
         rank_server.warm_up()
     # Checked as the file says (the flags below change only the budget, which the
     # registry and the device have no say in).

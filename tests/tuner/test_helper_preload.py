@@ -68,6 +68,13 @@ def test_the_trials_preload_is_chosen_before_the_helper_starts(monkeypatch, tmp_
     assert events == (["warm_up", "study_facts"] if forks else ["study_facts"])
 
 
+def test_a_check_launches_nothing_so_warms_nothing(monkeypatch, tmp_path):
+    path = write_study(tmp_path)
+    events = _events_of_check(monkeypatch, [str(path), "--out", str(tmp_path / "run"),
+                                            "--check"])
+    assert events == ["study_facts"]
+
+
 def test_the_default_study_warms_the_trials_server_before_asking_for_devices(monkeypatch,
                                                                             tmp_path):
     events = _events_of_check(monkeypatch, ["--out", str(tmp_path / "run")])
