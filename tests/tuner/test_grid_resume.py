@@ -13,18 +13,26 @@ from harness.records.tags import PRUNED_TIME
 from harness.study.search_space import SearchSpace
 from harness.study.study_file import Study
 from harness.tune.recovery.grid_rest import requeue_grid
+from harness.tune.search import correction
 from tests.tuner.conftest import SEARCH_ONLY, records, tune, write_study
 
 
-def test_a_resumed_grid_measures_what_an_earlier_session_skipped_for_time(tmp_path, launched):
+def test_a_resumed_grid_measures_what_an_earlier_session_skipped_for_time(tmp_path, launched,
+                                                                          monkeypatch):
     out = tmp_path / "run"
     # as the table study: a grid, nothing stopped early
     path = write_study(tmp_path, sampler="grid", budget=SEARCH_ONLY, pruning={"slower_than": 0})
-    # the default overhead before calibration (5 s on a CPU) does not fit in 5 s: each
-    # configuration asked is skipped, not started, and the rest stay queued
-    assert tune(str(path), "--out", str(out), "--budget", "5s") == 1
+    # A trial's start-up before any is measured, an hour here, fits no 60-s session:
+    # each configuration asked is skipped, not started, and the rest stay queued. (The
+    # session is long enough that its own start, slow on a loaded machine, leaves it
+    # time to ask: with 5 s, a 4-s start left none.)
+    default = correction.DEFAULT_OVERHEAD_S["cpu"]
+    monkeypatch.setitem(correction.DEFAULT_OVERHEAD_S, "cpu", 3600.0)
+    assert tune(str(path), "--out", str(out), "--budget", "60s") == 1
     skipped = [r for r in records(out) if r["tags"].get("pruned") == PRUNED_TIME]
     assert skipped and not launched
+    # the default start-up (5 s on a CPU) fits the next session
+    monkeypatch.setitem(correction.DEFAULT_OVERHEAD_S, "cpu", default)
     assert tune("--resume", "--out", str(out), "--budget", "10m") == 0
     study = optuna.load_study(study_name="quickstart", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal"))))
