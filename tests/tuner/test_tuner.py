@@ -13,6 +13,7 @@ import strategies  # noqa: F401  (registers)
 from harness.core.plan import Plan
 from harness.study.search_space import SearchSpace, config_key
 from harness.study.study_file import Study
+from harness.tune.search import correction
 from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, study_table, tune, write_study
@@ -174,14 +175,17 @@ def test_pareto_mode(tmp_path, launched, capsys):
     assert all(len(t.values) == 2 for t in ok)
 
 
-def test_a_trial_expected_to_overrun_is_not_started(tmp_path, launched):
+def test_a_trial_expected_to_overrun_is_not_started(tmp_path, launched, monkeypatch):
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0})
-    # the default overhead before calibration (5 s on a CPU) does not fit in 5 s
-    assert tune(str(path), "--out", str(out), "--budget", "5s") == 1  # nothing tuned
+    # A trial's start-up before any is measured, an hour here, does not fit in 60 s (a
+    # session long enough that its own start, slow on a loaded machine, leaves it time
+    # to ask: with 5 s, a 4-s start left none).
+    monkeypatch.setitem(correction.DEFAULT_OVERHEAD_S, "cpu", 3600.0)
+    assert tune(str(path), "--out", str(out), "--budget", "60s") == 1  # nothing tuned
     assert launched == []
-    # each configuration proposed is skipped; after five in a row (or when the 5 s are
-    # gone: predicting the candidates takes seconds on a busy machine) the search ends
+    # each configuration proposed is skipped; after five in a row (or when the search's
+    # time is gone: predicting the candidates takes seconds on a busy machine) it ends
     recs = records(out)
     assert 1 <= len(recs) <= 5
     for r in recs:
