@@ -85,8 +85,10 @@ class TorchHelper:
         """The helper, started if it is not running. Where one-node trials are forked from
         the rank server, it is a fork of that server too (rank_server.serve): torch is
         imported once for the tuner's trials and its questions, not a second time."""
-        if self._proc is not None and self._proc.poll() is None:
+        if self._alive():
             return
+        if self._proc is not None:  # it died since the last question: forgotten, replaced
+            self._ended()
         # Its warnings must not reach the display; kept to explain a crash.
         self._stderr = tempfile.NamedTemporaryFile(prefix="harness-helper-")  # noqa: SIM115
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -98,6 +100,13 @@ class TorchHelper:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.measure.torch_helper_server"], env=env,
                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
+
+    def _alive(self) -> bool:
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        # A fork's exit status comes through the rank server, a moment after its death;
+        # its end of the connection closes as it dies: readable before a question = gone.
+        return self._conn is None or not self._conn.poll()
 
     def _ended(self) -> int | None:
         """The stopped helper's exit status; it is forgotten (the next question starts one)."""

@@ -110,3 +110,25 @@ def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
         assert helper._proc.pid != first.pid
     finally:
         helper.close()
+
+
+def test_a_helper_whose_status_is_not_reported_yet_is_known_dead_by_its_connection():
+    """A fork's exit status comes through the server a moment after its death (under
+    load, after the next question was sent to the dead helper): its closed end of the
+    connection says so first."""
+    from multiprocessing import Pipe
+
+    from harness.launch.torch_helper import TorchHelper
+
+    class NotReportedYet:
+        def poll(self):
+            return None
+
+    helper = TorchHelper()
+    ours, theirs = Pipe(duplex=True)
+    helper._proc, helper._conn = NotReportedYet(), ours
+    assert helper._alive()
+    theirs.close()  # as the dying fork's end
+    assert not helper._alive()
+    ours.close()
+    helper._proc = helper._conn = None
