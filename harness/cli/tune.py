@@ -241,14 +241,19 @@ def _default(probe: Any):
     return default_study("cuda", cuda) if cuda else default_study("cpu")
 
 
+def _launcher_kind(spec: str | None, study: Any) -> str:
+    """"local", "slurm" (the flag, else the study's cluster.launcher), or "function" (a
+    user's package.module:function)."""
+    if spec in (None, "local", "slurm"):
+        return spec or (study.cluster.launcher if study.cluster else "local")
+    return "function"
+
+
 def _forks_trials(spec: str | None, study: Any) -> bool:
     """Whether this tuner forks its trials' ranks from its own rank server: the local
-    launcher (as `_launcher` picks it) on one node (harness.launch.local.launch)."""
-    if spec in (None, "local", "slurm"):
-        kind = spec or (study.cluster.launcher if study.cluster else "local")
-    else:
-        kind = "local" if spec == "harness.launch.local:launch" else "a user's"
-    return kind == "local" and study.layout.nnodes == 1
+    launcher on one node (harness.launch.local.launch)."""
+    local = _launcher_kind(spec, study) == "local" or spec == "harness.launch.local:launch"
+    return local and study.layout.nnodes == 1
 
 
 def _launcher(spec: str | None, study: Any, device_type: str):
@@ -268,13 +273,13 @@ def _launcher(spec: str | None, study: Any, device_type: str):
     if spec in ("local", "slurm"):  # kept in the study: --resume runs where it started
         study.cluster = dataclasses.replace(study.cluster or ClusterSpec(), launcher=spec)
         study.validate("study")
-    if spec in (None, "local", "slurm"):
-        cluster = study.cluster
-        if cluster is None or cluster.launcher == "local":
-            return LocalLauncher()
+    kind = _launcher_kind(spec, study)
+    if kind == "local":
+        return LocalLauncher()
+    if kind == "slurm":
         from harness.launch.slurm import launcher_for
 
-        return launcher_for(cluster, device_type, study.layout.world_sizes,
+        return launcher_for(study.cluster, device_type, study.layout.world_sizes,
                             study.budget.trial_timeout_s, study.layout.nnodes)
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
