@@ -11,6 +11,17 @@ import gc
 gc.disable()
 
 import os  # noqa: E402
+import sys  # noqa: E402
+
+# Compiled once. Where PYTHONDONTWRITEBYTECODE is set (many container images set it),
+# each of the 300-odd interpreters the suite starts (ranks, servers, tuners, torchrun's
+# agents) would compile the harness's modules again, about 0.1 CPU-s each, and each
+# worker would rewrite every test module's asserts: the suite's processes write their
+# bytecode as Python does by default, in __pycache__ beside the sources (.gitignore).
+# (PYTHONPYCACHEPREFIX would keep it out of the checkout, but it moves every module's
+# cache there, torch's included, all compiled anew.)
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -110,7 +121,7 @@ def parallel_records(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     """The README's main job, for real: `harness tune studies/quickstart.toml` on this CPU
-    with a 30-second budget (trials in their own processes), run once per session and
+    with a 20-second budget (trials in their own processes), run once per session and
     shared by the tests that check the study (tests/tuner/test_tune_processes.py) and
     the report drawn from it (tests/reports/test_chromium.py)."""
     import os
@@ -119,7 +130,7 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     from pathlib import Path
     from types import SimpleNamespace
 
-    out, budget = tmp_path_factory.mktemp("quickstart") / "run", 30
+    out, budget = tmp_path_factory.mktemp("quickstart") / "run", 20
     # Other work on this machine would flag every trial (tests/test_interference.py
     # covers that): here the flow is under test, so busy figures count.
     # It runs with no test of another worker beside it (tests/workers.py); the tests
@@ -130,7 +141,7 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
                                "studies/quickstart.toml", "--out", str(out), "--budget",
                                f"{budget}s"], cwd=Path(__file__).resolve().parents[1],
                               env=env, capture_output=True, text=True,
-                              timeout=budget * 4)  # a hang guard
+                              timeout=budget * 6)  # a hang guard
     return SimpleNamespace(out=out, budget=budget, proc=proc)
 
 

@@ -65,7 +65,7 @@ FIGURES = """(() => JSON.stringify(Object.fromEntries(%s.map(key => {
 
 @pytest.mark.slow
 def test_real_quickstart_study_renders_offline(browser, real, tmp_path):
-    """A real 30-second study on this machine: how many trials, and which figures they
+    """A real 20-second study on this machine: how many trials, and which figures they
     reach, depend on its speed (an AVX2 CPU runs bf16 about 30x slower than fp32), so
     the figures every study has are asserted, and for the others that the page says
     why each is absent."""
