@@ -272,7 +272,7 @@ def test_the_page_says_which_phases_did_not_run(out):
 def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_path):
     """--only table runs the table study as `harness tune` into its folder, with --resume
     once the folder holds it (several GPU sessions add to one table), and the page says
-    how many configurations are recorded; the study is the GPU subspace of issue 24."""
+    how many configurations are measured (a record skipped for time is not); the study is the GPU subspace of issue 24."""
     import time
 
     from harness.selftest import phases as ph
@@ -288,6 +288,7 @@ def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_p
         (folder / "study.json").write_text("{}")
         with open(folder / "trials.jsonl", "a") as f:
             f.write(json.dumps({"status": "ok"}) + "\n")
+            f.write(json.dumps({"status": "pruned", "tags": {"pruned": "time"}}) + "\n")
         return Step(command=" ".join(argv), log=log.name, rc=0, seconds=1.0, timed_out=False)
 
     state = {"phases": {}, "runs": []}
@@ -299,7 +300,7 @@ def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_p
     assert state["phases"]["table"]["after"] == 2 and state["phases"]["table"]["before"] == 1
     state["device"] = {"name": "NVIDIA H100 80GB HBM3"}
     page = build(tmp_path, state, "2026-11-24")
-    assert "2 configurations recorded (2 ok), 1 of them this session" in page
+    assert ("2 configurations measured (2 ok), 1 of them this session; 4 records" in page)
     table = __import__("tomllib").loads(study.read_text())
     assert table["sampler"] == "grid" and table["pruning"]["slower_than"] == 0
     # its folder is named by the study, and the table can be finished: a few GPU

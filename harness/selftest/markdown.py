@@ -372,8 +372,10 @@ def table_section(out: Path, state: dict[str, Any]) -> list[str]:
     step = t.get("step") or {}
     return ["## The GPU table for the search replay", "",
             f"`{t.get('study')}` into `{t.get('dir')}`: {t.get('after', 0)} configurations "
-            f"recorded ({t.get('ok', 0)} ok), {t.get('after', 0) - t.get('before', 0)} of them "
-            f"this session (`{short(step.get('command'))}`, exit code {step.get('rc')}, log "
+            f"measured ({t.get('ok', 0)} ok), {t.get('after', 0) - t.get('before', 0)} of "
+            f"them this session; {t.get('records', 0)} records, those skipped for time "
+            f"measured by a later session (`{short(step.get('command'))}`, exit code "
+            f"{step.get('rc')}, log "
             f"`{step.get('log')}`). Replay it: `python tests/benchmarks/search_replay.py "
             f"--table {t.get('dir')}`.", ""]
 

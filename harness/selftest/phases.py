@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.records.predicates import finished
 from harness.selftest import proof
 from harness.selftest.figures import read_json, read_jsonl
 from harness.selftest.plans import plan_fit
@@ -211,14 +212,17 @@ def run_table(run: Run, study: Path, folder: Path) -> bool:
         entry["skipped"] = f"only {max(run.left(), 0):.0f} s left within the time limit"
         run.save()
         return False
-    before = len(read_jsonl(folder / "trials.jsonl"))
+    before = read_jsonl(folder / "trials.jsonl")
     argv = [run.python, "-m", "harness", "tune", str(study), "--out", str(folder),
             "--budget", f"{budget:.0f}s", "--quiet"]
     if (folder / "study.json").exists():
         argv.append("--resume")
     step = run.step(argv, run.out / "table.log", budget + proof.GPU.tune_overhead + TABLE_END_S)
     trials = read_jsonl(folder / "trials.jsonl")
-    entry.update(step=step.to_json(), before=before, after=len(trials),
+    # a record skipped for time or cut off measured nothing (a later session measures
+    # its configuration): the page counts configurations measured, not records
+    entry.update(step=step.to_json(), before=sum(map(finished, before)),
+                 after=sum(map(finished, trials)), records=len(trials),
                  ok=sum(t.get("status") == "ok" for t in trials))
     run.save()
-    return step.ok and len(trials) > before
+    return step.ok and len(trials) > len(before)

@@ -275,3 +275,31 @@ def test_rounds_go_on_where_the_verdict_is_open(tmp_path, launched, tweak):
     head = (out / "best.toml").read_text().splitlines()
     assert "samples/s median [" in head[0] and "pooled" in head[0]
     assert head[1].startswith("# Against the strict fp32 baseline: ") and "interval" in head[1]
+
+
+def test_a_round_whose_trials_did_not_fit_is_not_counted_as_run():
+    """On the H200 (2026-11-27) the proof's 150-s tune printed "2 confirmation round(s)"
+    although every trial of both rounds was skipped as not fitting the time left: a
+    round counts only where a trial of it measured, and the summary says what the others
+    did not do."""
+    from types import SimpleNamespace
+
+    from harness.records.tags import PRUNED_TIME
+
+    def extra(tags):
+        return SimpleNamespace(run_trial=lambda run_id, params, t, window_s=None:
+                               SimpleNamespace(to_dict=lambda: {"tags": dict(tags)}))
+
+    clock = SimpleNamespace(left=lambda: 10.0)
+    params = {"1": {"mb": 1}, "2": {"mb": 2}}
+    skipped = extra({"phase": "confirm", "pruned": PRUNED_TIME})
+    assert confirm._round(clock, skipped, params, 0, {}, 1.0) == ("done", False)
+    assert confirm._round(clock, extra({"phase": "confirm"}), params, 0, {}, 1.0) == (
+        "done", True)
+    once = {"0": confirm.Standing("0", [50]), "1": confirm.Standing("1", [200]),
+            "2": confirm.Standing("2", [190])}
+    decision = confirm.decide(once, "0")
+    decision.rounds_unmeasured = 2
+    text = summary.confirmation_text(decision.as_dict())
+    assert "confirmation round(s)\n" not in text + "\n" and "  0 confirmation" not in text
+    assert "2 confirmation round(s) measured nothing: their trials did not fit" in text

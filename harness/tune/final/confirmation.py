@@ -44,7 +44,7 @@ from typing import Any
 import optuna
 
 from harness.records.pooled import config_key, in_time_order, measurement_of
-from harness.records.predicates import may_be_best, ranked
+from harness.records.predicates import finished, may_be_best, ranked
 from harness.records.run_store import RunStore
 from harness.records.speedup import FASTER, Ratio, ratio
 from harness.records.tags import tags_of
@@ -106,7 +106,8 @@ class Decision:
     baseline_within_spread: bool = False  # the best does not lead the baseline beyond it
     # throughput: the best over the baseline (harness.records.speedup.Ratio, as a dict)
     versus_baseline: dict[str, Any] | None = None
-    rounds: int = 0  # the confirmation rounds that ran
+    rounds: int = 0  # the confirmation rounds that measured something
+    rounds_unmeasured: int = 0  # rounds whose every trial was skipped for lack of time
     window_s: list[float] | None = None  # the shortest and longest window measured
 
     def as_dict(self) -> dict[str, Any]:
@@ -240,7 +241,7 @@ def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
     params = {str(r["trial_id"]): _params_of(optuna_study, r) for r in picked}
     recorded = {str(r["trial_id"]): r for r in records}
     base_id = str(baseline["trial_id"]) if baseline is not None else None
-    ended, rnd = "done", 0
+    ended, rnd, measured = "done", 0, 0
     while ended == "done":
         if rnd >= repeats:  # the rounds asked for ran: more only where the verdict is open
             decision = decide(standings(store.records(), list(params), by), base_id, by)
@@ -254,12 +255,13 @@ def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
                                       f"separate trial(s) {', '.join(still)}"})
         else:
             still = list(params)
-        ended = _round(clock, extra, {i: params[i] for i in still}, rnd, recorded,
-                       longer if rnd >= budget.confirm_repeats else 1.0)
+        ended, any_measured = _round(clock, extra, {i: params[i] for i in still}, rnd,
+                                     recorded, longer if rnd >= budget.confirm_repeats else 1.0)
         rnd += 1
+        measured += any_measured
     decision = decide(standings(store.records(), list(params), by), base_id, by)
     if decision is not None:
-        decision.rounds = rnd
+        decision.rounds, decision.rounds_unmeasured = measured, rnd - measured
         optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended
 
@@ -276,6 +278,7 @@ def refreshed(decision: dict[str, Any], records: list[dict[str, Any]]) -> dict[s
     if new is None:
         return decision
     new.rounds = decision.get("rounds", 0)
+    new.rounds_unmeasured = decision.get("rounds_unmeasured", 0)
     return new.as_dict()
 
 
@@ -293,18 +296,23 @@ def open_question(decision: Decision | None, baseline_id: str | None) -> list[st
 
 
 def _round(clock: Clock, extra: ExtraTrials, params: dict[str, dict[str, Any] | None],
-           rnd: int, recorded: dict[str, dict[str, Any]], longer: float) -> str:
-    """One round: each configuration in `params` measured once, in order."""
+           rnd: int, recorded: dict[str, dict[str, Any]], longer: float) -> tuple[str, bool]:
+    """One round: each configuration in `params` measured once, in order; how it
+    ended, and whether any of its trials measured (one not fitting the time left is
+    recorded as skipped, and measures nothing)."""
+    measured = False
     for of, p in params.items():
         run_id = attempt_id(recorded, f"confirm-{of}-{rnd}") if p is not None else None
         if run_id is None:
             continue
         if clock.left() <= 0:
-            return "time: the deadline came before every round ran"
+            return "time: the deadline came before every round ran", measured
         window = longer * window_s(recorded.get(of)) if longer > 1 else None
-        extra.run_trial(run_id, p, {"phase": "confirm", "confirm": {"of": of, "round": rnd}},
-                        window_s=window or None)
-    return "done"
+        result = extra.run_trial(run_id, p, {"phase": "confirm",
+                                             "confirm": {"of": of, "round": rnd}},
+                                 window_s=window or None)
+        measured = measured or finished(result.to_dict())
+    return "done", measured
 
 
 def window_s(record: dict[str, Any] | None) -> float:

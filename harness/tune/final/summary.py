@@ -229,6 +229,10 @@ def confirmation_text(decision: dict[str, Any]) -> str:
         window = decision.get("window_s")
         span = f", windows of {window[0]:.3g}-{window[1]:.3g} s" if window else ""
         lines.append(f"  {decision['rounds']} confirmation round(s){span}")
+    if decision.get("rounds_unmeasured"):
+        lines.append(f"  {decision['rounds_unmeasured']} confirmation round(s) measured "
+                     "nothing: their trials did not fit the time left (a longer --budget "
+                     "measures the contenders again)")
     return "\n".join(lines)
 
 
