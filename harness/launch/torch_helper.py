@@ -15,6 +15,7 @@ with the tuner (its connection, or its stdin, closes).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -40,7 +41,8 @@ class TorchHelper:
     def __init__(self) -> None:
         self._proc: Any = None  # the helper: a fork of the rank server, or a Popen
         self._conn: Any = None  # the fork's connection (None for a process: its pipes)
-        self._stderr: Any = None
+        self._stderr: Any = None  # the helper's stderr, read back to explain a crash
+        self._log: str | None = None  # its file's name, until the helper has it open
         self._lock = threading.Lock()  # one question at a time
 
     def devices(self) -> dict[str, Any]:
@@ -79,6 +81,7 @@ class TorchHelper:
                 code = self._ended()
                 raise ProbeCrashed(f"the torch-side helper stopped (exit {code}): "
                                    f"{self._stderr_tail()}")
+            self._unlink_log()  # the helper answered: it holds its log open
         return _ok(json.loads(line))
 
     def _start(self) -> None:
@@ -89,17 +92,21 @@ class TorchHelper:
             return
         if self._proc is not None:  # it died since the last question: forgotten, replaced
             self._ended()
-        # Its warnings must not reach the display; kept to explain a crash.
-        self._stderr = tempfile.NamedTemporaryFile(prefix="harness-helper-")  # noqa: SIM115
+        # Its warnings must not reach the display; kept to explain a crash. The file's
+        # name goes once the helper holds it open (a tuner killed later leaves none).
+        self._unlink_log()  # a helper that died before answering: its file too
+        fd, self._log = tempfile.mkstemp(prefix="harness-helper-")
+        self._stderr = os.fdopen(fd, "w+b")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             import_path(os.environ.get("PYTHONPATH")))}
         if rank_server.enabled():
-            self._proc, self._conn = rank_server.serve(env, self._stderr.name)
+            self._proc, self._conn = rank_server.serve(env, self._log)
         else:
             self._conn = None
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.measure.torch_helper_server"], env=env,
                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
+            self._unlink_log()  # it has the file already
 
     def _alive(self) -> bool:
         if self._proc is None or self._proc.poll() is not None:
@@ -115,6 +122,12 @@ class TorchHelper:
             conn.close()
         return proc.wait()
 
+    def _unlink_log(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(log)
+
     def _stderr_tail(self) -> str:
         if self._stderr is None:
             return ""
@@ -123,6 +136,16 @@ class TorchHelper:
 
     def close(self) -> None:
         proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        stderr, self._stderr = self._stderr, None
+        try:
+            self._stop(proc, conn)
+        finally:
+            self._unlink_log()
+            if stderr is not None:
+                stderr.close()
+
+    @staticmethod
+    def _stop(proc: Any, conn: Any) -> None:
         if conn is not None:  # the helper ends when its connection, or its stdin, closes
             conn.close()
         if proc is None or proc.poll() is not None:

@@ -91,7 +91,10 @@ def test_a_fork_of_the_server_answers_as_the_torch_side_helper():
 @pytest.mark.timeout(120)
 def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
     """The helper answers from a fork of the rank server (torch imported once for the
-    study's trials and its questions); one that died is replaced at the next question."""
+    study's trials and its questions); one that died is replaced at the next question.
+    Its log's name is gone once it answered (the file stays readable, to explain a
+    crash): a tuner that is killed leaves nothing in the tmp dir (a suite run left a
+    handful)."""
     from multiprocessing import forkserver
 
     import psutil
@@ -101,6 +104,9 @@ def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
     helper = TorchHelper()
     try:
         assert "cuda" in helper.devices()
+        log = os.readlink(f"/proc/self/fd/{helper._stderr.fileno()}")
+        assert helper._log is None and log.endswith(" (deleted)")
+        assert os.path.basename(log).startswith("harness-helper-")
         first = psutil.Process(helper._proc.pid)
         assert first.name() == rank_server.HELPER_NAME
         assert first.ppid() == forkserver._forkserver._forkserver_pid
@@ -108,6 +114,7 @@ def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
         first.wait(10)
         assert "cuda" in helper.devices()
         assert helper._proc.pid != first.pid
+        assert os.readlink(f"/proc/self/fd/{helper._stderr.fileno()}").endswith(" (deleted)")
     finally:
         helper.close()
 
