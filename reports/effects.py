@@ -56,7 +56,7 @@ class Effect:
         what = f"{'+' if pct >= 0 else ''}{pct:.1f}% throughput"
         if self.ratio is not None:
             r = self.ratio
-            return f"{what} ({r.interval}, {r.basis}): {r.verdict}"
+            return f"{what} ({r.interval}, {r.basis}): {r.said}"
         if self.clear is None:
             return what + " (one measurement each: spread unknown)"
         return what + ("" if self.clear else " — within run-to-run spread (noise)")

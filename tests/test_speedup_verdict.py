@@ -184,3 +184,15 @@ def test_a_lead_whose_every_technique_is_noise_is_held_back():
                 "versus_baseline": v.versus_baseline.as_dict()}
     line = confirmation_text(_agreeing(decision, v)).split("best: ")[1]
     assert "not distinguishable at this n (held back" in line and "): faster" not in line
+
+
+def test_too_few_measurements_for_an_interval_are_said_to_be_too_few_not_a_tie():
+    """One measurement each of a 10x lead (the GPU proof's 150-s tune): no interval can
+    reach 95%, so the verdict stays SAME for the logic, but the words say why."""
+    once = ratio([470.0], [45.0])
+    assert once.verdict == SAME and once.lo is None
+    assert once.said == speedup.UNTOLD
+    assert once.text().endswith("(no 95% interval at this n, 1 and 1 measurements): "
+                                "too few measurements to tell")
+    five = ratio([100, 101, 99, 100.5, 99.5], [100, 100.2, 99.8, 100.4, 99.6])
+    assert five.lo is not None and five.said == five.verdict == SAME

@@ -113,8 +113,10 @@ def test_the_report_names_strict_fp32_and_the_tf32_speedup(tmp_path):
     assert h.tf32_id == "1"
     assert "strict fp32 baseline" in h.verdict and "2.50× as fast as fp32+TF32" in h.verdict
     # one measurement each: no interval, and the headline says so in its first sentence
-    assert h.verdict.startswith("The best configuration is not distinguishable from the "
-                                "strict fp32 baseline at this n: 5.00x")
+    assert h.verdict.startswith("The best configuration measured 5.00x the strict fp32 "
+                                "baseline, but too few times for a 95% interval (1 and 1 "
+                                "measurements;")
+    assert "no speedup is claimed at this n." in h.verdict
     h = headline(load_run(write_run(tmp_path / "run2", [recs[0], recs[2]], name="t")))
     assert h.tf32_speedup is None and "fp32+TF32" not in h.verdict
 

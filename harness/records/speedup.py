@@ -40,6 +40,7 @@ MIN_PAIRS = 6  # the fewest pairs whose signed-rank interval reaches 95% (2 / 2*
 FASTER = "faster"
 SLOWER = "slower"
 SAME = "not distinguishable at this n"
+UNTOLD = "too few measurements to tell"  # SAME where no interval reaches CONFIDENCE: said so
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class Ratio:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def said(self) -> str:
+        """The verdict in words: with no interval at all, too few to tell (not a tie)."""
+        return UNTOLD if self.lo is None else self.verdict
 
     @property
     def interval(self) -> str:
@@ -80,7 +86,7 @@ class Ratio:
     def text(self) -> str:
         """'1.05x (95% interval [0.93, 1.18], 5 and 5 measurements): not distinguishable
         at this n'."""
-        return f"{self.estimate:.2f}x ({self.interval}, {self.basis}): {self.verdict}"
+        return f"{self.estimate:.2f}x ({self.interval}, {self.basis}): {self.said}"
 
 
 def ratio(a: Sequence[float], b: Sequence[float],

@@ -62,6 +62,12 @@ class StudyVerdict:
             return None
         return SAME if self.held_back else self.versus_baseline.verdict
 
+    @property
+    def said(self) -> str | None:
+        """The verdict in words (harness.records.speedup.Ratio.said)."""
+        r = self.versus_baseline
+        return r.said if r is not None and r.lo is None else self.verdict
+
     def headline(self) -> str:
         """The first sentence: what the best is worth against the baseline."""
         r = self.versus_baseline
@@ -77,6 +83,10 @@ class StudyVerdict:
         if self.verdict == SLOWER:
             return (f"The best configuration named by the search ran slower than "
                     f"{BASELINE_NAME} once every measurement is pooled: {detail}.")
+        if r.lo is None:  # too few measurements for any interval: untested, not a tie
+            return (f"The best configuration measured {r.estimate:.2f}x {BASELINE_NAME}, but "
+                    f"too few times for a 95% interval ({r.basis}; a longer --budget measures "
+                    "it again): no speedup is claimed at this n.")
         text = (f"The best configuration is not distinguishable from {BASELINE_NAME} at this "
                 f"n: {detail}.")
         if self.held_back:

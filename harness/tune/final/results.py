@@ -98,7 +98,7 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
         if r is not None and verdict is not None and verdict.best is not None:
             print(f"best: trial {best_id}, {verdict.best.text()}, {r.estimate:.2f}x the strict "
                   f"fp32 baseline (TF32 off; trial {baseline['trial_id']}; {r.interval}, "
-                  f"{r.basis}): {verdict.verdict}")
+                  f"{r.basis}): {verdict.said}")
         elif rate and base_rate:
             print(f"best: trial {best_id}, {rate / base_rate:.2f}x the strict fp32 baseline "
                   f"(TF32 off; trial {baseline['trial_id']}; one measurement each)")
@@ -132,7 +132,7 @@ def _best_comment(verdict: StudyVerdict | None, throughput: bool) -> tuple[Any, 
     if verdict is None or not throughput:
         return None, ""
     r = verdict.versus_baseline
-    against = (f"{r.estimate:.2f}x ({r.interval}, {r.basis}): {verdict.verdict}"
+    against = (f"{r.estimate:.2f}x ({r.interval}, {r.basis}): {verdict.said}"
                + (" (held back: no technique is beyond the noise)" if verdict.held_back
                   else "") if r else "")
     return verdict.best, against

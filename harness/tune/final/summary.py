@@ -209,7 +209,7 @@ def confirmation_text(decision: dict[str, Any]) -> str:
     if vs:  # throughput: the interval and the verdict (harness.records.speedup)
         r = Ratio(**vs)
         speed = (f", {r.estimate:.2f}x the strict fp32 baseline (TF32 off; {r.interval}, "
-                 f"{r.basis}): {r.verdict}")
+                 f"{r.basis}): {r.said}")
     if str(decision["best"]) == str(decision.get("baseline_id")):
         speed = (": the strict fp32 baseline itself; no configuration measured was "
                  f"{'sooner to the target' if timed else 'faster'}")
@@ -266,7 +266,7 @@ def tf32_line(records: list[dict[str, Any]], baseline: dict[str, Any] | None,
     if best is not None and mine is not None:
         r = compare(best, mine)
         return (f"  {r.estimate:.2f}x fp32+TF32 (trial {ref['trial_id']}, {mine.text()}; "
-                f"{r.interval}, {r.basis}): {r.verdict}")
+                f"{r.interval}, {r.basis}): {r.said}")
     return (f"  {best_rate / ref_rate:.2f}x fp32+TF32 (trial {ref['trial_id']}, "
             f"{ref_rate:.4g} samples/s; one measurement)")
 
