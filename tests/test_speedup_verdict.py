@@ -183,7 +183,11 @@ def test_a_lead_whose_every_technique_is_noise_is_held_back():
                 "baseline_id": "base-0", "baseline": {**figure, "median": 100.0},
                 "versus_baseline": v.versus_baseline.as_dict()}
     line = confirmation_text(_agreeing(decision, v)).split("best: ")[1]
-    assert "not distinguishable at this n (held back" in line and "): faster" not in line
+    assert "no speedup claimed at this n (held back" in line and "): faster" not in line
+    # the headline gives the lead's own interval and why it is not claimed, not a tie
+    assert v.headline().startswith("The best configuration measured 1.10x (95% interval")
+    assert "none of its techniques beyond the noise alone" in v.headline()
+    assert "not distinguishable" not in v.headline()
 
 
 def test_too_few_measurements_for_an_interval_are_said_to_be_too_few_not_a_tie():

@@ -24,6 +24,7 @@ from harness.records.speedup import FASTER, SAME, SLOWER, Ratio
 from harness.records.tags import tags_of
 
 BASELINE_NAME = "the strict fp32 baseline"
+HELD = "no speedup claimed at this n"  # a clear lead no technique accounts for alone
 
 
 @dataclass
@@ -66,6 +67,8 @@ class StudyVerdict:
     def said(self) -> str | None:
         """The verdict in words (harness.records.speedup.Ratio.said)."""
         r = self.versus_baseline
+        if self.held_back:
+            return HELD
         return r.said if r is not None and r.lo is None else self.verdict
 
     def headline(self) -> str:
@@ -87,12 +90,12 @@ class StudyVerdict:
             return (f"The best configuration measured {r.estimate:.2f}x {BASELINE_NAME}, but "
                     f"too few times for a 95% interval ({r.basis}; a longer --budget measures "
                     "it again): no speedup is claimed at this n.")
-        text = (f"The best configuration is not distinguishable from {BASELINE_NAME} at this "
+        if self.held_back:  # SAME by rule (issue 38), though its own interval is clear
+            return (f"The best configuration measured {detail} against {BASELINE_NAME}, but "
+                    "the ablation finds none of its techniques beyond the noise alone, so "
+                    "no speedup is claimed at this n.")
+        return (f"The best configuration is not distinguishable from {BASELINE_NAME} at this "
                 f"n: {detail}.")
-        if self.held_back:
-            text += (" Its interval lies beyond the noise, but the ablation finds each of its "
-                     "techniques within it, so no speedup is claimed.")
-        return text
 
     def as_dict(self) -> dict[str, Any]:
         """As study.json keeps it ("verdict")."""
@@ -159,4 +162,4 @@ def techniques(records: list[dict[str, Any]], best_id: str, best: Pooled | None,
     return out
 
 
-__all__ = ["FASTER", "SAME", "SLOWER", "StudyVerdict", "Technique", "study_verdict"]
+__all__ = ["FASTER", "HELD", "SAME", "SLOWER", "StudyVerdict", "Technique", "study_verdict"]

@@ -10,7 +10,7 @@ import optuna
 from harness.records.predicates import busy_note
 from harness.records.run_store import RunStore
 from harness.records.tags import tags_of
-from harness.records.verdict import SAME, StudyVerdict, study_verdict
+from harness.records.verdict import HELD, StudyVerdict, study_verdict
 from harness.study.study_file import Study
 from harness.tune.budget import Clock
 from harness.tune.final.confirmation import refreshed
@@ -145,4 +145,5 @@ def _agreeing(decision: dict[str, Any], verdict: StudyVerdict | None) -> dict[st
     if not vs or verdict is None or not verdict.held_back:
         return decision
     return {**decision, "versus_baseline": {
-        **vs, "verdict": f"{SAME} (held back: the ablation finds no technique beyond the noise)"}}
+        **vs, "verdict": f"{HELD} (held back: the ablation finds no technique beyond the "
+                         "noise alone)"}}
