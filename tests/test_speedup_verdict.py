@@ -200,3 +200,28 @@ def test_too_few_measurements_for_an_interval_are_said_to_be_too_few_not_a_tie()
                                 "too few measurements to tell")
     five = ratio([100, 101, 99, 100.5, 99.5], [100, 100.2, 99.8, 100.4, 99.6])
     assert five.lo is not None and five.said == five.verdict == SAME
+
+
+def test_a_configuration_the_ablation_measured_above_the_best_is_said_so():
+    """A 90-s quickstart tune here: the ablation's 'without fused' (bf16 alone) pooled
+    to a higher median than the best the confirmation named (bf16 + fused), and topped
+    the summary's table with nothing said; now a line says why and how they compare."""
+    from harness.tune.final.summary import table
+
+    ablation = [{"phase": "ablation", "ablation": {"of": "20", "without": "fused",
+                                                   "repeat": i}} for i in range(2)]
+    recs = [record(0, {}, 160, 0, {"phase": "baseline"}),
+            record(13, {"amp": {}}, 205, 1), record(20, {"amp": {}, "fused": {}}, 229, 2),
+            *[record(f"c{i}", {"amp": {}, "fused": {}}, 226 + i, 3 + i,
+                     {"phase": "confirm", "confirm": {"of": "20", "round": i}})
+              for i in range(3)],
+            record("a0", {"amp": {}}, 248, 7, ablation[0]),
+            record("a1", {"amp": {}}, 250, 8, ablation[1])]
+    rows = table(recs, multi=False, best_id=20).splitlines()
+    assert rows[1].split()[1] == "13" and rows[2].split()[1] == "20"
+    assert rows[-1].startswith("  trial 13 ranks above the best named, trial 20, on "
+                               "measurements the confirmation did not weigh")
+    assert "3 and 4 measurements" in rows[-1]
+    # the best on top: nothing to say
+    assert "ranks above" not in table(recs, multi=False, best_id=13)
+    assert "ranks above" not in table(recs[:6], multi=False, best_id=20)

@@ -82,7 +82,7 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
     multi = len(study.objectives) > 1
     print(f"\nstudy {study.name}: {len(records)} trials ({status_counts(records)}) in "
           f"{clock.elapsed():.0f} s of a {clock.budget_s:.0f} s budget; stopped: {stopped}")
-    print(table(records, multi, memory_budget=budget_bytes))
+    print(table(records, multi, memory_budget=budget_bytes, best_id=best_id))
     if spent:
         parts = [f"{name} {v:.0f} s" for name, v in spent.items()]
         unused = max(clock.left(), 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,18 +40,21 @@ def pareto(rows: list[dict[str, Any]]) -> set[Any]:
 
 
 def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
-          memory_budget: float | None = None) -> str:
+          memory_budget: float | None = None, best_id: Any = None) -> str:
     """The measured configurations, fastest first, each by its one figure: the median
     of every quiet measurement of it, in any phase (harness.records.pooled), and their
     n; `!` marks one whose peak was over `memory_budget`, `~` one measured while the
-    machine was busy (they ran, but are never the best)."""
+    machine was busy (they ran, but are never the best). Where a configuration the
+    confirmation did not weigh ranks above the named best `best_id` (the ablation
+    measured it again, say), a line says so and how the two compare."""
     rows = ranked(records)
     pools = pool(records)
 
     def pooled(r: dict[str, Any]) -> Pooled | None:
         return pools.get(config_key(r.get("plan")))
 
-    if not any(r["metrics"].get("time_to_target_s") for r in rows):  # throughput: by pool
+    by_pool = not any(r["metrics"].get("time_to_target_s") for r in rows)
+    if by_pool:  # throughput: by pool
         rows.sort(key=lambda r: -(p.median if (p := pooled(r)) else
                                   r["metrics"].get("samples_per_s") or 0))
     front = pareto(rows) if multi else set()
@@ -74,12 +78,29 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
     if rows:
         lines.append("  samples/s: the median of every quiet measurement of the configuration "
                      "(search, rounds, ablation, variants), n of them")
+    if by_pool:
+        lines += _above_the_best(rows, pooled, best_id, busy | over)
     if multi:
         lines.append("  * on the Pareto front of throughput and peak memory")
     if over & {r["trial_id"] for r in rows[:top]}:
         lines.append(f"  ! its peak memory was over the budget, {format_bytes(memory_budget)}: "
                      "not a candidate for the best")
     return "\n".join(lines)
+
+
+def _above_the_best(rows: list[dict[str, Any]], pooled: Callable[[dict], Pooled | None],
+                    best_id: Any, excluded: set[Any]) -> list[str]:
+    best = next((r for r in rows if str(r["trial_id"]) == str(best_id)), None)
+    top = next((r for r in rows if r["trial_id"] not in excluded), None)
+    if best is None or top is None or top is best:
+        return []
+    mine, theirs = pooled(best), pooled(top)
+    if mine is None or theirs is None or theirs.median <= mine.median:
+        return []
+    r = compare(theirs, mine)
+    return [f"  trial {top['trial_id']} ranks above the best named, trial {best_id}, on "
+            f"measurements the confirmation did not weigh (the ablation's, say); its "
+            f"figure over the best's: {r.text()}"]
 
 
 def status_counts(records: list[dict[str, Any]]) -> str:
@@ -224,7 +245,8 @@ def confirmation_text(decision: dict[str, Any]) -> str:
             else "the medians' gap is within the spread of the measurements")
     if close:
         lines.append(f"  indistinguishable from it here ({rule}): trial(s) {close}; "
-                     f"best.toml names the {'lowest' if timed else 'highest'} median")
+                     f"best.toml names the {'lowest' if timed else 'highest'} median of the "
+                     "contenders")
     if decision.get("rounds"):
         window = decision.get("window_s")
         span = f", windows of {window[0]:.3g}-{window[1]:.3g} s" if window else ""
