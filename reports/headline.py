@@ -97,7 +97,7 @@ def headline(run: Run) -> Headline:
                                     base["trial_id"])
             r = h.study.versus_baseline
             if r is not None:
-                h.speedup, h.basis = r.estimate, f"{r.interval}, {r.basis}: {h.study.verdict}"
+                h.speedup, h.basis = r.estimate, f"{r.interval}, {r.basis}: {h.study.said}"
         ref = _tf32_reference(t, base)
         if ref is not None and num(b["samples_per_s"]):
             h.tf32_speedup = b["samples_per_s"] / ref["samples_per_s"]

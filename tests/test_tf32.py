@@ -117,6 +117,7 @@ def test_the_report_names_strict_fp32_and_the_tf32_speedup(tmp_path):
                                 "baseline, but too few times for a 95% interval (1 and 1 "
                                 "measurements;")
     assert "no speedup is claimed at this n." in h.verdict
+    assert h.basis.endswith(": too few measurements to tell")  # the card says so too
     h = headline(load_run(write_run(tmp_path / "run2", [recs[0], recs[2]], name="t")))
     assert h.tf32_speedup is None and "fp32+TF32" not in h.verdict
 
