@@ -102,3 +102,18 @@ def test_overhead_is_fitted_on_the_steps_the_record_ran():
                        "window": {"steps": 220}}}
     fit = Correction.from_records([ran], "cuda")
     assert math.isclose(fit.overhead_s, 5.0)
+
+
+def test_every_searchable_setting_of_every_strategy_is_a_factor():
+    """The tuner reads SETTINGS without importing the strategies (torch): each searchable
+    setting must be in it, or the correction and the search's model cannot tell its values
+    apart (the float8 recipe, checkpoint's policy and compile_mode could not)."""
+    from harness.tune.search.step_fit import SETTINGS
+    from strategies import all_strategies
+
+    searchable = {(s.name, key) for s in all_strategies() for key in s.space()}
+    assert {key for _, key in searchable} <= set(SETTINGS), sorted(
+        (n, k) for n, k in searchable if k not in SETTINGS)
+    plan = {"micro_batch_size": 8, "strategies": {
+        "float8": {"recipe": "rowwise"}, "checkpoint": {"every": 1, "policy": "selective"}}}
+    assert {"float8.recipe=rowwise", "checkpoint.policy=selective"} <= set(factors(plan))

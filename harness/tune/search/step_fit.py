@@ -13,8 +13,15 @@ from typing import Any
 
 from harness.tune.search.surrogate import Surrogate
 
-SETTINGS = ("dtype", "attention", "optimizer", "compile", "stage", "schedule", "every",
-            "offload", "mode", "layernorm", "gelu", "cross_entropy")
+# Every searchable setting of the registry's strategies (Strategy.space; the tuner does not
+# import them, torch with them: tests/tuner/test_step_fit.py holds the two together). A
+# setting missing here is invisible to the correction and to the search's model: the
+# float8 recipe, checkpoint's policy (selective or full) and compile_mode were.
+SETTINGS = (
+    "dtype", "attention", "optimizer", "compile", "compile_mode", "layernorm", "gelu",
+    "cross_entropy", "every", "policy", "stage", "offload", "schedule", "virtual_stages",
+    "bucket_cap_mb", "compression", "mlp", "recipe", "rank", "alpha", "max_grad_norm",
+    "momentum", "method", "decay", "start", "samples", "temperature", "weight")
 
 
 def factors(plan: dict[str, Any]) -> dict[str, float]:
