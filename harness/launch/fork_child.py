@@ -73,7 +73,8 @@ def serve(env: dict[str, str], log: str, conn: Any) -> None:
 
 
 def redirect(stdout: str, stderr: str) -> None:
-    """In a fork: stdin from /dev/null, stdout and stderr appended to these files."""
+    """In a fork: stdin from /dev/null, stdout and stderr appended to these files, and
+    a resource tracker of its own (`own_resource_tracker`) that reports to them."""
     for fd, path in ((1, stdout), (2, stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, fd)
@@ -83,6 +84,21 @@ def redirect(stdout: str, stderr: str) -> None:
     os.close(null)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    own_resource_tracker()
+
+
+def own_resource_tracker() -> None:
+    """In a fork: multiprocessing's resource tracker of its own, started when first
+    needed, not the command's, inherited through the server. What the fork leaves
+    behind by os._exit (the semaphores of torch's compile workers) is then cleaned and
+    reported by its own tracker into its own log, rather than at the command's exit on
+    the user's terminal (on the H200 each `harness tune` ended with "There appear to be
+    5 leaked semaphore objects")."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if tracker is not None and hasattr(tracker, "_fd") and hasattr(tracker, "_pid"):
+        tracker._fd = tracker._pid = None  # the inherited one's pipe is left as it is
 
 
 def use_env(env: dict[str, str]) -> None:
