@@ -48,6 +48,13 @@ def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> lis
             "torch.compile is estimated as eager: its partitioner usually saves fewer "
             "activations, so the estimate is high."
         )
+    if cfg.float8:
+        out.append(
+            f"float8 ({cfg.float8}) is estimated as the plan without it: neither its "
+            "matmuls' fp8 peak nor its casts' traffic is modelled (on one H200, GPT-2 "
+            "small at micro-batch 64 stepped 2.7x as long as bf16 eager, 1.09x compiled); "
+            "the tuner learns it from the study's trials."
+        )
     return out
 
 

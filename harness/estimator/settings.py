@@ -28,6 +28,7 @@ class Settings:
     parallel: Parallelism
     averaging: bool = False  # weight averaging keeps a copy of the trainable parameters
     lora: Any = None  # strategies.lora.LoraSettings: only its adapters train
+    float8: str | None = None  # torchao float8's recipe; estimated as the plan without it
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
@@ -55,6 +56,7 @@ class Settings:
             distributed=tuple(sorted(n for n in parsed if get(n).distributed)),
             averaging="averaging" in parsed,
             lora=parsed.get("lora"),
+            float8=parsed["float8"].recipe if "float8" in parsed else None,
             parallel=Parallelism.of(plan, parsed),
         )
 

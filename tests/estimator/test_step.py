@@ -207,3 +207,17 @@ def test_bad_settings_are_harness_errors(strategies):
 def test_summary_reads_well():
     text = estimate(gpt_plan(amp={}), TinyGPTWorkload(), CPU, peak_flops=1e11).summary()
     assert "peak memory" in text and "step time" in text and "KiB" in text
+
+
+def test_float8_is_said_to_be_estimated_as_the_plan_without_it():
+    """The estimator models neither float8's fp8 matmuls nor its casts (the H200 page:
+    2.7x the bf16 step eager): its estimate equals the plan's without float8, and says so."""
+    w = TinyGPTWorkload()
+    plain = estimate(gpt_plan(micro_batch=4, amp={"dtype": "bf16"}), w, CUDA,
+                     peak_flops=1e15)
+    fp8 = estimate(gpt_plan(micro_batch=4, amp={"dtype": "bf16"},
+                            float8={"recipe": "rowwise"}), w, CUDA, peak_flops=1e15)
+    assert fp8.step_time_s == pytest.approx(plain.step_time_s)
+    said = [a for a in fp8.assumptions if a.startswith("float8 (rowwise) is estimated as")]
+    assert said and "learns it from the study's trials" in said[0]
+    assert not any(a.startswith("float8") for a in plain.assumptions)
