@@ -59,15 +59,19 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import optuna
-import tomli_w
-
-from harness.records.predicates import finished
-from harness.records.tags import tags_of
-
+# Run as a script: this tree's harness and tests.benchmarks.*, first, before any import of
+# harness (an editable install of another checkout would otherwise answer: two trees'
+# replays then both measured the installed one).
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as a script: tests.benchmarks.* importable
+if sys.path[:1] != [str(ROOT)]:
     sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+import tomli_w  # noqa: E402
+
+from harness.records.predicates import finished  # noqa: E402
+from harness.records.tags import tags_of  # noqa: E402
+
 TARGET = 0.97
 DISTRIBUTED = {
     "name": "replay-2proc", "device": "cpu", "global_batch_size": 16,

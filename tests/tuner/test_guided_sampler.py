@@ -116,3 +116,44 @@ def test_the_surrogate_is_sure_where_it_measured_and_unsure_of_an_unseen_choice(
                                                     {"kernel=b": 1.0, "batch=4": 1.0}])
     assert m_seen == pytest.approx(math.log(1.5), abs=0.05)
     assert sd_seen < 0.2 < 0.5 < sd_new
+
+
+def test_a_candidate_unlikely_to_fit_the_memory_budget_waits_for_the_likely_ones():
+    """The expected improvement is weighed by the chance to fit (a cost model that knows
+    memory, EstimatorCostModel, says it): the prior's fastest kernel "c", unlikely to fit,
+    comes after every likely one of the same prior; certain to fit, it comes first."""
+
+    class Memory(SimpleCostModel):
+        chance = 0.01
+
+        def fit_chance(self, params):
+            return self.chance if params["kernel"] == "c" else 1.0
+
+    def prior(p):
+        return predicted(p) * (1.5 if p["kernel"] == "c" else 1.0)
+
+    def first_kernels(chance):
+        model = Memory(prior, GRID)
+        model.chance = chance
+        study = optuna.create_study(direction="maximize",
+                                    sampler=GuidedSampler(model, seed=0))
+        study.optimize(lambda t: prior(suggest(t)), n_trials=4)
+        return [t.params["kernel"] for t in study.trials]
+
+    assert first_kernels(1.0)[:2] == ["c", "c"]
+    assert "c" not in first_kernels(0.01)[:4]
+
+
+def test_the_chance_to_fit_is_the_corrected_peaks_lognormal_tail():
+    from harness.tune.search import estimator_model as em
+
+    class Fixed:
+        def peak_memory(self, predicted):
+            return predicted["peak"]
+
+    predictions = em.Predictions.__new__(em.Predictions)
+    predictions.raw = lambda params: (None, {"peak": params["peak"]})
+    chance = [predictions.fit_chance({"peak": peak}, Fixed(), 100.0)
+              for peak in (80.0, 100.0, 105.0, 100 * em.MEMORY_SLACK)]
+    assert chance[0] > 0.99 and chance[1] == pytest.approx(0.5)
+    assert 0.1 < chance[2] < 0.2 and chance[3] == pytest.approx(0.00135, rel=0.01)

@@ -52,6 +52,10 @@ class CostModel(Protocol):
         """The same configuration needing less memory; None when there is none."""
         return None
 
+    def fit_chance(self, params: dict[str, Any]) -> float:
+        """How likely the configuration fits the memory budget (1: certain, or unknown)."""
+        return 1.0
+
     def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The configurations one choice away."""
 
@@ -226,14 +230,15 @@ class GuidedSampler(BaseSampler):
         mean = mean + np.array([s for _, s in fresh])
         order = list(range(len(fresh)))
         self._rng.shuffle(order)  # ties (a prior that cannot tell them apart) in a seeded order
-        if best is None:
-            i = max(order, key=lambda j: mean[j])
+        fits = np.array([getattr(model, "fit_chance", lambda p: 1.0)(p) for p, _ in fresh])
+        if best is None:  # the fastest prediction, weighed by its chance to fit
+            i = max(order, key=lambda j: mean[j] + math.log(max(fits[j], 1e-9)))
             return fresh[i][0], "the cost model's fastest prediction (nothing measured yet)"
         bar = best[1] if belief is None else belief
-        gain = expected_improvement(mean, sd, bar)
+        gain = expected_improvement(mean, sd, bar) * fits  # one over memory gains nothing
         i = max(order, key=lambda j: gain[j])
         if judge:
-            self._judge(mean, sd, bar, len(observed), len(fresh) + len(observed))
+            self._judge(mean, sd, bar, len(observed), len(fresh) + len(observed), fits)
             if self.converged and self.cost_model.widen():
                 self.converged = None  # judged again over the wider candidates
         learnt = getattr(model, "learnt", lambda: "")()  # EstimatorCostModel's part weights
@@ -242,7 +247,8 @@ class GuidedSampler(BaseSampler):
             f"expected improvement {math.expm1(gain[i]):.1%} over the best measured (as the "
             f"model believes it, {math.exp(sign * bar):.4g}): predicted "
             f"{math.exp(sign * mean[i]):.4g}, within x/{math.exp(sd[i]):.2f} at one sd (the "
-            f"cost model corrected by {surrogate.n} measured{learnt})")
+            f"cost model corrected by {surrogate.n} measured{learnt})"
+            + (f"; {fits[i]:.0%} likely to fit the memory budget" if fits[i] < 0.99 else ""))
 
     def _surrogate(self, observed: dict, sign: float) -> tuple[Surrogate, float | None]:
         """Fitted to log(measured / prior) of each measured configuration, in the
@@ -259,10 +265,12 @@ class GuidedSampler(BaseSampler):
         return surrogate, float(max(mean + np.array([lp for _, _, lp in known])))
 
     def _judge(self, mean: np.ndarray, sd: np.ndarray, best: float, n_observed: int,
-               n_candidates: int) -> None:
+               n_candidates: int, fits: np.ndarray | None = None) -> None:
         """Converged: no candidate PROB_STOP likely to beat the best by more than the
-        noise, and fewer than EXPECTED_STOP expected to."""
+        noise (and to fit the memory budget), and fewer than EXPECTED_STOP expected to."""
         p = prob_above(mean, sd, best + math.log1p(self.noise))
+        if fits is not None:
+            p = p * fits
         self.converged = None
         if n_observed >= MIN_OBSERVED and p.max() < PROB_STOP and p.sum() < EXPECTED_STOP:
             self.converged = (f"converged: of {n_candidates} configurations the model ranks, "
