@@ -1,4 +1,4 @@
-from harness.cli.main import main
+from training_harness.cli.main import main
 
 if __name__ == "__main__":  # not when multiprocessing imports it as __mp_main__
     raise SystemExit(main())

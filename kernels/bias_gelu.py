@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from training_harness.kernels.dispatch import cdiv, jit, next_power_of_2, resolve
 
-from kernels import cdiv, jit, next_power_of_2, resolve
-
-tl = None  # triton.language, bound by kernels.jit at the first launch (see kernels/__init__)
+tl = None  # triton.language, bound by dispatch.jit at the first launch (kernels/dispatch.py)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 APPROXIMATE = ("none", "tanh")

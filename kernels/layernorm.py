@@ -16,10 +16,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from training_harness.kernels.dispatch import cdiv, jit, next_power_of_2, resolve
 
-from kernels import cdiv, jit, next_power_of_2, resolve
-
-tl = None  # triton.language, bound by kernels.jit at the first launch (see kernels/__init__)
+tl = None  # triton.language, bound by dispatch.jit at the first launch (kernels/dispatch.py)
 
 MAX_N = 16384  # the widest row kept in registers; wider rows take the reference
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

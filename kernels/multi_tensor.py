@@ -30,10 +30,9 @@ from collections import defaultdict
 
 import torch
 from torch.distributed.tensor import DTensor
+from training_harness.kernels.dispatch import jit, resolve
 
-from kernels import jit, resolve
-
-tl = None  # triton.language, bound by kernels.jit at the first launch (see kernels/__init__)
+tl = None  # triton.language, bound by dispatch.jit at the first launch (kernels/dispatch.py)
 
 BLOCK = 1024
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

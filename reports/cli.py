@@ -27,9 +27,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from reports.export import write_csv, write_json
-    from reports.load import load_run
-    from reports.report import build_report
+    from training_harness.reports.export import write_csv, write_json
+    from training_harness.reports.load import load_run
+    from training_harness.reports.report import build_report
 
     run = load_run(args.run_dir)
     for note in run.unreadable:  # a record cut short or kept aside: said here too
@@ -47,9 +47,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from harness.core.errors import HarnessError
-    from reports.compare import build_compare, ratio_lines
-    from reports.load import load_run
+    from training_harness.core.errors import HarnessError
+    from training_harness.reports.compare import build_compare, ratio_lines
+    from training_harness.reports.load import load_run
 
     if len(args.run_dirs) < 2:
         raise HarnessError("give two or more run folders to compare, e.g. "

@@ -1,24 +1,32 @@
 """`harness compare RUN_DIR RUN_DIR...`: studies side by side (two clusters, two torch
 versions, two workloads): best configurations, speedups, per-technique effects.
 
-Every figure is a configuration's pooled measurements (harness.records.pooled), and
+Every figure is a configuration's pooled measurements (training_harness.records.pooled), and
 every ratio between two runs (each best over the first run's, each configuration
-measured in both) carries its 95% interval and verdict (harness.records.speedup)."""
+measured in both) carries its 95% interval and verdict (training_harness.records.speedup)."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-
-from harness.core.units import format_bytes
-from harness.records.pooled import Pooled, compare, pool
-from reports.effects import Effects, technique_effects
-from reports.environment import environment
-from reports.figures_perf import measured, pareto_front
-from reports.headline import Headline, headline
-from reports.html import e, figure, page, section
-from reports.load import Run
-from reports.style import COLORS, TEMPLATE, Figure, esc, memory_unit, new_figure, pct, rate
+from training_harness.core.units import format_bytes
+from training_harness.records.pooled import Pooled, compare, pool
+from training_harness.reports.effects import Effects, technique_effects
+from training_harness.reports.environment import environment
+from training_harness.reports.figures_perf import measured, pareto_front
+from training_harness.reports.headline import Headline, headline
+from training_harness.reports.html import e, figure, page, section
+from training_harness.reports.load import Run
+from training_harness.reports.style import (
+    COLORS,
+    TEMPLATE,
+    Figure,
+    esc,
+    memory_unit,
+    new_figure,
+    pct,
+    rate,
+)
 
 
 def build_compare(runs: list[Run]) -> str:

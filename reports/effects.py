@@ -4,7 +4,7 @@ From ablation records (the tuner's leave-one-out trials of the best configuratio
 each technique turned off in turn and repeated): the throughput effect of technique T
 is the best's configuration over the configuration without T, each every quiet
 measurement of it in the study pooled, with its 95% interval and verdict
-(harness.records.verdict: the very comparison the headline makes where the
+(training_harness.records.verdict: the very comparison the headline makes where the
 configuration without T is the baseline's). An effect is *clear* only when that verdict
 is faster or slower; within the noise threshold, or at too small an n, it is not. The
 memory effect is the median of the ablation's own pairs (without - with), with their
@@ -21,12 +21,12 @@ import json
 from dataclasses import dataclass, field
 from statistics import median
 
-from harness.records.pooled import pool, pool_of
-from harness.records.speedup import SAME, Ratio
-from harness.records.verdict import techniques
-from reports.frame import strategies_of
-from reports.load import Run
-from reports.style import num
+from training_harness.records.pooled import pool, pool_of
+from training_harness.records.speedup import SAME, Ratio
+from training_harness.records.verdict import techniques
+from training_harness.reports.frame import strategies_of
+from training_harness.reports.load import Run
+from training_harness.reports.style import num
 
 
 @dataclass

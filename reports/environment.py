@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from reports.html import e, kv_table
-from reports.load import Run
+from training_harness.reports.html import e, kv_table
+from training_harness.reports.load import Run
 
 SKIP = ("env",)  # environment variables of the trial process: not shown
 FIRST = ("device", "device_name", "gpu_names", "driver", "cuda", "hip", "cudnn", "nccl", "torch",

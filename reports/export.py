@@ -7,9 +7,8 @@ import math
 from pathlib import Path
 
 import pandas as pd
-
-from harness.records.pooled import config_key, pool
-from reports.load import Run
+from training_harness.records.pooled import config_key, pool
+from training_harness.reports.load import Run
 
 # (column in the export, column of the trial frame)
 COLUMNS = [
@@ -41,7 +40,7 @@ def trial_table(run: Run) -> pd.DataFrame:
     """Every trial with the columns above, plus its speedup over the study's fp32 baseline
     (this measurement over the baseline trial's; empty where the baseline did not
     finish), its configuration's pooled figure (the median of every quiet measurement of
-    it, and their n: harness.records.pooled) and the estimator's memory error."""
+    it, and their n: training_harness.records.pooled) and the estimator's memory error."""
     t = run.trials
     out = pd.DataFrame({name: t[src] for name, src in COLUMNS}).reset_index(drop=True)
     base = run.row(run.baseline_id)

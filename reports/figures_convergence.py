@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
-
-from harness.core.units import format_seconds
-from harness.records.tags import tags_of
-from reports.load import Run
-from reports.style import COLORS, REPEATS, Figure, esc, new_figure
+from training_harness.core.units import format_seconds
+from training_harness.records.tags import tags_of
+from training_harness.reports.load import Run
+from training_harness.reports.style import COLORS, REPEATS, Figure, esc, new_figure
 
 
 @dataclass

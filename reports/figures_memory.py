@@ -4,9 +4,8 @@ prediction corrected by the tuner where the records hold one."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
-
-from reports.load import Run
-from reports.style import Figure, esc, memory_unit, new_figure
+from training_harness.reports.load import Run
+from training_harness.reports.style import Figure, esc, memory_unit, new_figure
 
 TITLE = "Predicted against measured peak memory (the estimator's error)"
 

@@ -5,9 +5,8 @@ predicted.corrected_step_time_s and corrected_from_trials)."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
-
-from reports.load import Run
-from reports.style import Figure, esc, new_figure
+from training_harness.reports.load import Run
+from training_harness.reports.style import Figure, esc, new_figure
 
 TITLE = "Step-time prediction error against the trials it learnt from"
 

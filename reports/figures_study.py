@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-
-from reports.effects import Effects
-from reports.load import Run
-from reports.style import (
+from training_harness.reports.effects import Effects
+from training_harness.reports.load import Run
+from training_harness.reports.style import (
     BEST,
     PHASE_COLORS,
     REPEATS,

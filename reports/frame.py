@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.core.memory_need import budget_peak_bytes
-from harness.records.predicates import busy_note, gpu_busy_pct, host_bound_note
-from harness.records.values import get, number  # the one lookup and coercion
+from training_harness.core.memory_need import budget_peak_bytes
+from training_harness.records.predicates import busy_note, gpu_busy_pct, host_bound_note
+from training_harness.records.values import get, number  # the one lookup and coercion
 
 NUMERIC = ("samples_per_s", "tokens_per_s", "step_time_median", "step_time_p10",
            "step_time_p90", "step_n", "mfu", "tflops_per_device", "peak_memory_bytes",

@@ -3,7 +3,7 @@
 
 Honest by construction: the speedup is the best's configuration over the baseline's,
 each every quiet measurement of it in the study pooled, with its interval and verdict
-(harness.records.verdict, the same object the tuner's summary and the ablation table
+(training_harness.records.verdict, the same object the tuner's summary and the ablation table
 read); where either is missing or did not finish, `missing` says so in words and no
 number is made up.
 """
@@ -14,11 +14,10 @@ import shlex
 from dataclasses import dataclass, field
 
 import pandas as pd
-
-from harness.records.verdict import StudyVerdict, study_verdict
-from reports import figures_convergence as fc
-from reports.load import Run
-from reports.style import num
+from training_harness.records.verdict import StudyVerdict, study_verdict
+from training_harness.reports import figures_convergence as fc
+from training_harness.reports.load import Run
+from training_harness.reports.style import num
 
 NOT_RUN = ("pruned",)
 
@@ -125,7 +124,8 @@ def _tf32_reference(t: pd.DataFrame, base: pd.Series) -> pd.Series | None:
 
 
 def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str] | None:
-    """The speedup as the confirmation rounds measured it (harness.tune.final.confirmation): the
+    """The speedup as the confirmation rounds measured it
+    (training_harness.tune.final.confirmation): the
     best's median over the baseline's (throughput), or the baseline's time to target over
     the best's (time_to_loss), when study.json's decision names both."""
     d = run.study.get("best_by_repeats") or {}
@@ -148,7 +148,7 @@ def _by_repeats(run: Run, best: pd.Series, base: pd.Series) -> tuple[float, str]
 
 def _versus(run: Run, v: StudyVerdict, trial_id: str):
     """The best's pool over trial `trial_id`'s configuration's pool (a Ratio), or None."""
-    from harness.records.pooled import compare, pool_of
+    from training_harness.records.pooled import compare, pool_of
 
     other = pool_of(list(run.records.values()), trial_id)
     return compare(v.best, other) if other is not None and v.best is not None else None

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import plotly.offline
-
-from reports.style import Figure, num
+from training_harness.reports.style import Figure, num
 
 
 def e(text: Any) -> str:

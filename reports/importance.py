@@ -15,10 +15,9 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
-
-from reports.frame import strategies_of
-from reports.load import Run
-from reports.style import REPEATS
+from training_harness.reports.frame import strategies_of
+from training_harness.reports.load import Run
+from training_harness.reports.style import REPEATS
 
 EVALUATOR = "Optuna's default evaluator (PED-ANOVA)"
 

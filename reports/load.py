@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from harness.core.errors import HarnessError
-from reports.frame import NUMERIC, flatten, short_labels
-from reports.style import REPEATS
+from training_harness.core.errors import HarnessError
+from training_harness.reports.frame import NUMERIC, flatten, short_labels
+from training_harness.reports.style import REPEATS
 
 SCHEMA = 1
 
@@ -107,8 +106,8 @@ def _read_json(path: Path, notes: list[str]) -> Any:
 def _read_jsonl(path: Path, notes: list[str]) -> list[tuple[str, Any]]:
     """The records of trials.jsonl, each with where it is; every line that is not one
     is named (file, line, byte, its first bytes), and so is every copy of such a line
-    that a tuner cut out (harness.records.run_store.RunStore.repair)."""
-    from harness.records.jsonl_lines import read_trials
+    that a tuner cut out (training_harness.records.run_store.RunStore.repair)."""
+    from training_harness.records.jsonl_lines import read_trials
 
     try:
         trials = read_trials(path)
@@ -173,7 +172,8 @@ def _pick_best(run: Run) -> None:
     ok = t[(t["status"] == "ok") & ~t["phase"].isin(REPEATS) & t["samples_per_s"].notna()]
     budget = run.memory_budget
     if budget is not None:
-        ok = ok[~(ok["budget_memory_bytes"] > budget)]  # what it needed (harness.core.memory_need)
+        # what it needed (training_harness.core.memory_need)
+        ok = ok[~(ok["budget_memory_bytes"] > budget)]
     if len(ok):
         run.best_id = str(ok["samples_per_s"].idxmax())
         run.best_note = ("chosen by the report: the most samples/s"

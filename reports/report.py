@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import re
 
-from harness.core.units import format_bytes, format_seconds
-from harness.records.speedup import NOISE_THRESHOLD
-from reports import figures_convergence as fc
-from reports import figures_memory as fm
-from reports import figures_perf as perf
-from reports import figures_prediction as fp
-from reports import figures_study as fs
-from reports.effects import technique_effects
-from reports.environment import environment_rows
-from reports.export import trial_table
-from reports.headline import Headline, headline
-from reports.html import card, e, figure, kv_table, page, section, sortable_table, status
-from reports.importance import param_importances
-from reports.load import Run
-from reports.style import num, pct, rate
+from training_harness.core.units import format_bytes, format_seconds
+from training_harness.records.speedup import NOISE_THRESHOLD
+from training_harness.reports import figures_convergence as fc
+from training_harness.reports import figures_memory as fm
+from training_harness.reports import figures_perf as perf
+from training_harness.reports import figures_prediction as fp
+from training_harness.reports import figures_study as fs
+from training_harness.reports.effects import technique_effects
+from training_harness.reports.environment import environment_rows
+from training_harness.reports.export import trial_table
+from training_harness.reports.headline import Headline, headline
+from training_harness.reports.html import (
+    card,
+    e,
+    figure,
+    kv_table,
+    page,
+    section,
+    sortable_table,
+    status,
+)
+from training_harness.reports.importance import param_importances
+from training_harness.reports.load import Run
+from training_harness.reports.style import num, pct, rate
 
 
 def build_report(run: Run) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 # The one number coercion of records (reports' modules import it from here as `num`)
-from harness.records.values import number as num  # noqa: F401
+from training_harness.records.values import number as num  # noqa: F401
 
 COLORS = ["#3366cc", "#dc7633", "#2e9e6a", "#8e44ad", "#c0392b", "#17a2b8", "#7f8c8d",
           "#b7950b", "#d35400", "#2c3e50"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.errors import HarnessError
-from strategies.base import Phase, Strategy
-from strategies.registry import register
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Phase, Strategy
+from training_harness.strategies.registry import register
 
 
 @dataclass

@@ -7,9 +7,8 @@ from typing import Literal
 
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-from strategies.base import Choice, Phase, Strategy
-from strategies.registry import register
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.registry import register
 
 
 @dataclass

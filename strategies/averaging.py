@@ -24,12 +24,11 @@ from typing import Any, Literal
 
 import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn, get_swa_multi_avg_fn
-
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from strategies.base import Choice, Phase, Space, Strategy
-from strategies.registry import get, register
-from strategies.setup import Setup
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Choice, Phase, Space, Strategy
+from training_harness.strategies.registry import get, register
+from training_harness.strategies.setup import Setup
 
 
 class Averager:

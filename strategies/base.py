@@ -11,16 +11,16 @@ from abc import ABC, abstractmethod
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from harness.core.config import from_table, to_table
-from harness.core.space import Choice, FloatRange, IntRange, Space
+from training_harness.core.config import from_table, to_table
+from training_harness.core.space import Choice, FloatRange, IntRange, Space
 
-# The space types live in harness.core.space (the tuner reads them without torch).
+# The space types live in training_harness.core.space (the tuner reads them without torch).
 __all__ = ["Choice", "FloatRange", "IntRange", "Phase", "Space", "Strategy"]
 
 if TYPE_CHECKING:
-    from harness.core.device import RuntimeEnv
-    from harness.core.plan import Plan
-    from strategies.setup import Setup
+    from training_harness.core.device import RuntimeEnv
+    from training_harness.core.plan import Plan
+    from training_harness.strategies.setup import Setup
 
 
 class Phase(IntEnum):

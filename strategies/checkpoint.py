@@ -15,11 +15,10 @@ from typing import Literal
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-from harness.core.errors import HarnessError
-from harness.workloads.blocks import find_blocks
-from strategies.base import Choice, Phase, Strategy
-from strategies.registry import register
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.registry import register
+from training_harness.workloads.blocks import find_blocks
 
 
 @dataclass

@@ -8,14 +8,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-
-from harness.core.device import RuntimeEnv, resolve_device
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from strategies.base import Phase, Strategy
-from strategies.mesh import build_mesh, layout_reasons
-from strategies.registry import get
-from strategies.setup import Setup
+from training_harness.core.device import RuntimeEnv, resolve_device
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.strategies.base import Phase, Strategy
+from training_harness.strategies.mesh import build_mesh, layout_reasons
+from training_harness.strategies.registry import get
+from training_harness.strategies.setup import Setup
 
 
 def active(plan: Plan) -> list[tuple[Strategy, Any]]:
@@ -56,7 +55,7 @@ def validate(plan: Plan, env: RuntimeEnv) -> None:
 
 def resolved(plan: Plan) -> Plan:
     """`plan` with every strategy's settings written out in full (defaults filled)."""
-    from harness.core.config import to_table
+    from training_harness.core.config import to_table
 
     return plan.replace(
         strategies={s.name: to_table(settings) for s, settings in active(plan)}

@@ -26,10 +26,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from strategies.base import Choice, Phase, Strategy
-from strategies.registry import register
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.registry import register
 
 
 @dataclass
@@ -69,9 +69,9 @@ def truncate(batch: Any, length: int) -> Any:
 def language_model(name: str, args: dict[str, Any]) -> tuple[Any, str | None]:
     """(the workload, None) when `name` may train on shorter sequences; else
     (None or the workload, the reason in words)."""
-    from harness.workloads import load_workload
-    from harness.workloads.gpt import GPTWorkload
-    from harness.workloads.hf import HFWorkload
+    from training_harness.workloads import load_workload
+    from training_harness.workloads.gpt import GPTWorkload
+    from training_harness.workloads.hf import HFWorkload
 
     if name != "gpt" and not name.startswith("hf:"):
         return None, (f"workload '{name}' takes inputs of a fixed size; the sequence-length "
@@ -91,7 +91,7 @@ def language_model(name: str, args: dict[str, Any]) -> tuple[Any, str | None]:
 def flops_at(workload: Any, length: int, _cache: dict | None = None) -> float:
     """Forward + backward model FLOPs of one sample of `length` tokens: the workload's
     own count (6N + 12·L·H·Q·T per token) with its sequence length set to `length`."""
-    from harness.workloads.gpt import GPTWorkload
+    from training_harness.workloads.gpt import GPTWorkload
 
     if length == workload.tokens_per_sample:
         return workload.flops_per_sample()
@@ -129,7 +129,7 @@ class Curriculum(Strategy):
         return reasons
 
     def apply(self, phase, setup, settings):
-        from harness.core.plan import Plan
+        from training_harness.core.plan import Plan
 
         plan = setup.plan or Plan()
         workload, why = language_model(plan.workload, plan.workload_args)

@@ -13,12 +13,11 @@ from typing import Literal
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
-
-from harness.core.errors import HarnessError
-from strategies.base import Choice, Phase, Strategy
-from strategies.mesh import group
-from strategies.registry import register
-from strategies.setup import Setup
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.mesh import group
+from training_harness.strategies.registry import register
+from training_harness.strategies.setup import Setup
 
 HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 

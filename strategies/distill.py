@@ -24,12 +24,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from harness.workloads.tokens import IGNORE
-from strategies.base import Choice, Phase, Strategy
-from strategies.registry import register
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.registry import register
+from training_harness.workloads.tokens import IGNORE
 
 
 @dataclass
@@ -61,8 +60,8 @@ def logits(model: nn.Module, ids: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def kind_of(workload: Any) -> str | None:
-    from harness.workloads.gpt import GPTWorkload
-    from harness.workloads.hf import HFWorkload
+    from training_harness.workloads.gpt import GPTWorkload
+    from training_harness.workloads.hf import HFWorkload
 
     if isinstance(workload, GPTWorkload):
         return "gpt"
@@ -83,7 +82,7 @@ def longest_of(workload: Any) -> int | None:
 def teacher_workload(spec: str, seq_len: int) -> tuple[str, dict[str, Any]]:
     """The teacher's workload name and arguments from the setting (an hf: folder's at the
     student's sequence length, which its positions must cover)."""
-    from harness.workloads.trained import saved_workload
+    from training_harness.workloads.trained import saved_workload
 
     if spec.startswith("hf:"):
         return spec, {"seq_len": seq_len}
@@ -91,8 +90,8 @@ def teacher_workload(spec: str, seq_len: int) -> tuple[str, dict[str, Any]]:
 
 
 def load_teacher(spec: str, seq_len: int) -> tuple[Any, nn.Module]:
-    from harness.workloads import load_workload
-    from harness.workloads.trained import load_trained
+    from training_harness.workloads import load_workload
+    from training_harness.workloads.trained import load_trained
 
     if spec.startswith("hf:"):
         workload = load_workload(spec, {"seq_len": seq_len})
@@ -115,7 +114,7 @@ class Distill(Strategy):
         return {"temperature": Choice((1.0, 2.0, 4.0)), "weight": Choice((0.25, 0.5, 0.9))}
 
     def check(self, settings, plan, env):
-        from harness.workloads import load_workload
+        from training_harness.workloads import load_workload
 
         if not settings.teacher:
             return ["distill: name the teacher: teacher = 'FOLDER' (made by `harness bench "
@@ -154,8 +153,8 @@ class Distill(Strategy):
         return reasons
 
     def apply(self, phase, setup, settings):
-        from harness.core.plan import Plan
-        from harness.workloads import load_workload
+        from training_harness.core.plan import Plan
+        from training_harness.workloads import load_workload
 
         plan = setup.plan or Plan()
         student = load_workload(plan.workload, plan.workload_args)

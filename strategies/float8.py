@@ -25,9 +25,8 @@ from typing import Literal
 
 import torch
 from torch import nn
-
-from strategies.base import Choice, Phase, Strategy
-from strategies.registry import register
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.registry import register
 
 MIN_CAPABILITY = (8, 9)
 

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-
-import kernels
-from harness.workloads.attention import swap_attention
-from harness.workloads.blocks import find_blocks
-from harness.workloads.hf import set_attention
-from strategies.base import Choice, Phase, Strategy
-from strategies.kernel_swaps import SWAPS
-from strategies.registry import get, register
+from training_harness.kernels import dispatch
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.kernel_swaps import SWAPS
+from training_harness.strategies.registry import get, register
+from training_harness.workloads.attention import swap_attention
+from training_harness.workloads.blocks import find_blocks
+from training_harness.workloads.hf import set_attention
 
 KernelMode = Literal["eager", "compile", "triton"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"]
@@ -38,7 +37,7 @@ class FusedSettings:
 
 def triton_unavailable(device_type: str) -> str | None:
     probe = torch.empty(0) if device_type == "cpu" else None  # no CUDA context here
-    return kernels.why_not_triton(probe)
+    return dispatch.why_not_triton(probe)
 
 
 def has_compiler() -> bool:
@@ -67,7 +66,7 @@ class Fused(Strategy):
         }
 
     def availability(self) -> dict[str, str]:
-        return kernels.available()
+        return dispatch.available()
 
     def check(self, settings, plan, env):
         reasons = []

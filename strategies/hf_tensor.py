@@ -18,11 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-from harness.core.errors import HarnessError
-from harness.workloads.blocks import find_blocks
-from harness.workloads.hf import HFWorkload
-from strategies import hf_tensor_plan
+from training_harness.core.errors import HarnessError
+from training_harness.strategies import hf_tensor_plan
+from training_harness.workloads.blocks import find_blocks
+from training_harness.workloads.hf import HFWorkload
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 LAYER = "layers.*."
@@ -56,7 +55,8 @@ def reasons(workload: HFWorkload, ranks: int, mlp: bool) -> list[str]:
                 "colwise and rowwise layers are applied here; leave tensor out"]
     out = _head_reasons(c, ranks)
     inner = getattr(c, "intermediate_size", None)
-    if mlp and inner is not None and inner % ranks:
+    splits_mlp = any(k.startswith("mlp.") for k in plan)  # a mixture's plan may leave it out
+    if splits_mlp and inner is not None and inner % ranks:
         out.append(f"tensor parallel over {ranks} ranks needs intermediate_size ({inner}) "
                    f"divisible by {ranks}, or mlp = false")
     return out
@@ -99,5 +99,9 @@ def apply(model: nn.Module, mesh, mlp: bool) -> str:
             hf_tensor_plan.localise_heads(layer, plan, mesh.size())
         parallelize_module(layer, mesh, per_layer)
     source = "transformers' base_model_tp_plan" if own is not None else "the harness's plan"
+    # transformers >= 5.25 moved a mixture's experts out of the tensor plan into an
+    # expert-parallel one (base_model_ep_plan), which this strategy does not apply
+    whole = ("; the experts stay whole on every rank (the model's expert-parallel plan "
+             "is not applied)" if getattr(model.config, "base_model_ep_plan", None) else "")
     return (f"tensor: {blocks.describe()} split over {mesh.size()} ranks by {source} "
-            f"({len(per_layer)} linears a layer)")
+            f"({len(per_layer)} linears a layer){whole}")

@@ -105,7 +105,7 @@ def layer_plan(layer: nn.Module) -> LayerPlan:
 
 
 def plan_for(blocks) -> LayerPlan:
-    """One plan for every layer (`blocks`: harness.workloads.blocks.Blocks)."""
+    """One plan for every layer (`blocks`: training_harness.workloads.blocks.Blocks)."""
     plans = [layer_plan(layer) for layer in blocks]
     first = plans[0]
     if first.refused is None and any(p.styles(True) != first.styles(True) for p in plans[1:]):

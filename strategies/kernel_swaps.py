@@ -7,10 +7,9 @@ the numerics (within the kernels' stated tolerances) are unchanged.
 from __future__ import annotations
 
 from torch import nn
-
-from kernels.bias_gelu import LinearBiasGELU
-from kernels.cross_entropy import ChunkedCrossEntropy
-from kernels.layernorm import FusedLayerNorm
+from training_harness.kernels.bias_gelu import LinearBiasGELU
+from training_harness.kernels.cross_entropy import ChunkedCrossEntropy
+from training_harness.kernels.layernorm import FusedLayerNorm
 
 
 def _children(model: nn.Module):

@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from harness.core.errors import HarnessError
-from harness.core.plan import OptimizerSettings
-from strategies.base import Choice, Phase, Space, Strategy
-from strategies.registry import register
-from strategies.setup import Setup
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import OptimizerSettings
+from training_harness.strategies.base import Choice, Phase, Space, Strategy
+from training_harness.strategies.registry import register
+from training_harness.strategies.setup import Setup
 
 
 class Lamb(torch.optim.Optimizer):
@@ -162,7 +161,7 @@ class Lamb(torch.optim.Optimizer):
 
 
     def _update_triton(self, group: dict, params: list, grads: list) -> None:
-        from kernels.multi_tensor import lamb_step
+        from training_harness.kernels.multi_tensor import lamb_step
 
         (beta1, beta2), eps = group["betas"], group["eps"]
         by_step: dict[int, list[int]] = defaultdict(list)

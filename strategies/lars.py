@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from harness.core.plan import OptimizerSettings
-from strategies.base import Choice, Phase, Space, Strategy
-from strategies.registry import register
-from strategies.setup import Setup
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import OptimizerSettings
+from training_harness.strategies.base import Choice, Phase, Space, Strategy
+from training_harness.strategies.registry import register
+from training_harness.strategies.setup import Setup
 
 
 class Lars(torch.optim.Optimizer):
@@ -166,7 +165,7 @@ class LarsSettings:
 
 def other_optimizers(name: str, plan: Any) -> list[str]:
     """A refusal when the plan names a second optimizer strategy beside `name`."""
-    from harness.core.target import OPTIMIZERS
+    from training_harness.core.target import OPTIMIZERS
 
     others = [o for o in OPTIMIZERS if o != name and o in plan.strategies]
     if not others:

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from strategies.base import Choice, Phase, Strategy
-from strategies.registry import register
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.registry import register
 
 
 @dataclass
@@ -39,8 +39,8 @@ class LoraSettings:
 
 
 def peft_module():
-    """peft, imported after transformers' torchvision mend (harness.workloads.optional)."""
-    from harness.workloads import optional
+    """peft, imported after transformers' torchvision mend (training_harness.workloads.optional)."""
+    from training_harness.workloads import optional
 
     return optional.require("peft", "peft")
 
@@ -48,7 +48,7 @@ def peft_module():
 def inject(model, settings: LoraSettings) -> list[str]:
     """Put `settings`' adapters into `model` in place and freeze every other parameter;
     the names of the adapted layers. The estimator does the same on its meta-device
-    model (harness.estimator.facts), so that only the adapters count as trainable."""
+    model (training_harness.estimator.facts), so that only the adapters count as trainable."""
     peft = peft_module()
     targets = list(settings.target_modules) or None
     model_type = getattr(getattr(model, "config", None), "model_type", None)

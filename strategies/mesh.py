@@ -3,7 +3,7 @@
 Every parallel strategy takes its process group from one named dimension of
 this mesh, so they compose: DDP and FSDP2 reduce over "data", tensor parallel
 shards over "tensor", the pipeline sends between "pipeline" neighbours. The
-order matches `harness.core.plan.Layout.coordinates`: global rank r sits at
+order matches `training_harness.core.plan.Layout.coordinates`: global rank r sits at
 mesh[layout.coordinates(r)].
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
 
 DIMS = ("pipeline", "data", "tensor")
 

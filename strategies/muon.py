@@ -2,7 +2,7 @@
 
 As the modded-nanogpt speedrun does: torch.optim.Muon (momentum, then the update
 orthogonalised by a Newton-Schulz iteration) steps the 2-D weights inside the
-model's repeated blocks (harness.workloads.blocks: attention and MLP matrices);
+model's repeated blocks (training_harness.workloads.blocks: attention and MLP matrices);
 AdamW steps everything else (embeddings, the head, norm gains, biases, and
 convolution filters, which torch's Muon does not take). `MuonWithAdamW` is the one
 optimizer the step sees: its param_groups are the two optimizers' groups, so a
@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from harness.core.plan import OptimizerSettings
-from strategies.base import Choice, Phase, Space, Strategy
-from strategies.lars import other_optimizers
-from strategies.registry import get, register
-from strategies.setup import Setup, adamw
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import OptimizerSettings
+from training_harness.strategies.base import Choice, Phase, Space, Strategy
+from training_harness.strategies.lars import other_optimizers
+from training_harness.strategies.registry import get, register
+from training_harness.strategies.setup import Setup, adamw
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -86,7 +85,7 @@ def hidden_matrices(model: torch.nn.Module) -> set[int]:
     """ids of the 2-D parameters inside the model's repeated blocks (wrappers seen
     through); a parameter shared with something outside them (a tied embedding) counts
     as outside."""
-    from harness.workloads.blocks import find_blocks
+    from training_harness.workloads.blocks import find_blocks
 
     blocks = find_blocks(model)
     if blocks is None:
@@ -156,7 +155,7 @@ class MuonStrategy(Strategy):
             if not matrices:
                 raise HarnessError(
                     "muon: the model has no 2-D weights inside repeated blocks "
-                    "(harness.workloads.blocks) for Muon to step; everything would be "
+                    "(training_harness.workloads.blocks) for Muon to step; everything would be "
                     "AdamW's: use adamw")
             kwargs = dict(lr=hp.lr * settings.lr_ratio, weight_decay=hp.weight_decay,
                           momentum=settings.momentum, nesterov=settings.nesterov,

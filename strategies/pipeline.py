@@ -22,16 +22,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.config import from_table
-from harness.core.errors import HarnessError
-from harness.workloads import load_workload
-from harness.workloads.gpt import GPT, GPTConfig
-from harness.workloads.hf import lm_loss
-from strategies import hf_pipeline
-from strategies.base import Choice, Phase, Strategy
-from strategies.mesh import group
-from strategies.registry import register
+from training_harness.core.config import from_table
+from training_harness.core.errors import HarnessError
+from training_harness.strategies import hf_pipeline
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.mesh import group
+from training_harness.strategies.registry import register
+from training_harness.workloads import load_workload
+from training_harness.workloads.gpt import GPT, GPTConfig
+from training_harness.workloads.hf import lm_loss
 
 # torch.distributed.pipelining is imported when a schedule is built: it imports
 # triton, which the kernel tests need to import first (in interpreter mode).

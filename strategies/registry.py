@@ -1,12 +1,28 @@
-"""The registry: every strategy by name. A duplicate name is refused."""
+"""The registry: every strategy by name. A duplicate name is refused.
+
+The built-in strategies register when their modules are imported; `get` and
+`all_strategies` import them first (`load_builtins`), so no caller has to.
+"""
 
 from __future__ import annotations
 
-from harness.core.config import did_you_mean
-from harness.core.errors import HarnessError
-from strategies.base import Strategy
+import importlib
+
+from training_harness.core.config import did_you_mean
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.base import Strategy
 
 _REGISTRY: dict[str, Strategy] = {}
+
+BUILTINS = ("accumulation", "amp", "averaging", "checkpoint", "curriculum", "ddp", "distill",
+            "float8", "fused", "lamb", "lars", "lora", "muon", "pipeline", "tensor", "tf32",
+            "zero")
+
+
+def load_builtins() -> None:
+    """Import (and so register) every built-in strategy; cheap once done."""
+    for name in BUILTINS:
+        importlib.import_module(f"training_harness.strategies.{name}")
 
 
 def register(strategy: Strategy) -> Strategy:
@@ -17,6 +33,7 @@ def register(strategy: Strategy) -> Strategy:
 
 
 def get(name: str) -> Strategy:
+    load_builtins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -28,4 +45,5 @@ def get(name: str) -> Strategy:
 
 def all_strategies() -> list[Strategy]:
     """Every registered strategy, in composition order (then by name)."""
+    load_builtins()
     return sorted(_REGISTRY.values(), key=lambda s: (min(s.phases), s.name))

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-
-from harness.core.plan import OptimizerSettings, Plan
+from training_harness.core.plan import OptimizerSettings, Plan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # (params, hyper-parameters, implementation) -> optimizer. `impl` is "default",
@@ -35,7 +34,7 @@ def adamw(
     """The default optimizer, in torch's default, foreach or fused implementation,
     or our Triton multi-tensor one (kernels.multi_tensor: one launch per group)."""
     if impl == "triton":
-        from kernels.multi_tensor import MultiTensorAdamW
+        from training_harness.kernels.multi_tensor import MultiTensorAdamW
 
         return MultiTensorAdamW(
             params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay,
@@ -88,7 +87,7 @@ class Setup:
     # by step (the curriculum's lengths); None: the workload's fixed figures.
     work_at: Callable[[int], tuple[float, float | None]] | None = None
     # The curriculum's length schedule (strategies.curriculum.Schedule): a target trial
-    # times its steps at several lengths (harness.measure.length_times).
+    # times its steps at several lengths (training_harness.measure.length_times).
     length_schedule: Any = None
     steps_done: int = 0
 

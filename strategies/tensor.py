@@ -20,15 +20,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-from harness.core.config import from_table
-from harness.core.errors import HarnessError
-from harness.workloads import load_workload
-from harness.workloads.gpt import GPTConfig
-from strategies import hf_tensor
-from strategies.base import Choice, Phase, Strategy
-from strategies.mesh import submesh
-from strategies.registry import register
+from training_harness.core.config import from_table
+from training_harness.core.errors import HarnessError
+from training_harness.strategies import hf_tensor
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.mesh import submesh
+from training_harness.strategies.registry import register
+from training_harness.workloads import load_workload
+from training_harness.workloads.gpt import GPTConfig
 
 
 @dataclass

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-
-from strategies.base import Phase, Strategy
-from strategies.registry import register
+from training_harness.strategies.base import Phase, Strategy
+from training_harness.strategies.registry import register
 
 
 @dataclass

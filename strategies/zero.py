@@ -31,13 +31,12 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-
-from harness.workloads.blocks import find_blocks
-from strategies.base import Choice, Phase, Strategy
-from strategies.ddp import data_parallel_reasons, wrap_ddp
-from strategies.mesh import group, submesh
-from strategies.pipeline import local_stages
-from strategies.registry import register
+from training_harness.strategies.base import Choice, Phase, Strategy
+from training_harness.strategies.ddp import data_parallel_reasons, wrap_ddp
+from training_harness.strategies.mesh import group, submesh
+from training_harness.strategies.pipeline import local_stages
+from training_harness.strategies.registry import register
+from training_harness.workloads.blocks import find_blocks
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -104,7 +103,7 @@ def _cores() -> int:
 
 
 def shard(setup, settings: ZeroSettings) -> None:
-    """fully_shard every block (harness.workloads.blocks: `blocks`, or HF's decoder
+    """fully_shard every block (training_harness.workloads.blocks: `blocks`, or HF's decoder
     layers ...), then each root (the model, or each pipeline stage)."""
     mesh = submesh(setup.mesh, "data", "zero")
     amp = setup.plan.strategies.get("amp") if setup.plan is not None else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 
 # Collection imports torch, transformers, timm and the rest with the cyclic collector
-# paused, as the rank server's preload does (harness.measure.rank_preload): 4 of each
+# paused, as the rank server's preload does (training_harness.measure.rank_preload): 4 of each
 # worker's 9 CPU-s of collection, measured. It is back on once the tests are collected.
 gc.disable()
 
@@ -25,9 +25,9 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import training_harness  # noqa: E402, F401  (mends torchvision's import: training_harness.core.torchvision_ops)
+from training_harness.launch import rank_server  # noqa: E402
 
-import harness  # noqa: E402, F401  (mends torchvision's import: harness.core.torchvision_ops)
-from harness.launch import rank_server  # noqa: E402
 from tests import workers  # noqa: E402
 
 # That mend matters in xdist's controller too: to show a worker's warning it imports the
@@ -137,7 +137,7 @@ def quickstart_study(tmp_path_factory: pytest.TempPathFactory):
     # that then read its output need not.
     with workers.alone_now():
         env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}
-        proc = subprocess.run([sys.executable, "-m", "harness", "tune",
+        proc = subprocess.run([sys.executable, "-m", "training_harness", "tune",
                                "studies/quickstart.toml", "--out", str(out), "--budget",
                                f"{budget}s"], cwd=Path(__file__).resolve().parents[1],
                               env=env, capture_output=True, text=True,

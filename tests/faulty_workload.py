@@ -27,9 +27,8 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
-
-from harness.workloads.base import Workload
-from harness.workloads.gpt import build_gpt
+from training_harness.workloads.base import Workload
+from training_harness.workloads.gpt import build_gpt
 
 HANG_MARK_ENV = "FAULTY_HANG_MARK"
 

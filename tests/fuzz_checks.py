@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.cli.main import main, one_line
+from training_harness.cli.main import main, one_line
 
 # The edit-test loop draws a quarter of each test's examples (new ones every run, and
 # Hypothesis' example database replays any failure found before); HARNESS_FUZZ_FULL=1

@@ -12,7 +12,8 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP = ("harness", "strategies", "kernels", "reports")
+TOP = ("harness", "strategies", "kernels", "reports")  # the folders
+PKG = "training_harness"  # their one import name: harness/ its root, the others inside it
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ def _modules() -> dict[str, Path]:
     for top in TOP:
         for path in sorted((ROOT / top).rglob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            parts[0:1] = [PKG] if top == "harness" else [PKG, top]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
@@ -48,20 +50,22 @@ def _path(module: str) -> str:
 
 
 def package_of(module: str) -> str:
-    """harness.tune.session -> "tune"; harness (its __init__) -> "harness";
-    harness.__main__ -> "cli"; strategies.zero -> "strategies"."""
+    """training_harness.tune.session -> "tune"; training_harness (its __init__) -> "harness";
+    training_harness.__main__ -> "cli"; training_harness.strategies.zero -> "strategies"."""
     parts = module.split(".")
-    if module == "harness.__main__":  # `python -m harness`: the command line
+    if module == f"{PKG}.__main__":  # `python -m training_harness`: the command line
         return "cli"
-    if parts[0] == "harness":
-        if len(parts) > 1 and f"harness.{parts[1]}" in MODULES and _is_package(parts[:2]):
-            return parts[1]
-        return "harness"
-    return parts[0]
+    if len(parts) > 1 and parts[1] in TOP:
+        return parts[1]
+    if len(parts) > 1 and f"{PKG}.{parts[1]}" in MODULES and _is_package(parts[:2]):
+        return parts[1]
+    return "harness"
 
 
 def _is_package(parts: list[str]) -> bool:
-    return MODULES[".".join(parts)].name == "__init__.py"
+    """A folder: an __init__.py, or one of the namespace folders beside harness/."""
+    name = ".".join(parts)
+    return name not in MODULES or MODULES[name].name == "__init__.py"
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -97,7 +101,7 @@ def _resolve(module: str, node: ast.stmt) -> Iterator[str]:
     """The repo modules an import statement in `module` names (external ones left out)."""
     if isinstance(node, ast.Import):
         for alias in node.names:
-            if alias.name.split(".")[0] in TOP:
+            if alias.name.split(".")[0] == PKG:
                 yield _nearest(alias.name)
         return
     assert isinstance(node, ast.ImportFrom)
@@ -109,7 +113,7 @@ def _resolve(module: str, node: ast.stmt) -> Iterator[str]:
         target = ".".join(base + ([node.module] if node.module else []))
     else:
         target = node.module or ""
-    if target.split(".")[0] not in TOP:
+    if target.split(".")[0] != PKG:
         return
     for alias in node.names:
         sub = f"{target}.{alias.name}"
@@ -147,7 +151,7 @@ def import_graph() -> tuple[list[Edge], dict[str, list[tuple[str, int]]]]:
             else:
                 names = [] if node.level else [node.module or ""]
             for name in names:
-                if name.split(".")[0] not in TOP:
+                if name.split(".")[0] != PKG:
                     outside.setdefault(module, []).append((name.split(".")[0], node.lineno))
     return edges, outside
 

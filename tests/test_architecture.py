@@ -3,8 +3,8 @@
 Every module under harness/, strategies/, kernels/ and reports/ is read with `ast`
 (nothing is imported): every import counts, at the top or inside a function; those
 under `if TYPE_CHECKING:` count for cycles only (a type-only circle is still a circle).
-`from harness.x import y` is an import of the module harness.x.y
-where that is a module, else of harness.x.
+`from training_harness.x import y` is an import of the module training_harness.x.y
+where that is a module, else of training_harness.x.
 
 Packages are harness's subpackages (cli, tune, launch, measure, core, study,
 estimator, workloads, records) and the top-level strategies, kernels, reports;
@@ -15,7 +15,7 @@ docs/architecture.md draws the same table.
 The tuner's process never imports torch: the modules it loads (TORCH_FREE_*, and what
 they import at module level, parents included) import neither torch nor triton at
 module level. What needs torch runs in the torch-side helper
-(harness.measure.torch_helper_server)
+(training_harness.measure.torch_helper_server)
 or in a trial's own processes, and is imported there inside a function.
 """
 
@@ -76,10 +76,12 @@ ALLOWED: dict[str, set[str]] = {
 # load these; torch must not come with them. Modules, or whole packages.
 # (core and study are checked as far as these load them: core.device and study.checks
 # are the torch side's.)
-TORCH_FREE_MODULES = ("harness", "harness.__main__", "harness.cli.main", "harness.cli.tune",
-                      "harness.cli.selftest")
-TORCH_FREE_PACKAGES = ("harness.tune", "harness.launch", "harness.records", "reports",
-                       "harness.selftest")
+TORCH_FREE_MODULES = ("training_harness", "training_harness.__main__", "training_harness.cli.main",
+                      "training_harness.cli.tune",
+                      "training_harness.cli.selftest")
+TORCH_FREE_PACKAGES = ("training_harness.tune", "training_harness.launch",
+                       "training_harness.records", "training_harness.reports",
+                       "training_harness.selftest")
 HEAVY = ("torch", "triton")
 
 
@@ -103,31 +105,38 @@ def test_every_module_belongs_to_a_package_in_the_table():
 
 
 def test_resolving_imports():
-    """`from harness.x import y`: the module harness.x.y if there is one, else harness.x."""
-    node = ast.parse("from harness.measure import peaks, Thing").body[0]
-    assert list(_resolve("harness.cli.main", node)) == ["harness.measure.peaks", "harness.measure"]
+    """`from training_harness.x import y`: the module .x.y if there is one, else .x."""
+    node = ast.parse("from training_harness.measure import peaks, Thing").body[0]
+    assert list(_resolve("training_harness.cli.main", node)) == ["training_harness.measure.peaks",
+                                                                 "training_harness.measure"]
     node = ast.parse("from . import base").body[0]
-    assert list(_resolve("harness.workloads", node)) == ["harness.workloads.base"]
+    assert list(_resolve("training_harness.workloads", node)) == ["training_harness.workloads.base"]
     node = ast.parse("from .base import Workload").body[0]
-    assert list(_resolve("harness.workloads.gpt", node)) == ["harness.workloads.base"]
-    node = ast.parse("import torch, strategies.zero").body[0]
-    assert list(_resolve("harness.cli.main", node)) == ["strategies.zero"]
+    assert list(_resolve("training_harness.workloads.gpt",
+                         node)) == ["training_harness.workloads.base"]
+    node = ast.parse("import torch, training_harness.strategies.zero").body[0]
+    assert list(_resolve("training_harness.cli.main",
+                         node)) == ["training_harness.strategies.zero"]
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    import harness.tune\nelse:\n    import harness.core\n"
-        "def f():\n    import harness.records\n"
+        "if TYPE_CHECKING:\n    import training_harness.tune\n"
+        "else:\n    import training_harness.core\n"
+        "def f():\n    import training_harness.records\n"
     )
     found = [(getattr(n, "module", None) or n.names[0].name, lazy) for n, lazy in _imports(tree)]
-    assert found == [("typing", False), ("harness.core", False), ("harness.records", True)]
+    assert found == [("typing", False), ("training_harness.core", False),
+                     ("training_harness.records", True)]
     typed = [n.names[0].name for n, _ in _imports(tree, with_typing=True)]
-    assert typed == ["harness.tune"]
-    assert package_of("harness.tune.session") == "tune"
-    assert package_of("harness") == "harness" and package_of("harness.__main__") == "cli"
-    assert package_of("strategies.zero") == "strategies"
+    assert typed == ["training_harness.tune"]
+    assert package_of("training_harness.tune.session") == "tune"
+    assert package_of("training_harness") == "harness"
+    assert package_of("training_harness.__main__") == "cli"
+    assert package_of("training_harness.strategies.zero") == "strategies"
 
 
 def test_the_cycle_finder_finds_one():
-    a, b, c = "harness.core.plan", "harness.core.units", "harness.core.errors"
+    a, b, c = ("training_harness.core.plan", "training_harness.core.units",
+               "training_harness.core.errors")
     edges = [Edge(a, b, 1, False), Edge(b, c, 2, True), Edge(c, a, 3, False), Edge(a, c, 4, False)]
     (cycle,) = _cycles(edges)
     assert [e.src for e in cycle] == [c, a] and cycle[-1].dst == c  # the shortest: c -> a -> c
@@ -135,7 +144,7 @@ def test_the_cycle_finder_finds_one():
 
 
 def test_a_cycle_through_a_function_or_a_type_only_import_counts():
-    a, b = "harness.tune.session", "harness.tune.recorder"
+    a, b = "training_harness.tune.session", "training_harness.tune.recorder"
     for lazy, typing in ((True, False), (False, True)):
         (cycle,) = _cycles([Edge(a, b, 1, False), Edge(b, a, 2, lazy, typing)])
         assert {e.src for e in cycle} == {a, b}
@@ -206,7 +215,7 @@ def heavy_imports(roots: list[str]) -> list[str]:
 def test_the_tuner_side_does_not_import_torch():
     roots = [m for m in MODULES if m in TORCH_FREE_MODULES
              or any(m == p or m.startswith(p + ".") for p in TORCH_FREE_PACKAGES)]
-    assert heavy_imports(["harness.measure.trial_loop"]), "the check itself finds torch"
+    assert heavy_imports(["training_harness.measure.trial_loop"]), "the check itself finds torch"
     if bad := heavy_imports(roots):
         pytest.fail("torch on the tuner's side, at import time (import it inside the function "
                     "the torch-side helper or a trial runs):\n" + "\n".join(bad), pytrace=False)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.target import TargetSpec
+from training_harness.measure.convergence import maths_plan, train_to_target
+from training_harness.strategies.averaging import AveragingStrategy
+from training_harness.strategies.base import Choice, Phase
+from training_harness.strategies.compose import compose
+from training_harness.strategies.registry import get
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.core.target import TargetSpec
-from harness.measure.convergence import maths_plan, train_to_target
-from strategies import compose
-from strategies.averaging import AveragingStrategy
-from strategies.base import Choice, Phase
-from strategies.registry import get
 from tests.estimator.models import CPU
 from tests.tiny import tiny_gpt
 
@@ -88,7 +88,7 @@ def test_training_is_unchanged_and_the_update_is_inside_the_step():
 
 
 def test_the_convergence_run_keeps_it_and_evaluates_with_the_averages(monkeypatch):
-    from harness.measure import convergence
+    from training_harness.measure import convergence
 
     w = tiny_gpt()
     plan = Plan(micro_batch_size=8, global_batch_size=8, workload="gpt",

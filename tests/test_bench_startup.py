@@ -10,9 +10,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from harness.cli.bench_early import forks_here
-from harness.launch import rank_server
+from training_harness.cli.bench_early import forks_here
+from training_harness.launch import rank_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,13 +28,13 @@ HEAVY = ("transformers", "torchvision", "timm", "torch.distributed.optim",
 QUICKSTART_PATH = """
 import gc, json, sys
 from pathlib import Path
-import harness.measure.rank_preload  # the rank server's preload, as the server runs it
+import training_harness.measure.rank_preload  # the rank server's preload, as the server runs it
 preload = {"gc_on": gc.isenabled(), "frozen": gc.get_freeze_count(),
            "dynamo": "torch._dynamo" in sys.modules}
-from harness.core.config import read_toml
-from harness.core.plan import Plan
-from harness.measure import rank_main
-from harness.measure.prepare import prepare
+from training_harness.core.config import read_toml
+from training_harness.core.plan import Plan
+from training_harness.measure import rank_main
+from training_harness.measure.prepare import prepare
 out = Path(sys.argv[1])
 data = {**read_toml("studies/plans/quickstart.toml"), "device": "cpu", "steps": 1,
         "warmup_steps": 1}
@@ -88,7 +87,7 @@ def _alive(pid: int) -> bool:
 EARLY_REFUSAL = """
 import sys
 from multiprocessing import forkserver
-from harness.cli.main import main
+from training_harness.cli.main import main
 sys.argv = ["harness", "bench", sys.argv[1], "--device", "cpu", "--out", sys.argv[2]]
 rc = main()  # as the command line runs it (no argv): the server starts first thing
 print(rc, "torch" in sys.modules, forkserver._forkserver._forkserver_pid)
@@ -114,7 +113,7 @@ def test_a_plan_refused_early_leaves_no_server_behind(tmp_path):
 
 STOP_NOW = """
 from multiprocessing import forkserver
-from harness.launch import rank_server
+from training_harness.launch import rank_server
 rank_server.start_now()
 pid = forkserver._forkserver._forkserver_pid
 rank_server.stop_now()  # as `harness bench` does once its plan turns out to be Slurm's

@@ -17,12 +17,12 @@ import subprocess
 import sys
 
 import pytest
+from training_harness.core.errors import HarnessError
+from training_harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, cap_bytes, disk_bytes
+from training_harness.launch.rank_logs import tail
+from training_harness.measure.prepare import prepare
+from training_harness.measure.rank_process import append_output
 
-from harness.core.errors import HarnessError
-from harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, cap_bytes, disk_bytes
-from harness.launch.rank_logs import tail
-from harness.measure.prepare import prepare
-from harness.measure.rank_process import append_output
 from tests.distributed.launch_helpers import ROOT, assert_nothing_left, faulty_plan, needs_ddp
 
 CAP = 8 * 2**20
@@ -39,9 +39,9 @@ HEADER = "harness worker: rank"
 DRIVER = r"""
 import contextlib, json, resource, sys, threading
 from pathlib import Path
-from harness.core.prepared import PreparedPlan
-from harness.launch.local import launch
-from harness.launch.log_cap import disk_bytes
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch.local import launch
+from training_harness.launch.log_cap import disk_bytes
 
 out, prepared = Path(sys.argv[1]), PreparedPlan.from_dict(json.loads(sys.argv[2]))
 assert "torch" not in sys.modules
@@ -173,7 +173,7 @@ def write_lines(f, n: int, what: str) -> None:
 
 def collapse_works_here(folder) -> bool:
     """Whether the file system under `folder` takes ranges out of files (ext4, XFS)."""
-    from harness.launch.log_cap import COLLAPSE_RANGE, _fallocate
+    from training_harness.launch.log_cap import COLLAPSE_RANGE, _fallocate
 
     probe = folder / "probe"
     probe.write_bytes(b"x" * (3 * os.statvfs(folder).f_bsize))
@@ -190,7 +190,7 @@ def test_chaos_cut_keeps_head_marker_and_latest_output(tmp_path, monkeypatch, mo
     leaves a hole, which takes no disk and which `tail` skips. Both ways of cutting:
     in the kernel where the file system can, by rewriting the file elsewhere."""
     if how == "rewrite":
-        monkeypatch.setattr("harness.launch.log_cap._fallocate", lambda *args: False)
+        monkeypatch.setattr("training_harness.launch.log_cap._fallocate", lambda *args: False)
     elif not collapse_works_here(tmp_path):
         pytest.skip(f"the file system under {tmp_path} cannot collapse ranges")
     path = tmp_path / "stderr.log"
@@ -221,7 +221,7 @@ def test_chaos_cut_keeps_head_marker_and_latest_output(tmp_path, monkeypatch, mo
 def test_chaos_cuts_while_a_writer_appends_lose_and_move_nothing(tmp_path):
     """Lines appended while the file is cut, some in two writes as print makes them
     (its text, then the newline): after the last marker, every line is there, in
-    order, whole. (The rewriting cut cannot promise this: see harness.launch.log_cap.)"""
+    order, whole. (The rewriting cut cannot promise this: see training_harness.launch.log_cap.)"""
     import threading
 
     if not collapse_works_here(tmp_path):

@@ -9,11 +9,11 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from training_harness.core.plan import Plan
+from training_harness.estimator.settings import Settings
+from training_harness.strategies import checkpoint, registry
+from training_harness.strategies.compose import compose
 
-import strategies
-from harness.core.plan import Plan
-from harness.estimator.settings import Settings
-from strategies import checkpoint, compose
 from tests.tiny import tiny_gpt
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
@@ -94,7 +94,7 @@ def test_stores_less_than_none_and_recomputes_less_than_full(runs):
 
 
 def test_policy_is_searchable_and_checked():
-    ckpt = strategies.get("checkpoint")
+    ckpt = registry.get("checkpoint")
     assert set(ckpt.space()["policy"].values) == {"full", "selective"}
     with pytest.raises(Exception, match="policy"):
         ckpt.parse({"policy": "sometimes"})

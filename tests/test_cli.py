@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from harness.cli.main import main
-from harness.records.result import empty_metrics
+from training_harness.cli.main import main
+from training_harness.records.result import empty_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "studies" / "plans"
@@ -24,7 +23,7 @@ SCHEMA_KEYS = {"schema", "study", "trial_id", "status", "reason", "plan", "predi
 
 
 def harness(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "training_harness", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=240)
 
 
@@ -86,12 +85,12 @@ BENCH_PHASES = {"python", "cli", "plan", "rank_server", "check", "peaks", "flops
                 "env", "fork", "launch", "start", "setup", "warmup", "finish"}
 
 
-# As `python -m harness` runs it, and then says whether torch was imported: an exit
+# As `python -m training_harness` runs it, and then says whether torch was imported: an exit
 # hook prints that after main() returned (the command's own exit does not unload it).
 BENCH_AS_A_USER = """import atexit, runpy, sys
 atexit.register(lambda: print("torch imported:", "torch" in sys.modules))
 sys.argv = ["harness", *sys.argv[1:]]
-runpy.run_module("harness", run_name="__main__", alter_sys=True)
+runpy.run_module("training_harness", run_name="__main__", alter_sys=True)
 """
 
 
@@ -101,7 +100,7 @@ def test_bench_says_where_its_time_went_and_imports_no_torch(tmp_path):
     wall clock (the interpreter's exit comes after the record). The plan is prepared in
     a fork of the rank server, its ranks' parent: torch is imported once, there, never
     in the command's process. (One command for both: each costs a rank server.)"""
-    from harness.launch import rank_server
+    from training_harness.launch import rank_server
 
     if not rank_server.enabled():
         pytest.skip("no forkserver here: the plan is prepared in the command's process")
@@ -124,7 +123,8 @@ def test_bench_says_where_its_time_went_and_imports_no_torch(tmp_path):
 
 def _bench_in_python(code: str, out: Path, env: dict[str, str] | None = None) -> list[str]:
     argv = ["bench", "--workload", "gpt", *TINY, "--out", str(out)]
-    script = (f"import sys\nfrom harness.cli.main import main\nrc = main({argv!r})\n{code}")
+    script = (f"import sys\nfrom training_harness.cli.main import main\n"
+              f"rc = main({argv!r})\n{code}")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -235,9 +235,8 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     """A cached peak below what a trial achieves (measured on a loaded machine) makes the
     record say MFU against it means nothing, and is dropped so the next trial re-measures."""
     import torch
-
-    from harness.measure import cache
-    from harness.measure import peaks as cal
+    from training_harness.measure import cache
+    from training_harness.measure import peaks as cal
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     cpu = torch.device("cpu")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import re
 
-from harness.cli.main import build_parser
+from training_harness.cli.main import build_parser
 
-# `harness.launch.local` and the like; `harness tune` (a space) is a command, not a path
-MODULE_PATH = re.compile(r"\b(harness|strategies|reports|kernels)\.[a-z_]+")
+# `training_harness.launch.local` and the like; `harness tune` (a space) is a command, not a path
+MODULE_PATH = re.compile(r"\b(training_harness|harness|strategies|reports|kernels)\.[a-z_]+")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -43,5 +43,5 @@ def test_no_help_text_names_a_module_path():
 
 
 def test_the_module_path_check_can_fail():
-    assert MODULE_PATH.search("a function of harness.launch.local.launch's signature")
+    assert MODULE_PATH.search("a function of training_harness.launch.local.launch's signature")
     assert not MODULE_PATH.search("harness tune --budget 5m; package.module:function")

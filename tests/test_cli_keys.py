@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from harness.cli.main import main
-from harness.study.keys import study_keys
+from training_harness.cli.main import main
+from training_harness.study.keys import study_keys
 
 
 def test_tune_keys_prints_every_key(capsys, tmp_path, monkeypatch):

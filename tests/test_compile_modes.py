@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-import strategies
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from harness.measure.compile_cost import compile_seconds, compiles, inductor_cache_env
-from strategies.fused import FusedSettings
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.measure.compile_cost import compile_seconds, compiles, inductor_cache_env
+from training_harness.strategies import fused, registry
+from training_harness.strategies.fused import FusedSettings
 
 CPU = RuntimeEnv.detect("cpu")
 H100 = replace(CPU, device_type="cuda", device_name="NVIDIA H100", triton=True)
@@ -22,16 +21,16 @@ def reasons(mode, env, **strats):
     plan = Plan(device=env.device_type, strategies={
         "fused": {"compile": True, "compile_mode": mode}, **strats},
         layout=Layout(pipeline=2) if "pipeline" in strats else Layout())
-    return strategies.get("fused").check(FusedSettings(compile=True, compile_mode=mode),
+    return registry.get("fused").check(FusedSettings(compile=True, compile_mode=mode),
                                          plan, env)
 
 
 def test_modes_are_searchable():
-    assert strategies.get("fused").space()["compile_mode"].values == MODES
+    assert registry.get("fused").space()["compile_mode"].values == MODES
 
 
 def test_off_cuda_only_default_with_the_reason(monkeypatch):
-    monkeypatch.setattr("strategies.fused.has_compiler", lambda: True)
+    monkeypatch.setattr("training_harness.strategies.fused.has_compiler", lambda: True)
     assert reasons("default", CPU) == []
     (autotune,) = reasons("max-autotune-no-cudagraphs", CPU)
     assert "is for CUDA (Triton kernel autotuning)" in autotune and "'default'" in autotune
@@ -39,7 +38,7 @@ def test_off_cuda_only_default_with_the_reason(monkeypatch):
     assert "CUDA graphs" in graphs
     # refused with compile off too, so that a CPU study's search never offers them
     off = FusedSettings(compile=False, compile_mode="reduce-overhead")
-    assert strategies.get("fused").check(off, Plan(device="cpu"), CPU)
+    assert registry.get("fused").check(off, Plan(device="cpu"), CPU)
 
 
 def test_on_cuda_and_where_cuda_graphs_cannot_replay():
@@ -74,12 +73,13 @@ def test_compile_time_is_in_the_record_of_a_compiled_trial():
     """One tiny compiled CPU trial (slow: inductor compiles on the CPU). Its model, batch
     and settings are test_strategies.py's compiled run's, so that whichever runs second
     finds the kernels in inductor's cache."""
-    from harness.measure.prepare import prepare
-    from harness.measure.trial_loop import measure
+    from training_harness.measure.prepare import prepare
+    from training_harness.measure.trial_loop import measure
+
     from tests.test_measurement_window import PEAK
     from tests.tiny import TINY_GPT
 
-    if not strategies.fused.has_compiler():
+    if not fused.has_compiler():
         pytest.skip("no C compiler for inductor on the CPU")
     plan = Plan(name="compiled", workload="gpt", workload_args=TINY_GPT, device="cpu",
                 micro_batch_size=8, global_batch_size=8, warmup_steps=2, steps=2,

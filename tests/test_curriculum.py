@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import strategies
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Plan
-from harness.core.target import TargetSpec, maths_key
-from harness.measure import convergence
-from harness.measure import length_times as lt
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
-from harness.workloads import load_workload
-from harness.workloads.gpt import GPTConfig, GPTWorkload
-from strategies import compose
-from strategies.curriculum import CurriculumSettings, Schedule
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Plan
+from training_harness.core.target import TargetSpec, maths_key
+from training_harness.measure import convergence
+from training_harness.measure import length_times as lt
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
+from training_harness.strategies.compose import compose, reasons_against
+from training_harness.strategies.curriculum import CurriculumSettings, Schedule
+from training_harness.workloads import load_workload
+from training_harness.workloads.gpt import GPTConfig, GPTWorkload
 
 ARGS = dict(layers=1, heads=2, hidden=32, seq_len=64, vocab=64)
 PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",
@@ -100,7 +98,7 @@ def test_a_trials_throughput_and_mfu_count_the_measured_steps_lengths(tmp_path, 
 
 def test_refused_with_the_reason_where_inputs_are_fixed_or_the_length_cannot_change():
     def reasons(p):
-        return " ".join(strategies.reasons_against(p, CPU))
+        return " ".join(reasons_against(p, CPU))
 
     assert "fixed size" in reasons(plan(workload="mlp", workload_args={}))
     assert "fixed size" in reasons(plan(workload="vit", workload_args={}))
@@ -183,6 +181,6 @@ def test_a_target_trials_time_to_target_counts_each_step_at_its_length(tmp_path,
     assert conv["window_step_time_s"] == m["step_time_s"]["median"]
     assert conv["step_time_s"] == pytest.approx(m["time_to_target_s"] / steps)
     assert conv["technique"] == "adamw + curriculum"
-    from harness.cli.bench_table import result_table
+    from training_harness.cli.bench_table import result_table
 
     assert "step by length    length 8: " in result_table(result.to_dict())

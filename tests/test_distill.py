@@ -9,18 +9,16 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-
-import strategies
-from harness.core.device import RuntimeEnv
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.core.target import TargetSpec, maths_key
-from harness.measure import convergence
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
-from harness.workloads import load_workload
-from harness.workloads.trained import load_trained, save_trained
-from strategies import compose
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.target import TargetSpec, maths_key
+from training_harness.measure import convergence
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
+from training_harness.strategies.compose import compose, reasons_against
+from training_harness.workloads import load_workload
+from training_harness.workloads.trained import load_trained, save_trained
 
 STUDENT = dict(layers=1, heads=2, hidden=32, seq_len=16, vocab=64)
 TEACHER = dict(layers=2, heads=2, hidden=48, seq_len=32, vocab=64)
@@ -114,7 +112,7 @@ def test_a_trial_counts_the_students_flops_only_and_says_so(teacher, tmp_path, m
 
 def test_refused_with_the_reason(teacher, tmp_path):
     def reasons(p):
-        return " ".join(strategies.reasons_against(p, CPU))
+        return " ".join(reasons_against(p, CPU))
 
     assert "name the teacher" in reasons(plan(""))
     assert "harness bench ... --save" in reasons(plan(str(tmp_path)))  # not a saved folder
@@ -130,7 +128,7 @@ def test_refused_with_the_reason(teacher, tmp_path):
     with pytest.raises(HarnessError, match="save"):
         Plan.from_dict({"save": str(tmp_path), "layout": {"data": 2}})
     pytest.importorskip("transformers")
-    from harness.workloads import optional
+    from training_harness.workloads import optional
 
     config = optional.transformers().LlamaConfig(
         vocab_size=64, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
@@ -157,7 +155,7 @@ def test_the_estimate_holds_the_teacher_and_times_its_forward(teacher):
     """The teacher's fp32 weights and the three logits tensors its KL keeps are in the
     predicted peak; its forward (2 FLOPs per parameter and token) is in the predicted
     step time, never in the model FLOPs."""
-    from harness.estimator.estimate import estimate
+    from training_harness.estimator.estimate import estimate
 
     p = plan(teacher)
     student = load_workload(p.workload, p.workload_args)

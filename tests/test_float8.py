@@ -9,12 +9,13 @@ from dataclasses import replace
 import pytest
 import torch
 from torch import nn
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.strategies import registry
+from training_harness.strategies.base import Phase
+from training_harness.strategies.compose import compose
+from training_harness.strategies.float8 import Float8Settings, linear_filter
 
-import strategies
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from strategies.base import Phase
-from strategies.float8 import Float8Settings, linear_filter
 from tests.tiny import tiny_gpt, train
 
 # Not imported at collection (torchao costs each xdist worker 1.7 s there): the first test
@@ -48,7 +49,7 @@ def test_emulated_float8_matches_the_bf16_run(bf16, recipe):
 def test_the_filter_keeps_first_last_and_small_linears():
     workload = tiny_gpt(hidden=64)
     torch.manual_seed(0)
-    setup = strategies.compose(workload.build_model(),
+    setup = compose(workload.build_model(),
                                {"float8": {"emulate": True}}, "cpu")
     from torchao.float8.float8_linear import Float8Linear
 
@@ -69,23 +70,23 @@ def test_the_filter_keeps_first_last_and_small_linears():
 
 
 def test_after_tensor_parallel_before_data_parallel():
-    f8 = strategies.get("float8").phases
+    f8 = registry.get("float8").phases
     assert min(f8) > Phase.TENSOR_PARALLEL and max(f8) < Phase.CHECKPOINT < Phase.DATA_PARALLEL
-    assert set(strategies.get("float8").space()["recipe"].values) == {"tensorwise", "rowwise"}
+    assert set(registry.get("float8").space()["recipe"].values) == {"tensorwise", "rowwise"}
 
 
 def test_refusals(monkeypatch):
-    f8 = strategies.get("float8")
+    f8 = registry.get("float8")
     (cpu,) = f8.check(Float8Settings(), Plan(), CPU)
     assert "compute capability 8.9" in cpu and "cpu has none" in cpu
     assert f8.check(Float8Settings(emulate=True), Plan(), CPU) == []
     h100 = replace(CPU, device_type="cuda", device_name="NVIDIA H100")
-    monkeypatch.setattr("strategies.float8._capability", lambda: (9, 0))
+    monkeypatch.setattr("training_harness.strategies.float8._capability", lambda: (9, 0))
     assert f8.check(Float8Settings(), Plan(), h100) == []
-    monkeypatch.setattr("strategies.float8._capability", lambda: (8, 0))
+    monkeypatch.setattr("training_harness.strategies.float8._capability", lambda: (8, 0))
     (a100,) = f8.check(Float8Settings(), Plan(), replace(h100, device_name="A100"))
     assert "8.9" in a100 and "A100 is 8.0" in a100
-    monkeypatch.setattr("strategies.float8._capability", lambda: (9, 0))
+    monkeypatch.setattr("training_harness.strategies.float8._capability", lambda: (9, 0))
     tp = Plan(layout=Layout(tensor=2))
     assert any("tensor parallel" in r for r in f8.check(Float8Settings(), tp, h100))
     real = importlib.util.find_spec

@@ -17,8 +17,7 @@ per sample (x 1024 tokens) 875,690,459,136.
 from __future__ import annotations
 
 import pytest
-
-from harness.workloads import load_workload
+from training_harness.workloads import load_workload
 
 GPT2_SMALL = dict(layers=12, heads=12, hidden=768, seq_len=1024, vocab=50257)
 PER_SAMPLE = 875_690_459_136
@@ -45,7 +44,7 @@ def test_mfu_arithmetic_by_hand():
     FLOPs per step 8 x 875,690,459,136 = 7,005,523,673,088; a step 0.5 s;
     per device 7,005,523,673,088 / 0.5 / 2 = 7.005523673088 TFLOP/s;
     MFU 7.005523673088 / 989.4 = 0.708058%, against the measured peak 1.000789%."""
-    from harness.measure.trial_loop import rate_figures
+    from training_harness.measure.trial_loop import rate_figures
 
     got = rate_figures(PER_SAMPLE, batch=8, steps=20, window_s=10.0, world=2,
                        peak_flops=989.4e12, measured_peak_flops=700e12)
@@ -59,10 +58,9 @@ def test_mfu_arithmetic_by_hand():
 def test_flops_are_counted_once_per_workload_in_a_process(monkeypatch):
     """The tuner's helper prepares every trial: the count (seconds when traced) is made
     once per workload and arguments, whatever the strategies or micro-batch."""
-    import strategies  # noqa: F401  (registers)
-    from harness.core.plan import Plan
-    from harness.measure import prepare as prepare_module
-    from harness.workloads.gpt import GPTWorkload
+    from training_harness.core.plan import Plan
+    from training_harness.measure import prepare as prepare_module
+    from training_harness.workloads.gpt import GPTWorkload
 
     calls = []
     real = GPTWorkload.flops_per_sample

@@ -7,8 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from harness.core import ports
+from training_harness.core import ports
 
 
 @pytest.fixture(autouse=True)

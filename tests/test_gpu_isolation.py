@@ -23,11 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     import torch
-    import strategies  # noqa: F401
-    from harness.core.plan import Plan
-    from harness.measure import probe_server
-    from harness.measure.prepare import prepare
-    from harness.study.study_file import Study
+    from training_harness.core.plan import Plan
+    from training_harness.measure import probe_server
+    from training_harness.measure.prepare import prepare
+    from training_harness.study.study_file import Study
     import tomllib
 
     study = tomllib.loads(open("studies/gpt2-small-1gpu.toml").read())

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_harness.strategies.compose import compose
 
-from strategies import compose
 from tests.tiny import tiny_gpt, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,8 @@ def test_fp16_scaler_scales_and_steps():
 def _bench(tmp_path: Path, plan: str, *extra: str) -> dict:
     out = tmp_path / Path(plan).stem
     env = {**os.environ, "HARNESS_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", plan, "--device", "cuda",
+    done = subprocess.run([sys.executable, "-m", "training_harness", "bench", plan, "--device",
+                           "cuda",
                            "--out", str(out), *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -106,7 +107,8 @@ def test_two_ranks_on_one_gpu_are_refused_before_anything_starts(tmp_path):
     if torch.cuda.device_count() != 1:
         pytest.skip("for a one-GPU machine")
     out = tmp_path / "never"
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", "studies/plans/ddp.toml",
+    done = subprocess.run([sys.executable, "-m", "training_harness", "bench",
+                           "studies/plans/ddp.toml",
                            "--device", "cuda", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "need 2 GPU(s) per node" in done.stderr

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.target import TargetSpec
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
+from training_harness.workloads import load_workload
+from training_harness.workloads.corpus import text_split
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.target import TargetSpec
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
-from harness.workloads import load_workload
-from harness.workloads.corpus import text_split
 from tests.workloads.tiny_hf import needs_transformers
 
 LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,

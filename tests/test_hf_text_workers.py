@@ -2,7 +2,7 @@
 rank is a fork of the rank server and inherits its start method, so the DataLoader's
 worker starts by forkserver and unpickles the workload (transformers' config with it)
 in a new process. torchvision's import must be mended there too
-(harness.core.torchvision_ops, installed by `import harness`), or the worker dies on
+(training_harness.core.torchvision_ops, installed by `import harness`), or the worker dies on
 `operator torchvision::nms does not exist` where torchvision's compiled ops do not load."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import multiprocessing
 
 import pytest
 import torch
+import training_harness.measure.loader as loader
 from torch.utils.data import DataLoader
+from training_harness.core.plan import Plan
+from training_harness.workloads import load_workload
 
-import harness.measure.loader as loader
-from harness.core.plan import Plan
-from harness.workloads import load_workload
 from tests.test_hf_text import LLAMA
 from tests.workloads.tiny_hf import needs_transformers
 

@@ -13,8 +13,7 @@ import sys
 import time
 
 import pytest
-
-from harness.core.interference import (
+from training_harness.core.interference import (
     QUIET_CPU_SHARE,
     InterferenceMeter,
     _others_on_gpu,
@@ -24,10 +23,10 @@ from harness.core.interference import (
     machine_share_of_others,
     ours,
 )
-from harness.core.plan import Plan
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
-from harness.records.predicates import busy_note
+from training_harness.core.plan import Plan
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
+from training_harness.records.predicates import busy_note
 
 PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",
         "measured": {"flops": 1e12, "source": "test: a fixed figure"}}

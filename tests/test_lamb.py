@@ -9,13 +9,12 @@ import math
 import pytest
 import torch
 from torch import nn
-
-from harness.core.errors import HarnessError
-from harness.core.plan import OptimizerSettings
-from strategies.base import Choice, Phase
-from strategies.lamb import Lamb, LambStrategy
-from strategies.registry import get
-from strategies.setup import Setup
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import OptimizerSettings
+from training_harness.strategies.base import Choice, Phase
+from training_harness.strategies.lamb import Lamb, LambStrategy
+from training_harness.strategies.registry import get
+from training_harness.strategies.setup import Setup
 
 F64 = torch.float64
 

@@ -8,13 +8,13 @@ import copy
 import pytest
 import torch
 from torch import nn
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import OptimizerSettings, Plan
+from training_harness.strategies.base import Choice, Phase
+from training_harness.strategies.lars import Lars, LarsStrategy
+from training_harness.strategies.registry import get
+from training_harness.strategies.setup import Setup
 
-from harness.core.errors import HarnessError
-from harness.core.plan import OptimizerSettings, Plan
-from strategies.base import Choice, Phase
-from strategies.lars import Lars, LarsStrategy
-from strategies.registry import get
-from strategies.setup import Setup
 from tests.estimator.models import CPU
 
 F64 = torch.float64

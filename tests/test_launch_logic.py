@@ -7,20 +7,19 @@ import math
 
 import pytest
 import torch
-
-from harness.cli.main import main
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.launch.local import check_nodes
-from harness.launch.rank_logs import (
+from training_harness.cli.main import main
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.launch.local import check_nodes
+from training_harness.launch.rank_logs import (
     agent_root_cause,
     describe_exit,
     read_rank_logs,
     root_cause,
     tail,
 )
-from harness.measure.rank_process import RankInfo
-from harness.measure.ranks import combine, step_loss
+from training_harness.measure.rank_process import RankInfo
+from training_harness.measure.ranks import combine, step_loss
 
 
 def figures(rank, times, peak):
@@ -132,7 +131,7 @@ def test_tail_reads_only_the_end(tmp_path):
 
 
 def test_a_huge_error_file_is_not_read_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr("harness.launch.rank_logs.ERROR_FILE_LIMIT", 1000)
+    monkeypatch.setattr("training_harness.launch.rank_logs.ERROR_FILE_LIMIT", 1000)
     rank_folder(tmp_path, 0, "RuntimeError: " + "x" * 2000)
     log = read_rank_logs(tmp_path)[0]
     assert log.error.startswith("an error too large to read (error.json: ")

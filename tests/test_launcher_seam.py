@@ -1,17 +1,16 @@
-"""The launcher seam (harness.launch.launcher) without starting anything: the defaults,
+"""The launcher seam (training_harness.launch.launcher) without starting anything: the defaults,
 the adapter of a user's --launcher function, the local and Slurm launchers' answers."""
 
 from __future__ import annotations
 
 import pytest
-
-from harness.cli.tune import _launcher
-from harness.core.cluster import ClusterSpec
-from harness.core.errors import HarnessError
-from harness.launch import local
-from harness.launch.launcher import FunctionLauncher, Launcher, as_launcher
-from harness.launch.local import LocalLauncher
-from harness.launch.slurm import SlurmLauncher
+from training_harness.cli.tune import _launcher
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.errors import HarnessError
+from training_harness.launch import local
+from training_harness.launch.launcher import FunctionLauncher, Launcher, as_launcher
+from training_harness.launch.local import LocalLauncher
+from training_harness.launch.slurm import SlurmLauncher
 
 
 def plain(prepared, out_dir, command, **kwargs):
@@ -61,7 +60,7 @@ def test_a_functions_attributes_are_read_once_when_it_is_wrapped():
 
 def test_the_launcher_flag_gives_a_launcher():
     assert isinstance(_launcher(None, type("S", (), {"cluster": None})(), "cpu"), LocalLauncher)
-    assert isinstance(_launcher("harness.launch.local:launch", None, "cpu"), LocalLauncher)
+    assert isinstance(_launcher("training_harness.launch.local:launch", None, "cpu"), LocalLauncher)
     assert _launcher(f"{__name__}:INSTANCE", None, "cpu") is INSTANCE  # taken as it is
     wrapped = _launcher(f"{__name__}:with_attributes", None, "cpu")
     assert isinstance(wrapped, FunctionLauncher) and wrapped.max_jobs == 3
@@ -77,13 +76,13 @@ def test_the_local_launcher_is_local_launch_with_the_defaults(monkeypatch):
     assert launcher.max_jobs == 1 and not launcher.may_leave_jobs
     assert launcher.has_job("x") is False and launcher.rejoin("x") is None
     assert launcher.check_shared("runs/x") is None
-    assert launcher.name == "harness.launch.local:launch"
+    assert launcher.name == "training_harness.launch.local:launch"
 
 
 def test_the_slurm_launcher_answers_from_its_cluster_and_the_trials_folder(tmp_path):
     launcher = SlurmLauncher(ClusterSpec(launcher="slurm", max_jobs=4))
     assert launcher.max_jobs == 4 and launcher.may_leave_jobs
-    assert launcher.name == "harness.launch.slurm:launch"
+    assert launcher.name == "training_harness.launch.slurm:launch"
     assert not launcher.has_job(tmp_path) and launcher.rejoin(tmp_path, deadline=1.0) is None
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "job.json").write_text("{}")

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.target import TargetSpec, maths_key
+from training_harness.measure import convergence
+from training_harness.measure.batches import split_batch
+from training_harness.strategies import registry
+from training_harness.strategies.compose import compose, reasons_against
+from training_harness.workloads import load_workload
+from training_harness.workloads.trained import _plain_state, load_trained, save_trained
 
-import strategies
-from harness.core.device import RuntimeEnv
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.core.target import TargetSpec, maths_key
-from harness.measure import convergence
-from harness.measure.batches import split_batch
-from harness.workloads import load_workload
-from harness.workloads.trained import _plain_state, load_trained, save_trained
-from strategies import compose
 from tests.distributed.run_case import HF, TIMEOUT_S
 from tests.workloads.run_hf_case import LORA_CASES, STEPS
 from tests.workloads.tiny_hf import workload_spec
@@ -39,8 +39,8 @@ def one_thread():
 @pytest.fixture(autouse=True)
 def needs_peft():
     try:
-        strategies.get("lora")
-        from strategies.lora import peft_module
+        registry.get("lora")
+        from training_harness.strategies.lora import peft_module
 
         peft_module()
     except HarnessError as e:
@@ -108,7 +108,7 @@ def test_a_saved_model_has_the_adapters_merged(tmp_path):
 
 def test_refused_with_the_reason(monkeypatch):
     def reasons(p):
-        return " ".join(strategies.reasons_against(p, CPU))
+        return " ".join(reasons_against(p, CPU))
 
     assert "hf: models only; 'gpt' is not one" in reasons(
         plan().replace(workload="gpt", workload_args={}))
@@ -117,7 +117,7 @@ def test_refused_with_the_reason(monkeypatch):
     assert "not with the pipeline" in reasons(
         plan(pipeline={}).replace(layout=Layout(pipeline=2)))
     assert "not with float8" in reasons(plan(float8={"emulate": True}))
-    import strategies.lora as lora
+    import training_harness.strategies.lora as lora
 
     def missing():
         raise HarnessError("this workload needs the 'peft' package; install it with "

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-
-from harness.measure.env import capture_env
+from training_harness.measure.env import capture_env
 
 CPU = torch.device("cpu")
 
@@ -33,7 +32,7 @@ def test_capture_env_is_json_and_has_versions(monkeypatch) -> None:
 def test_cpu_flags_come_from_cpuinfo(monkeypatch, tmp_path) -> None:
     import builtins
 
-    from harness.core import device
+    from training_harness.core import device
 
     info = tmp_path / "cpuinfo"
     info.write_text("model name\t: X\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n")
@@ -52,7 +51,7 @@ def test_capture_env_keeps_storage_passwords_out(monkeypatch) -> None:
 
 
 def test_capture_env_never_raises(monkeypatch) -> None:
-    import harness.measure.env as env_mod
+    import training_harness.measure.env as env_mod
 
     def boom(*a, **k):
         raise RuntimeError("broken")

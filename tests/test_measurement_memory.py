@@ -9,10 +9,9 @@ import types
 
 import pytest
 import torch
-
-from harness.measure import memory, nvml
-from harness.measure.memory import MemoryTracker, peak_memory_bytes
-from harness.measure.nvml import NvmlReading, NvmlSampler
+from training_harness.measure import memory, nvml
+from training_harness.measure.memory import MemoryTracker, peak_memory_bytes
+from training_harness.measure.nvml import NvmlReading, NvmlSampler
 
 CPU = torch.device("cpu")
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

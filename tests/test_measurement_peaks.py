@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
-
-from harness.core.errors import HarnessError
-from harness.core.gpus import GPUS
-from harness.measure import peaks
-from harness.measure.env import capture_env
-from harness.measure.peaks import (
+from training_harness.core.errors import HarnessError
+from training_harness.core.gpus import GPUS
+from training_harness.measure import peaks
+from training_harness.measure.env import capture_env
+from training_harness.measure.peaks import (
     Peak,
     autocast_dtype_name,
     datasheet_peak,
@@ -127,7 +126,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the calibrations (each a process of its own: harness.measure.calibrate)."""
+    """Counts the calibrations (each a process of its own: training_harness.measure.calibrate)."""
     calls = []
     real = peaks._measure_in_subprocess
 
@@ -156,7 +155,8 @@ def stand_in(monkeypatch):
 
 
 def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
-    """The real calibration (harness.measure.calibrate, a process of its own), asked for two
+    """The real calibration (training_harness.measure.calibrate, a process of its own), asked for
+    two
     dtypes at once: both answered by one process, both cached, the cache then read. (The
     protocol's own test, test_the_calibration_process_answers_every_dtype_asked, started
     a second process for this: it is this test now.)"""
@@ -280,7 +280,7 @@ def test_the_cpu_peak_cache_is_keyed_by_instruction_set(monkeypatch) -> None:
     """One CPU model name comes with AVX2 on one day and AVX-512 BF16 on the next (seen
     here): the measured peak of one must not stand for the other. Both instruction sets
     are faked, so the test holds whatever this machine's CPU has."""
-    from harness.core import device
+    from training_harness.core import device
 
     def key_on(capability: str, flags: list[str]) -> str:
         monkeypatch.setattr(device, "cpu_capability", lambda: capability)

@@ -11,14 +11,14 @@ import math
 
 import pytest
 import torch
+from training_harness.core.plan import Plan
+from training_harness.measure import distributed, timing, trial_loop
+from training_harness.measure.prepare import prepare
+from training_harness.measure.rank_process import RankInfo
+from training_harness.measure.ranks import StepLoss, agree_losses, combine, loss_rows, read_losses
+from training_harness.measure.trial_loop import measure, run_trial
+from training_harness.records.step_log import STEP_LOG_ENV, read_steps
 
-from harness.core.plan import Plan
-from harness.measure import distributed, timing, trial_loop
-from harness.measure.prepare import prepare
-from harness.measure.rank_process import RankInfo
-from harness.measure.ranks import StepLoss, agree_losses, combine, loss_rows, read_losses
-from harness.measure.trial_loop import measure, run_trial
-from harness.records.step_log import STEP_LOG_ENV, read_steps
 from tests.tiny import TINY_GPT
 
 # A fixed peak, so that preparing the plan calibrates nothing.
@@ -83,7 +83,7 @@ def traced(monkeypatch, prep) -> list[str]:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_window_synchronises_once_at_each_end_and_never_per_step(monkeypatch, tmp_path, device):
     # The plan's own window rule: on CUDA the default warms up until settled and
-    # stretches the window to 2 s (harness.core.window), which would change the counts.
+    # stretches the window to 2 s (training_harness.core.window), which would change the counts.
     prep = prepared(device, warmup=2, steps=5, warmup_max_steps=2, min_window_s=0.0)
     log = traced(monkeypatch, prep)
     progress = tmp_path / "steps.log"
@@ -162,7 +162,7 @@ def test_a_nan_in_warm_up_stops_there_before_any_window(monkeypatch):
 
 
 def old_step_loss(losses: list[float | None], rank: int) -> StepLoss:
-    """The per-step function as it was (harness.measure.ranks.step_loss before the window),
+    """The per-step function as it was (training_harness.measure.ranks.step_loss before the window),
     with its all-reduce done here: `losses` holds every rank's loss of one step."""
     world = len(losses)
     mine = losses[rank]

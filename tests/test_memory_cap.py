@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.launch.local import ALLOC_CONF_ENV, allocator_env
-from harness.measure import memory
-from harness.measure.memory import MemoryTracker, apply_memory_cap
-from harness.records.predicates import budget_peak_bytes, may_be_best
-from harness.selftest.figures import _over_budget
-from harness.study.search_space import config_key
-from harness.study.study_file import Study
-from harness.tune.optuna_outcome import memory_excess_bytes
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.launch.local import ALLOC_CONF_ENV, allocator_env
+from training_harness.measure import memory
+from training_harness.measure.memory import MemoryTracker, apply_memory_cap
+from training_harness.records.predicates import budget_peak_bytes, may_be_best
+from training_harness.selftest.figures import _over_budget
+from training_harness.study.search_space import config_key
+from training_harness.study.study_file import Study
+from training_harness.tune.optuna_outcome import memory_excess_bytes
 
 GiB = 2**30
 GPU = torch.device("cuda", 0)
@@ -168,7 +167,7 @@ def test_without_a_per_process_figure_reserved_plus_context_is_checked():
 
 
 def test_the_reports_frame_judges_by_the_same_figure():
-    from reports.frame import flatten
+    from training_harness.reports.frame import flatten
 
     rec = _record(71.46 * GiB, {"allocated": 53 * GiB, "reserved": 60 * GiB,
                                 "context_bytes": GiB // 2, "cap_bytes": int(70.76 * GiB)})
@@ -177,7 +176,7 @@ def test_the_reports_frame_judges_by_the_same_figure():
 
 
 def test_the_corrected_estimator_learns_what_a_capped_trial_needed():
-    from harness.tune.search.correction import Correction
+    from training_harness.tune.search.correction import Correction
 
     rec = _record(71.46 * GiB, {"allocated": 53 * GiB, "reserved": 60 * GiB,
                                 "context_bytes": GiB // 2, "device_base": GiB // 2,

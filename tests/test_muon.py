@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 from torch import nn
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.strategies.base import Choice, Phase
+from training_harness.strategies.compose import compose
+from training_harness.strategies.muon import MuonStrategy, MuonWithAdamW
+from training_harness.strategies.registry import get
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from strategies import compose
-from strategies.base import Choice, Phase
-from strategies.muon import MuonStrategy, MuonWithAdamW
-from strategies.registry import get
 from tests.estimator.models import CPU
 from tests.tiny import tiny_gpt
 
@@ -66,8 +66,7 @@ def test_the_split_hidden_matrices_to_muon_the_rest_to_adamw():
 def test_the_split_sees_through_ddp_and_checkpointing(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-
-    from strategies.muon import hidden_matrices
+    from training_harness.strategies.muon import hidden_matrices
 
     setup = composed()
     want = {id(p) for n, p in setup.model.named_parameters() if n in HIDDEN}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.target import maths_key
+from training_harness.estimator import estimate
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.target import maths_key
-from harness.estimator import estimate
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
 from tests.estimator.models import CPU, TinyGPTWorkload, expected_parameters, gpt_plan
 from tests.test_study_target import table
 

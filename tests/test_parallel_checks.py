@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from strategies import reasons_against
-from strategies.tensor import interleave_qkv
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.strategies.compose import reasons_against
+from training_harness.strategies.tensor import interleave_qkv
 
 CPU = RuntimeEnv("cpu", "cpu", 1, bf16=True, triton=False)
 GPT = dict(layers=4, heads=4, hidden=64, seq_len=16, vocab=64, tie_weights=False)

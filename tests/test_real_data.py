@@ -9,13 +9,12 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
-from harness.workloads import load_workload
-from harness.workloads.corpus import CHUNK, corpus_bytes, split_stream, text_split
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
+from training_harness.workloads import load_workload
+from training_harness.workloads.corpus import CHUNK, corpus_bytes, split_stream, text_split
 
 GPT_TEXT = dict(layers=1, heads=2, hidden=32, seq_len=32, vocab=256, data="text")
 PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",

@@ -1,5 +1,5 @@
-"""The record's tags (harness.records.tags), the questions asked of records
-(harness.records.predicates) and the record of a trial that measured nothing."""
+"""The record's tags (training_harness.records.tags), the questions asked of records
+(training_harness.records.predicates) and the record of a trial that measured nothing."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from typing import get_type_hints
 
-from harness.records import tags as T
-from harness.records.predicates import finished, is_reference, may_be_best, ranked
-from harness.records.result import TrialResult, empty_metrics
-from harness.records.tags import Tags, tags_of
+from training_harness.records import tags as T
+from training_harness.records.predicates import finished, is_reference, may_be_best, ranked
+from training_harness.records.result import TrialResult, empty_metrics
+from training_harness.records.tags import Tags, tags_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def test_tags_are_read_through_tags_of_only():
              for top in ("harness", "reports", "tests", "strategies")
              for p in sorted((ROOT / top).rglob("*.py")) if p != ROOT / "harness/records/tags.py"
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
-    assert not found, f"use harness.records.tags.tags_of: {found}"
+    assert not found, f"use training_harness.records.tags.tags_of: {found}"
 
 
 def record(status="ok", trial_id=1, rate=1.0, peak=None, **tags):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from harness.records.run_store import RunStore, parse_lines
+from training_harness.records.run_store import RunStore, parse_lines
 
 
 def _line(i: int) -> bytes:

@@ -10,13 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from harness.cli.main import main
-from harness.selftest.device import Device, slug, visible_entries
-from harness.selftest.figures import junit_counts, tune_figures
-from harness.selftest.markdown import build
-from harness.selftest.plans import plan_fit, ranks_per_node
-from harness.selftest.runner import run_logged
+from training_harness.cli.main import main
+from training_harness.selftest.device import Device, slug, visible_entries
+from training_harness.selftest.figures import junit_counts, tune_figures
+from training_harness.selftest.markdown import build
+from training_harness.selftest.plans import plan_fit, ranks_per_node
+from training_harness.selftest.runner import run_logged
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "studies" / "plans"
@@ -26,7 +25,8 @@ def selftest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     # CUDA_VISIBLE_DEVICES="": no device here, also on a machine that has some
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "harness", "selftest", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "training_harness", "selftest", *args], cwd=cwd,
+                          env=env,
                           capture_output=True, text=True, timeout=240)
 
 
@@ -166,7 +166,8 @@ def out(tmp_path: Path) -> tuple[Path, dict]:
                 {"name": "quickstart", "dir": "bench/quickstart", "step": {"rc": 0}},
                 {"name": "vit", "skipped": "out of time: 10 s left for benches"}]},
             "tune": {"dir": "tune", "budget_s": 900, "step": {
-                "command": "/venv/bin/python3 -m harness tune studies/gpt2-small-1gpu.toml",
+                "command": "/venv/bin/python3 -m training_harness tune "
+                           "studies/gpt2-small-1gpu.toml",
                 "rc": 0, "seconds": 921.0, "log": "tune.log"}},
         }}
     return out, state
@@ -233,7 +234,7 @@ def test_the_page_holds_the_figures(out):
     assert "| estimator error, peak memory | 15.0% median" in page
     assert "| estimator error, step time | 10.0% over 2 |" in page
     assert "| bf16 | 989 TFLOP/s (datasheet: H100 bf16) | 667 TFLOP/s" in page
-    assert "`python -m harness tune studies/gpt2-small-1gpu.toml`: exit code 0" in page
+    assert "`python -m training_harness tune studies/gpt2-small-1gpu.toml`: exit code 0" in page
     assert "Not run" not in page
 
 
@@ -241,7 +242,7 @@ def test_a_host_bound_gpu_record_says_so_in_the_bench_table():
     """NVML's utilisation over the window: under 80% the record is called host-bound
     (on an H200 the tiny plans ran kernels 12-46% of their steps and moved by up to 45%
     between two machines; GPT-2 small at micro-batch 64 ran them 96-100%)."""
-    from harness.cli.bench_table import result_table
+    from training_harness.cli.bench_table import result_table
 
     def bench(samples, median, util):
         return record(samples, median, 2**30, 2**30, median / 2, tokens_per_s=None,
@@ -272,11 +273,12 @@ def test_the_page_says_which_phases_did_not_run(out):
 def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_path):
     """--only table runs the table study as `harness tune` into its folder, with --resume
     once the folder holds it (several GPU sessions add to one table), and the page says
-    how many configurations are measured (a record skipped for time is not); the study is the GPU subspace of issue 24."""
+    how many configurations are measured (a record skipped for time is not); the study is the GPU
+    subspace of issue 24."""
     import time
 
-    from harness.selftest import phases as ph
-    from harness.selftest.runner import Step
+    from training_harness.selftest import phases as ph
+    from training_harness.selftest.runner import Step
 
     study = ROOT / "studies" / "gpt2-small-1gpu-table.toml"
     folder = tmp_path / "table"
@@ -305,9 +307,10 @@ def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_p
     assert table["sampler"] == "grid" and table["pruning"]["slower_than"] == 0
     # its folder is named by the study, and the table can be finished: a few GPU
     # sessions' 4-5 minutes of table each, not the 3 hours the first (378) needed
-    from harness.cli.selftest import TABLE_STUDY, table_folder
-    from harness.study.search_space import SearchSpace
-    from harness.study.study_file import Study
+    from training_harness.cli.selftest import TABLE_STUDY, table_folder
+    from training_harness.study.search_space import SearchSpace
+    from training_harness.study.study_file import Study
+
     from tests.benchmarks.surface_replay.world import h100_world
 
     assert table_folder(ROOT / TABLE_STUDY, "NVIDIA H200") == (

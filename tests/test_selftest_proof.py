@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-
-from harness.cli.main import main
-from harness.core.errors import HarnessError
-from harness.selftest import proof
-from harness.selftest.markdown import build
+from training_harness.cli.main import main
+from training_harness.core.errors import HarnessError
+from training_harness.selftest import proof
+from training_harness.selftest.markdown import build
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def selftest(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "harness", "selftest", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "training_harness", "selftest", *args], cwd=cwd,
+                          env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -201,14 +201,14 @@ def test_the_rehearsals_bench_runs_every_proof_plan_tiny_on_the_cpu(tmp_path, mo
     `harness bench` runs in this process (the session's rank server runs its trial): a
     new interpreter and rank server per plan cost ten times what the plans' tiny steps
     do; the steps' subprocesses are the end-to-end rehearsal's below."""
-    from harness.cli import selftest as cli_selftest
-    from harness.selftest import phases as ph
-    from harness.selftest.runner import Step
+    from training_harness.cli import selftest as cli_selftest
+    from training_harness.selftest import phases as ph
+    from training_harness.selftest.runner import Step
 
     ran: list[list[str]] = []
 
     def bench_here(run, argv, log, timeout_s):
-        assert argv[1:4] == ["-m", "harness", "bench"]
+        assert argv[1:4] == ["-m", "training_harness", "bench"]
         ran.append(argv)
         log.parent.mkdir(parents=True, exist_ok=True)
         rc = main(argv[3:])
@@ -285,8 +285,8 @@ def test_the_rehearsal_runs_every_phase_on_the_cpu_and_writes_the_page(tmp_path)
 
 def test_the_rest_runs_what_the_benches_box_left_out_in_its_place(tmp_path):
     """A plan the bench's box cut is the first the rest runs; the page lists it once."""
-    from harness.selftest import phases as ph
-    from harness.selftest.runner import Step
+    from training_harness.selftest import phases as ph
+    from training_harness.selftest.runner import Step
 
     state = {"phases": {}, "runs": []}
     ran: list[str] = []

@@ -1,5 +1,5 @@
 """Speedups with an interval, pooled figures and drift, on seeded synthetic measurements
-(harness.records.speedup, .pooled, .drift, .verdict). Nothing here times this machine:
+(training_harness.records.speedup, .pooled, .drift, .verdict). Nothing here times this machine:
 every figure is drawn from a seeded random generator, and each claim is checked over
 many seeded draws, not one lucky one.
 
@@ -14,12 +14,11 @@ import random
 from pathlib import Path
 
 import pytest
-
-from harness.records import speedup
-from harness.records.drift import drift
-from harness.records.pooled import config_key, pool
-from harness.records.speedup import FASTER, SAME, SLOWER, ratio
-from harness.records.verdict import study_verdict
+from training_harness.records import speedup
+from training_harness.records.drift import drift
+from training_harness.records.pooled import config_key, pool
+from training_harness.records.speedup import FASTER, SAME, SLOWER, ratio
+from training_harness.records.verdict import study_verdict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "issue38-quickstart"
 
@@ -128,7 +127,7 @@ def test_drift_of_ten_percent_over_a_study_is_named():
     assert all(d.late_over_early.estimate < 1 for d in named if d.named)
     assert "the machine drifted" in named[0].text()
     # the tuner's summary names it under its headline
-    from harness.tune.final.summary import verdict_text
+    from training_harness.tune.final.summary import verdict_text
 
     said = verdict_text(study_verdict(study(0, 0.10), "2-0", "0-0")).splitlines()
     assert said[0].startswith("The best configuration trains") and said[-1].startswith(
@@ -174,8 +173,8 @@ def test_a_lead_whose_every_technique_is_noise_is_held_back():
         ("a", "paired", SAME), ("b", "paired", SAME)]
     assert v.held_back and v.verdict == SAME and "no speedup is claimed" in v.headline()
     # the tuner's summary prints the confirmation's ratio over the baseline held back too
-    from harness.tune.final.results import _agreeing
-    from harness.tune.final.summary import confirmation_text
+    from training_harness.tune.final.results import _agreeing
+    from training_harness.tune.final.summary import confirmation_text
 
     figure = {"median": 110.0, "min": 108.0, "max": 112.0, "n": 6}
     decision = {"best": "best-0", "median": 110.0, "n": 6, "indistinguishable": [],
@@ -206,7 +205,7 @@ def test_a_configuration_the_ablation_measured_above_the_best_is_said_so():
     """A 90-s quickstart tune here: the ablation's 'without fused' (bf16 alone) pooled
     to a higher median than the best the confirmation named (bf16 + fused), and topped
     the summary's table with nothing said; now a line says why and how they compare."""
-    from harness.tune.final.summary import table
+    from training_harness.tune.final.summary import table
 
     ablation = [{"phase": "ablation", "ablation": {"of": "20", "without": "fused",
                                                    "repeat": i}} for i in range(2)]

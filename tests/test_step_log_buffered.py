@@ -8,10 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
-from harness.measure import timing
-from harness.measure.trial_loop import measure
-from harness.records import step_log
-from harness.records.step_log import STEP_LOG_ENV, StepWriter, read_steps
+from training_harness.measure import timing
+from training_harness.measure.trial_loop import measure
+from training_harness.records import step_log
+from training_harness.records.step_log import STEP_LOG_ENV, StepWriter, read_steps
+
 from tests.test_measurement_window import prepared
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+from training_harness.core.plan import Plan
+from training_harness.measure.batches import split_batch
+from training_harness.strategies import registry
+from training_harness.strategies.compose import compose
+from training_harness.strategies.lamb import Lamb
 
-import strategies
-from harness.core.plan import Plan
-from harness.measure.batches import split_batch
-from strategies import compose
-from strategies.lamb import Lamb
 from tests.tiny import tiny_gpt, train
 
 EXACT = 1e-4
@@ -183,9 +183,9 @@ def test_fused_compile_matches_baseline(baseline):
 
 def test_registry_refuses_duplicates():
     with pytest.raises(ValueError, match="already registered"):
-        strategies.register(strategies.get("amp"))
+        registry.register(registry.get("amp"))
 
 
 def test_composition_follows_phase_order():
-    order = [min(s.phases) for s in strategies.all_strategies()]
+    order = [min(s.phases) for s in registry.all_strategies()]
     assert order == sorted(order)

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from harness.study.keys import NOT_KEYS, field_docs, section_doc, sections, study_keys
-from harness.study.keys_doc import BEGIN, COMMAND, END, with_table
-from harness.study.study_file import Study
+from training_harness.study.keys import NOT_KEYS, field_docs, section_doc, sections, study_keys
+from training_harness.study.keys_doc import BEGIN, COMMAND, END, with_table
+from training_harness.study.study_file import Study
 
 TUNING_MD = Path(__file__).resolve().parents[1] / "docs" / "tuning.md"
 

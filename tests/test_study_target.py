@@ -5,10 +5,9 @@ study file's mistakes say what to change."""
 from __future__ import annotations
 
 import pytest
-
-from harness.core.errors import HarnessError
-from harness.study.search_space import SearchSpace, Wanted
-from harness.study.study_file import Study
+from training_harness.core.errors import HarnessError
+from training_harness.study.search_space import SearchSpace, Wanted
+from training_harness.study.study_file import Study
 
 
 def table(**changes):
@@ -78,7 +77,7 @@ def test_study_mistakes(change, words):
 def test_the_shipped_time_to_loss_studies_are_valid(name):
     from pathlib import Path
 
-    from harness.study.checks import check_study
+    from training_harness.study.checks import check_study
 
     study = Study.from_toml(Path(__file__).parent.parent / "studies" / f"{name}.toml")
     check_study(study, study.device)

@@ -8,16 +8,17 @@ from dataclasses import replace
 
 import pytest
 import torch
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Plan
+from training_harness.reports.headline import headline
+from training_harness.reports.load import load_run
+from training_harness.strategies import registry
+from training_harness.strategies.base import Phase
+from training_harness.strategies.compose import compose, reasons_against
+from training_harness.strategies.setup import Setup
+from training_harness.strategies.tf32 import Tf32Settings, tf32_enabled
+from training_harness.tune.final import summary
 
-import strategies
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Plan
-from harness.tune.final import summary
-from reports.headline import headline
-from reports.load import load_run
-from strategies import compose
-from strategies.setup import Setup
-from strategies.tf32 import Tf32Settings
 from tests.reports.runs import plan as run_plan
 from tests.reports.runs import record, write_run
 from tests.tiny import tiny_gpt
@@ -26,17 +27,17 @@ CPU = RuntimeEnv.detect("cpu")
 
 
 def test_refused_on_a_cpu_with_the_reason():
-    reasons = strategies.reasons_against(Plan(device="cpu", strategies={"tf32": {}}), CPU)
+    reasons = reasons_against(Plan(device="cpu", strategies={"tf32": {}}), CPU)
     assert len(reasons) == 1 and "tf32 is a CUDA tensor-core format" in reasons[0]
     assert "strict fp32" in reasons[0]
 
 
 def test_allowed_on_cuda_ampere_or_newer(monkeypatch):
-    monkeypatch.setattr("strategies.tf32._capability", lambda: (9, 0))
+    monkeypatch.setattr("training_harness.strategies.tf32._capability", lambda: (9, 0))
     h100 = replace(CPU, device_type="cuda", device_name="NVIDIA H100")
-    tf32 = strategies.get("tf32")
+    tf32 = registry.get("tf32")
     assert tf32.check(Tf32Settings(), Plan(), h100) == []
-    monkeypatch.setattr("strategies.tf32._capability", lambda: (7, 0))
+    monkeypatch.setattr("training_harness.strategies.tf32._capability", lambda: (7, 0))
     (reason,) = tf32.check(Tf32Settings(), Plan(), replace(h100, device_name="V100"))
     assert "compute capability 8.0" in reason and "7.0" in reason
 
@@ -47,7 +48,7 @@ def test_the_flags_reach_torch_during_the_step_and_are_restored():
     torch.manual_seed(0)
     model = workload.build_model()
     setup = compose(model, {}, "cpu")  # the optimizer and the step, built on the CPU
-    strategies.get("tf32").apply(strategies.Phase.STEP, setup, Tf32Settings())
+    registry.get("tf32").apply(Phase.STEP, setup, Tf32Settings())
     assert any("tf32" in n for n in setup.notes)
     seen = []
 
@@ -68,7 +69,7 @@ def test_the_flags_reach_torch_during_the_step_and_are_restored():
 
 def test_a_failing_step_restores_them_too():
     setup = Setup(model=torch.nn.Linear(2, 2), device=torch.device("cpu"))
-    setup.step_contexts.append(lambda: strategies.tf32.tf32_enabled(Tf32Settings("medium")))
+    setup.step_contexts.append(lambda: tf32_enabled(Tf32Settings("medium")))
 
     def boom(m, batch):
         assert torch.get_float32_matmul_precision() == "medium"
@@ -123,7 +124,7 @@ def test_the_report_names_strict_fp32_and_the_tf32_speedup(tmp_path):
 
 
 def test_the_mfu_of_a_tf32_trial_is_over_the_tf32_peak():
-    from harness.measure.peaks import autocast_dtype_name
+    from training_harness.measure.peaks import autocast_dtype_name
 
     assert autocast_dtype_name({"tf32": {}}) == "tf32"
     assert autocast_dtype_name({}) == "fp32"  # strict fp32

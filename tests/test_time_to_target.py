@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.target import TargetSpec, maths_key
-from harness.measure import convergence, time_to_target
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
-from harness.measure.validation import validation_loss
-from harness.workloads import load_workload
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.target import TargetSpec, maths_key
+from training_harness.measure import convergence, time_to_target
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
+from training_harness.measure.validation import validation_loss
+from training_harness.workloads import load_workload
 
 TEXT = dict(layers=1, heads=2, hidden=32, seq_len=32, vocab=256, data="text")
 PEAK = {"dtype": "fp32", "datasheet": None, "used": "measured", "reason": "test",
@@ -173,8 +172,7 @@ def test_the_tuner_minimizes_time_to_target_and_never_counts_a_miss():
     import math
 
     from optuna.trial import TrialState
-
-    from harness.tune.optuna_outcome import outcome
+    from training_harness.tune.optuna_outcome import outcome
 
     hit = {"status": "ok", "metrics": {"time_to_target_s": 12.5, "peak_memory_bytes": 1}}
     got = outcome(hit, ["time_to_loss"], 2.0)

@@ -7,11 +7,10 @@ import json
 import math
 
 import pandas as pd
-
-from harness.records.jsonl_lines import read_trials
-from harness.records.run_store import RunStore
-from harness.records.values import get, number
-from harness.selftest import figures
+from training_harness.records.jsonl_lines import read_trials
+from training_harness.records.run_store import RunStore
+from training_harness.records.values import get, number
+from training_harness.selftest import figures
 
 
 def _record(i: int) -> dict:
@@ -53,7 +52,7 @@ def test_run_store_names_a_torn_line_and_cuts_it_out(tmp_path):
 
 
 def test_the_report_names_a_torn_line(tmp_path):
-    from reports.load import load_run
+    from training_harness.reports.load import load_run
 
     run = load_run(_folder_with_a_torn_line(tmp_path))
     assert len(run.trials) == 2
@@ -73,7 +72,7 @@ def test_the_selftest_names_a_torn_line(tmp_path, capsys):
 
 
 def test_the_selftest_page_shows_a_torn_line(tmp_path):
-    from harness.selftest.markdown import tune_section
+    from training_harness.selftest.markdown import tune_section
 
     (tmp_path / "tune").mkdir()
     _folder_with_a_torn_line(tmp_path / "tune")
@@ -89,7 +88,7 @@ def test_one_number_coercion():
     for not_a_number in (None, True, False, float("nan"), "nan", "fast", pd.NA, {}, [1]):
         assert number(not_a_number) is None, not_a_number
     # the reports and the selftest page use it
-    from reports import frame, style
+    from training_harness.reports import frame, style
     assert style.num is number and frame.number is number
     assert figures.num("2") == 2.0 and figures.num(math.inf) is None
 
@@ -99,5 +98,5 @@ def test_one_dotted_get():
     assert get(record, "a.b") == 1 and get(record, "c") == 0
     assert get(record, "a.none", "x") == "x" and get(record, "a.missing", "x") == "x"
     assert get(record, "a.b.c") is None and get(None, "a") is None
-    from reports import frame
+    from training_harness.reports import frame
     assert frame.get is get and figures.get is get

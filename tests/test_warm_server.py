@@ -1,4 +1,4 @@
-"""The rank server kept warm between commands (harness.launch.warm_server): a second
+"""The rank server kept warm between commands (training_harness.launch.warm_server): a second
 `harness bench` forks from the first one's server, a refused plan leaves none behind,
 a server serves only commands that match it, ends by itself when idle, and a command
 whose server is gone goes on with its own. No timing here
@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from harness.launch import rank_server, warm_server
+from training_harness.launch import rank_server, warm_server
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--workload", "gpt", "--arg", "layers=2", "--arg", "hidden=32", "--arg", "heads=2",
@@ -41,7 +40,7 @@ def runtime(monkeypatch):
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "bench", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "training_harness", "bench", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=240)
 
 

@@ -15,10 +15,10 @@ import functools
 
 import pytest
 import torch
+from training_harness.strategies.compose import compose
+from training_harness.strategies.lamb import Lamb
+from training_harness.workloads.blocks import find_blocks
 
-from harness.workloads.blocks import find_blocks
-from strategies import compose
-from strategies.lamb import Lamb
 from tests.tiny import train
 from tests.workloads.tiny_hf import TINY_HF, needs_transformers, tiny_hf
 

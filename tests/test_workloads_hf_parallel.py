@@ -22,10 +22,10 @@ import functools
 
 import pytest
 import torch.distributed as dist
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.strategies.compose import reasons_against
 
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from strategies import reasons_against
 from tests.distributed.run_case import HF, TIMEOUT_S
 from tests.tiny import train
 from tests.workloads.run_hf_case import CASES, STEPS, VISION_LR, VISION_STEPS

@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.compose import compose
+from training_harness.workloads import Workload, load_workload
+from training_harness.workloads.blocks import find_blocks
 
-from harness.core.errors import HarnessError
-from harness.workloads import Workload, load_workload
-from harness.workloads.blocks import find_blocks
-from strategies import compose
 from tests.tiny import tiny_gpt, train
 from tests.workloads.plain_module import make_batch
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from training_harness.cli.main import main
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.estimator import estimate
+from training_harness.workloads import load_workload
+from training_harness.workloads.blocks import find_blocks
 
-from harness.cli.main import main
-from harness.core.device import RuntimeEnv
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.estimator import estimate
-from harness.workloads import load_workload
-from harness.workloads.blocks import find_blocks
 from tests.tiny import train
 from tests.workloads.tiny_hf import needs_torchvision
 
@@ -30,7 +30,7 @@ def one_thread():
 
 
 def needs_timm() -> None:
-    from harness.workloads import optional
+    from training_harness.workloads import optional
 
     try:
         optional.require("timm", "timm")

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 from torch import nn
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.base import TransformerShape, Workload
+from training_harness.workloads.mlp import build_mlp
+from training_harness.workloads.vision import build_resnet, build_vit
 
-from harness.core.errors import HarnessError
-from harness.workloads.base import TransformerShape, Workload
-from harness.workloads.mlp import build_mlp
-from harness.workloads.vision import build_resnet, build_vit
 from tests.user_workload import build as build_user
 
 SMALL = {

@@ -8,8 +8,7 @@ one thread each would leave most cores idle while the GPUs wait.
 from __future__ import annotations
 
 import pytest
-
-from strategies.zero import offload_threads
+from training_harness.strategies.zero import offload_threads
 
 
 @pytest.mark.parametrize(("cores", "ranks", "threads"), [

@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.estimator import estimate
+from training_harness.estimator.trace import trace_activations
+from training_harness.strategies.compose import reasons_against
+from training_harness.workloads import Workload, load_workload
+from training_harness.workloads.hf import lm_loss
 
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from harness.estimator import estimate
-from harness.estimator.trace import trace_activations
-from harness.workloads import Workload, load_workload
-from harness.workloads.hf import lm_loss
-from strategies import reasons_against
 from tests.tiny import train
 from tests.workloads.tiny_hf import TINY_MOE, needs_transformers
 
@@ -103,7 +103,7 @@ def test_an_encoder_decoder_mixture_trains_with_its_router_losses():
         dropout_rate=0.0, router_jitter_noise=0.0))
     torch.manual_seed(0)
     model = workload.build_model()
-    from harness.workloads.hf_moe import inactive_parameters
+    from training_harness.workloads.hf_moe import inactive_parameters
 
     assert inactive_parameters(model, workload.config) == (2 * 65_536 * 3 // 4, None)
     src, decoder, labels = workload.batch(2, 0, "cpu")
@@ -123,16 +123,34 @@ def test_a_mixture_of_experts_checkpoints_and_autocasts():
         base[0], abs=2e-2)
 
 
-def test_tensor_parallel_splits_a_mixtures_attention_and_refuses_its_experts():
+def test_tensor_parallel_splits_a_mixtures_attention_and_keeps_its_experts_whole():
+    """transformers >= 5.25 gives Mixtral a tensor plan of its attention alone (the experts
+    moved to base_model_ep_plan): the plan is applied, with or without mlp, and the
+    experts stay whole on each rank (run on 2 ranks: tests/workloads/run_hf_case.py)."""
     def reasons(tensor: dict) -> list[str]:
         plan = Plan(workload="hf:mixtral", workload_args=MIXTRAL, layout=Layout(tensor=2),
                     global_batch_size=4, micro_batch_size=4, strategies={"tensor": tensor},
                     device="cpu")
         return reasons_against(plan, RuntimeEnv.detect("cpu"))
 
-    (why,) = reasons({})
+    config = load_workload("hf:mixtral", MIXTRAL).config
+    if any(v not in ("colwise", "rowwise") for v in config.base_model_tp_plan.values()):
+        pytest.skip("this transformers puts Mixtral's experts in its tensor plan (< 5.25)")
+    assert not any(k.startswith("layers.*.mlp") for k in config.base_model_tp_plan)
+    assert reasons({}) == [] and reasons({"mlp": False}) == []
+
+
+def test_tensor_parallel_refuses_a_plan_style_it_does_not_apply():
+    """A tensor plan with a style other than colwise / rowwise (transformers < 5.25 gave
+    Mixtral's experts 'moe_tp_experts') is refused in one line."""
+    from training_harness.strategies import hf_tensor
+
+    workload = load_workload("hf:mixtral", MIXTRAL)
+    workload.config.base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise", "layers.*.mlp.experts": "moe_tp_experts"}
+    (why,) = hf_tensor.reasons(workload, 2, mlp=True)
     assert "base_model_tp_plan uses moe_tp_experts" in why and "\n" not in why
-    assert reasons({"mlp": False}) == []  # run on 2 ranks: tests/workloads/run_hf_case.py
+    assert hf_tensor.reasons(workload, 2, mlp=False) == []
 
 
 def test_pipeline_refuses_a_router_loss_it_would_drop():
@@ -232,8 +250,8 @@ def test_an_encoder_decoder_copies_real_text_too():
      "checkpoint (full): 4 of 4 x BartEncoderLayer + BartDecoderLayer"),
 ])
 def test_an_encoder_decoder_checkpoints_both_stacks(model_type, args, blocks):
-    from harness.core.plan import Plan as P
-    from strategies import compose
+    from training_harness.core.plan import Plan as P
+    from training_harness.strategies.compose import compose
 
     workload = load_workload(f"hf:{model_type}", args)
     base = train({}, workload=workload, steps=2)

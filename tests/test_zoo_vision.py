@@ -16,8 +16,8 @@ from tests.workloads.tiny_hf import needs_torchvision
 
 def _zoo_ready() -> None:
     needs_torchvision()
-    from harness.core.errors import HarnessError
-    from harness.workloads import optional
+    from training_harness.core.errors import HarnessError
+    from training_harness.workloads import optional
 
     try:
         optional.require("timm", "timm")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-
-from harness.core.plan import Plan
-from harness.measure.batches import split_batch
-from harness.workloads import load_workload
-from strategies import compose
+from training_harness.core.plan import Plan
+from training_harness.measure.batches import split_batch
+from training_harness.strategies.compose import compose
+from training_harness.workloads import load_workload
 
 TINY_GPT = dict(layers=2, heads=2, hidden=32, seq_len=16, vocab=64)
 

@@ -1,6 +1,6 @@
 """`harness bench` starts its rank server before anything else it does.
 
-The server's imports (torch, torch._dynamo: harness.measure.rank_preload) are the
+The server's imports (torch, torch._dynamo: training_harness.measure.rank_preload) are the
 longest wait of a bench; the command line's own (argparse's parsers pull in the
 tuner's modules, optuna and numpy: about 0.5 s) and reading the plan need no torch,
 so they run beside them, on another core, instead of before them.
@@ -39,6 +39,6 @@ def _value(argv: list[str], flag: str) -> str | None:
 def start_rank_server(argv: list[str]) -> None:
     """Start the rank server now when `harness bench ARGV` will use it."""
     if forks_here(argv):
-        from harness.launch import rank_server
+        from training_harness.launch import rank_server
 
         rank_server.start_now()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.predicates import (
+from training_harness.core.units import format_bytes, format_rate, format_seconds
+from training_harness.records.predicates import (
     HOST_BOUND_WHY,
     busy_note,
     gpu_busy_pct,
@@ -88,7 +88,8 @@ def result_table(record: dict[str, Any]) -> str:
 
 
 def data_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
-    """Real data's wait (harness.measure.loader) and time to target (harness.measure.
+    """Real data's wait (training_harness.measure.loader) and time to target
+    (training_harness.measure.
     time_to_target), where the record has them."""
     rows = []
     data = m.get("data") or {}

@@ -10,7 +10,7 @@ STACKS = ("hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from harness.export import default_out, export_plan, source_plan
+    from training_harness.export import default_out, export_plan, source_plan
 
     plan, source = source_plan(args.source)
     exp = export_plan(plan, args.to, str(source))
@@ -27,8 +27,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.core.errors import HarnessError
-    from harness.export.verify import ranking, table, top_records, verify_one
+    from training_harness.core.errors import HarnessError
+    from training_harness.export.verify import ranking, table, top_records, verify_one
 
     if args.top < 1:
         raise HarnessError(f"--top {args.top}: give 1 or more configurations")

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError, one_line
+from training_harness.core.errors import HarnessError, one_line
 
 
 def _value(text: str) -> Any:
@@ -57,8 +57,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
 
 
 def plan_from_args(args: argparse.Namespace):
-    from harness.core.config import read_toml
-    from harness.core.plan import Plan
+    from training_harness.core.config import read_toml
+    from training_harness.core.plan import Plan
 
     data: dict[str, Any] = read_toml(args.plan) if args.plan else {}
     where = args.plan or "command line"
@@ -86,11 +86,11 @@ def plan_from_args(args: argparse.Namespace):
 def cmd_bench(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from harness.cli.bench_phases import BenchPhases, phases_table
-    from harness.cli.bench_table import estimate_table, result_table
-    from harness.core.cluster import ClusterSpec
-    from harness.launch import rank_server
-    from harness.launch.local import check_nodes, launch, visible_gpus
+    from training_harness.cli.bench_phases import BenchPhases, phases_table
+    from training_harness.cli.bench_table import estimate_table, result_table
+    from training_harness.core.cluster import ClusterSpec
+    from training_harness.launch import rank_server
+    from training_harness.launch.local import check_nodes, launch, visible_gpus
 
     phases = BenchPhases(_PYTHON_S, _MAIN_AT)
     phases.lap("cli")
@@ -104,22 +104,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rank_server.stop_now()
     # Refuse a bad plan before anything is made or run.
     if args.nnodes == 1 and not on_slurm and rank_server.enabled():
-        from harness.launch.torch_helper import prepare_forked
+        from training_harness.launch.torch_helper import prepare_forked
 
         # The ranks are forked from the rank server, so the plan is prepared in a fork
         # of it too: torch is imported once, there, and never in this process.
         prepared, seconds = prepare_forked(plan)
         phases.add(seconds, rest="fork")
     else:
-        import strategies  # noqa: F401  (registers the built-in strategies)
-        from harness.measure.prepare import prepare
+        from training_harness.strategies.registry import load_builtins
+
+        load_builtins()
+        from training_harness.measure.prepare import prepare
 
         phases.lap("imports")
         measured: dict[str, float] = {}
         prepared = prepare(plan, phases=measured).checked()
         phases.add(measured, rest="env")
     if on_slurm:  # a job Slurm would not take: one line, exit 2, nothing submitted
-        from harness.launch import slurm
+        from training_harness.launch import slurm
 
         if args.node_rank or args.rdzv_endpoint:
             raise HarnessError("--node-rank and --rdzv-endpoint are for the local launcher: "
@@ -170,12 +172,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    import strategies  # noqa: F401
-    from harness.cli.bench_table import estimate_table
-    from harness.measure.prepare import prepare
+    from training_harness.cli.bench_table import estimate_table
+    from training_harness.measure.prepare import prepare
 
-    if args.target:  # a GPU this machine need not have: harness.cli.plan
-        from harness.cli.plan import estimate_on_target
+    if args.target:  # a GPU this machine need not have: training_harness.cli.plan
+        from training_harness.cli.plan import estimate_on_target
 
         return estimate_on_target(args, plan_from_args(args))
     prep = prepare(plan_from_args(args))
@@ -190,7 +191,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_strategies(args: argparse.Namespace) -> int:
-    from harness.cli.registry_view import strategies_json, strategies_text
+    from training_harness.cli.registry_view import strategies_json, strategies_text
 
     print(json.dumps(strategies_json(), indent=2) if args.json else strategies_text())
     return 0
@@ -203,7 +204,7 @@ EXAMPLES = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness import __version__
+    from training_harness import __version__
 
     parser = argparse.ArgumentParser(
         prog="harness",
@@ -213,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from harness.cli.tune import add_tune_parser  # `tune` first: the main job
+    from training_harness.cli.tune import add_tune_parser  # `tune` first: the main job
     add_tune_parser(sub)
 
     bench = sub.add_parser("bench", help="run one plan and measure it honestly")
@@ -241,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predicted memory and step time; nothing is run")
     add_plan_flags(est)
     est.add_argument("--json", action="store_true")
-    from harness.cli.plan import add_plan_parser, add_target_flags  # `plan`, `--target`
+    from training_harness.cli.plan import add_plan_parser, add_target_flags  # `plan`, `--target`
     add_target_flags(est, "GPUs of the target (default: the plan's world size)")
     est.set_defaults(func=cmd_estimate)
 
@@ -251,13 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub)
 
-    from reports.cli import add_commands  # `report` and `compare`: HTML pages from records
+    from training_harness.reports.cli import (
+        add_commands,  # `report` and `compare`: HTML pages from records
+    )
     add_commands(sub)
 
-    from harness.cli.selftest import add_selftest_parser  # `selftest --gpu`: the GPU path
+    from training_harness.cli.selftest import add_selftest_parser  # `selftest --gpu`: the GPU path
     add_selftest_parser(sub)
 
-    from harness.cli.export import add_export_parsers  # `export` and `verify`: other stacks
+    from training_harness.cli.export import (
+        add_export_parsers,  # `export` and `verify`: other stacks
+    )
     add_export_parsers(sub)
     return parser
 
@@ -273,11 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     global _PYTHON_S, _MAIN_AT
     _MAIN_AT = time.monotonic()
     if argv is None:  # the command line: this process was started to run it
-        from harness.core.clock import process_age_s
+        from training_harness.core.clock import process_age_s
 
         _PYTHON_S = process_age_s()
         if sys.argv[1:2] == ["bench"]:  # its rank server's imports, beside ours
-            from harness.cli.bench_early import start_rank_server
+            from training_harness.cli.bench_early import start_rank_server
 
             start_rank_server(sys.argv[2:])
     parser = build_parser()

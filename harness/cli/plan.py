@@ -1,14 +1,14 @@
 """`harness plan STUDY --target NAME`: the configurations the cost model ranks first on
 GPUs you do not have, and `harness estimate PLAN --target NAME`: one plan's prediction.
 
-Nothing runs and no GPU is needed: the target's datasheet (harness.core.gpus) stands in
-for the device (harness.estimator.target). The ranking is the search's own: the
+Nothing runs and no GPU is needed: the target's datasheet (training_harness.core.gpus) stands in
+for the device (training_harness.estimator.target). The ranking is the search's own: the
 estimator's predicted samples/s, zero over the memory budget, as
-harness.tune.search.estimator_model.Predictions rates a configuration before any trial is
+training_harness.tune.search.estimator_model.Predictions rates a configuration before any trial is
 measured (no correction), over the pool the search's first guesses draw
-(harness.tune.search.estimator_model.first_guess_pool). One workload object serves every
+(training_harness.tune.search.estimator_model.first_guess_pool). One workload object serves every
 configuration, so the estimator reads the model and traces each micro-batch size once
-(harness.estimator.memo).
+(training_harness.estimator.memo).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.units import format_bytes
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.units import format_bytes
 
 PREDICTIONS = ("predictions from the estimator and the target's datasheet; nothing was run. "
                "Check the best with `harness bench` on the real GPU")
@@ -47,7 +47,7 @@ class TargetPredictor:
         self._convolutions: dict[int, bool] = {}  # by id of a workload of _workloads
 
     def workload(self, plan: Plan) -> Any:
-        from harness.workloads import load_workload
+        from training_harness.workloads import load_workload
 
         key = json.dumps([plan.workload, plan.workload_args], sort_keys=True, default=str)
         if key not in self._workloads:
@@ -63,10 +63,10 @@ class TargetPredictor:
     def prepare(self, plan: Plan, peaks: Any = None) -> SimpleNamespace:
         """The plan checked against the target and its prediction (`.predicted`, the
         record `harness estimate` prints); a HarnessError where the target refuses it."""
-        import strategies
-        from harness.estimator import estimate
-        from harness.measure.peaks import autocast_dtype_name
-        from harness.measure.prepare import flops_per_sample
+        from training_harness.estimator import estimate
+        from training_harness.measure.peaks import autocast_dtype_name
+        from training_harness.measure.prepare import flops_per_sample
+        from training_harness.strategies.compose import resolved, validate
 
         target = self.target
         plan = plan.replace(device="cuda")
@@ -74,8 +74,8 @@ class TargetPredictor:
             raise HarnessError(f"the plan needs {plan.world_size} GPUs; --gpus {target.gpus}")
         runtime = target.runtime()
         workload = self.workload(plan)
-        strategies.validate(plan, runtime)
-        plan = strategies.resolved(plan)
+        validate(plan, runtime)
+        plan = resolved(plan)
         dtype = autocast_dtype_name(plan.strategies)
         if dtype == "fp32" and self.convolutions(workload):
             dtype = "tf32"  # cuDNN runs fp32 convolutions on TF32 tensor cores by default
@@ -106,8 +106,8 @@ def _has_convolutions(workload: Any) -> bool:
 
 
 def estimate_on_target(args: argparse.Namespace, plan: Plan) -> int:
-    from harness.cli.bench_table import estimate_table
-    from harness.estimator.target import Target
+    from training_harness.cli.bench_table import estimate_table
+    from training_harness.estimator.target import Target
 
     target = Target.named(args.target, args.gpus or plan.world_size)
     if args.gpus and args.gpus != plan.world_size:  # the same layout, its data axis widened
@@ -163,7 +163,7 @@ def add_plan_parser(sub: Any) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from harness.estimator.target import Target, target_table
+    from training_harness.estimator.target import Target, target_table
 
     if args.list_targets:
         print(target_table())
@@ -181,7 +181,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_row_json(r) for r in ranked[:args.top]], indent=2))
         return 0
-    from harness.cli.plan_table import render
+    from training_harness.cli.plan_table import render
 
     print(render(study, target, ranked, budget, space_size, args.top,
                  time.monotonic() - started, PREDICTIONS))
@@ -189,7 +189,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _study(args: argparse.Namespace) -> Any:
-    from harness.study.study_file import Study
+    from training_harness.study.study_file import Study
 
     study = Study.from_toml(args.study)
     if args.gpus is not None:
@@ -207,13 +207,13 @@ def rank(study: Any, target: Any, memory_budget: Any, sample: int
     """Every configuration of `study` (a seeded sample of `sample` of a larger space),
     rated as the search rates them before any trial, fastest first; the memory budget
     in bytes, and the space's size."""
-    import strategies
-    from harness.study.checks import check_study, resolve_settings
-    from harness.study.machine_facts import MachineFacts
-    from harness.study.search_space import SearchSpace
-    from harness.tune.budget import memory_budget_bytes
-    from harness.tune.search.correction import Correction
-    from harness.tune.search.estimator_model import Predictions, first_guess_pool
+    from training_harness.strategies import registry
+    from training_harness.study.checks import check_study, resolve_settings
+    from training_harness.study.machine_facts import MachineFacts
+    from training_harness.study.search_space import SearchSpace
+    from training_harness.tune.budget import memory_budget_bytes
+    from training_harness.tune.search.correction import Correction
+    from training_harness.tune.search.estimator_model import Predictions, first_guess_pool
 
     runtime = target.runtime()
     check_study(study, "cuda")
@@ -223,7 +223,7 @@ def rank(study: Any, target: Any, memory_budget: Any, sample: int
     facts = MachineFacts(device_type="cuda", device_name=runtime.device_name,
                          device_count=runtime.device_count, device_memory_bytes=memory,
                          settings=settings, known_good=study.known_good,
-                         defaults={s.name: s.defaults() for s in strategies.all_strategies()})
+                         defaults={s.name: s.defaults() for s in registry.all_strategies()})
     budget = memory_budget_bytes(memory_budget if memory_budget is not None
                                  else study.budget.memory, memory)
     if budget < 1:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core.units import format_bytes, format_seconds
+from training_harness.core.units import format_bytes, format_seconds
 
 
 def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: int | None,
            top: int, seconds: float, predictions: str) -> str:
-    from harness.tune.progress import describe_plan
+    from training_harness.tune.progress import describe_plan
 
     fit = [r for r in ranked if r.rate > 0]
     over = [r for r in ranked if r.rate <= 0 and r.predicted]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Plan
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Plan
 
 
 def _here(strategy, env: RuntimeEnv) -> str:
@@ -18,7 +18,7 @@ def _here(strategy, env: RuntimeEnv) -> str:
 
 
 def strategies_json() -> list[dict[str, Any]]:
-    from strategies import all_strategies
+    from training_harness.strategies.registry import all_strategies
 
     env = RuntimeEnv.detect()
     out = []

@@ -18,8 +18,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from harness.core.errors import HarnessError
-from harness.core.units import parse_duration
+from training_harness.core.errors import HarnessError
+from training_harness.core.units import parse_duration
 
 WHAT = """\
 harness selftest --gpu proves the GPU path in 8 minutes on one H100 or H200, each phase
@@ -47,14 +47,14 @@ def table_folder(study: Path, device_name: str) -> Path:
     table study changed under a new name starts a table of its own."""
     import tomllib
 
-    from harness.selftest.device import slug
+    from training_harness.selftest.device import slug
 
     name = tomllib.loads(study.read_text())["name"]
     return study.parents[1] / "tests" / "benchmarks" / "tables" / f"{name}_{slug(device_name)}"
 
 
 def add_selftest_parser(sub: argparse._SubParsersAction) -> None:
-    from harness.selftest.proof import DEFAULT_PHASES, PHASES
+    from training_harness.selftest.proof import DEFAULT_PHASES, PHASES
 
     p = sub.add_parser("selftest", help="prove the GPU path: gpu tests, benches, a short tune",
                        description=WHAT, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,7 +88,7 @@ def add_selftest_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _phases(text: str) -> list[str]:
-    from harness.selftest.proof import PHASES
+    from training_harness.selftest.proof import PHASES
 
     asked = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in asked if p not in PHASES]
@@ -101,7 +101,7 @@ def _phases(text: str) -> list[str]:
 def _command(args: argparse.Namespace) -> str:
     """The command as run: `harness selftest --gpu` and the flags that differ from the
     defaults."""
-    from harness.selftest.proof import DEFAULT_PHASES
+    from training_harness.selftest.proof import DEFAULT_PHASES
 
     words = ["harness", "selftest", "--gpu"] + (["--rehearse"] if args.rehearse else [])
     defaults = {"out": None, "only": ",".join(DEFAULT_PHASES), "tune_budget": None,
@@ -113,9 +113,9 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from harness.selftest import proof
-    from harness.selftest.device import Device, find_cuda
-    from harness.selftest.plans import find_plans
+    from training_harness.selftest import proof
+    from training_harness.selftest.device import Device, find_cuda
+    from training_harness.selftest.plans import find_plans
 
     if not args.gpu:
         print(WHAT, file=sys.stderr)
@@ -169,11 +169,11 @@ def _stop_on_sigterm() -> None:
 
 def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], study: Path,
          budget: float, limit: float, device) -> int:
-    from harness.selftest import phases as ph
-    from harness.selftest import proof
-    from harness.selftest import state as st
-    from harness.selftest.device import slug
-    from harness.selftest.markdown import build
+    from training_harness.selftest import phases as ph
+    from training_harness.selftest import proof
+    from training_harness.selftest import state as st
+    from training_harness.selftest.device import slug
+    from training_harness.selftest.markdown import build
 
     start, now = time.monotonic(), datetime.now()
     date = f"{now:%Y-%m-%d}"
@@ -239,7 +239,7 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
             if where == "running":
                 progress[phase] = "stopped"
         save()
-        from harness.launch import warm_server  # its benches' servers end with it
+        from training_harness.launch import warm_server  # its benches' servers end with it
 
         warm_server.stop_all(since=now.timestamp())
     for phase, ok in results.items():
@@ -252,8 +252,8 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
 def _rest(run, gpus: int) -> bool:
     """The slow gpu tests, then the proof's plans the bench's box left out and the other
     single-GPU plans, while the box has time."""
-    from harness.selftest import phases as ph
-    from harness.selftest import proof
+    from training_harness.selftest import phases as ph
+    from training_harness.selftest import proof
 
     ok = ph.run_tests(run, proof.REST_TESTS)
     plans = ph.rest_plans(run.root, run.state)

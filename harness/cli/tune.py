@@ -5,7 +5,7 @@
     harness tune --keys                # every study-file key: type, default, meaning
 
 A bad study file or flag is a HarnessError here: one line, exit 2, no run
-folder made, nothing launched. harness.tune.session then runs the study
+folder made, nothing launched. training_harness.tune.session then runs the study
 (`--check` stops after the checks and prints what would run).
 """
 
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.units import parse_duration
-from harness.tune.checked_study import CheckedStudy
+from training_harness.core.errors import HarnessError
+from training_harness.core.units import parse_duration
+from training_harness.tune.checked_study import CheckedStudy
 
 MAX_WORKERS = 256  # tuner processes on one machine
 
@@ -36,7 +36,7 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
                    help="peak memory per device: a size (70GiB) or a fraction of the "
                         "device's memory (0.9)")
-    p.add_argument("--storage", metavar="URL",  # harness.tune.recovery.storage.STORAGE_ENV
+    p.add_argument("--storage", metavar="URL",  # training_harness.tune.recovery.storage.STORAGE_ENV
                    default=os.environ.get("HARNESS_STORAGE"),
                    help="Optuna storage shared by workers: an RDB URL (postgresql://...), "
                         "redis://..., or journal:PATH (default: $HARNESS_STORAGE, else "
@@ -79,7 +79,7 @@ def add_tune_parser(sub: Any) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     if args.keys is not None:
-        from harness.study.keys import keys_text
+        from training_harness.study.keys import keys_text
 
         print(keys_text(args.keys or None), end="")
         return 0
@@ -88,11 +88,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if ready.space.left_out and not (args.check or args.helper or args.follow):
         print(left_out_text(ready.space.left_out), file=sys.stderr)  # once, before trials
     if args.check:
-        from harness.cli.tune_check import what_would_run
+        from training_harness.cli.tune_check import what_would_run
 
         print(what_would_run(args, ready))
         return 0
-    from harness.tune.session import run_session
+    from training_harness.tune.session import run_session
 
     return run_session(args, ready)
 
@@ -107,16 +107,16 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     """The study and the flags checked as a run would; nothing created or launched.
 
     What needs torch (the strategy registry, the device) is asked of the tuner's
-    torch-side helper (harness.launch.torch_helper): this process never imports torch."""
-    from harness.cli.tune_check import check_run_folder
-    from harness.launch import rank_server
-    from harness.launch.torch_helper import shared
-    from harness.records.run_store import RunStore
-    from harness.study.references import baseline, known_good
-    from harness.study.search_space import NotInSpace, SearchSpace
-    from harness.study.study_file import memory_spec
-    from harness.tune.budget import memory_budget_bytes
-    from harness.tune.search.estimator_model import largest_fitting_micro
+    torch-side helper (training_harness.launch.torch_helper): this process never imports torch."""
+    from training_harness.cli.tune_check import check_run_folder
+    from training_harness.launch import rank_server
+    from training_harness.launch.torch_helper import shared
+    from training_harness.records.run_store import RunStore
+    from training_harness.study.references import baseline, known_good
+    from training_harness.study.search_space import NotInSpace, SearchSpace
+    from training_harness.study.study_file import memory_spec
+    from training_harness.tune.budget import memory_budget_bytes
+    from training_harness.tune.search.estimator_model import largest_fitting_micro
 
     if not 1 <= args.workers <= MAX_WORKERS:
         raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "
@@ -175,7 +175,7 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     launcher = _launcher(args.launcher, study, facts.device_type)
     groups: list[str | None] = [None]
     if args.workers > 1:
-        from harness.tune.recovery.workers import device_groups
+        from training_harness.tune.recovery.workers import device_groups
 
         cuda = facts.device_count if facts.device_type == "cuda" else 0
         groups = device_groups(args.workers, max(study.layout.world_sizes), cuda)
@@ -213,8 +213,8 @@ def _check_nodes(args: argparse.Namespace, nnodes: int) -> None:
 
 
 def _load_study(args: argparse.Namespace, probe: Any):
-    from harness.cli.tune_check import check_run_folder
-    from harness.study.study_file import Study
+    from training_harness.cli.tune_check import check_run_folder
+    from training_harness.study.study_file import Study
 
     if args.helper:
         return Study.from_toml(args.study)
@@ -233,8 +233,8 @@ def _load_study(args: argparse.Namespace, probe: Any):
 
 
 def _default(probe: Any):
-    from harness.launch import rank_server
-    from harness.study.defaults import default_study
+    from training_harness.launch import rank_server
+    from training_harness.study.defaults import default_study
 
     rank_server.warm_up()  # a default study's trials are forked here: see `check`
     cuda = probe.devices()["cuda"]
@@ -251,24 +251,24 @@ def _launcher_kind(spec: str | None, study: Any) -> str:
 
 def _forks_trials(spec: str | None, study: Any) -> bool:
     """Whether this tuner forks its trials' ranks from its own rank server: the local
-    launcher on one node (harness.launch.local.launch)."""
-    local = _launcher_kind(spec, study) == "local" or spec == "harness.launch.local:launch"
+    launcher on one node (training_harness.launch.local.launch)."""
+    local = _launcher_kind(spec, study) == "local" or spec == "training_harness.launch.local:launch"
     return local and study.layout.nnodes == 1
 
 
 def _launcher(spec: str | None, study: Any, device_type: str):
-    """The study's Launcher (harness.launch.launcher): LocalLauncher; the SlurmLauncher
+    """The study's Launcher (training_harness.launch.launcher): LocalLauncher; the SlurmLauncher
     (`slurm`, or the study's cluster.launcher), checked against Slurm; or a user's
-    `package.module:function` of harness.launch.local.launch's signature, wrapped in a
+    `package.module:function` of training_harness.launch.local.launch's signature, wrapped in a
     FunctionLauncher (or a Launcher instance, taken as it is)."""
     import dataclasses
     import importlib
     import os
     import sys
 
-    from harness.core.cluster import ClusterSpec
-    from harness.launch.launcher import Launcher, as_launcher
-    from harness.launch.local import LocalLauncher, launch
+    from training_harness.core.cluster import ClusterSpec
+    from training_harness.launch.launcher import Launcher, as_launcher
+    from training_harness.launch.local import LocalLauncher, launch
 
     if spec in ("local", "slurm"):  # kept in the study: --resume runs where it started
         study.cluster = dataclasses.replace(study.cluster or ClusterSpec(), launcher=spec)
@@ -277,7 +277,7 @@ def _launcher(spec: str | None, study: Any, device_type: str):
     if kind == "local":
         return LocalLauncher()
     if kind == "slurm":
-        from harness.launch.slurm import launcher_for
+        from training_harness.launch.slurm import launcher_for
 
         return launcher_for(study.cluster, device_type, study.layout.world_sizes,
                             study.budget.trial_timeout_s, study.layout.nnodes)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 MAX_PATH = 3840  # bytes: Linux's PATH_MAX is 4096, and the run folder holds trials/<id>/...
 
@@ -49,7 +49,7 @@ def check_run_folder(run_dir: Path, given: bool) -> None:
 
 
 def _storage(args: argparse.Namespace, ready: Any) -> str:
-    from harness.tune.recovery.storage import describe_storage
+    from training_harness.tune.recovery.storage import describe_storage
 
     text = describe_storage(args.storage, ready.run_dir)
     if args.storage and "://" in args.storage and not args.storage.startswith("redis://"):
@@ -61,10 +61,10 @@ def _storage(args: argparse.Namespace, ready: Any) -> str:
 
 def what_would_run(args: argparse.Namespace, ready: Any) -> str:
     """What `harness tune` would run with these flags (ready: a checked CheckedStudy,
-    harness.tune.checked_study)."""
-    from harness.core.errors import one_line
-    from harness.core.units import format_bytes
-    from harness.study.study_file import memory_spec
+    training_harness.tune.checked_study)."""
+    from training_harness.core.errors import one_line
+    from training_harness.core.units import format_bytes
+    from training_harness.study.study_file import memory_spec
 
     study, space = ready.study, ready.space
     budget = study.budget
@@ -125,9 +125,9 @@ def _duration(value: str | float) -> str:
 
 def describe_start(study: Any, size: int | None, n_references: int) -> str:
     """How a study of `size` configurations starts, in a line."""
-    from harness.tune.search.estimator_model import sample_size
-    from harness.tune.search.first_guesses import tier_limit
-    from harness.tune.search.sampling import startup_trials
+    from training_harness.tune.search.estimator_model import sample_size
+    from training_harness.tune.search.first_guesses import tier_limit
+    from training_harness.tune.search.sampling import startup_trials
 
     refs = f"{n_references} reference(s)"
     if study.sampler == "grid":

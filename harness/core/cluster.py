@@ -9,8 +9,8 @@
     max_jobs = 4                # trials in flight at once (see below)
     sbatch = ["--exclusive"]    # anything else, passed to sbatch as written
 
-Each trial is one Slurm job (harness.launch.slurm); the tuner keeps up to `max_jobs`
-of them in flight at once (harness.launch.jobs_in_flight).
+Each trial is one Slurm job (training_harness.launch.slurm); the tuner keeps up to `max_jobs`
+of them in flight at once (training_harness.launch.jobs_in_flight).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from harness.core.units import parse_duration
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.core.units import parse_duration
 
 # Between a trial's timeout and its job's time limit: the job starts Python, unpickles
 # the call and starts torchrun, and a stopped trial has its grace period.

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 T = TypeVar("T")
 

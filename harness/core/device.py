@@ -7,8 +7,7 @@ import platform
 from dataclasses import dataclass
 
 import torch
-
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """GPU datasheets: the one table of the harness, by torch's device name and by target name.
 
 Each row is a GPU as its vendor publishes it: the dense peak FLOP/s of each matmul dtype
-(MFU's denominator: harness.measure.peaks), and where known its memory, the memory's
+(MFU's denominator: training_harness.measure.peaks), and where known its memory, the memory's
 bandwidth, the link between the GPUs of one node and the usual network per GPU between
-nodes (the estimator's step time: harness.estimator.bandwidth). Rows with a `target`
+nodes (the estimator's step time: training_harness.estimator.bandwidth). Rows with a `target`
 name hold the whole sheet, so that `harness estimate --target` and `harness plan` can
-predict for that GPU without having one (harness.estimator.target).
+predict for that GPU without having one (training_harness.estimator.target).
 
 Rows are tried in order and the first match wins: specific variants come before the
 generic name of their family, and patterns use word boundaries so that "GH200" is not

@@ -16,7 +16,7 @@ a snapshot at both ends of its measured window:
     other_cpu_share = (machine - trial) / (window seconds x CPUs)
 
 and, on a GPU, the compute processes NVML lists on the trial's device that are not
-the trial's (harness.measure.nvml.compute_processes). A trial is `flagged` when
+the trial's (training_harness.measure.nvml.compute_processes). A trial is `flagged` when
 another process computed on its GPU, or when others used at least QUIET_CPU_SHARE
 of the CPUs while the CPUs were near full (others' and the trial's shares together
 at least SATURATED_SHARE): a CPU trial's threads fill every core, so any other work

@@ -2,7 +2,7 @@
 tuner, its report and the selftest's figures ask it of stored records, plain dicts).
 
 A CUDA trial runs with its caching allocator capped at the budget less its context
-(harness.measure.memory.apply_memory_cap): the allocator frees its cache and retries
+(training_harness.measure.memory.apply_memory_cap): the allocator frees its cache and retries
 before it passes the cap, so what the device held beyond the allocator's reserved peak
 and the context was cache, not the trial's need.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 def budget_peak_bytes(record: dict[str, Any]) -> float | None:
     """The memory a record's trial is judged by against the budget. A CUDA trial that ran
-    with its allocator capped (metrics.memory.cap_bytes, harness.measure.memory) needed
+    with its allocator capped (metrics.memory.cap_bytes, training_harness.measure.memory) needed
     the allocator's reserved peak (allocated where reserved is missing) plus the context
     measured before the model: the cache the device held beyond that was the allocator's,
     not the trial's, whether or not NVML has a per-process figure. Otherwise the

@@ -1,5 +1,5 @@
 """What a process holds on its device beyond its tensors (the CUDA context, cuBLAS and
-attention workspaces, NCCL's buffers): the figures harness.measure.device_overhead
+attention workspaces, NCCL's buffers): the figures training_harness.measure.device_overhead
 measures once per GPU, and the estimator adds to a CUDA plan's peak. Torch-free."""
 
 from __future__ import annotations

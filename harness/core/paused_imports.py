@@ -8,10 +8,11 @@ agent). At the end the objects are frozen (`gc.freeze`, the prefork pattern of
 Python's gc docs) and the collector is back on: later collections skip them, and
 what the process runs next collects its own objects as usual.
 
-Used by the rank server's preload (harness.measure.rank_preload) and by the fresh
+Used by the rank server's preload (training_harness.measure.rank_preload) and by the fresh
 interpreters that start a trial's ranks or run them: torchrun's agent
-(harness.launch.torchrun_agent), a rank that is not a fork (harness.measure.rank_main),
-the Trainer's run of `harness verify` (harness.export.hf_run).
+(training_harness.launch.torchrun_agent), a rank that is not a fork
+(training_harness.measure.rank_main),
+the Trainer's run of `harness verify` (training_harness.export.hf_run).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.core.cluster import ClusterSpec
-from harness.core.config import (
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.config import (
     TomlFile,
     bounded,
     did_you_mean,
@@ -29,8 +29,8 @@ from harness.core.config import (
     split_workload,
     to_table,
 )
-from harness.core.errors import HarnessError
-from harness.core.target import TargetSpec
+from training_harness.core.errors import HarnessError
+from training_harness.core.target import TargetSpec
 
 
 @dataclass
@@ -97,21 +97,23 @@ class Plan(TomlFile):
     seed: int = bounded(0, 0, 2**63 - 1)
     timeout_s: float = bounded(900.0, 1e-3, 30 * 86400)
     cluster: ClusterSpec | None = None  # where it runs: this machine unless [cluster] says
-    target: TargetSpec | None = None  # also train to a validation loss (harness.core.target)
+    # also train to a validation loss (training_harness.core.target)
+    target: TargetSpec | None = None
     # Each rank's caching allocator is capped at this many bytes per device (less the
-    # context; harness.measure.memory.apply_memory_cap): a study's memory budget. None: no cap
+    # context; training_harness.measure.memory.apply_memory_cap): a study's memory budget. None: no
+    # cap
     memory_budget_bytes: int | None = None
     # Warm-up runs `warmup_steps`, then on until the step times settle (the last 3 within
     # 5%), `warmup_max_steps` at most (default: 50 on CUDA, `warmup_steps` elsewhere);
     # the measured window then lasts `steps` or `min_window_s` (default: 2 s on CUDA, 0
-    # elsewhere), whichever is longer (harness.measure.timing.window_rule)
+    # elsewhere), whichever is longer (training_harness.measure.timing.window_rule)
     warmup_max_steps: int | None = None
     min_window_s: float | None = None
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the trial's environment
-    # (harness.launch.local.allocator_env); a study's budget.expandable_segments
+    # (training_harness.launch.local.allocator_env); a study's budget.expandable_segments
     expandable_segments: bool = True
     # Write the trained weights here after the measured steps (`harness bench --save`,
-    # harness.workloads.trained): a distillation teacher, or fine-tuning's start
+    # training_harness.workloads.trained): a distillation teacher, or fine-tuning's start
     save: str | None = None
 
     # --- derived -----------------------------------------------------------

@@ -7,7 +7,7 @@
                     and the environment a record made without the trial carries
 
 It is made once per trial, by whoever checks the plan: `harness bench` in its own
-process, the tuner through its torch-side helper (harness.launch.torch_helper). The
+process, the tuner through its torch-side helper (training_harness.launch.torch_helper). The
 launcher writes it beside plan.toml, and every rank reads it instead of checking,
 estimating and counting FLOPs again. Plain data: no torch here.
 """
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.plan import Plan
+from training_harness.core.plan import Plan
 
 PREPARED_VERSION = 1
 
@@ -28,7 +28,7 @@ PREPARED_VERSION = 1
 @dataclass
 class PreparedPlan:
     plan: Plan  # checked here and resolved: every strategy's settings written out
-    predicted: dict[str, Any] | None  # harness.estimator's record
+    predicted: dict[str, Any] | None  # training_harness.estimator's record
     flops_per_sample: float  # model FLOPs of one sample's forward and backward
     tokens_per_sample: int | None  # None for workloads without tokens
     peak: dict[str, Any]  # the peak FLOP/s MFU divides by, both sources (PeakChoice record)

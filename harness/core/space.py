@@ -1,10 +1,10 @@
 """The values a setting may take in a search, as plain data (no torch).
 
 A strategy declares its searchable settings with these (strategies.base
-re-exports them); a study narrows them (harness.study.checks); the search space
+re-exports them); a study narrows them (training_harness.study.checks); the search space
 turns them into Optuna distributions. They cross a process boundary as JSON
 (`space_to_json`, `space_from_json`): the tuner gets them from its torch-side
-helper (harness.launch.torch_helper).
+helper (training_harness.launch.torch_helper).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class SettingsSpace:
     defaults: dict[str, Any] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # values this device cannot run
     # A parallel strategy's layouts ("d1p1t2") refused for the study's workload, and why
-    # (harness.study.refusals): the search space leaves them out.
+    # (training_harness.study.refusals): the search space leaves them out.
     refused: dict[str, str] = field(default_factory=dict)
     # Per layout key, the searched values that run there where they are fewer.
     layout_values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)

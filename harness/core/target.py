@@ -1,7 +1,7 @@
 """Training to a target validation loss: the settings, and what of a plan changes its maths.
 
 A plan with a [target] table is also trained, from fresh weights and in one process,
-until its validation loss reaches `loss` (harness.measure.convergence); its time to
+until its validation loss reaches `loss` (training_harness.measure.convergence); its time to
 target is the steps that took times the step time measured for its own layout.
 
     [target]
@@ -18,7 +18,7 @@ The steps to target depend only on what changes the maths (`maths_key`): the wor
 and its data, the global batch, the optimizer (AdamW, LAMB, LARS or Muon) and its settings,
 weight averaging, the lr schedule above, the precision, the device kind and the seed.
 Layout, micro-batch, checkpointing, ZeRO, pipeline, compile and kernels leave them
-unchanged, so one run serves them all (harness.measure.target_cache).
+unchanged, so one run serves them all (training_harness.measure.target_cache).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
 
-# 2: each seed draws its own batches (harness.measure.convergence.data_index)
+# 2: each seed draws its own batches (training_harness.measure.convergence.data_index)
 KEY_VERSION = 2
 # Workload arguments that choose a kernel, not a result (gpt's attention: explicit or sdpa;
 # an hf: model's attn_implementation: eager or sdpa).

@@ -9,7 +9,7 @@ that registration needs lets all of them import; the models never call those ops
 The mend must come before torchvision's first import in each process, and not only in
 the one that builds the workload: a DataLoader's workers (spawn or forkserver) unpickle
 the workload, and with it transformers' config classes, in a fresh interpreter.
-`install()` (run by `import harness`, which that unpickling always does first, since
+`install()` (run by `import training_harness`, which that unpickling always does first, since
 the dataset is a harness class) puts a finder ahead of the import system's: at the first
 `import torchvision` it loads torchvision's compiled ops as torchvision itself would,
 and declares the schemas only where they fail to load. It imports nothing until then,

@@ -1,5 +1,5 @@
 """How long a trial's warm-up and measured window last (torch-free: the trial loop
-follows it, harness.measure.timing; the tuner's cost model predicts trials by it)."""
+follows it, training_harness.measure.timing; the tuner's cost model predicts trials by it)."""
 
 from __future__ import annotations
 

@@ -44,29 +44,29 @@ activations), `phases` (the moments of a step), `rank` (one rank's memory),
 `step_time`, `result` (Estimate), `assumptions` (the longer sentences) and
 `estimate`, which puts them together.
 
-It imports harness.core, harness.workloads and strategies (torch: it runs in the
-tuner's torch-side helper, harness.measure.torch_helper_server, and in `harness bench` /
+It imports training_harness.core, training_harness.workloads and strategies (torch: it runs in the
+tuner's torch-side helper, training_harness.measure.torch_helper_server, and in `harness bench` /
 `harness estimate`), never the tuner, the launcher or the trial loop.
 """
 
-from harness.estimator.activations import ActivationParts
-from harness.estimator.estimate import estimate
-from harness.estimator.facts import ModelFacts, Param
-from harness.estimator.lm import lm_outside_block_terms, logits_bytes
-from harness.estimator.phases import blocks_moment, step_phases
-from harness.estimator.pipeline import bubble_fraction, in_flight
-from harness.estimator.result import COMPONENTS, Estimate
-from harness.estimator.settings import Parallelism, Settings, checkpointed_blocks
-from harness.estimator.state import rank_state, shard_numel, zero1_partition
-from harness.estimator.step_time import ASSUMED_MFU
-from harness.estimator.trace import Trace, trace_activations
-from harness.estimator.transformer import (
+from training_harness.estimator.activations import ActivationParts
+from training_harness.estimator.estimate import estimate
+from training_harness.estimator.facts import ModelFacts, Param
+from training_harness.estimator.lm import lm_outside_block_terms, logits_bytes
+from training_harness.estimator.phases import blocks_moment, step_phases
+from training_harness.estimator.pipeline import bubble_fraction, in_flight
+from training_harness.estimator.result import COMPONENTS, Estimate
+from training_harness.estimator.settings import Parallelism, Settings, checkpointed_blocks
+from training_harness.estimator.state import rank_state, shard_numel, zero1_partition
+from training_harness.estimator.step_time import ASSUMED_MFU
+from training_harness.estimator.trace import Trace, trace_activations
+from training_harness.estimator.transformer import (
     block_activation_terms,
     block_backward_working_bytes,
     korthikanti_bytes,
     split_by_tensor,
 )
-from harness.estimator.widths import PAPER, Widths, attention_kind, widths_for
+from training_harness.estimator.widths import PAPER, Widths, attention_kind, widths_for
 
 __all__ = [
     "ASSUMED_MFU",

@@ -5,17 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.estimator.facts import ModelFacts
-from harness.estimator.lm import FIRST_STAGE_TERMS, lm_outside_block_terms, logits_bytes
-from harness.estimator.settings import Settings, checkpointed_blocks
-from harness.estimator.trace import Trace
-from harness.estimator.transformer import (
+from training_harness.estimator.facts import ModelFacts
+from training_harness.estimator.lm import FIRST_STAGE_TERMS, lm_outside_block_terms, logits_bytes
+from training_harness.estimator.settings import Settings, checkpointed_blocks
+from training_harness.estimator.trace import Trace
+from training_harness.estimator.transformer import (
     block_activation_terms,
     block_backward_working_bytes,
     block_forward_flops_per_sample,
 )
-from harness.estimator.widths import attention_kind, widths_for
-from harness.workloads.base import TransformerShape
+from training_harness.estimator.widths import attention_kind, widths_for
+from training_harness.workloads.base import TransformerShape
 
 
 @dataclass

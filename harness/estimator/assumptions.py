@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from harness.core.plan import Layout
-from harness.core.units import format_bytes
-from harness.estimator.facts import ModelFacts
-from harness.estimator.pipeline import in_flight
-from harness.estimator.rank import RankMemory
-from harness.estimator.settings import Settings
+from training_harness.core.plan import Layout
+from training_harness.core.units import format_bytes
+from training_harness.estimator.facts import ModelFacts
+from training_harness.estimator.pipeline import in_flight
+from training_harness.estimator.rank import RankMemory
+from training_harness.estimator.settings import Settings
 
 
 def _frozen(facts: ModelFacts, cfg: Settings) -> str:
@@ -59,7 +59,7 @@ def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> lis
 
 
 def _state_psi(cfg: Settings) -> str:
-    """The optimizer state per parameter, as a multiple of Ψ (harness.estimator.state)."""
+    """The optimizer state per parameter, as a multiple of Ψ (training_harness.estimator.state)."""
     return {"lars": "4Ψ", "muon": "4Ψ to 8Ψ"}.get(cfg.optimizer, "8Ψ")
 
 

@@ -1,6 +1,6 @@
 """A device's memory bandwidth and its link to the other devices of a node, by name.
 
-Datasheet figures (bytes/s) from the one GPU table (harness.core.gpus): the memory's,
+Datasheet figures (bytes/s) from the one GPU table (training_harness.core.gpus): the memory's,
 and the per-direction NVLink (or PCIe) bandwidth a collective between the GPUs of one
 node can use. Devices not listed get DEFAULT; on a CPU, gloo between processes of one
 host.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.gpus import gpu_named
+from training_harness.core.gpus import gpu_named
 
 
 @dataclass(frozen=True)

@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-from harness.core.device import RuntimeEnv
-from harness.core.overhead import DeviceOverhead
-from harness.core.plan import Plan
-from harness.estimator.activations import (
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.overhead import DeviceOverhead
+from training_harness.core.plan import Plan
+from training_harness.estimator.activations import (
     ActivationParts,
     traced_activations,
     transformer_activations,
 )
-from harness.estimator.assumptions import (
+from training_harness.estimator.assumptions import (
     checkpoint_assumption,
     parallel_assumptions,
     peak_assumption,
     state_assumptions,
 )
-from harness.estimator.facts import ModelFacts
-from harness.estimator.memo import model_facts
-from harness.estimator.pipeline import bubble_fraction
-from harness.estimator.rank import PERSISTENT, RankMemory, rank_memory
-from harness.estimator.result import Estimate
-from harness.estimator.settings import Settings
-from harness.estimator.step_costs import StepCosts
-from harness.estimator.step_time import step_time
-from harness.estimator.teacher import teacher_cost
-from harness.estimator.trace import TraceFailed, trace_activations, untraced
-from harness.workloads.base import Workload
+from training_harness.estimator.facts import ModelFacts
+from training_harness.estimator.memo import model_facts
+from training_harness.estimator.pipeline import bubble_fraction
+from training_harness.estimator.rank import PERSISTENT, RankMemory, rank_memory
+from training_harness.estimator.result import Estimate
+from training_harness.estimator.settings import Settings
+from training_harness.estimator.step_costs import StepCosts
+from training_harness.estimator.step_time import step_time
+from training_harness.estimator.teacher import teacher_cost
+from training_harness.estimator.trace import TraceFailed, trace_activations, untraced
+from training_harness.workloads.base import Workload
 
 
 def estimate(
@@ -41,12 +41,12 @@ def estimate(
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
     The memory is the largest rank's. `peak_flops` is the device's peak FLOP rate
-    (the one MFU uses, harness.measure.peaks); without it the step time is None.
+    (the one MFU uses, training_harness.measure.peaks); without it the step time is None.
     `flops_per_sample`, when the caller counted it already, is not counted again.
-    `overhead` (harness.measure.device_overhead, on CUDA) is what the process holds
+    `overhead` (training_harness.measure.device_overhead, on CUDA) is what the process holds
     beyond its tensors; the peak counts it, so that it predicts what the device holds.
     `workload_key`: the name and arguments `workload` was loaded from, when it was
-    (harness.measure.prepare): its model is then read once per key in this process.
+    (training_harness.measure.prepare): its model is then read once per key in this process.
     Strategy settings the plan leaves out take the strategies' defaults; a bad
     setting is a HarnessError.
     """
@@ -136,7 +136,7 @@ def device_terms(memory: dict[str, int], cfg: Settings, overhead: DeviceOverhead
 
 
 def overhead_assumption(memory: dict[str, int], overhead: DeviceOverhead) -> str:
-    from harness.core.units import format_bytes
+    from training_harness.core.units import format_bytes
 
     text = (f"device: CUDA context {format_bytes(overhead.context_bytes)} + cuBLAS/attention "
             f"workspaces {format_bytes(overhead.workspace_bytes)}")

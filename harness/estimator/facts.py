@@ -13,22 +13,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
-
-from harness.workloads.base import Workload
-from harness.workloads.blocks import Blocks, block_of, find_blocks
-from harness.workloads.meta import on_meta
+from training_harness.workloads.base import Workload
+from training_harness.workloads.blocks import Blocks, block_of, find_blocks
+from training_harness.workloads.meta import on_meta
 
 
 @dataclass(frozen=True)
 class Param:
     """One unique parameter: where it sits and its size (as one rank holds it, once
-    split by `harness.estimator.placement`)."""
+    split by `training_harness.estimator.placement`)."""
 
     name: str  # its first qualified name
     shape: tuple[int, ...]
     width: int  # bytes per element
     trainable: bool
-    block: int | None  # its index in the blocks (harness.workloads.blocks); None outside
+    block: int | None  # its index in the blocks (training_harness.workloads.blocks); None outside
     # Outside the blocks, before them in module order (a pipeline's first stage
     # holds those, the last stage the ones after).
     first: bool
@@ -51,7 +50,7 @@ class ModelFacts:
     buffer_bytes: int
     block_parameters: int | None  # parameters of blocks[0], when the model has blocks
     blocks: int | None
-    # "explicit" / "sdpa": the kind of harness.workloads.attention core the model
+    # "explicit" / "sdpa": the kind of training_harness.workloads.attention core the model
     # uses (the fused strategy can swap those); None: no such core.
     attention_cores: str | None
     params: tuple[Param, ...] = ()  # every unique parameter, in the model's order
@@ -59,12 +58,12 @@ class ModelFacts:
     @classmethod
     def of(cls, workload: Workload, lora: Any = None) -> ModelFacts:
         """`lora`: the plan's LoRA settings (strategies.lora.LoraSettings), if any."""
-        from harness.workloads.attention import ATTENTION
+        from training_harness.workloads.attention import ATTENTION
 
         with on_meta():  # sizes only: the initialisers skipped
             model = workload.build_model()
             if lora is not None:
-                from strategies.lora import inject
+                from training_harness.strategies.lora import inject
 
                 inject(model, lora)
         params = list(model.parameters())  # unique by identity: tied weights once

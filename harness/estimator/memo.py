@@ -1,12 +1,12 @@
 """The model's parameters (`ModelFacts`), read once per workload object: no setting of a
 plan changes them, and ranking a study's configurations (`harness plan`) estimates one
 workload hundreds of times (an 8B model's build on the meta device takes seconds).
-The traced forward passes are kept likewise, in harness.estimator.trace.
+The traced forward passes are kept likewise, in training_harness.estimator.trace.
 
 The key is the workload object itself, weakly, or, where the caller gives one, the
 workload's name and arguments: the tuner's helper loads a new workload object for each
 plan it prepares (a study's start prepares dozens), and those build the same model
-(harness.measure.prepare counts the FLOPs once per name and arguments likewise).
+(training_harness.measure.prepare counts the FLOPs once per name and arguments likewise).
 ModelFacts is frozen, so it is shared as it is.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from harness.estimator.facts import ModelFacts
-from harness.workloads.base import Workload
+from training_harness.estimator.facts import ModelFacts
+from training_harness.workloads.base import Workload
 
 _FACTS: weakref.WeakKeyDictionary[Any, ModelFacts] = weakref.WeakKeyDictionary()
 _BY_KEY: dict[str, ModelFacts] = {}  # by the workload's name and arguments (`key`)

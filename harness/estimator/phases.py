@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.estimator.activations import ActivationParts
+from training_harness.estimator.activations import ActivationParts
 
 
 def blocks_moment(

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.estimator.activations import ActivationParts
-from harness.estimator.settings import Parallelism
+from training_harness.estimator.activations import ActivationParts
+from training_harness.estimator.settings import Parallelism
 
 
 def bubble_fraction(stages: int, microbatches: int, virtual: int = 1) -> float:

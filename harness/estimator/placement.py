@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from harness.estimator.facts import Param
-from harness.estimator.settings import Parallelism
+from training_harness.estimator.facts import Param
+from training_harness.estimator.settings import Parallelism
 
 COLWISE = ("qkv", "mlp.up")  # the layers strategies.tensor splits by output rows
 ROWWISE = ("proj", "mlp.down")  # by input columns

@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from harness.estimator.activations import ActivationParts, count_copies
-from harness.estimator.facts import ModelFacts, Param
-from harness.estimator.phases import step_phases
-from harness.estimator.pipeline import in_flight, stage_activations
-from harness.estimator.placement import rank_params, stage_blocks
-from harness.estimator.result import COMPONENTS
-from harness.estimator.settings import Settings
-from harness.estimator.state import RankState, optimizer_temporaries, rank_state
+from training_harness.estimator.activations import ActivationParts, count_copies
+from training_harness.estimator.facts import ModelFacts, Param
+from training_harness.estimator.phases import step_phases
+from training_harness.estimator.pipeline import in_flight, stage_activations
+from training_harness.estimator.placement import rank_params, stage_blocks
+from training_harness.estimator.result import COMPONENTS
+from training_harness.estimator.settings import Settings
+from training_harness.estimator.state import RankState, optimizer_temporaries, rank_state
 
 # What stays all step: the peak is these plus the largest moment of a step.
 PERSISTENT = ("parameters", "optimizer_state", "buffers", "gradient_buckets")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.units import format_bytes
+from training_harness.core.units import format_bytes
 
 # The components of `Estimate.memory`, in the order they are shown.
 COMPONENTS = (
@@ -33,7 +33,7 @@ COMPONENTS = (
 # recompute, a checkpoint's forward again), the pipeline's bubble, kernel launches, exposed
 # data-parallel and tensor-parallel traffic, the optimizer step. The step time is
 #     max(compute + recompute + bubble, launches) + data + tensor + optimizer
-# (a CPU's: compute + recompute + bubble; harness.estimator.step_costs).
+# (a CPU's: compute + recompute + bubble; training_harness.estimator.step_costs).
 STEP_PARTS = ("compute", "recompute", "bubble", "launches", "data", "tensor", "optimizer")
 
 

@@ -8,9 +8,8 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from harness.workloads.base import Workload
-from harness.workloads.blocks import find_blocks
+from training_harness.workloads.base import Workload
+from training_harness.workloads.blocks import find_blocks
 
 _VIEW_NODES = {
     "TBackward", "ViewBackward", "TransposeBackward", "PermuteBackward",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.plan import Plan
+from training_harness.core.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,7 @@ class Settings:
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
-        import strategies  # noqa: F401  (registers the built-in strategies)
-        from strategies.registry import get
+        from training_harness.strategies.registry import get
 
         parsed = {
             name: get(name).parse(table, f"[strategies.{name}]")

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.estimator.facts import Param
-from harness.estimator.settings import Parallelism, Settings
+from training_harness.estimator.facts import Param
+from training_harness.estimator.settings import Parallelism, Settings
 
 MIB = 1024 * 1024
 

@@ -22,16 +22,16 @@ launch-bound GPU needs, nor see what tensor or data parallel send. On CUDA a ste
                 optimizer also launches a few kernels per parameter tensor (torch's
                 default on DTensors; on plain CUDA tensors it is foreach)
 
-The bandwidths are the datasheet's (harness.estimator.bandwidth). Every constant here
+The bandwidths are the datasheet's (training_harness.estimator.bandwidth). Every constant here
 is an assumption the tuner corrects from the study's own trials
-(harness.tune.search.step_fit); `harness estimate` prints them.
+(training_harness.tune.search.step_fit); `harness estimate` prints them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.estimator.bandwidth import Bandwidth
+from training_harness.estimator.bandwidth import Bandwidth
 
 COMPUTE_MFU = 0.5  # of the peak, on large matmuls with nothing else in the way
 LAUNCH_S = 6e-6  # host time to issue one kernel (eager PyTorch, CUDA)
@@ -55,7 +55,7 @@ def default_impl(zero: int, tensor: int) -> str:
 
 @dataclass(frozen=True)
 class StepCosts:
-    """What one rank's step moves and launches (made in harness.estimator.estimate)."""
+    """What one rank's step moves and launches (made in training_harness.estimator.estimate)."""
 
     microsteps: int
     blocks: int  # this rank's transformer blocks (a pipeline stage's share)
@@ -74,7 +74,7 @@ class StepCosts:
 def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
                    bubble: float, recompute_share: float = 0.0
                    ) -> tuple[float, str, dict[str, float]]:
-    """(seconds, the sentence saying how, its parts: harness.estimator.result.STEP_PARTS)
+    """(seconds, the sentence saying how, its parts: training_harness.estimator.result.STEP_PARTS)
     for a CUDA step whose FLOPs alone take `compute_flops_s` at COMPUTE_MFU,
     `recompute_share` of them a checkpoint's recompute."""
     compute = compute_flops_s / (1 - bubble)

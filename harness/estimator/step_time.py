@@ -1,13 +1,13 @@
 """Step time: the step's FLOPs per device over an assumed fraction of the device's peak,
 stretched by the pipeline's bubble; on CUDA also its kernel launches, communication and
-optimizer step (harness.estimator.step_costs)."""
+optimizer step (training_harness.estimator.step_costs)."""
 
 from __future__ import annotations
 
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Plan
-from harness.estimator.bandwidth import bandwidth
-from harness.estimator.step_costs import COMPUTE_MFU, StepCosts, cuda_step_time
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Plan
+from training_harness.estimator.bandwidth import bandwidth
+from training_harness.estimator.step_costs import COMPUTE_MFU, StepCosts, cuda_step_time
 
 # Assumed fraction of the peak FLOP rate a training step reaches. On CUDA the
 # peak is the datasheet (or calibration-matmul) figure; on CPU it is a measured
@@ -25,7 +25,7 @@ def step_time(
     recompute_flops: float = 0.0,
 ) -> tuple[float | None, float, str, dict[str, float]]:
     """(step time or None without a peak, the assumed MFU, the sentence saying how, its
-    parts: harness.estimator.result.STEP_PARTS; `recompute_flops` of `flops_per_step` are
+    parts: training_harness.estimator.result.STEP_PARTS; `recompute_flops` of `flops_per_step` are
     a checkpoint's recompute).
 
     Step time = FLOPs / world size / (peak x MFU) / (1 − bubble).

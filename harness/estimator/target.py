@@ -1,9 +1,9 @@
 """A GPU to plan for without having one: `--target h100-sxm-80gb --gpus 8`.
 
-The estimator needs of a device its name (its bandwidths: harness.estimator.bandwidth),
+The estimator needs of a device its name (its bandwidths: training_harness.estimator.bandwidth),
 its peak FLOP rate in the plan's matmul dtype, how many GPUs a node has (the parallel
 strategies' checks) and what a process holds beyond its tensors. A `Target` gives all
-of them from the datasheet table (harness.core.gpus), and the overheads the project
+of them from the datasheet table (training_harness.core.gpus), and the overheads the project
 measured on its H100 (assumed alike on the other GPUs, and said so).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.device import RuntimeEnv
-from harness.core.errors import HarnessError
-from harness.core.gpus import (
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.errors import HarnessError
+from training_harness.core.gpus import (
     MEASURED_CONTEXT_BYTES,
     MEASURED_ON,
     MEASURED_SOURCE,
@@ -21,8 +21,8 @@ from harness.core.gpus import (
     Gpu,
     targets,
 )
-from harness.core.overhead import DeviceOverhead
-from harness.core.units import format_bytes
+from training_harness.core.overhead import DeviceOverhead
+from training_harness.core.units import format_bytes
 
 
 @dataclass(frozen=True)

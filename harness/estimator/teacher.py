@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
 
 FP32 = 4
 KEPT_LOGITS = 3  # the teacher's logits and both log-softmaxes at the temperature
@@ -34,7 +34,7 @@ class TeacherCost:
         return self.weights_bytes + self.logits_bytes
 
     def assumption(self) -> str:
-        from harness.core.units import format_bytes
+        from training_harness.core.units import format_bytes
 
         return (f"distill: the teacher's {self.parameters / 1e6:.3g} M parameters in fp32 "
                 f"({format_bytes(self.weights_bytes)}) and {KEPT_LOGITS} fp32 tensors of "
@@ -50,9 +50,8 @@ def teacher_cost(plan: Plan, workload: Any, micro_batch: int) -> TeacherCost | N
     if table is None or not table.get("teacher"):
         return None
     import torch
-
-    from harness.workloads import load_workload
-    from strategies.distill import teacher_workload, vocab_of
+    from training_harness.strategies.distill import teacher_workload, vocab_of
+    from training_harness.workloads import load_workload
 
     try:
         name, args = teacher_workload(str(table["teacher"]), workload.tokens_per_sample)

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from harness.estimator.saved import SavedTensors, TraceOps, model_and_batch
-from harness.estimator.settings import checkpointed_blocks
-from harness.estimator.working import working_by_place
-from harness.workloads.base import Workload
+from training_harness.estimator.saved import SavedTensors, TraceOps, model_and_batch
+from training_harness.estimator.settings import checkpointed_blocks
+from training_harness.estimator.working import working_by_place
+from training_harness.workloads.base import Workload
 
 
 @dataclass
@@ -99,7 +98,7 @@ _TRACES: weakref.WeakKeyDictionary[Any, dict[tuple, Trace | str]] = weakref.Weak
 
 def _trace_activations(workload: Workload, micro_batch: int, amp: bool, device_type: str,
                        checkpoint_every: int | None) -> Trace:
-    from harness.estimator.fake_patches import fake_friendly, quiet_fake_errors
+    from training_harness.estimator.fake_patches import fake_friendly, quiet_fake_errors
 
     try:
         with fake_friendly(), quiet_fake_errors():

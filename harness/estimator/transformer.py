@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.estimator.widths import Widths
-from harness.workloads.base import TransformerShape
+from training_harness.estimator.widths import Widths
+from training_harness.workloads.base import TransformerShape
 
 
 def block_activation_terms(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.estimator.saved import Place
+from training_harness.estimator.saved import Place
 
 _PASS_ON = {
     "TBackward", "ViewBackward", "TransposeBackward", "PermuteBackward", "AliasBackward",

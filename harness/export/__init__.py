@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.export.common import STACKS, Export, read_facts
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.export.common import STACKS, Export, read_facts
 
 
 def source_plan(path: str | Path) -> tuple[Plan, Path]:
@@ -30,7 +30,7 @@ def source_plan(path: str | Path) -> tuple[Plan, Path]:
 
 def export_plan(plan: Plan, stack: str, source: str) -> Export:
     """`plan` as `stack`'s config file; a HarnessError when the stack can hold none of it."""
-    from harness.export import accelerate, deepspeed, hf_trainer, lightning, torchtitan
+    from training_harness.export import accelerate, deepspeed, hf_trainer, lightning, torchtitan
 
     writers = {"hf-trainer": hf_trainer.export, "accelerate": accelerate.export,
                "lightning": lightning.export, "torchtitan": torchtitan.export,

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-
-from harness.export.common import Export, Facts, Writer, comment_lines, optimizer_name
+from training_harness.export.common import Export, Facts, Writer, comment_lines, optimizer_name
 
 
 def _script(w: Writer) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
 
 STACKS = ("hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed")
 
@@ -87,8 +87,7 @@ class Facts:
 def read_facts(plan: Plan) -> Facts:
     """The plan with its strategies' defaults filled in (strategies.compose.resolved), so
     that an exporter sees what the trial ran, not only what the file spelled out."""
-    import strategies  # noqa: F401  (registers the built-in strategies)
-    from strategies.compose import resolved
+    from training_harness.strategies.compose import resolved
 
     _ = plan.accumulation_steps  # a batch that does not divide: the plan's own message
     full = resolved(plan)
@@ -166,7 +165,7 @@ def comment_lines(lost: list[NotExpressed], source: str, stack: str) -> str:
 
 def optimizer_name(facts: Facts) -> str:
     """"adamw", or the strategy that replaces it (lamb, lars, muon)."""
-    from harness.core.target import OPTIMIZERS
+    from training_harness.core.target import OPTIMIZERS
 
     return next((o for o in OPTIMIZERS if o in facts.strategies), "adamw")
 

@@ -13,7 +13,14 @@ import json
 import math
 from typing import Any
 
-from harness.export.common import Export, Facts, Writer, adam_impl, notes_json, optimizer_name
+from training_harness.export.common import (
+    Export,
+    Facts,
+    Writer,
+    adam_impl,
+    notes_json,
+    optimizer_name,
+)
 
 
 def _precision(w: Writer, cfg: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """One configuration trained inside the Hugging Face Trainer, timed, and what the running
 Trainer really used read back from it: `harness verify`'s torch side.
 
-    python -m harness.export.hf_run PLAN.toml TRAINER.json OUT.json   (one process)
-    torchrun --nproc-per-node N -m harness.export.hf_run ...          (data parallel)
+    python -m training_harness.export.hf_run PLAN.toml TRAINER.json OUT.json   (one process)
+    torchrun --nproc-per-node N -m training_harness.export.hf_run ...          (data parallel)
 
 TRAINER.json is `harness export --to hf-trainer`'s file, read by HfArgumentParser as a
 user would; only the run's length and its output are added. The model, the data and the
@@ -79,15 +79,14 @@ def _observed(trainer: Any, model: Any, optimizer: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    # `python -m harness.export.hf_run` imported harness first: torchvision's mend is in
-    # place before transformers comes (harness.workloads.optional)
+    # `python -m training_harness.export.hf_run` imported harness first: torchvision's mend is in
+    # place before transformers comes (training_harness.workloads.optional)
     plan_path, trainer_json, out = argv
     import torch
+    from training_harness.core.plan import Plan
+    from training_harness.workloads import load_workload
+    from training_harness.workloads.hf import lm_loss
     from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
-
-    from harness.core.plan import Plan
-    from harness.workloads import load_workload
-    from harness.workloads.hf import lm_loss
 
     plan = Plan.from_toml(plan_path)
     fields = json.loads(Path(trainer_json).read_text())
@@ -169,7 +168,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from harness.core.paused_imports import import_paused
+    from training_harness.core.paused_imports import import_paused
 
     import_paused("torch", "transformers.trainer")  # 4.1 CPU-s against 5.1 with it on
     code = main(sys.argv[1:])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.export.common import (
+from training_harness.export.common import (
     Export,
     Facts,
     Writer,

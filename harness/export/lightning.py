@@ -11,8 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-
-from harness.export.common import Export, Facts, Writer, adam_impl, comment_lines, optimizer_name
+from training_harness.export.common import (
+    Export,
+    Facts,
+    Writer,
+    adam_impl,
+    comment_lines,
+    optimizer_name,
+)
 
 STRATEGIES = "lightning.pytorch.strategies"
 PRECISION = {"bf16": "bf16-mixed", "fp16": "16-mixed", None: "32-true"}

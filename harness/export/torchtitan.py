@@ -12,8 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import tomli_w
-
-from harness.export.common import Export, Facts, Writer, adam_impl, comment_lines, optimizer_name
+from training_harness.export.common import (
+    Export,
+    Facts,
+    Writer,
+    adam_impl,
+    comment_lines,
+    optimizer_name,
+)
 
 SCHEMA = "torchtitan 0.2.1 (torchtitan/config/job_config.py)"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}

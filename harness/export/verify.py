@@ -1,6 +1,6 @@
 """`harness verify RUN --with hf-trainer --top K`: the study's K best configurations
 trained again inside the Hugging Face Trainer, each in its own processes
-(harness.export.hf_run; torchrun for data parallel), with the exported settings and the
+(training_harness.export.hf_run; torchrun for data parallel), with the exported settings and the
 same micro-batch, model, data and timed steps; the two throughputs side by side, their
 ratio, whether the ranking holds, and any setting the running Trainer did not take.
 """
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.export import export_plan
-from harness.records.predicates import busy_note, ranked
-from harness.records.run_store import RunStore
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.export import export_plan
+from training_harness.records.predicates import busy_note, ranked
+from training_harness.records.run_store import RunStore
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Row:
 
 
 # The settings a configuration's line shows, as the tuner's lines show them
-# (harness.tune.progress, which this package sits below and may not import).
+# (training_harness.tune.progress, which this package sits below and may not import).
 SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
          "checkpoint": ("every", "policy"), "zero": ("stage", "offload"),
          "pipeline": ("schedule",), "ddp": ("compression",)}
@@ -125,12 +125,12 @@ def settings_lost(args: dict[str, Any], seen: dict[str, Any], world: int) -> lis
 
 
 def _command(world: int, plan: Path, args: Path, out: Path) -> list[str]:
-    run = ["-m", "harness.export.hf_run", str(plan), str(args), str(out)]
+    run = ["-m", "training_harness.export.hf_run", str(plan), str(args), str(out)]
     if world == 1:
         return [sys.executable, *run]
-    from harness.core.ports import free_port
+    from training_harness.core.ports import free_port
 
-    return [sys.executable, "-m", "harness.launch.torchrun_agent", "--nnodes", "1",
+    return [sys.executable, "-m", "training_harness.launch.torchrun_agent", "--nnodes", "1",
             "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
             "--master-port", str(free_port()), *run]
 
@@ -140,7 +140,8 @@ def bench_again(folder: Path, repeat: int, timeout_s: float) -> float | None:
     out = folder / f"bench-{repeat}"
     with open(folder / f"bench-{repeat}.log", "w") as log:
         try:
-            subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
+            subprocess.run([sys.executable, "-m", "training_harness", "bench",
+                            str(folder / "plan.toml"),
                             "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
                            timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:

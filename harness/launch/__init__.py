@@ -11,6 +11,7 @@ in the job, `slurm_job`; what the job leaves for the record, `slurm_record`; whe
 the compute nodes see the run folder, `slurm_shared`); up to a launcher's max_jobs
 trials in flight at once, each waited on in its own thread (`jobs_in_flight`).
 It runs in the tuner's process, so it imports no torch at module level; it may
-import harness.measure (the torch-free parts at module level), harness.core,
-harness.study and harness.records, never harness.tune or harness.cli.
+import training_harness.measure (the torch-free parts at module level), training_harness.core,
+training_harness.study and training_harness.records, never training_harness.tune or
+training_harness.cli.
 """

@@ -1,6 +1,6 @@
-"""What a fork of a rank server runs (harness.launch.rank_server's, started by the
-command, or harness.launch.warm_server's, kept between commands): a rank, as
-`python -m harness.measure.rank_main ARGV` would be (`run_rank`); one answer of the
+"""What a fork of a rank server runs (training_harness.launch.rank_server's, started by the
+command, or training_harness.launch.warm_server's, kept between commands): a rank, as
+`python -m training_harness.measure.rank_main ARGV` would be (`run_rank`); one answer of the
 torch-side helper (`answer`); or the helper's loop (`serve`). Each takes the caller's
 environment (`use_env`) and leaves by os._exit, so nothing of the server runs after.
 """
@@ -20,16 +20,16 @@ HELPER_NAME = "harness-helper"  # the torch-side helper's process name (see `ser
 
 
 def run_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
-    """In the fork: become the rank process `python -m harness.measure.rank_main` would
+    """In the fork: become the rank process `python -m training_harness.measure.rank_main` would
     be, then leave with its exit status (os._exit: nothing of the server runs after)."""
     code = 1
     try:
         os.setsid()
         use_env(env)
         redirect(stdout, stderr)
-        sys.argv = ["harness.measure.rank_main", *argv]
-        from harness.core.errors import HarnessError
-        from harness.measure import rank_main
+        sys.argv = ["training_harness.measure.rank_main", *argv]
+        from training_harness.core.errors import HarnessError
+        from training_harness.measure import rank_main
 
         try:
             code = rank_main.main(argv)
@@ -57,7 +57,7 @@ def serve(env: dict[str, str], log: str, conn: Any) -> None:
         Path("/proc/self/comm").write_text(HELPER_NAME)  # server's, as every fork's)
     use_env(env)
     redirect(log, log)
-    from harness.measure import torch_helper_server
+    from training_harness.measure import torch_helper_server
 
     while True:
         try:
@@ -118,7 +118,7 @@ def answer(request: dict[str, Any], env: dict[str, str], conn: Any) -> None:
     forked_at = time.monotonic()
     try:
         use_env(env)
-        from harness.measure import peaks, torch_helper_server
+        from training_harness.measure import peaks, torch_helper_server
 
         peaks.calibrate_here()  # this fork ends before the trial starts
 

@@ -1,6 +1,6 @@
 """Several trials in flight at once, for trials that run elsewhere: one thread each.
 
-A trial on Slurm is a job the tuner only waits on (harness.launch.slurm), so the
+A trial on Slurm is a job the tuner only waits on (training_harness.launch.slurm), so the
 search keeps up to its launcher's `max_jobs` out at once, each waited on by its own
 thread, while the main thread asks Optuna for the next (TPE's constant liar keeps
 it from proposing what is still running). With a limit of 1 (every local study:
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.launch import procs
-from harness.launch.launcher import Launcher
+from training_harness.launch import procs
+from training_harness.launch.launcher import Launcher
 
 STOP_PATIENCE_S = 120.0  # for the running trials to cancel their jobs (scancel, then gone)
 

@@ -7,8 +7,8 @@
     launcher.cancel_job(folder)         # that job stopped: its trial was failed meanwhile
     launcher.check_shared(run_dir)      # do the machines that run trials see the folder
 
-Three implementations: harness.launch.local.LocalLauncher (this machine's processes),
-harness.launch.slurm.SlurmLauncher (one Slurm job a trial) and FunctionLauncher below,
+Three implementations: training_harness.launch.local.LocalLauncher (this machine's processes),
+training_harness.launch.slurm.SlurmLauncher (one Slurm job a trial) and FunctionLauncher below,
 which wraps a user's `--launcher package.module:function`. Only `launch` must be
 written; the rest have the defaults of a launcher whose trials run here.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.core.prepared import PreparedPlan
-    from harness.records.result import TrialResult
+    from training_harness.core.prepared import PreparedPlan
+    from training_harness.records.result import TrialResult
 
 StopCheck = Callable[[], str | None]  # a launch's `should_stop`: a reason to stop, or None
 
@@ -32,7 +32,7 @@ class Launcher(ABC):
     Optuna's BaseSampler: one method to write, the others with defaults).
 
     `launch(prepared, out_dir, command, **kwargs) -> TrialResult`: the signature of
-    harness.launch.local.launch (keyword arguments study, trial_id, nnodes, node_rank,
+    training_harness.launch.local.launch (keyword arguments study, trial_id, nnodes, node_rank,
     rdzv_endpoint, timeout_s, progress_file, should_stop). It returns the trial's
     record, also written to out_dir/result.json, whatever the trial did (a failed,
     timed-out or stopped trial is a record, not an exception); it polls `should_stop`
@@ -97,7 +97,7 @@ class Launcher(ABC):
 
 class FunctionLauncher(Launcher):
     """A user's launch function (`--launcher package.module:function`, of
-    harness.launch.local.launch's signature) as a Launcher.
+    training_harness.launch.local.launch's signature) as a Launcher.
 
     A function that carries attributes `max_jobs`, `has_job`, `rejoin`, `cancel_job`
     or `check_shared` (as the README has long documented for `max_jobs`) has them

@@ -2,35 +2,38 @@
 
     result = launch(prepared, "runs/x", "harness bench runs/x/plan.toml --out runs/x")
 
-`prepared` is the plan checked once (harness.core.prepared: by `harness bench`, or
+`prepared` is the plan checked once (training_harness.core.prepared: by `harness bench`, or
 the tuner's torch-side helper); it is written beside plan.toml as prepared.json,
 which every rank reads. This module imports no torch: the tuner calls it.
 
 The trial never runs in the caller, so nothing it does (a crash, an out-of-memory,
 a hang) can take the caller down. On one node every rank is a fresh fork of the
-rank server (harness.launch.rank_server: a forkserver that imported torch once),
+rank server (training_harness.launch.rank_server: a forkserver that imported torch once),
 each in a session of its own, with the environment torchrun would give it:
 
     caller (harness bench, the tuner)          waits with a deadline, watches the ranks
     └── python -m multiprocessing.forkserver   the rank server (never runs a trial)
-        ├── rank 0 (a fork: harness.measure.rank_main)   out/logs/rank0/
-        └── rank 1 (a fork: harness.measure.rank_main)   out/logs/rank1/
+        ├── rank 0 (a fork: training_harness.measure.rank_main)   out/logs/rank0/
+        └── rank 1 (a fork: training_harness.measure.rank_main)   out/logs/rank1/
 
 Each rank's folder holds its stdout.log, stderr.log and error.json
 (TORCHELASTIC_ERROR_FILE). As torchrun's agent would, the launcher stops the
 other ranks as soon as one fails. On several nodes, or with HARNESS_FORK_RANKS=0,
 the ranks go through torchrun instead (one rank alone: `python -m
-harness.measure.rank_main` in a new session, its logs in out/logs/rank0/):
+training_harness.measure.rank_main` in a new session, its logs in out/logs/rank0/):
 
     caller                                     waits with a deadline
-    └── python -m harness.launch.torchrun_agent ...   torchrun, in a new session; out/logs/agent.log
-        ├── python -m harness.measure.rank_main ...       rank 0: out/logs/<id>_*/attempt_0/0/
-        └── python -m harness.measure.rank_main ...       rank 1: out/logs/<id>_*/attempt_0/1/
+    └── python -m training_harness.launch.torchrun_agent ...   torchrun, in a new session;
+    out/logs/agent.log
+        ├── python -m training_harness.measure.rank_main ...       rank 0:
+        out/logs/<id>_*/attempt_0/0/
+        └── python -m training_harness.measure.rank_main ...       rank 1:
+        out/logs/<id>_*/attempt_0/1/
 
 (torchrun's --log-dir with --redirects 3). On several nodes, each node's launcher
 keeps its logs in out/logs/node<N>/. Which ranks run on which node: with the c10d
 rendezvous (the default, `harness bench --nnodes`), the order the nodes' launchers
-arrived in; with rdzv_backend="static" (a Slurm job's nodes: harness.launch.slurm_job),
+arrived in; with rdzv_backend="static" (a Slurm job's nodes: training_harness.launch.slurm_job),
 node_rank's, as torchrun's --node-rank gives it: ranks 0..k-1 on node 0, k..2k-1 on
 node 1, the rendezvous endpoint being node 0's address (torchrun's --master-addr and
 --master-port).
@@ -44,9 +47,9 @@ naming the ranks still running and where each was stopped. Either way
 out/result.json holds the record when launch returns (on node 0).
 
 A trial that floods its output costs the launcher neither memory nor the disk:
-the launcher reads only the logs' tails (harness.launch.rank_logs), and while the trial
+the launcher reads only the logs' tails (training_harness.launch.rank_logs), and while the trial
 runs it cuts any of its log files (the ones above, agent.log included) that grows
-past 64 MiB (harness.launch.log_cap.LOG_CAP_BYTES; the environment variable
+past 64 MiB (training_harness.launch.log_cap.LOG_CAP_BYTES; the environment variable
 HARNESS_LOG_CAP_BYTES overrides it), keeping the file's first lines, one marker
 line saying where it was cut, and its latest output; the record of a failure made
 here names the files cut (metrics["logs_cut"]).
@@ -66,18 +69,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.ports import free_port
-from harness.core.prepared import PreparedPlan
-from harness.launch import procs, rank_server
-from harness.launch.launcher import Launcher
-from harness.launch.log_cap import LogCap
-from harness.launch.verdict import Ended, decide
-from harness.measure.compile_cost import inductor_cache_env
-from harness.measure.rank_process import NODE_RANK_ENV
-from harness.records.result import TrialResult, read_result
-from harness.records.step_log import STEP_LOG_ENV
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.ports import free_port
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch import procs, rank_server
+from training_harness.launch.launcher import Launcher
+from training_harness.launch.log_cap import LogCap
+from training_harness.launch.verdict import Ended, decide
+from training_harness.measure.compile_cost import inductor_cache_env
+from training_harness.measure.rank_process import NODE_RANK_ENV
+from training_harness.records.result import TrialResult, read_result
+from training_harness.records.step_log import STEP_LOG_ENV
 
 RDZV_BACKENDS = ("c10d", "static")  # torchrun's, on several nodes (see `launch`)
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when a trial is stopped
@@ -159,7 +162,7 @@ def launch(
     whether its ranks finished.
 
     For the tuner: with `progress_file`, rank 0 appends each measured step's time
-    to it (harness.records.step_log); `should_stop` is called while the trial runs and,
+    to it (training_harness.records.step_log); `should_stop` is called while the trial runs and,
     when it returns a reason, the trial is stopped and recorded as `pruned` with it.
     """
     plan = prepared.plan
@@ -180,7 +183,8 @@ def launch(
     prepared.write(prepared_file)
 
     launch_id = uuid.uuid4().hex
-    worker = ["-m", "harness.measure.rank_main", str(prepared_file), "--result", str(result_file),
+    worker = ["-m", "training_harness.measure.rank_main", str(prepared_file), "--result",
+              str(result_file),
               "--command", command]
     worker += ["--study", study] if study is not None else []
     worker += ["--trial-id", str(trial_id)] if trial_id is not None else []
@@ -243,7 +247,7 @@ class LocalLauncher(Launcher):
 
     @property
     def name(self) -> str:
-        return "harness.launch.local:launch"
+        return "training_harness.launch.local:launch"
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> Any:
@@ -308,7 +312,7 @@ def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, run_id:
     endpoint = endpoint or f"127.0.0.1:{free_port()}"
     host, port = endpoint.rsplit(":", 1)
     argv = [
-        sys.executable, "-m", "harness.launch.torchrun_agent",  # torch.distributed.run
+        sys.executable, "-m", "training_harness.launch.torchrun_agent",  # torch.distributed.run
         "--nnodes", str(nnodes),
         "--nproc-per-node", str(plan.world_size // nnodes),
     ]

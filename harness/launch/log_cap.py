@@ -1,6 +1,6 @@
 """Keeping a trial's log files bounded on disk while it runs.
 
-A trial's output goes to files under out/logs/ (see harness.launch.local): the
+A trial's output goes to files under out/logs/ (see training_harness.launch.local): the
 launcher's own redirects (rank0/stdout.log and stderr.log for one process,
 agent.log for torchrun) and, with torchrun, each rank's stdout.log and
 stderr.log. Over a day-long study a chatty trial would fill the disk, so while a
@@ -18,7 +18,7 @@ line start (the latest output, which a failure's reason quotes):
 (one line in the file). The cut is in place, and a writer whose descriptor
 appends (O_APPEND) carries on at the file's new end. The launcher opens its
 redirects so, and each rank makes its stdout and stderr so (`append_output`, from
-harness.measure.rank_main), since torchrun opens the ranks' files without it. A writer
+training_harness.measure.rank_main), since torchrun opens the ranks' files without it. A writer
 that does not append carries on at its old offset and leaves a hole: the file's
 apparent size keeps growing, the disk it takes does not, and that is what the cap
 counts (st_blocks); rank_logs.tail skips the hole's NUL bytes.
@@ -48,7 +48,7 @@ import os
 import time
 from pathlib import Path
 
-from harness.core.units import parse_bytes
+from training_harness.core.units import parse_bytes
 
 LOG_CAP_BYTES = 64 * 2**20
 CAP_ENV = "HARNESS_LOG_CAP_BYTES"

@@ -26,8 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
-
-from harness.measure.rank_process import (  # noqa: F401  (the launcher sets them)
+from training_harness.measure.rank_process import (  # noqa: F401  (the launcher sets them)
     LAUNCH_ID_ENV,
     LAUNCHER_ENV,
     STACK_SIGNAL,
@@ -82,7 +81,7 @@ def workers(launch_id: str, known: dict[int, int] | None = None) -> dict[int, ps
                 found[rank] = p
     for p in tagged(launch_id):
         try:
-            if "harness.measure.rank_main" in " ".join(p.cmdline()):
+            if "training_harness.measure.rank_main" in " ".join(p.cmdline()):
                 found[int(p.environ().get("RANK", "0"))] = p
         except (psutil.Error, ValueError):
             continue

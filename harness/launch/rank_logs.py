@@ -4,7 +4,7 @@ Each rank keeps its stdout and stderr in its own folder (torchrun's --log-dir wi
 --redirects 3: `<log-dir>/<run id>_<random>/attempt_0/<local rank>/`; ranks
 forked from the rank server, and a single process, use `<log-dir>/rank<i>/`). Each
 rank has an error file there (TORCHELASTIC_ERROR_FILE, error.json) that
-harness.measure.rank_main's @record fills with the exception and its traceback.
+training_harness.measure.rank_main's @record fills with the exception and its traceback.
 Only the tails of the logs are read (and error files up to ERROR_FILE_LIMIT),
 however much a trial writes.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.measure.rank_process import LOG_HEADER as HEADER
-from harness.measure.rank_process import stack_file
+from training_harness.measure.rank_process import LOG_HEADER as HEADER
+from training_harness.measure.rank_process import stack_file
 
 TAIL_BYTES = 8192
 ERROR_FILE_LIMIT = 4 * 2**20  # larger error files are not read
@@ -45,7 +45,7 @@ def tail(path: Path, limit: int = TAIL_BYTES) -> str:
             data = f.read()
     except OSError:
         return ""
-    # A hole a writer left after a cut (harness.launch.log_cap) reads as NULs.
+    # A hole a writer left after a cut (training_harness.launch.log_cap) reads as NULs.
     text = data.replace(b"\0", b"").decode(errors="replace")
     if size > limit and "\n" in text:
         text = text.split("\n", 1)[1]
@@ -68,7 +68,7 @@ class RankLog:
     error: str | None  # the exception line from the error file
     traceback: str | None
     timestamp: int | None
-    stacks: str = ""  # the stack it wrote when the launcher asked (harness.launch.procs)
+    stacks: str = ""  # the stack it wrote when the launcher asked (training_harness.launch.procs)
 
     @property
     def name(self) -> str:

@@ -19,14 +19,14 @@ the next. Several nodes still go through torchrun.
 `harness bench` checks and prepares its plan in such a fork too (`ask`), so its own
 process never imports torch: the server's imports are the only ones its trial
 waits for, and a peak calibration that misses the cache no longer runs beside them.
-It starts the server first thing (`start_now`, harness.cli.bench_early), so that
+It starts the server first thing (`start_now`, training_harness.cli.bench_early), so that
 its own start (argparse's parsers, the plan) runs beside the server's imports; these
-run with the garbage collector paused (harness.measure.rank_preload).
+run with the garbage collector paused (training_harness.measure.rank_preload).
 
-Each fork runs `python -m harness.measure.rank_main ARGV` as torchrun's worker
+Each fork runs `python -m training_harness.measure.rank_main ARGV` as torchrun's worker
 would: a session of its own (so stopping its process group stops what it
 started), the trial's environment with torchrun's variables (`rank_env`: what
-env:// init and harness.measure.rank_process read), its stdout, stderr and error
+env:// init and training_harness.measure.rank_process read), its stdout, stderr and error
 file in logs/rank<i>/. What torch reads from the environment at import (not at
 first use, as CUDA_VISIBLE_DEVICES and the allocator's settings are) comes from
 the environment the server started with; OMP_NUM_THREADS is applied in the fork.
@@ -52,23 +52,23 @@ from multiprocessing import connection, spawn
 from pathlib import Path
 from typing import Any
 
-from harness.launch import fork_child  # what each fork runs
+from training_harness.launch import fork_child  # what each fork runs
 
 ENV = "HARNESS_FORK_RANKS"
 # torch, torch._dynamo, the strategies and the rank's modules, imported with the
 # garbage collector paused (see that module)
-PRELOAD = ["harness.measure.rank_preload"]
+PRELOAD = ["training_harness.measure.rank_preload"]
 # What some trials import beside: a study's many trials share the server, a bench's one
 # trial imports only what its plan uses (strategies.zero: ZeRO-1's optimizer).
 STUDY_PRELOAD = ["torch.distributed.optim"]
 # A server that only hosts the tuner's torch-side helper (its trials run elsewhere)
-HELPER_PRELOAD = ["harness.measure.helper_preload"]
+HELPER_PRELOAD = ["training_harness.measure.helper_preload"]
 
 HELPER_NAME = fork_child.HELPER_NAME
 
 _lock = threading.Lock()
 _context: Any = None
-_warm: Any = None  # harness.launch.warm_server.WarmServer, when `start_now` found one
+_warm: Any = None  # training_harness.launch.warm_server.WarmServer, when `start_now` found one
 
 
 def enabled() -> bool:
@@ -91,12 +91,12 @@ def start_now() -> None:
     first thing, so the server's imports run beside the command line's own. It only
     spawns the server (a few milliseconds); the imports go on in its process, and the
     server is stopped at this process's exit whatever happens meanwhile. Where a warm
-    server kept between commands is on (harness.launch.warm_server), that one is found
+    server kept between commands is on (training_harness.launch.warm_server), that one is found
     or started instead, and left running at the exit."""
     global _warm
     if not enabled():
         return
-    from harness.launch import warm_server
+    from training_harness.launch import warm_server
 
     _warm = warm_server.WarmServer.start(PRELOAD)
     if _warm is None:
@@ -123,7 +123,7 @@ def _forked_by_warm(how: str, *args: Any) -> Any:
     global _warm
     if _warm is None:
         return None
-    from harness.launch import warm_server
+    from training_harness.launch import warm_server
 
     try:
         return getattr(_warm, how)(*args)
@@ -183,7 +183,7 @@ class ForkedRank:
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired("harness.measure.rank_main", timeout or 0.0)
+            raise subprocess.TimeoutExpired("training_harness.measure.rank_main", timeout or 0.0)
         return self._process.exitcode
 
     def kill(self) -> None:
@@ -191,7 +191,7 @@ class ForkedRank:
 
 
 def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> ForkedRank:
-    """Fork `python -m harness.measure.rank_main ARGV` from the server (see the module)."""
+    """Fork `python -m training_harness.measure.rank_main ARGV` from the server (see the module)."""
     warm = _forked_by_warm("start_rank", argv, env, stdout, stderr)
     if warm is not None:
         return warm
@@ -215,7 +215,7 @@ def _start(process: Any) -> None:
 
 
 def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The torch-side helper's answer (harness.measure.torch_helper_server.answer) to
+    """The torch-side helper's answer (training_harness.measure.torch_helper_server.answer) to
     `request`, given by a fork of the server instead of the helper's own process:
     `harness bench` prepares its plan this way, so torch is imported once, by the
     server its ranks are forked from, and not a second time beside it. The fork
@@ -341,7 +341,8 @@ class ForkedRanks:
                 return self.returncode
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired("harness.measure.rank_main", timeout or 0.0)
+                raise subprocess.TimeoutExpired("training_harness.measure.rank_main",
+                                                timeout or 0.0)
             running = [p.sentinel for r, p in self.members.items() if r not in ended]
             connection.wait(running, left)  # wakes as soon as any rank ends
 

@@ -5,8 +5,8 @@
     result = rejoin("runs/x")       # a stopped caller's job, waited for again (or None)
     cancel_left("runs/x")           # ...or cancelled, its trial failed meanwhile
 
-The job has as many nodes as the trial's layout needs (harness.launch.slurm_queue.
-shape_for) and one task a node, which runs harness.launch.slurm_job.run_node: the
+The job has as many nodes as the trial's layout needs (training_harness.launch.slurm_queue.
+shape_for) and one task a node, which runs training_harness.launch.slurm_job.run_node: the
 local launcher for that node (torchrun, static rendezvous on node 0, the node rank
 SLURM_NODEID's: ranks 0..k-1 on the first node). So the ranks, their logs and the
 record are the same as on one machine; the trial's folder must be on storage the
@@ -29,13 +29,13 @@ The record gets tags["cluster"]: the launcher, job id, node list, each node's na
 and each rank's node, partition, queue wait (not in the trial's duration_s) and the
 jobs tried; the job's stdout and stderr are copied into the trial's logs/
 (slurm-<job>-<task>.out/.err), beside each node's rank logs (logs/node<K>/). A trial
-of several nodes that failed or hung is told from every node's logs (harness.launch.
+of several nodes that failed or hung is told from every node's logs (training_harness.launch.
 slurm_nodes): the rank that failed first on any node, or where each rank was stopped.
 
 The job in flight is written down (slurm/job.json in the trial's folder) as soon as
 it is submitted, so a caller killed meanwhile loses nothing: `rejoin` waits for that
 job again (as `launch` would have) and returns the same record. The tuner's launcher
-(`launcher_for`: a SlurmLauncher, harness.launch.launcher's seam) says how many trials
+(`launcher_for`: a SlurmLauncher, training_harness.launch.launcher's seam) says how many trials
 it may keep in flight (`max_jobs`) and how to find and rejoin such jobs (`has_job`,
 `rejoin`), or cancel one whose trial another worker failed meanwhile (`cancel_job`).
 """
@@ -54,14 +54,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.core.cluster import JOB_MARGIN_S, ClusterSpec
-from harness.core.errors import HarnessError
-from harness.core.prepared import PreparedPlan
-from harness.launch import procs
-from harness.launch import slurm_nodes as nodes
-from harness.launch import slurm_queue as queue
-from harness.launch.launcher import Launcher
-from harness.launch.slurm_record import (
+from training_harness.core.cluster import JOB_MARGIN_S, ClusterSpec
+from training_harness.core.errors import HarnessError
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch import procs
+from training_harness.launch import slurm_nodes as nodes
+from training_harness.launch import slurm_queue as queue
+from training_harness.launch.launcher import Launcher
+from training_harness.launch.slurm_record import (
     Attempt,
     at_time_limit,
     cluster_tag,
@@ -70,8 +70,8 @@ from harness.launch.slurm_record import (
     reason_for,
     stderr_tail,
 )
-from harness.launch.slurm_shared import check_shared
-from harness.records.result import TrialResult, read_result
+from training_harness.launch.slurm_shared import check_shared
+from training_harness.records.result import TrialResult, read_result
 
 STARTUP_S = 60.0  # job start -> trial start (Python, unpickling, torchrun), and stopping
 DEADLINE_GRACE_S = 15.0  # for a job's launcher to stop its trial at the caller's deadline
@@ -95,7 +95,7 @@ class SlurmLauncher(Launcher):
     """The tuner's Launcher for trials run as Slurm jobs of `cluster`: `launch` below,
     up to [cluster] max_jobs at once (each call waits on its own job: thread safe), a
     stopped tuner's jobs found (`has_job`) and waited for again (`rejoin`), and whether
-    the compute nodes see the run folder (harness.launch.slurm_shared.check_shared)."""
+    the compute nodes see the run folder (training_harness.launch.slurm_shared.check_shared)."""
 
     may_leave_jobs = True
 
@@ -107,7 +107,7 @@ class SlurmLauncher(Launcher):
     def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
                **kwargs: Any) -> TrialResult:
         # A study of layout.nnodes > 1 gives every trial its nodes and an endpoint for
-        # followers on them (harness.tune.recovery.follower); a job has all its nodes
+        # followers on them (training_harness.tune.recovery.follower); a job has all its nodes
         # and meets on its first one, so only the count is kept.
         if kwargs.get("node_rank", 0) == 0:
             kwargs.pop("node_rank", None)
@@ -130,7 +130,7 @@ class SlurmLauncher(Launcher):
 
     @property
     def name(self) -> str:  # what `harness tune --check` shows
-        return "harness.launch.slurm:launch"
+        return "training_harness.launch.slurm:launch"
 
 
 def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
@@ -310,7 +310,7 @@ def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],
 
 def _submit(folder: Path, flags: dict[str, Any], args: tuple) -> Attempt:
     """One job through submitit; an sbatch refusal is an Attempt without a job id."""
-    from harness.launch.slurm_job import run_node
+    from training_harness.launch.slurm_job import run_node
 
     submitit = _submitit()
     flags = dict(flags)

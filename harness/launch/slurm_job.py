@@ -1,13 +1,13 @@
 """What runs inside a trial's Slurm job: one task a node, each the local launcher.
 
 submitit runs `run_node` once a node (srun, one task a node). Each calls
-harness.launch.local.launch for its node: one process for a one-rank trial, else
+training_harness.launch.local.launch for its node: one process for a one-rank trial, else
 torchrun with the node's ranks. On several nodes they meet at node 0 through torchrun's
 static rendezvous, as torchrun users do on Slurm: the node rank is the task's
 SLURM_NODEID, so ranks 0..k-1 run on the job's first node, k..2k-1 on its second,
 whatever order the nodes start in; the master address is node 0's, with a port free
 there, which node 0 writes into the trial's folder (on storage every node sees).
-Node 0 writes result.json, as on one machine; the tuner's side (harness.launch.slurm)
+Node 0 writes result.json, as on one machine; the tuner's side (training_harness.launch.slurm)
 reads it when the job has ended.
 
 Runs on the compute node, where it is the job's main process: a SIGTERM (scancel,
@@ -35,9 +35,8 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     the trial's, the others' whether their ranks finished). `ends_at` (epoch seconds):
     the study's deadline, which the trial must not outlast whenever the job started."""
     import submitit
-
-    from harness.core.prepared import PreparedPlan
-    from harness.launch import local, rank_server, slurm_nodes
+    from training_harness.core.prepared import PreparedPlan
+    from training_harness.launch import local, rank_server, slurm_nodes
 
     signal.signal(signal.SIGTERM, _exit)  # submitit ignores SIGTERM; the trial must stop
     os.environ[rank_server.ENV] = "0"  # a fresh interpreter: nothing here to fork from
@@ -63,7 +62,7 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
 def node_gpus() -> list[dict[str, object]]:
     """The GPUs the job has on this node: those CUDA_VISIBLE_DEVICES names (Slurm sets it
     to the job's), else every GPU NVML sees. Counted without a CUDA context."""
-    from harness.measure.nvml import gpu_names
+    from training_harness.measure.nvml import gpu_names
 
     names = gpu_names()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -78,7 +77,7 @@ def _endpoint(job_dir: Path, node: int, job_id: str) -> str:
     """Node 0 picks a free port on itself and writes host:port; the others read it."""
     path = job_dir / f"{job_id}_{RDZV_FILE}"
     if node == 0:
-        from harness.core.ports import free_port
+        from training_harness.core.ports import free_port
 
         host = socket.gethostname()
         tmp = path.with_name(f".{path.name}.tmp")

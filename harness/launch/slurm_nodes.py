@@ -7,7 +7,7 @@ that failed or hung across nodes went wrong.
     rank_nodes(record, out, names)                        # ["n1", "n2"]: rank 0's, rank 1's
     across_nodes(record, out, names)                      # the failing rank's node, stacks
 
-Every node's launcher keeps its ranks' logs in the trial's logs/node<K>/ (harness.launch.
+Every node's launcher keeps its ranks' logs in the trial's logs/node<K>/ (training_harness.launch.
 local), on the folder all nodes share, so the root cause of a failure is looked for
 over all nodes here: node 0's own launcher sees only its ranks, whose error is often
 the symptom ("Connection closed by peer") of a rank that failed on another node. A
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.launch.rank_logs import RankLog, read_rank_logs, root_cause
-from harness.launch.verdict import STDERR_LINES
-from harness.records.result import TrialResult
+from training_harness.launch.rank_logs import RankLog, read_rank_logs, root_cause
+from training_harness.launch.verdict import STDERR_LINES
+from training_harness.records.result import TrialResult
 
 STACK_CHARS = 3000  # of each stopped rank's stack, in the record
 LOST_NODE_WAIT_S = 30.0  # for Slurm's word on a node whose part of the job never ended

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from harness.core.cluster import ClusterSpec
-from harness.core.errors import HarnessError
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.errors import HarnessError
 
 # The states a job leaves the queue in (squeue's %T, sacct's State), and those of them
 # that say the machine failed it, not the trial: those are submitted once more.

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.prepared import PreparedPlan
-from harness.launch.slurm_queue import JobInfo
-from harness.records.result import TrialResult
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch.slurm_queue import JobInfo
+from training_harness.records.result import TrialResult
 
 
 @dataclass
 class Attempt:
-    """One job submitted for a trial (harness.launch.slurm), as it went."""
+    """One job submitted for a trial (training_harness.launch.slurm), as it went."""
 
     job_id: str | None  # None: sbatch refused it
     info: JobInfo | None = None  # as it left the queue
@@ -75,7 +75,7 @@ def reason_for(attempt: Attempt, timeout: float, startup_s: float,
 def at_time_limit(record: TrialResult, attempt: Attempt, minutes: Any) -> None:
     """Node 0 wrote a failed record because Slurm's time limit stopped the job (its
     SIGTERM ended the ranks): say so, rather than blame the ranks or a node that had
-    no time to say a word (harness.launch.slurm_nodes.across_nodes)."""
+    no time to say a word (training_harness.launch.slurm_nodes.across_nodes)."""
     if record.status != "failed" or attempt.info is None or attempt.info.state != "TIMEOUT":
         return
     record.status = "timeout"
@@ -95,7 +95,7 @@ def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
 def cluster_tag(partition: str | None, attempts: list[Attempt], node_names: list[str],
                 rank_nodes: list[str | None]) -> dict[str, Any]:
     """tags["cluster"]: `nodes` is Slurm's node list ("n[1-2]"), `node_names` each node by
-    index, `rank_nodes` the node of each rank (harness.launch.slurm_nodes)."""
+    index, `rank_nodes` the node of each rank (training_harness.launch.slurm_nodes)."""
     last = attempts[-1]
     info = last.info or JobInfo("NOT_SUBMITTED")
     return {"launcher": "slurm", "job_id": last.job_id, "nodes": info.nodes,

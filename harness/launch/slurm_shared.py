@@ -11,7 +11,7 @@ and `hostname`) that looks for it and writes back. A job that did not find it is
 a HarnessError (one line, exit 2, nothing else started). A job that did not get
 to run within WAIT_S (a busy queue), or that sbatch would not take as it is, is
 a note saying the folder was not checked: the trial's own job says so later, if
-it writes nothing this machine sees (harness.launch.slurm_record).
+it writes nothing this machine sees (training_harness.launch.slurm_record).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import time
 import uuid
 from pathlib import Path
 
-from harness.core.cluster import ClusterSpec
-from harness.core.errors import HarnessError
-from harness.launch import slurm_queue as queue
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.errors import HarnessError
+from training_harness.launch import slurm_queue as queue
 
 WAIT_S = 60.0  # for the probe job to be scheduled, run and leave the queue
 POLL_S = 0.5

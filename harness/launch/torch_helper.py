@@ -1,4 +1,4 @@
-"""The tuner's client of its torch-side helper (harness.measure.torch_helper_server).
+"""The tuner's client of its torch-side helper (training_harness.measure.torch_helper_server).
 
     probe = shared()                     # one helper per tuner, started lazily
     facts = probe.study_facts(study)     # the study checked here (HarnessError if not)
@@ -6,9 +6,9 @@
     prepared, phases_s = prepare_forked(plan)   # the same, by a fork of the rank server
 
 The tuner process never imports torch: what needs it is asked of this helper.
-The helper is a fork of the rank server (harness.launch.rank_server.serve), whose
+The helper is a fork of the rank server (training_harness.launch.rank_server.serve), whose
 imports (torch, the strategies, the estimator) the trials share, or, where ranks
-are not forked, a process of its own (harness.measure.torch_helper_server). It ends
+are not forked, a process of its own (training_harness.measure.torch_helper_server). It ends
 with the tuner (its connection, or its stdin, closes).
 """
 
@@ -25,12 +25,12 @@ import threading
 import time
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.prepared import PreparedPlan
-from harness.launch import rank_server
-from harness.launch.local import import_path
-from harness.study.machine_facts import MachineFacts
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch import rank_server
+from training_harness.launch.local import import_path
+from training_harness.study.machine_facts import MachineFacts
 
 
 class ProbeCrashed(RuntimeError):
@@ -50,7 +50,7 @@ class TorchHelper:
         return self._ask({"op": "devices"})
 
     def study_facts(self, study: Any) -> MachineFacts:
-        """`study` (harness.study.study_file.Study) checked against the registry and
+        """`study` (training_harness.study.study_file.Study) checked against the registry and
         this machine; its [known_good] comes back normalised."""
         facts = MachineFacts.from_json(self._ask({"op": "study", "study": study.to_dict()}))
         study.known_good = facts.known_good
@@ -104,7 +104,7 @@ class TorchHelper:
         else:
             self._conn = None
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.measure.torch_helper_server"], env=env,
+                [sys.executable, "-m", "training_harness.measure.torch_helper_server"], env=env,
                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
             self._unlink_log()  # it has the file already
 
@@ -172,11 +172,11 @@ def _ok(answer: dict[str, Any]) -> Any:
 
 def prepare_forked(plan: Plan) -> tuple[PreparedPlan, dict[str, float]]:
     """`TorchHelper.prepare`, answered by a fork of the rank server
-    (harness.launch.rank_server.ask) rather than by a helper process of its own: for
+    (training_harness.launch.rank_server.ask) rather than by a helper process of its own: for
     `harness bench`, whose ranks are forked from that server, so that torch is
     imported once. Also returns where its time went (seconds): `rank_server`,
     waiting for the server's imports (from this call to the fork), then the fork's
-    own (harness.measure.prepare.prepare's phases and `env`)."""
+    own (training_harness.measure.prepare.prepare's phases and `env`)."""
     asked_at = time.monotonic()
     answer = rank_server.ask({"op": "prepare", "plan": plan.to_dict(),
                               "cwd": os.getcwd(), "path": import_path()})

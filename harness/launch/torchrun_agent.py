@@ -1,13 +1,13 @@
 """`python -m torch.distributed.run ARGS`, its imports made with the collector paused
-(harness.core.paused_imports: 1.0 against 1.6 CPU-s): the agent that starts a
+(training_harness.core.paused_imports: 1.0 against 1.6 CPU-s): the agent that starts a
 trial's ranks on each node of a multi-node trial, and `harness verify`'s ranks.
 
-    python -m harness.launch.torchrun_agent ARGS      (ARGS: torchrun's own)
+    python -m training_harness.launch.torchrun_agent ARGS      (ARGS: torchrun's own)
 """
 
 from __future__ import annotations
 
-from harness.core.paused_imports import import_paused
+from training_harness.core.paused_imports import import_paused
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The record of a trial that left none: its status and reason, from what its ranks left.
 
-harness.launch.local calls `decide` when no rank wrote a record (see its module doc for
+training_harness.launch.local calls `decide` when no rank wrote a record (see its module doc for
 the statuses). The reason quotes the failing rank's error and the last lines of
-its stderr (read from the tails of the logs only: harness.launch.rank_logs).
+its stderr (read from the tails of the logs only: training_harness.launch.rank_logs).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.rank_logs import (
+from training_harness.launch.rank_logs import (
     RankLog,
     agent_root_cause,
     describe_exit,
@@ -25,14 +25,15 @@ STDERR_LINES = 8  # of the failing rank's stderr, in the reason
 
 @dataclass
 class Ended:
-    """How the launched process ended, as harness.launch.local saw it."""
+    """How the launched process ended, as training_harness.launch.local saw it."""
 
     code: int | None  # the launched process's exit status (negative: a signal)
     timed_out: bool
     running: list[int]  # ranks still running at the deadline
     stopped_at: float  # time.time() when the launcher stopped waiting
     stop_reason: str | None = None  # the caller's `should_stop` asked for it, and why
-    logs_cut: dict[str, str] = field(default_factory=dict)  # harness.launch.log_cap's summary
+    # training_harness.launch.log_cap's summary
+    logs_cut: dict[str, str] = field(default_factory=dict)
     # (rank, exit code) of the first rank seen to fail, where the launcher watched the
     # ranks itself (forked from the rank server); torchrun's agent.log says it otherwise
     first_failure: tuple[int, int] | None = None

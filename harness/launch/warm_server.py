@@ -2,7 +2,7 @@
 for torch's import each time.
 
 `harness bench` forks its plan's preparation and its ranks from a rank server that
-imported torch and torch._dynamo once (harness.launch.rank_server). Started by the
+imported torch and torch._dynamo once (training_harness.launch.rank_server). Started by the
 command, that server costs about 4 s of the command's wall clock on a CPU machine
 (docs/benchmarks/bench_startup_cpu_*). Kept warm, it costs one fork. So the first
 `harness bench` starts one here, in a session of its own, and the next ones fork from
@@ -28,7 +28,7 @@ else could enter is not used.
 The protocol, over one Unix socket connection per fork (multiprocessing's framing):
 the command sends its request; the fork sends {"pid": N}, then (for `ask`) its
 answer; when the fork has ended, the server sends {"pid": N, "exit": CODE} (CODE as
-Popen's returncode) and closes. `python -m harness.launch.warm_server --stop` ends
+Popen's returncode) and closes. `python -m training_harness.launch.warm_server --stop` ends
 this user's servers.
 """
 
@@ -51,7 +51,7 @@ from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
-from harness.launch import fork_child
+from training_harness.launch import fork_child
 
 ENV = "HARNESS_WARM_SERVER"
 IDLE_ENV = "HARNESS_WARM_SERVER_IDLE_S"
@@ -230,7 +230,7 @@ class WarmRank:
         if self._code is None and self._conn.poll(timeout):
             self._read_exit()
         if self._code is None:
-            raise subprocess.TimeoutExpired("harness.measure.rank_main", timeout or 0.0)
+            raise subprocess.TimeoutExpired("training_harness.measure.rank_main", timeout or 0.0)
         return self._code
 
     def kill(self) -> None:
@@ -259,7 +259,7 @@ def _alive_pid(pid: int) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    ours = not cmdline or b"harness.launch.warm_server" in cmdline
+    ours = not cmdline or b"training_harness.launch.warm_server" in cmdline
     return pid if ours and _running(pid) else None
 
 
@@ -276,11 +276,11 @@ def _spawn(where: Path, log: Path, preload: list[str]) -> int:
     _prune(where.parent)
     idle = os.environ.get(IDLE_ENV, str(IDLE_S))
     code = ("import sys; sys.path[:] = __import__('json').loads(sys.argv[1]); "
-            "import harness.launch.warm_server as w; w.main(sys.argv[2:])")
+            "import training_harness.launch.warm_server as w; w.main(sys.argv[2:])")
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-c", code, json.dumps(sys.path), str(where), idle,
-             json.dumps(preload), "harness.launch.warm_server"],
+             json.dumps(preload), "training_harness.launch.warm_server"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             close_fds=True)
     return proc.pid
@@ -421,5 +421,5 @@ def stop_all(since: float | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--stop"]:
-        raise SystemExit("usage: python -m harness.launch.warm_server --stop")
+        raise SystemExit("usage: python -m training_harness.launch.warm_server --stop")
     print(f"stopped {stop_all()} warm rank server(s)")

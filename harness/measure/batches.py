@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
-
-from harness.core.plan import Plan
-from harness.workloads import Workload
+from training_harness.core.plan import Plan
+from training_harness.workloads import Workload
 
 # Distinct step batches kept on the device and cycled: making data stays out of
 # the timed steps, and the memory the batches take stays bounded.

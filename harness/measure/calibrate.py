@@ -1,11 +1,11 @@
 """The calibration: a device's peak matmul rate, measured in a process of its own and gone.
 
-    python -m harness.measure.calibrate cuda:0 bf16 tf32
+    python -m training_harness.measure.calibrate cuda:0 bf16 tf32
         ->  {"bf16": {"flops": ..., "source": ...}, "tf32": {...}}
-    python -m harness.measure.calibrate --overhead cuda:0
+    python -m training_harness.measure.calibrate --overhead cuda:0
         ->  {"context_bytes": ..., "workspace_bytes": ..., ...}  (device_overhead.py)
 
-Started by `harness.measure.peaks.measured_peak` on a cache miss. Besides a trial's
+Started by `training_harness.measure.peaks.measured_peak` on a cache miss. Besides a trial's
 ranks it is the only process that touches a GPU: its CUDA context lives for the few
 seconds of the matmuls and ends with it. (On a CPU it runs the same way, so that no
 process that prepares trials ever runs the calibration itself.) The dtype comes
@@ -33,7 +33,7 @@ CUDA_MIN_TIME_S = 1.0  # then the best of the timed runs within at least this lo
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if args and args[0] == "--overhead":
-        from harness.measure.device_overhead import measure
+        from training_harness.measure.device_overhead import measure
 
         print(json.dumps(asdict(measure(torch.device(args[1])))), flush=True)
         return 0

@@ -20,9 +20,9 @@ def compiles(strategies: dict[str, Any]) -> bool:
     fused = strategies.get("fused")
     if fused is None:
         return False
-    from strategies.fused import FusedSettings
-    from strategies.kernel_swaps import SWAPS
-    from strategies.registry import get
+    from training_harness.strategies.fused import FusedSettings
+    from training_harness.strategies.kernel_swaps import SWAPS
+    from training_harness.strategies.registry import get
 
     settings: FusedSettings = get("fused").parse(fused)
     return settings.compile or any(getattr(settings, k) == "compile" for k in SWAPS)

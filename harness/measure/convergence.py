@@ -10,7 +10,7 @@ s + k x DATA_STRIDE, so seed 0's is batch s, as in every trial, and a fine-tunin
 from saved weights still differs from seed to seed. The lr is the plan's, scaled with
 the global batch and warmed up as [target] says.
 
-The validation loss (harness.measure.validation) is taken every `eval_every` samples,
+The validation loss (training_harness.measure.validation) is taken every `eval_every` samples,
 between steps and off the training clock; the first at 0 samples, from the fresh
 weights. The steps to target are those after which it was first at or below the
 target: a resolution of eval_every samples. A run that stops short (cap, or a loss
@@ -25,14 +25,13 @@ import time
 from typing import Any
 
 import torch
-
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from harness.core.target import MATHS_STRATEGIES, OPTIMIZERS
-from harness.measure.batches import split_batch
-from harness.measure.validation import validation_loss
-from harness.workloads import Workload
-from strategies import compose
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.target import MATHS_STRATEGIES, OPTIMIZERS
+from training_harness.measure.batches import split_batch
+from training_harness.measure.validation import validation_loss
+from training_harness.strategies.compose import compose
+from training_harness.workloads import Workload
 
 # What a convergence run keeps of the plan's strategies (everything else leaves the
 # maths unchanged and is there for speed or for several ranks).

@@ -1,6 +1,6 @@
 """What a CUDA process holds on its device beyond its tensors, measured once per device.
 
-Three terms, measured in the calibration process (harness.measure.calibrate
+Three terms, measured in the calibration process (training_harness.measure.calibrate
 --overhead; never in the tuner's helper, which must hold no CUDA context) and cached
 in $HARNESS_CACHE_DIR/overhead.json per GPU, driver-visible identity and torch:
 
@@ -14,7 +14,7 @@ in $HARNESS_CACHE_DIR/overhead.json per GPU, driver-visible identity and torch:
   channel, NCCL_BUFFSIZE 4 MiB each by default): the figure is a floor, and the
   estimator says so.
 
-The estimator adds these to a CUDA plan's peak (harness.estimator.estimate), so the
+The estimator adds these to a CUDA plan's peak (training_harness.estimator.estimate), so the
 raw prediction is of what the device holds for the trial, as NVML reports it. On a
 CPU the terms are zero.
 """
@@ -29,8 +29,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-
-from harness.core.overhead import DeviceOverhead
+from training_harness.core.overhead import DeviceOverhead
 
 OVERHEAD_FILE = "overhead.json"
 CALIBRATION_TIMEOUT_S = 300.0
@@ -42,8 +41,8 @@ def device_overhead(device: torch.device, *, cache: bool = True) -> DeviceOverhe
     `source` says why, so the estimate names what it did not count."""
     if device.type != "cuda":
         return DeviceOverhead.none(device.type)
-    from harness.measure import cache as store
-    from harness.measure.nvml import gpu_identity
+    from training_harness.measure import cache as store
+    from training_harness.measure.nvml import gpu_identity
 
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -63,7 +62,7 @@ def device_overhead(device: torch.device, *, cache: bool = True) -> DeviceOverhe
 
 def _measure_in_subprocess(device: torch.device) -> DeviceOverhead:
     out = subprocess.run(
-        [sys.executable, "-m", "harness.measure.calibrate", "--overhead", str(device)],
+        [sys.executable, "-m", "training_harness.measure.calibrate", "--overhead", str(device)],
         capture_output=True, text=True, timeout=CALIBRATION_TIMEOUT_S, check=False)
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -81,7 +80,7 @@ def measure(device: torch.device) -> DeviceOverhead:
     this process made its context."""
     if device.type != "cuda":
         return DeviceOverhead.none(device.type)
-    from harness.measure.nvml import process_memory_bytes
+    from training_harness.measure.nvml import process_memory_bytes
 
     before = _device_used(device)  # read before the context exists
     torch.ones(1, device=device)
@@ -109,7 +108,7 @@ def measure(device: torch.device) -> DeviceOverhead:
 
 def _device_used(device: torch.device) -> int | None:
     """What the whole device holds now (NVML; None without it)."""
-    from harness.measure.nvml import _ask, nvml_handle
+    from training_harness.measure.nvml import _ask, nvml_handle
 
     def query(nv: Any) -> int | None:
         handle = nvml_handle(nv, device)

@@ -1,7 +1,7 @@
 """Small helpers for the ranks of one trial: who am I, the process group, collectives.
 
 A trial with world size N runs as N processes (forked from the rank server, or
-started by torchrun: see harness.launch.local), each told its place through
+started by torchrun: see training_harness.launch.local), each told its place through
 torchrun's environment variables (env:// init: MASTER_ADDR, MASTER_PORT).
 With one process none of these helpers touches torch.distributed: a single
 process trial never creates a process group.
@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from harness.core.errors import HarnessError
-from harness.measure.rank_process import RankInfo
+from training_harness.core.errors import HarnessError
+from training_harness.measure.rank_process import RankInfo
 
 COLLECTIVE_MARGIN_S = 60.0  # past the plan's timeout (see init)
 
@@ -39,7 +38,7 @@ def init(plan: Any, device: torch.device, info: RankInfo | None = None) -> RankI
     if info.world_size != plan.world_size:
         raise HarnessError(
             f"the plan's layout has {plan.world_size} ranks but {info.world_size} were "
-            "started; launch it with harness.launch.local (or torchrun --nproc-per-node "
+            "started; launch it with training_harness.launch.local (or torchrun --nproc-per-node "
             f"{plan.world_size})"
         )
     if not info.distributed or dist.is_initialized():

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-
-from harness.core.device import cpu_capability, cpu_flags
+from training_harness.core.device import cpu_capability, cpu_flags
 
 T = TypeVar("T")
 
@@ -120,7 +119,7 @@ def _gpus(device: torch.device) -> list[dict[str, Any]] | None:
                 }
             )
         return gpus
-    from harness.measure.nvml import gpu_names
+    from training_harness.measure.nvml import gpu_names
 
     return [{"index": i, "name": name} for i, name in enumerate(gpu_names())]
 
@@ -133,7 +132,7 @@ def _nccl_version() -> str | None:
 
 
 def _cpu_name() -> str:
-    from harness.core.device import cpu_name
+    from training_harness.core.device import cpu_name
 
     return cpu_name()
 
@@ -154,13 +153,13 @@ def capture_env(device: torch.device) -> dict[str, Any]:
 
 
 def _capture(device: torch.device) -> dict[str, Any]:
-    import harness
-    from harness.measure.nvml import driver_version
+    import training_harness
+    from training_harness.measure.nvml import driver_version
 
     cuda = device.type == "cuda"
     gpus = _safe(lambda: _gpus(device)) or []
     return {
-        "harness": harness.__version__,
+        "harness": training_harness.__version__,
         "git": _safe(git_commit),
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),

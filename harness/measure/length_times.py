@@ -37,11 +37,11 @@ def lengths_to_time(schedule: Any) -> list[int]:
 def time_lengths(setup: Any, batches: list[Any], loss: Callable, device: torch.device,
                  lengths: list[int], steps: int) -> dict[int, float]:
     """{length: median step seconds} over `steps` steps at each length, after WARMUP_STEPS,
-    each length one window of harness.measure.timing.WindowTimer (the device synchronised
+    each length one window of training_harness.measure.timing.WindowTimer (the device synchronised
     at both ends). The steps train on `batches` in turn (already on the device: no data
     loading inside the timing); the schedule's own lengths are restored afterwards."""
-    from harness.measure.timing import WindowTimer
-    from strategies.curriculum import truncate
+    from training_harness.measure.timing import WindowTimer
+    from training_harness.strategies.curriculum import truncate
 
     schedule_transform = setup.batch_transform
     out: dict[int, float] = {}
@@ -92,7 +92,7 @@ def run_seconds(times: dict[int, float], length_of: Callable[[int], int], steps:
 def schedule_of(plan: dict[str, Any], times: dict[int, float]) -> Any:
     """The curriculum's schedule of a plan written out in full (a record's "plan"); the
     full length is the longest measured one."""
-    from strategies.curriculum import CurriculumSettings, Schedule
+    from training_harness.strategies.curriculum import CurriculumSettings, Schedule
 
     settings = CurriculumSettings(**(plan.get("strategies") or {})["curriculum"])
     batch = plan.get("global_batch_size") or plan.get("micro_batch_size")

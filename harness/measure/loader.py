@@ -2,7 +2,7 @@
 waits are measured, not hidden.
 
 Each item of the loader is one optimizer step's share of this rank (the workload's
-batch `step`, cut as harness.measure.batches cuts the synthetic pool), made by worker
+batch `step`, cut as training_harness.measure.batches cuts the synthetic pool), made by worker
 processes ahead of the step and, on CUDA, in pinned memory so the copy is
 asynchronous. The time the step waits in `next()` for a batch is the data's cost:
 it falls inside the timed window, as it does in training, and the record says how
@@ -19,11 +19,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset
-
-from harness.core.plan import Plan
-from harness.measure.batches import rank_share, split_batch, step_pool
-from harness.measure.timing import MAX_WINDOW_STEPS, window_rule
-from harness.workloads import Workload
+from training_harness.core.plan import Plan
+from training_harness.measure.batches import rank_share, split_batch, step_pool
+from training_harness.measure.timing import MAX_WINDOW_STEPS, window_rule
+from training_harness.workloads import Workload
 
 PREFETCH = 4  # batches each worker keeps ready
 
@@ -109,7 +108,7 @@ class PoolFeed:
 def step_feed(plan: Plan, workload: Workload, device: torch.device, data_rank: int = 0,
               local_ranks: int = 1) -> Any:
     """Synthetic data: the pool (made here, outside the timed steps). Real data: a
-    DataLoader feeding each step in turn, its waits measured (harness.measure.loader)."""
+    DataLoader feeding each step in turn, its waits measured (training_harness.measure.loader)."""
     if workload.data == "synthetic":
         return PoolFeed(step_pool(plan, workload, device, data_rank), workload.data)
     return LoaderFeed(plan, workload, device, data_rank, trial_steps_max(plan, device.type),
@@ -118,7 +117,7 @@ def step_feed(plan: Plan, workload: Workload, device: torch.device, data_rank: i
 
 def trial_steps_max(plan: Plan, device_type: str) -> int:
     """The most steps a trial runs: warm-up's cap and the longest window
-    (harness.measure.timing.window_rule)."""
+    (training_harness.measure.timing.window_rule)."""
     cap, min_s = window_rule(plan.warmup_steps, plan.steps, plan.warmup_max_steps,
                              plan.min_window_s, device_type)
     return cap + (max(plan.steps, MAX_WINDOW_STEPS) if min_s else plan.steps)

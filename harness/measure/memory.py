@@ -7,14 +7,14 @@
 
 The allocator's peaks count only tensors (allocated) and the blocks the caching
 allocator holds (reserved); the CUDA context, cuBLAS workspaces and NCCL's buffers
-are outside them. NVML's per-process figure (harness.measure.nvml) sees those:
+are outside them. NVML's per-process figure (training_harness.measure.nvml) sees those:
 `device_held` is the trial's peak.
 
 Under a study's memory budget each rank's caching allocator is capped (`apply_memory_cap`,
 before the model is built: it frees its cache and retries before it passes the cap), so
 what the device held may include cache the trial did not need. Such a trial is judged
 by what it needed: the allocator's reserved peak plus the measured context
-(`context_bytes`; harness.core.memory_need.budget_peak_bytes).
+(`context_bytes`; training_harness.core.memory_need.budget_peak_bytes).
 
 The RSS peak since `begin` comes from Linux's VmHWM after resetting it through
 /proc/self/clear_refs. Where the reset is refused, or there is no /proc, the
@@ -28,8 +28,7 @@ import sys
 from typing import Any
 
 import torch
-
-from harness.measure.nvml import process_memory_bytes
+from training_harness.measure.nvml import process_memory_bytes
 
 try:
     import psutil
@@ -93,7 +92,8 @@ def apply_memory_cap(device: torch.device, budget_bytes: int | None,
 
 def set_expandable_segments(device: torch.device, on: bool) -> None:
     """The allocator's expandable segments, as PYTORCH_CUDA_ALLOC_CONF (set by the launcher,
-    harness.launch.local.allocator_env) asks, for a rank forked after torch was imported."""
+    training_harness.launch.local.allocator_env) asks, for a rank forked after torch was
+    imported."""
     # torch 2.11 deprecates the cuda one for the accelerator-wide setter (a FutureWarning)
     setter = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
               or getattr(torch.cuda.memory, "_set_allocator_settings", None))

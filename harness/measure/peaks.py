@@ -4,11 +4,11 @@ Both figures are recorded with every result, and the record says which MFU uses:
 
 - the **datasheet** peak: the vendor's dense (no 2:4 sparsity) tensor rate for the
   device and the dtype the matmuls really run in (`matmul_dtype`), from the one GPU
-  table of the harness, harness.core.gpus (torch-free: `harness plan --target` and
+  table of the harness, training_harness.core.gpus (torch-free: `harness plan --target` and
   the estimator read it too);
 - the **measured** peak: the best rate of a square calibration matmul on this device,
-  cached per machine (harness.measure.cache) so that it is measured once. The matmul
-  runs in a short-lived process of its own (harness.measure.calibrate): a CUDA
+  cached per machine (training_harness.measure.cache) so that it is measured once. The matmul
+  runs in a short-lived process of its own (training_harness.measure.calibrate): a CUDA
   context made here would stay on the trials' device for as long as the caller (the
   tuner's helper, the bench launcher) lives, holding memory and skewing NVML's
   readings. A process that itself ends before the trial starts (the rank server's
@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from harness.core.errors import HarnessError
-from harness.core.gpus import gpu_named
-from harness.measure import cache as store
-from harness.measure import calibrate
+from training_harness.core.errors import HarnessError
+from training_harness.core.gpus import gpu_named
+from training_harness.measure import cache as store
+from training_harness.measure import calibrate
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 CACHE_FILE = "peaks.json"
@@ -254,7 +253,7 @@ def _indexed(device: torch.device) -> torch.device:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from harness.core.device import cpu_name
+    from training_harness.core.device import cpu_name
 
     return cpu_name()
 
@@ -266,11 +265,11 @@ def _cache_key(device: torch.device, device_name: str, dtype: str) -> str:
     the dtype and torch."""
     key = f"{device.type}|{device_name}|{dtype}|torch {torch.__version__}"
     if device.type == "cpu":
-        from harness.core.device import cpu_capability, cpu_flags
+        from training_harness.core.device import cpu_capability, cpu_flags
 
         key += f"|threads {torch.get_num_threads()}|{cpu_capability()}|{','.join(cpu_flags())}"
     elif device.type == "cuda":
-        from harness.measure.nvml import gpu_identity  # NVML: no CUDA context
+        from training_harness.measure.nvml import gpu_identity  # NVML: no CUDA context
 
         key += f"|{gpu_identity(device)}"
     return key
@@ -283,7 +282,7 @@ _here = False  # see calibrate_here
 
 def calibrate_here() -> None:
     """Declare this process a short-lived one that ends before any trial starts (the
-    rank server's fork that prepares one plan, harness.launch.rank_server.ask): a
+    rank server's fork that prepares one plan, training_harness.launch.rank_server.ask): a
     calibration that misses the cache then runs here, as it would in its own process,
     instead of in a new interpreter that imports torch again (a second or more)."""
     global _here
@@ -291,12 +290,13 @@ def calibrate_here() -> None:
 
 
 def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str, Peak]:
-    """The calibration of each dtype in one short-lived process (harness.measure.calibrate),
+    """The calibration of each dtype in one short-lived process
+    (training_harness.measure.calibrate),
     so that the CUDA context the matmuls need ends with it instead of staying here."""
     root = str(Path(__file__).resolve().parents[2])  # where `harness` imports from
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "harness.measure.calibrate", str(device), *dtypes]
+    argv = [sys.executable, "-m", "training_harness.measure.calibrate", str(device), *dtypes]
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=CALIBRATION_TIMEOUT_S)

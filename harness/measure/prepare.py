@@ -2,12 +2,12 @@
 
     prepare(plan)            everything that can refuse a plan, before anything runs
                              (HarnessError); the estimate, the FLOPs and the peak
-    prepared.checked()       the same as plain data (harness.core.prepared), which
+    prepared.checked()       the same as plain data (training_harness.core.prepared), which
                              the launcher writes beside plan.toml
     from_prepared(p, rank)   in each rank: the workload and device again, without
                              estimating, counting FLOPs or looking up peaks again
 
-`harness bench` and the tuner's torch-side helper (harness.measure.torch_helper_server)
+`harness bench` and the tuner's torch-side helper (training_harness.measure.torch_helper_server)
 call `prepare`; the ranks call `from_prepared`.
 """
 
@@ -19,22 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from harness.core.device import RuntimeEnv, resolve_device
-from harness.core.plan import Plan
-from harness.core.prepared import PreparedPlan
-from harness.estimator import estimate
-from harness.measure.device_overhead import device_overhead
-from harness.measure.env import capture_env
-from harness.measure.peaks import (
+from training_harness.core.device import RuntimeEnv, resolve_device
+from training_harness.core.plan import Plan
+from training_harness.core.prepared import PreparedPlan
+from training_harness.estimator import estimate
+from training_harness.measure.device_overhead import device_overhead
+from training_harness.measure.env import capture_env
+from training_harness.measure.peaks import (
     PeakChoice,
     autocast_dtype_name,
     matmul_dtype,
     measured_peaks,
     peaks_for,
 )
-from harness.workloads import Workload, load_workload
-from strategies import resolved, validate
+from training_harness.strategies.compose import resolved, validate
+from training_harness.workloads import Workload, load_workload
 
 
 @dataclass

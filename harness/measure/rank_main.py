@@ -1,9 +1,10 @@
 """Inside every rank of a trial: join the process group, run the trial, write the record.
 
-    python -m harness.measure.rank_main PREPARED_JSON --result PATH --command CMD [--study S ...]
+    python -m training_harness.measure.rank_main PREPARED_JSON --result PATH --command CMD [--study
+    S ...]
 
-harness.launch.local starts this: on one node each rank a fork of its rank server
-(harness.launch.rank_server) given torchrun's environment, else through torchrun.
+training_harness.launch.local starts this: on one node each rank a fork of its rank server
+(training_harness.launch.rank_server) given torchrun's environment, else through torchrun.
 The first line each rank writes to its stderr names the rank; the launcher reads
 it to tell the ranks' logs apart. One process writes the record (rank 0 on one
 node; see RankInfo.writes_result), atomically; the others write nothing.
@@ -25,16 +26,16 @@ if __name__ == "__main__":
     # A new interpreter (torchrun's rank, a Slurm job's), not a fork of the rank server:
     # the server's imports, made as it makes them (2.0 CPU-s against 3.0 with the
     # collector on), so that this rank runs on the heap a forked one has.
-    import harness.measure.rank_preload  # noqa: F401
+    import training_harness.measure.rank_preload  # noqa: F401
 
 from torch.distributed.elastic.multiprocessing.errors import record
-
-from harness.measure.rank_process import LOG_HEADER as HEADER
+from training_harness.measure.rank_process import LOG_HEADER as HEADER
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m harness.measure.rank_main")
-    p.add_argument("prepared", help="the prepared plan (prepared.json, harness.core.prepared)")
+    p = argparse.ArgumentParser(prog="python -m training_harness.measure.rank_main")
+    p.add_argument("prepared",
+                   help="the prepared plan (prepared.json, training_harness.core.prepared)")
     p.add_argument("--result", required=True, help="where the record is written (JSON)")
     p.add_argument("--command", default="", help="the command that re-runs this trial")
     p.add_argument("--study")
@@ -49,25 +50,27 @@ def _trial_id(text: str | None) -> int | str | None:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    from harness.measure.rank_process import RankInfo, append_output
+    from training_harness.measure.rank_process import RankInfo, append_output
 
     append_output()  # the launcher cuts logs past their cap; carry on at the new end
     info = RankInfo.from_env()
     print(f"{HEADER} {info.describe()}, pid {os.getpid()}", file=sys.stderr, flush=True)
     # A rank stopped (a hang, or another rank's failure) leaves the stack of every
     # thread in its stderr before it goes; when it may not (several SIGTERMs at once),
-    # the launcher asked first for the stack file (harness.launch.procs.dump_stacks).
+    # the launcher asked first for the stack file (training_harness.launch.procs.dump_stacks).
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    from harness.measure.rank_process import listen_for_stack_requests, watch_launcher
+    from training_harness.measure.rank_process import listen_for_stack_requests, watch_launcher
 
     listen_for_stack_requests()
     watch_launcher()  # and if the launcher dies, stop too
 
-    import strategies  # noqa: F401  (registers the built-in strategies)
-    from harness.core.prepared import PreparedPlan
-    from harness.measure import distributed
-    from harness.measure.prepare import from_prepared
-    from harness.measure.trial_loop import run_trial
+    from training_harness.strategies.registry import load_builtins
+
+    load_builtins()
+    from training_harness.core.prepared import PreparedPlan
+    from training_harness.measure import distributed
+    from training_harness.measure.prepare import from_prepared
+    from training_harness.measure.trial_loop import run_trial
 
     prep = from_prepared(PreparedPlan.read(args.prepared), info.local_rank)
     distributed.init(prep.plan, prep.device, info)
@@ -89,7 +92,7 @@ def _leave(code: int) -> None:
 
 
 if __name__ == "__main__":
-    from harness.core.errors import HarnessError
+    from training_harness.core.errors import HarnessError
 
     try:
         _leave(main())

@@ -1,7 +1,7 @@
 """What every rank process of a trial knows without torch: its place, and its launcher.
 
-Set up by harness.measure.rank_main before anything else (and read by the
-launcher in harness.launch, which sets the environment variables named here):
+Set up by training_harness.measure.rank_main before anything else (and read by the
+launcher in training_harness.launch, which sets the environment variables named here):
 
     RankInfo                  this process's place, from torchrun's environment
     LOG_HEADER                the first line each rank writes to its stderr
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import psutil
 
-# Set by harness.launch.local on every process of a trial: the --node-rank this node was
+# Set by training_harness.launch.local on every process of a trial: the --node-rank this node was
 # launched with. c10d rendezvous numbers nodes by its own order (GROUP_RANK), so the
 # launched node rank is what says which node's launcher collects the record.
 NODE_RANK_ENV = "HARNESS_NODE_RANK"
-# The start of the first line every rank writes to its stderr (harness.measure.rank_main),
+# The start of the first line every rank writes to its stderr (training_harness.measure.rank_main),
 # followed by RankInfo.describe(): how the launcher tells the ranks' logs apart.
 LOG_HEADER = "harness worker:"
 

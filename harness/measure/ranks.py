@@ -6,7 +6,7 @@
   rank is left waiting in a collective. Warm-up steps agree step by step (a
   divergence stops them at once); the measured window's losses are read and
   agreed once, after it, so that reading them does not synchronise each step.
-- Each rank times its own steps inside the measured window (harness.measure.timing):
+- Each rank times its own steps inside the measured window (training_harness.measure.timing):
   the job's time for a step is the slowest rank's, and the job's window the slowest
   rank's window; its peak memory is the largest rank's; every rank's own figures
   are kept under `per_rank`.
@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from harness.measure import distributed
-from harness.measure.memory import peak_memory_bytes
-from harness.measure.rank_process import RankInfo
-from harness.measure.timing import step_time_stats
+from training_harness.measure import distributed
+from training_harness.measure.memory import peak_memory_bytes
+from training_harness.measure.rank_process import RankInfo
+from training_harness.measure.timing import step_time_stats
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Steps to target, kept: one entry per maths key and seed (harness.core.target.maths_key).
+"""Steps to target, kept: one entry per maths key and seed (training_harness.core.target.maths_key).
 
-The file is steps_to_target.json in the per-machine cache (harness.measure.cache):
+The file is steps_to_target.json in the per-machine cache (training_harness.measure.cache):
 every study and bench on this machine shares it, so a configuration whose maths
 an earlier run already trained (another layout, micro-batch, checkpointing, ZeRO,
 pipeline, kernels) is not trained again.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.measure import cache
+from training_harness.measure import cache
 
 CACHE_FILE = "steps_to_target.json"
 

@@ -1,7 +1,7 @@
 """Time to target for a measured configuration: steps to target x its step time.
 
-The steps come from one run per seed to the target (harness.measure.convergence),
-each looked up first in the cache by the plan's maths (harness.measure.target_cache)
+The steps come from one run per seed to the target (training_harness.measure.convergence),
+each looked up first in the cache by the plan's maths (training_harness.measure.target_cache)
 and run only when absent. The step time is this trial's measured median. A
 configuration is a success only when every seed reached the target; the record then
 gives the median over seeds and its spread (min, max), and otherwise says which
@@ -13,10 +13,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from harness.core.target import maths_key, optimizer_name, precision, technique_name
-from harness.measure import target_cache
-from harness.measure.convergence import train_to_target
-from harness.measure.prepare import Prepared
+from training_harness.core.target import maths_key, optimizer_name, precision, technique_name
+from training_harness.measure import target_cache
+from training_harness.measure.convergence import train_to_target
+from training_harness.measure.prepare import Prepared
 
 
 def seed_runs(prep: Prepared) -> list[dict[str, Any]]:
@@ -42,14 +42,14 @@ def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss
     """metrics.convergence, and the schema's steps_to_target / time_to_target_s.
 
     A seed's time is its steps to target x the measured step time; with a curriculum's
-    `length_times` (harness.measure.length_times), the sum of each step's time at its
+    `length_times` (training_harness.measure.length_times), the sum of each step's time at its
     length, and step_time_s is then that run's mean step (the window's is kept beside)."""
     reached = all(r["reached"] for r in runs)
     steps = [r["steps_to_target"] for r in runs if r["reached"]]
     times = [s * step_time_s for s in steps] if step_time_s else []
     extra: dict[str, Any] = {}
     if length_times and steps:
-        from harness.measure import length_times as lt
+        from training_harness.measure import length_times as lt
 
         schedule = lt.schedule_of(plan, length_times)
         times = [lt.run_seconds(length_times, schedule.length, s) for s in steps]

@@ -19,9 +19,8 @@ import time
 from collections.abc import Callable
 
 import torch
-
-from harness.core.device import synchronize
-from harness.core.window import (  # noqa: F401  (the rule lives torch-free, for the tuner)
+from training_harness.core.device import synchronize
+from training_harness.core.window import (  # noqa: F401  (the rule lives torch-free, for the tuner)
     CUDA_MIN_WINDOW_S,
     CUDA_WARMUP_MAX_STEPS,
     MAX_WINDOW_STEPS,

@@ -1,7 +1,7 @@
 """The tuner's torch side: one helper per tuner answers what needs torch.
 
-    a fork of the rank server running `answer` (harness.launch.rank_server.serve), or
-    python -m harness.measure.torch_helper_server      (where ranks are not forked)
+    a fork of the rank server running `answer` (training_harness.launch.rank_server.serve), or
+    python -m training_harness.measure.torch_helper_server      (where ranks are not forked)
 
 The tuner process never imports torch (nor touches a device): checking a study
 against the strategy registry, and checking, estimating and counting the FLOPs
@@ -9,8 +9,9 @@ of each plan, happen here. One JSON request a line on stdin, one JSON answer a
 line on stdout:
 
     {"op": "devices"}                   {"ok": {"cuda": <visible CUDA devices>}}
-    {"op": "study", "study": {...}}     {"ok": MachineFacts}   (harness.study.machine_facts)
-    {"op": "prepare", "plan": {...},    {"ok": PreparedPlan, (harness.core.prepared)
+    {"op": "study", "study": {...}}     {"ok": MachineFacts}
+    (training_harness.study.machine_facts)
+    {"op": "prepare", "plan": {...},    {"ok": PreparedPlan, (training_harness.core.prepared)
      "peaks": {...}}                     "phases_s": {phase: seconds}}
                                         (the study's fixed peaks by compute dtype)
 
@@ -34,8 +35,7 @@ _ENV_CACHE: dict[str, dict[str, Any]] = {}  # device type -> captured environmen
 
 def _env_for(device_type: str) -> dict[str, Any]:
     import torch
-
-    from harness.measure.env import capture_env
+    from training_harness.measure.env import capture_env
 
     if device_type not in _ENV_CACHE:
         _ENV_CACHE[device_type] = capture_env(torch.device(device_type))
@@ -49,14 +49,14 @@ def devices() -> dict[str, Any]:
 
 
 def study_facts(table: dict[str, Any]) -> dict[str, Any]:
-    import strategies
-    from harness.core.device import RuntimeEnv, resolve_device
-    from harness.measure.memory import device_memory_bytes
-    from harness.measure.prepare import study_peaks
-    from harness.study.checks import check_study, resolve_settings
-    from harness.study.machine_facts import MachineFacts
-    from harness.study.study_file import Study
-    from harness.workloads import load_workload
+    from training_harness.core.device import RuntimeEnv, resolve_device
+    from training_harness.measure.memory import device_memory_bytes
+    from training_harness.measure.prepare import study_peaks
+    from training_harness.strategies import registry
+    from training_harness.study.checks import check_study, resolve_settings
+    from training_harness.study.machine_facts import MachineFacts
+    from training_harness.study.study_file import Study
+    from training_harness.workloads import load_workload
 
     study = Study.from_dict(table)
     device_type = resolve_device(study.device).type
@@ -67,7 +67,7 @@ def study_facts(table: dict[str, Any]) -> dict[str, Any]:
     facts = MachineFacts(
         device_type=device_type, device_name=runtime.device_name,
         device_count=runtime.device_count, device_memory_bytes=device_memory_bytes(device_type),
-        settings=settings, defaults={s.name: s.defaults() for s in strategies.all_strategies()},
+        settings=settings, defaults={s.name: s.defaults() for s in registry.all_strategies()},
         known_good=study.known_good, env=_env_for(device_type),
         peaks=study_peaks(device_type, _study_dtypes(settings, study.known_good), workload))
     return facts.to_json()
@@ -75,7 +75,7 @@ def study_facts(table: dict[str, Any]) -> dict[str, Any]:
 
 def _study_dtypes(settings: dict[str, Any], known_good: dict[str, Any] | None) -> list[str]:
     """The compute dtypes a study's trials can run in: fp32, and amp's dtypes."""
-    from harness.measure.peaks import autocast_dtype_name
+    from training_harness.measure.peaks import autocast_dtype_name
 
     dtypes = {"fp32"}
     if "amp" in settings:
@@ -91,12 +91,11 @@ def _study_dtypes(settings: dict[str, Any], known_good: dict[str, Any] | None) -
 
 def prepare(table: dict[str, Any], peaks: dict[str, Any] | None = None,
             phases: dict[str, float] | None = None) -> dict[str, Any]:
-    """The plan prepared (harness.measure.prepare); `phases` gets its seconds, by phase."""
+    """The plan prepared (training_harness.measure.prepare); `phases` gets its seconds, by phase."""
     import time
 
-    import strategies  # noqa: F401  (registers the built-in strategies)
-    from harness.core.plan import Plan
-    from harness.measure.prepare import prepare as prepare_plan
+    from training_harness.core.plan import Plan
+    from training_harness.measure.prepare import prepare as prepare_plan
 
     prep = prepare_plan(Plan.from_dict(table, where="plan"), peaks=peaks, phases=phases)
     t0 = time.perf_counter()
@@ -111,7 +110,7 @@ OPS = {"devices": lambda r, _: devices(), "study": lambda r, _: study_facts(r["s
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    from harness.core.errors import HarnessError
+    from training_harness.core.errors import HarnessError
 
     if request.get("cwd"):
         os.chdir(request["cwd"])

@@ -3,13 +3,13 @@
 The loop reads like nanoGPT's bench.py: warm-up steps, then the measured steps as
 one window with a synchronisation at each end and none between the steps, so the
 host queues a step while the device runs the last one, as training does
-(harness.measure.timing). Throughput and MFU come from the window; the median
+(training_harness.measure.timing). Throughput and MFU come from the window; the median
 step time and its spread from each step's own time inside it. The losses of the
 window stay on the device until it has ended, then are read and checked at once.
 
-The same code runs in every rank of a distributed trial (harness.measure.rank_main): each
+The same code runs in every rank of a distributed trial (training_harness.measure.rank_main): each
 rank trains its share, the ranks agree on the loss of every step, and their
-figures are combined into the job's (harness.measure.ranks).
+figures are combined into the job's (training_harness.measure.ranks).
 """
 
 from __future__ import annotations
@@ -25,21 +25,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import torch
-
-from harness.core.clock import process_age_s
-from harness.core.errors import HarnessError
-from harness.core.interference import InterferenceMeter, combine_ranks, session_pids
-from harness.measure import distributed
-from harness.measure.compile_cost import compile_seconds, compiles
-from harness.measure.env import capture_env
-from harness.measure.loader import feed_capacity, step_feed
-from harness.measure.memory import MemoryTracker, apply_memory_cap, set_expandable_segments
-from harness.measure.nvml import NvmlReading, NvmlSampler, compute_processes
-from harness.measure.peaks import forget_measured_peak
-from harness.measure.prepare import Prepared
-from harness.measure.rank_process import RankInfo
-from harness.measure.ranks import LossLog, combine, rank_figures, read_losses, step_loss
-from harness.measure.timing import (
+from training_harness.core.clock import process_age_s
+from training_harness.core.errors import HarnessError
+from training_harness.core.interference import InterferenceMeter, combine_ranks, session_pids
+from training_harness.measure import distributed
+from training_harness.measure.compile_cost import compile_seconds, compiles
+from training_harness.measure.env import capture_env
+from training_harness.measure.loader import feed_capacity, step_feed
+from training_harness.measure.memory import MemoryTracker, apply_memory_cap, set_expandable_segments
+from training_harness.measure.nvml import NvmlReading, NvmlSampler, compute_processes
+from training_harness.measure.peaks import forget_measured_peak
+from training_harness.measure.prepare import Prepared
+from training_harness.measure.rank_process import RankInfo
+from training_harness.measure.ranks import LossLog, combine, rank_figures, read_losses, step_loss
+from training_harness.measure.timing import (
     SETTLE_STEPS,
     WindowTimer,
     step_time_stats,
@@ -47,9 +46,9 @@ from harness.measure.timing import (
     window_rule,
     window_steps,
 )
-from harness.records.result import TrialResult, empty_metrics
-from harness.records.step_log import step_writer
-from strategies import compose
+from training_harness.records.result import TrialResult, empty_metrics
+from training_harness.records.step_log import step_writer
+from training_harness.strategies.compose import compose
 
 
 def is_oom(e: BaseException) -> bool:
@@ -92,7 +91,7 @@ def run_trial(
         result.metrics, result.status, result.reason = measure(prep, info)
         if prep.plan.target is not None and result.status == "ok" and info.writes_result:
             # after the measured steps, off their clock; one process trains to the target
-            from harness.measure.time_to_target import add_time_to_target
+            from training_harness.measure.time_to_target import add_time_to_target
 
             t_target = time.perf_counter()
             result.status, result.reason = add_time_to_target(prep, result.metrics)
@@ -158,7 +157,7 @@ def measure(prep: Prepared, info: RankInfo | None = None) -> tuple[dict[str, Any
     if setup.length_schedule is not None and plan.target is not None and log.status == "ok":
         metrics.update(_times_by_length(prep, setup, last_batch, metrics))
     if plan.save and log.status == "ok" and info.writes_result:  # harness bench --save
-        from harness.workloads.trained import save_trained
+        from training_harness.workloads.trained import save_trained
 
         metrics["saved"] = save_trained(setup.model, plan.workload, plan.workload_args,
                                         plan.save)
@@ -343,7 +342,7 @@ def _times_by_length(prep: Prepared, setup: Any, batch: Any,
     """A curriculum's run to the target: its steps timed at their lengths, not at the
     window's (the schedule's shortest); on the window's last batch, so each length's
     step gets the window's mean wait for data."""
-    from harness.measure import length_times as lt
+    from training_harness.measure import length_times as lt
 
     wait = (metrics.get("data_wait_s") or 0.0) / len(metrics["step_times_s"])
     times = lt.time_lengths(setup, [batch], prep.workload.loss, prep.device,

@@ -13,8 +13,7 @@ import math
 
 import torch
 from torch import nn
-
-from harness.workloads import Workload
+from training_harness.workloads import Workload
 
 MAX_EVAL_BATCH = 64
 

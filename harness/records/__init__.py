@@ -5,5 +5,5 @@ study.json, each trial's files), the contract `harness report` reads; and what t
 records say together (`pooled`: one figure per configuration; `speedup`: a ratio with
 its interval and verdict; `drift`; `verdict`: a study's, which the tuner's summary,
 the report and `harness compare` share). It imports
-harness.core only; the tuner, the trial loop and reports/ import it.
+training_harness.core only; the tuner, the trial loop and reports/ import it.
 """

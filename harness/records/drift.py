@@ -5,7 +5,7 @@ the machine itself changes (thermal limits, a neighbour's load, a clock that ram
 down), the late measurements move beyond the early ones' spread. Each configuration
 measured twice or more is taken against its own median (so configurations of different
 speeds pool), the study's measurements are split at their middle in time, and the late
-half is compared with the early half by the method of harness.records.speedup: drift is
+half is compared with the early half by the method of training_harness.records.speedup: drift is
 named when the interval of late over early lies beyond the noise threshold.
 
 Drift touches every comparison between figures taken at different times: those of a
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.records.pooled import Pooled
-from harness.records.speedup import SAME, Ratio, ratio
+from training_harness.records.pooled import Pooled
+from training_harness.records.speedup import SAME, Ratio, ratio
 
 MIN_EACH_HALF = 4  # fewer than 4 + 4 measurements: no interval reaches 95%
 

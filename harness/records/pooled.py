@@ -11,7 +11,7 @@ steps, warm-up, timeout, seed) and the study's own settings (name, memory cap) a
 Only measurements that stand for their configuration count: status ok, taken on a
 quiet machine (not flagged busy), not a copy of another trial's record (duplicate_of).
 Each measurement keeps its pairing: a confirmation round's or an ablation repeat's
-measurements were taken close together, and harness.records.speedup pairs them.
+measurements were taken close together, and training_harness.records.speedup pairs them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.records.predicates import busy_note
-from harness.records.speedup import Ratio, ratio
-from harness.records.tags import ABLATION, CONFIRM, tags_of
+from training_harness.records.predicates import busy_note
+from training_harness.records.speedup import Ratio, ratio
+from training_harness.records.tags import ABLATION, CONFIRM, tags_of
 
 FIGURE = "samples_per_s"
 # how long and with what seed a configuration was measured, and the study's settings:
@@ -156,7 +156,7 @@ def pool_of(records: list[dict[str, Any]], trial_id: Any,
 
 
 def compare(a: Pooled, b: Pooled) -> Ratio:
-    """a's figure over b's, with its interval and verdict (harness.records.speedup): over
+    """a's figure over b's, with its interval and verdict (training_harness.records.speedup): over
     the pairs taken close together where there are enough, else over every measurement."""
     return ratio(a.values, b.values, [m.pair for m in a.measurements],
                  [m.pair for m in b.measurements])

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.core.memory_need import budget_peak_bytes
-from harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
+from training_harness.core.memory_need import budget_peak_bytes
+from training_harness.records.tags import PRUNED_TIME, REFERENCE_PHASES, tags_of
 
 # Below this share of the window with a kernel running (NVML's utilisation), the GPU
 # waited on the host: on an H200 GPT-2 small at micro-batch 64 kept it 96-100% busy,
@@ -45,7 +45,7 @@ def host_bound_note(record: dict[str, Any]) -> str | None:
 
 def busy_note(record: dict[str, Any]) -> str | None:
     """Why a record's measurement is not to be trusted, when its trial was flagged as
-    measured beside other work (metrics.interference, harness.core.interference):
+    measured beside other work (metrics.interference, training_harness.core.interference):
     "others used 54% of the CPUs; 1 other process on the GPU". None when it was quiet."""
     seen = (record.get("metrics") or {}).get("interference") or {}
     if not seen.get("flagged"):
@@ -74,7 +74,7 @@ def finished(record: dict[str, Any]) -> bool:
 def may_be_best(record: dict[str, Any], budget_bytes: float | None) -> bool:
     """An ok trial within the memory budget, measured on a quiet machine: a candidate for
     the study's best. (The trials Optuna holds feasible: its `memory` constraint,
-    harness.tune.optuna_outcome, is (needed - budget) / budget <= 0, the memory needed
+    training_harness.tune.optuna_outcome, is (needed - budget) / budget <= 0, the memory needed
     as `budget_peak_bytes` says.)"""
     if record["status"] != "ok" or busy_note(record):
         return False

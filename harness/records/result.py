@@ -30,7 +30,7 @@ def empty_metrics() -> dict[str, Any]:
                    "cap_bytes": None},
         "energy_j_per_sample": None,
         "loss": {"first": None, "last": None, "finite": None},
-        # who else used the machine during the measured steps (harness.core.interference)
+        # who else used the machine during the measured steps (training_harness.core.interference)
         "interference": None,
     }
 
@@ -44,9 +44,9 @@ class TrialResult:
     `tags`, beyond schema 1: where the trial came from in a study and what happened to
     it. The keys a record may carry (phase, optuna_number, pruned, deadline, orphan,
     unreachable, stale, retry_of, duplicate_of, remeasured, confirm, ablation,
-    cluster), their values and meanings are harness.records.tags.Tags; a stored
+    cluster), their values and meanings are training_harness.records.tags.Tags; a stored
     record's are read with tags_of, and the questions asked of records (finished,
-    may_be_best, ...) are harness.records.predicates. A trial that measured nothing
+    may_be_best, ...) are training_harness.records.predicates. A trial that measured nothing
     gets its record from `not_measured`.
     """
 
@@ -62,7 +62,7 @@ class TrialResult:
     started_at: str = ""
     duration_s: float = 0.0
     schema: int = SCHEMA_VERSION
-    tags: dict[str, Any] = field(default_factory=dict)  # harness.records.tags.Tags
+    tags: dict[str, Any] = field(default_factory=dict)  # training_harness.records.tags.Tags
 
     @classmethod
     def not_measured(cls, status: Status, reason: str, *, study: str | None,

@@ -37,15 +37,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.records.jsonl_lines import (  # noqa: F401  (importable from here too)
+from training_harness.core.errors import HarnessError
+from training_harness.records.jsonl_lines import (  # noqa: F401  (importable from here too)
     TORN,
     Unreadable,
     cut_copies,
     numbered_lines,
     parse_lines,
 )
-from harness.records.result import TrialResult
+from training_harness.records.result import TrialResult
 
 
 class RunFolderUnwritable(HarnessError):

@@ -1,6 +1,6 @@
 """Step times while a trial runs: the worker appends, the tuner reads.
 
-harness.launch.local sets HARNESS_PROGRESS_FILE for a trial when asked to; rank 0 then
+training_harness.launch.local sets HARNESS_PROGRESS_FILE for a trial when asked to; rank 0 then
 records one line per measured step ("<step> <seconds>"). Inside the measured window
 that is only an append to a buffer: a thread of its own writes the buffer to the file
 every FLUSH_INTERVAL_S, and `close` (after the window) writes the rest, so the steps'

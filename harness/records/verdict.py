@@ -3,10 +3,10 @@ whether the machine drifted, all from the same pooled measurements.
 
 The summary the tuner prints, best.toml's comment, the report's headline and its
 ablation table all read this one object, so they cannot tell two stories: the best's
-figure is its configuration's pooled measurements (harness.records.pooled), the
+figure is its configuration's pooled measurements (training_harness.records.pooled), the
 baseline's likewise, and each technique's effect is the best's pool against the pool of
 the configuration without it; where that configuration is the baseline's, it is the very
-same comparison. Every ratio carries its interval and verdict (harness.records.speedup).
+same comparison. Every ratio carries its interval and verdict (training_harness.records.speedup).
 
 One rule keeps the two in agreement where they are different comparisons: a best whose
 every technique the ablation finds within the noise is not called faster than the
@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.records.drift import Drift, drift
-from harness.records.pooled import FIGURE, Pooled, compare, config_key, pool
-from harness.records.speedup import FASTER, SAME, SLOWER, Ratio
-from harness.records.tags import tags_of
+from training_harness.records.drift import Drift, drift
+from training_harness.records.pooled import FIGURE, Pooled, compare, config_key, pool
+from training_harness.records.speedup import FASTER, SAME, SLOWER, Ratio
+from training_harness.records.tags import tags_of
 
 BASELINE_NAME = "the strict fp32 baseline"
 HELD = "no speedup claimed at this n"  # a clear lead no technique accounts for alone
@@ -65,7 +65,7 @@ class StudyVerdict:
 
     @property
     def said(self) -> str | None:
-        """The verdict in words (harness.records.speedup.Ratio.said)."""
+        """The verdict in words (training_harness.records.speedup.Ratio.said)."""
         r = self.versus_baseline
         if self.held_back:
             return HELD

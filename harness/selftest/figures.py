@@ -15,9 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.records.jsonl_lines import read_trials
-from harness.records.predicates import gpu_busy_pct
-from harness.records.values import get, number
+from training_harness.records.jsonl_lines import read_trials
+from training_harness.records.predicates import gpu_busy_pct
+from training_harness.records.values import get, number
 
 
 def num(value: Any) -> float | None:
@@ -228,8 +228,8 @@ def tune_figures(trials: list[dict[str, Any]], info: dict[str, Any] | None) -> d
 def _over_budget(ok: list[dict[str, Any]], budget: float | None) -> list[dict[str, Any]]:
     """Trials that ran but needed more than the memory budget (never the study's best):
     under the allocator's cap, its reserved peak plus the context, else the device's peak
-    (harness.core.memory_need.budget_peak_bytes)."""
-    from harness.core.memory_need import budget_peak_bytes
+    (training_harness.core.memory_need.budget_peak_bytes)."""
+    from training_harness.core.memory_need import budget_peak_bytes
 
     if not budget:
         return []

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.core.units import format_bytes
-from harness.records.predicates import HOST_BOUND_BELOW_PCT, host_bound_note
-from harness.selftest.figures import (
+from training_harness.core.units import format_bytes
+from training_harness.records.predicates import HOST_BOUND_BELOW_PCT, host_bound_note
+from training_harness.selftest.figures import (
     bench_figures,
     env_facts,
     junit_counts,

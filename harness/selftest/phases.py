@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.records.predicates import finished
-from harness.selftest import proof
-from harness.selftest.figures import read_json, read_jsonl
-from harness.selftest.plans import plan_fit
-from harness.selftest.runner import Step, run_logged
+from training_harness.records.predicates import finished
+from training_harness.selftest import proof
+from training_harness.selftest.figures import read_json, read_jsonl
+from training_harness.selftest.plans import plan_fit
+from training_harness.selftest.runner import Step, run_logged
 
 BENCH_LIMIT_S = 300.0  # one bench at most
 BENCH_MARGIN_S = 15.0  # the bench's own start and record, beyond its trial's timeout
@@ -141,7 +141,8 @@ def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
         limit = min(BENCH_LIMIT_S, run.left())
         margin = REHEARSAL_MARGIN_S if run.rehearse else BENCH_MARGIN_S
         flags = proof.rehearsal_flags(path) if run.rehearse else ["--device", "cuda"]
-        argv = [run.python, "-m", "harness", "bench", str(path), *flags, "--out", str(folder),
+        argv = [run.python, "-m", "training_harness", "bench", str(path), *flags, "--out",
+                str(folder),
                 "--timeout", f"{max(limit - margin, 5):.0f}"]
         entry.update(dir=str(folder.relative_to(run.out)))
         step = run.step(argv, run.out / "bench" / f"{stem}.log", limit)
@@ -172,7 +173,7 @@ def run_tune(run: Run, study: Path, budget_s: float) -> bool:
                          "within its box.")
     entry["budget_s"] = round(budget)
     shutil.rmtree(folder, ignore_errors=True)  # a new study, not a resumed one
-    argv = [run.python, "-m", "harness", "tune", str(study), "--budget", f"{budget:.0f}s",
+    argv = [run.python, "-m", "training_harness", "tune", str(study), "--budget", f"{budget:.0f}s",
             "--out", str(folder), "--quiet"]
     run.save()
     step = run.step(argv, run.out / "tune.log", run.left())
@@ -191,7 +192,8 @@ def run_report(run: Run) -> bool:
         run.save()
         return False
     html = run.out / "tune-report.html"
-    report = run.step([run.python, "-m", "harness", "report", str(folder), "--out", str(html)],
+    report = run.step([run.python, "-m", "training_harness", "report", str(folder), "--out",
+                       str(html)],
                       run.out / "report.log", run.left())
     tune["report"] = {"html": str(html.relative_to(run.out)), "step": report.to_json()}
     run.save()
@@ -213,7 +215,7 @@ def run_table(run: Run, study: Path, folder: Path) -> bool:
         run.save()
         return False
     before = read_jsonl(folder / "trials.jsonl")
-    argv = [run.python, "-m", "harness", "tune", str(study), "--out", str(folder),
+    argv = [run.python, "-m", "training_harness", "tune", str(study), "--out", str(folder),
             "--budget", f"{budget:.0f}s", "--quiet"]
     if (folder / "study.json").exists():
         argv.append("--resume")

@@ -24,7 +24,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: its tests/ and studies/
 
@@ -55,7 +55,7 @@ REHEARSAL = Timing(tests=25.0, bench=30.0, report=13.0, tune_budget=25.0, time_l
 
 PHASES = ("tests", "bench", "tune", "report", "rest", "table")
 # The phase that takes what is left: its box, and the time the phases before it did not
-# use (harness.cli.selftest). Not the rest: a proof that ends early ends sooner.
+# use (training_harness.cli.selftest). Not the rest: a proof that ends early ends sooner.
 FILLERS = ("table",)
 DEFAULT_PHASES = PHASES[:5]  # the table (the search replay's GPU table) only when asked
 

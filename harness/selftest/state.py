@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.selftest.proof import PHASES  # noqa: F401  (the phases, in their order)
+from training_harness.selftest.proof import PHASES  # noqa: F401  (the phases, in their order)
 
 FILE = "selftest.json"
 

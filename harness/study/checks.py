@@ -4,7 +4,7 @@ Each strategy's searched settings are resolved here: the study's `search`,
 `values` and `fixed` against the strategy's own space and settings, keeping only
 values this device can run (fp16 and Triton need CUDA: on a CPU they are left
 out, unless the study asked for them by name, which is an error); the parallel
-strategies are checked layout by layout on the study's workload (harness.study.refusals).
+strategies are checked layout by layout on the study's workload (training_harness.study.refusals).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.core.config import from_table, to_table
-from harness.core.device import RuntimeEnv
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
-from harness.study.study_file import Study
+from training_harness.core.config import from_table, to_table
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
+from training_harness.study.study_file import Study
 
 STRUCTURAL = {"ddp", "zero", "pipeline", "tensor"}
 
@@ -26,14 +26,14 @@ def resolve_settings(study: Study, device_type: str,
                      env: RuntimeEnv | None = None) -> dict[str, SettingsSpace]:
     """`env`: the device to check against (`harness plan --target`'s); this machine's
     by default."""
-    import strategies
+    from training_harness.strategies import registry
 
     env = env or RuntimeEnv.detect(device_type)
     out = {}
     for name, spec in study.strategies.items():
         where = f"strategies.{name}"
         try:
-            strategy = strategies.get(name)
+            strategy = registry.get(name)
         except HarnessError as e:
             raise HarnessError(f"{where}: {e}") from None
         if name == "accumulation":
@@ -64,7 +64,7 @@ def resolve_settings(study: Study, device_type: str,
             space.searched[setting] = _runnable(strategy, setting, dist, env, given,
                                                 f"{where}.values.{setting}", space.left_out)
         out[name] = space
-    from harness.study.refusals import refuse_by_layout
+    from training_harness.study.refusals import refuse_by_layout
 
     refuse_by_layout(study, out, env)  # the parallel strategies, layout by layout
     return out
@@ -124,7 +124,7 @@ def _runnable(strategy, setting: str, dist: Space, env: RuntimeEnv, given: bool,
 
 def check_study(study: Study, device_type: str) -> None:
     """Everything about `study` that can be known before a trial runs."""
-    from harness.workloads import load_workload
+    from training_harness.workloads import load_workload
 
     try:
         load_workload(study.workload, study.workload_args)
@@ -151,7 +151,7 @@ def check_study(study: Study, device_type: str) -> None:
 
 
 def _check_known_good(study: Study) -> None:
-    import strategies
+    from training_harness.strategies import registry
 
     kg = study.known_good or {}
     allowed = {"micro_batch_size", "layout", "strategies"}
@@ -179,7 +179,7 @@ def _check_known_good(study: Study) -> None:
         if not isinstance(settings, dict):
             raise HarnessError(f"known_good.strategies.{name}: expected a table of settings")
         try:
-            strategy = strategies.get(name)
+            strategy = registry.get(name)
         except HarnessError as e:
             raise HarnessError(f"known_good.strategies.{name}: {e}") from None
         strategy.parse(settings, f"known_good.strategies.{name}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.study.study_file import Study
+from training_harness.study.study_file import Study
 
 QUICKSTART: dict[str, Any] = {
     "name": "quickstart",

@@ -3,7 +3,7 @@
 A key's type and default are its field's; its meaning is the docstring under the field
 (PEP 257's attribute docstring, as torchtitan's job config writes them), so each key is
 documented in one place. `harness tune --keys` prints them; docs/tuning.md's key table
-is generated from them (harness.study.keys_doc).
+is generated from them (training_harness.study.keys_doc).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
-from harness.core.errors import HarnessError
-from harness.study.study_file import Study
+from training_harness.core.errors import HarnessError
+from training_harness.study.study_file import Study
 
 NOT_KEYS = {"workload_args"}  # filled from the [workload] table, not written by a user
 

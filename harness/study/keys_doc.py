@@ -1,6 +1,6 @@
 """docs/tuning.md's table of study keys, generated from the study file's dataclasses.
 
-    python -m harness.study.keys_doc [docs/tuning.md]
+    python -m training_harness.study.keys_doc [docs/tuning.md]
 
 rewrites the table between BEGIN and END; tests/test_study_keys.py fails while the
 file's table differs from what this writes.
@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.study.keys import section_doc, sections, study_keys
+from training_harness.study.keys import section_doc, sections, study_keys
 
 BEGIN, END = "<!-- keys:begin -->", "<!-- keys:end -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tuning.md"
-COMMAND = "python -m harness.study.keys_doc"
+COMMAND = "python -m training_harness.study.keys_doc"
 
 
 def markdown() -> str:

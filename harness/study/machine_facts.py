@@ -1,7 +1,7 @@
 """What a study needs to know about this machine, learnt once without torch in the tuner.
 
-The tuner's torch-side helper (harness.launch.torch_helper, serving from
-harness.measure.torch_helper_server) checks the study against the strategy registry and
+The tuner's torch-side helper (training_harness.launch.torch_helper, serving from
+training_harness.measure.torch_helper_server) checks the study against the strategy registry and
 this device, and answers with these facts: the device, its memory, each listed
 strategy's resolved search space, and every strategy's default settings (so the
 tuner can write a plan's settings out in full, as the trial will run them).
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.plan import Plan
-from harness.core.space import SettingsSpace
+from training_harness.core.plan import Plan
+from training_harness.core.space import SettingsSpace
 
 
 @dataclass

@@ -5,7 +5,8 @@
                  the largest world size (data parallel where the layouts allow,
                  with DDP if the study lists it), the
                  largest micro-batch (the least accumulation) predicted to fit the
-                 memory budget (harness.tune.search.estimator_model.largest_fitting_micro lowers it)
+                 memory budget (training_harness.tune.search.estimator_model.largest_fitting_micro
+                 lowers it)
     known-good   the study's [known_good], or else the techniques usually good on
                  this device (GOOD_BY_DEVICE) at their default settings
 
@@ -14,8 +15,8 @@ Both are enqueued in Optuna before the sampler proposes anything.
 
 from __future__ import annotations
 
-from harness.core.plan import Layout
-from harness.study.search_space import DATA_PARALLEL, SearchSpace, Wanted
+from training_harness.core.plan import Layout
+from training_harness.study.search_space import DATA_PARALLEL, SearchSpace, Wanted
 
 GOOD_BY_DEVICE = {"cpu": ("fused",), "cuda": ("amp", "fused")}
 

@@ -7,7 +7,7 @@ the study's own workload, batches and the other parallel strategies that layout
 turns on. A layout on which a strategy it needs is refused for every value of its
 searched settings and every micro-batch is recorded in that strategy's
 `SettingsSpace.refused` (layout key -> reason), and the search space leaves the
-layout out (harness.study.search_space); a searched value refused on every layout
+layout out (training_harness.study.search_space); a searched value refused on every layout
 is taken out of its choices and listed in `left_out`, as the device's refusals are;
 one refused on some layouts only (zero stage 1 beside tensor parallel) is not
 offered on those (`layout_values`).
@@ -19,10 +19,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Layout, Plan
-from harness.core.space import Choice, SettingsSpace
-from harness.study.study_file import Study
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.space import Choice, SettingsSpace
+from training_harness.study.study_file import Study
 
 DATA_PARALLEL = ("ddp", "zero")
 MAX_COMBINATIONS = 64  # of one strategy's searched choices; beyond, the first value of each
@@ -88,13 +88,13 @@ def _reasons(strategy, settings: dict[str, Any], plans: list[Plan], env: Runtime
 
 def refuse_by_layout(study: Study, spaces: dict[str, SettingsSpace], env: RuntimeEnv) -> None:
     """Fill `refused` and `layout_values`, and narrow the searched choices, of each
-    structural strategy in `spaces` (harness.study.checks.resolve_settings' result)."""
-    import strategies
+    structural strategy in `spaces` (training_harness.study.checks.resolve_settings' result)."""
+    from training_harness.strategies import registry
 
     for name, space in spaces.items():
         if name not in (*DATA_PARALLEL, "pipeline", "tensor"):
             continue
-        strategy = strategies.get(name)
+        strategy = registry.get(name)
         layouts = [lay for lay in study.layout.layouts() if uses(name, lay)]
         runs: dict[str, set[tuple[str, Any]]] = {}  # layout -> (setting, value) that ran
         why_not: dict[tuple[str, Any], str] = {}

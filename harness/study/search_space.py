@@ -7,7 +7,7 @@ ablations), and listing every configuration of a finite space.
 
     global_batch_size      when the study lists several (objective time_to_loss)
     optimizer, lr,         with target_loss: the [target] table's choices
-    lr_scaling,            (harness.study.target_search); each a parameter only
+    lr_scaling,            (training_harness.study.target_search); each a parameter only
     warmup_samples         when it has several values
     layout                 d{data}p{pipeline}t{tensor}, only layouts that divide a
                            world size (one layout: no parameter)
@@ -22,7 +22,7 @@ ablations), and listing every configuration of a finite space.
                            its values are refused on that layout)
 
 What the registry refuses for the study's workload is not offered
-(harness.study.refusals): layouts whose parallel strategies cannot run, values no
+(training_harness.study.refusals): layouts whose parallel strategies cannot run, values no
 layout runs; `left_out` says which and why.
 
 Pipeline and tensor parallel are on exactly when their layout axis is above 1;
@@ -36,10 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
-from harness.study.study_file import Study
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.space import Choice, FloatRange, IntRange, SettingsSpace, Space
+from training_harness.study.study_file import Study
 
 if TYPE_CHECKING:  # optuna is imported where it is used: `harness bench` needs none of it
     import optuna
@@ -128,7 +128,7 @@ class SearchSpace:
     @classmethod
     def of(cls, study: Study, device_type: str) -> SearchSpace:
         """Resolved in this process, which imports torch: the tuner asks its probe."""
-        from harness.study.checks import resolve_settings
+        from training_harness.study.checks import resolve_settings
 
         return cls(study, device_type, resolve_settings(study, device_type))
 

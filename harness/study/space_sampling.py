@@ -14,8 +14,8 @@ import math
 import random
 from typing import Any
 
-from harness.core.space import Choice, IntRange, Space
-from harness.study.search_space import NotInSpace, SearchSpace
+from training_harness.core.space import Choice, IntRange, Space
+from training_harness.study.search_space import NotInSpace, SearchSpace
 
 MICRO = "micro_batch_size"  # the parameter's name, and the prefix of its per-layout names
 

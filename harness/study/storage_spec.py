@@ -1,16 +1,16 @@
 """The study's [storage] table: how workers sharing an RDB storage watch each other.
 
-Read with the study file (harness.study.study_file); used by the tuner's storage
-(harness.tune.recovery.storage), which applies it to the database it opens.
+Read with the study file (training_harness.study.study_file); used by the tuner's storage
+(training_harness.tune.recovery.storage), which applies it to the database it opens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from harness.core.units import parse_duration
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.core.units import parse_duration
 
 
 @dataclass

@@ -5,10 +5,10 @@ micro-batch candidates and the global batch, the strategies to search (and which
 of their settings), the objective and the budgets. It is read from TOML and
 checked whole before anything runs; a mistake is a HarnessError naming the key.
 Each key's meaning is the docstring under its field (`harness tune --keys` lists
-them all; harness.study.keys reads them).
+them all; training_harness.study.keys reads them).
 
 Checks that need the registry and this machine (strategy names and settings,
-what the layouts need) are in harness.study.checks.
+what the layouts need) are in training_harness.study.checks.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.core.cluster import ClusterSpec
-from harness.core.config import (
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.config import (
     TomlFile,
     bounded,
     did_you_mean,
@@ -29,11 +29,11 @@ from harness.core.config import (
     read_toml,
     split_workload,
 )
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, OptimizerSettings
-from harness.core.units import parse_bytes, parse_duration
-from harness.study.storage_spec import StorageSpec
-from harness.study.target_search import StudyTarget, check_target
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, OptimizerSettings
+from training_harness.core.units import parse_bytes, parse_duration
+from training_harness.study.storage_spec import StorageSpec
+from training_harness.study.target_search import StudyTarget, check_target
 
 OBJECTIVES = {"throughput": "maximize", "memory": "minimize", "time_to_loss": "minimize"}
 MAX_MICRO = 2**24  # as a plan's micro_batch_size

@@ -1,7 +1,7 @@
 """A study's [target] table: how each configuration is trained to `target_loss`, and
 which of the settings that change the maths are searched (docs/tuning.md, "Time to a
 target loss"). A list of one value holds it; every plan gets a
-harness.core.target.TargetSpec.
+training_harness.core.target.TargetSpec.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from harness.core.config import bounded
-from harness.core.errors import HarnessError
-from harness.core.space import Choice, FloatRange, Space
-from harness.core.target import TargetSpec
+from training_harness.core.config import bounded
+from training_harness.core.errors import HarnessError
+from training_harness.core.space import Choice, FloatRange, Space
+from training_harness.core.target import TargetSpec
 
 OPTIMIZERS = ("adamw", "lamb", "lars", "muon")
 SCALINGS = ("none", "linear", "sqrt")

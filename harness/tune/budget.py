@@ -2,7 +2,7 @@
 
 One rule ends the search, for every worker: a search trial starts while the time
 left is more than what the final phases are expected to need (the reserve,
-harness.tune.final.time_reserve), and only when the corrected estimator expects it
+training_harness.tune.final.time_reserve), and only when the corrected estimator expects it
 to end in time (MARGIN: 25% for the spread of trial times). The reserve is at most
 `reserve_cap_s`, budget.ablation_share of the main worker's budget; helper workers
 get the main worker's clock (--deadline-at, --search-until), so all keep the same.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from harness.study.study_file import memory_spec
+from training_harness.study.study_file import memory_spec
 
 
 @dataclass
@@ -66,7 +66,7 @@ def launch_timeout(trial_timeout_s: float, left_s: float) -> float:
 
 def memory_budget_bytes(value: str | float, device_memory_bytes: int) -> int:
     """`value` as bytes per device: a size, or a fraction of the device's memory
-    (`device_memory_bytes`, from the study's facts: harness.study.machine_facts)."""
+    (`device_memory_bytes`, from the study's facts: training_harness.study.machine_facts)."""
     kind, number = memory_spec(value)
     if kind == "fraction":
         return int(number * device_memory_bytes)

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.launch.launcher import Launcher
-from harness.launch.torch_helper import TorchHelper
-from harness.study.machine_facts import MachineFacts
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
+from training_harness.launch.launcher import Launcher
+from training_harness.launch.torch_helper import TorchHelper
+from training_harness.study.machine_facts import MachineFacts
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
 
 
 @dataclass

@@ -6,7 +6,7 @@ CANNOT_RUN for a configuration that cannot run. An infeasible configuration is C
 with the worst values and a violated constraint, not FAIL: samplers skip FAIL trials and
 would propose it again. FAIL is kept for what says nothing of the configuration (the
 study's deadline, no time to start it, an orphan, a busy machine's figure). Every phase
-tells Optuna so (harness.tune.recorder); the table of every case: docs/tuning.md ("TPE
+tells Optuna so (training_harness.tune.recorder); the table of every case: docs/tuning.md ("TPE
 by default, with the memory budget as a constraint").
 """
 
@@ -18,9 +18,8 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-
-from harness.core.memory_need import budget_peak_bytes
-from harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
+from training_harness.core.memory_need import budget_peak_bytes
+from training_harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
 
 CANNOT_RUN = 2.0**60  # the "runs" constraint's violation, in the memory's unit (bytes)
 OOM_AT_LEAST = 2.0**20  # an OOM whose peak and prediction fit: over by at least 1 MiB

@@ -10,10 +10,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.predicates import busy_note, may_be_best
-from harness.records.tags import tags_of
-from harness.tune.budget import Clock
+from training_harness.core.units import format_bytes, format_rate, format_seconds
+from training_harness.records.predicates import busy_note, may_be_best
+from training_harness.records.tags import tags_of
+from training_harness.tune.budget import Clock
 
 
 def clip(text: str, width: int) -> str:

@@ -4,11 +4,11 @@ configurations measured so far (Measured).
 Every trial is written in one order (`record_then_tell`): the record first
 (trials/<id>/result.json, then a line in trials.jsonl), then Optuna (the trial's
 status, plan and constraints, then its state). A worker that stops between the two
-loses nothing: recovery (harness.tune.recovery.resume) tells Optuna what the record says.
+loses nothing: recovery (training_harness.tune.recovery.resume) tells Optuna what the record says.
 The record is the authority.
 
 The trials this worker holds (RUNNING here, no record yet) are `held`
-(harness.tune.recovery.held): a worker that loses the storage records them first
+(training_harness.tune.recovery.held): a worker that loses the storage records them first
 (`record_held`, the storage's on_give_up).
 """
 
@@ -24,18 +24,17 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
-
-from harness.records.predicates import is_reference
-from harness.records.result import TrialResult
-from harness.records.run_store import RunStore
-from harness.records.tags import PRUNED_SLOW, tags_of
-from harness.study.search_space import config_key
-from harness.tune import optuna_outcome
-from harness.tune.optuna_outcome import outcome
-from harness.tune.recovery.held import Held, HeldTrials
-from harness.tune.recovery.storage import Heartbeat, PatientStorage
-from harness.tune.recovery.workers import Worker
-from harness.tune.trial_job import command_for
+from training_harness.records.predicates import is_reference
+from training_harness.records.result import TrialResult
+from training_harness.records.run_store import RunStore
+from training_harness.records.tags import PRUNED_SLOW, tags_of
+from training_harness.study.search_space import config_key
+from training_harness.tune import optuna_outcome
+from training_harness.tune.optuna_outcome import outcome
+from training_harness.tune.recovery.held import Held, HeldTrials
+from training_harness.tune.recovery.storage import Heartbeat, PatientStorage
+from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.trial_job import command_for
 
 
 @dataclass
@@ -52,7 +51,7 @@ class Measured:
         kept the second time only: proposed again once, it runs again (on a shared
         machine one unlucky moment should not rule a configuration out), but not a third
         time. One measured twice on a busy machine is kept
-        (harness.tune.search.busy_machine)."""
+        (training_harness.tune.search.busy_machine)."""
         if not is_reference(record):
             return
         if tags_of(record).get("pruned") == PRUNED_SLOW:

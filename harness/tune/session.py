@@ -4,14 +4,14 @@
                  queues the references, then the estimator's first guesses, or the
                  whole grid), the clock, and the parts each stage is given: the
                  Recorder, StudyTrials, Measured, the search's Tuner
-    run_study    what a stopped tuner left is settled (harness.tune.recovery), the
+    run_study    what a stopped tuner left is settled (training_harness.tune.recovery), the
                  helper workers start (--workers N), the search runs
-                 (harness.tune.search), then on the main worker the final phases
-                 (harness.tune.final.phases)
+                 (training_harness.tune.search), then on the main worker the final phases
+                 (training_harness.tune.final.phases)
     finish       helpers stopped, followers released; on the main worker study.json,
-                 best.toml and the summary (harness.tune.final.results)
+                 best.toml and the summary (training_harness.tune.final.results)
 
-Node K > 0 of a multi-node study runs a follower instead (harness.tune.recovery.follower).
+Node K > 0 of a multi-node study runs a follower instead (training_harness.tune.recovery.follower).
 """
 
 from __future__ import annotations
@@ -27,26 +27,25 @@ from functools import partial
 from typing import Any
 
 import optuna
-
-from harness import __version__
-from harness.core.errors import HarnessError
-from harness.launch.slurm import SlurmLauncher
-from harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.budget import Clock
-from harness.tune.checked_study import CheckedStudy
-from harness.tune.final.extra_trial import ExtraTrials
-from harness.tune.final.phases import run_final_phases
-from harness.tune.final.results import write_results
-from harness.tune.final.summary import now
-from harness.tune.final.time_reserve import FinalTime
-from harness.tune.progress import Progress
-from harness.tune.recorder import Measured, Recorder, record_held
-from harness.tune.recovery.follower import Announcer, run_follower
-from harness.tune.recovery.grid_rest import requeue_grid, seeded_grid
-from harness.tune.recovery.held import HeldTrials
-from harness.tune.recovery.resume import (
+from training_harness import __version__
+from training_harness.core.errors import HarnessError
+from training_harness.launch.slurm import SlurmLauncher
+from training_harness.records.run_store import RunFolderUnwritable, RunStore, write_atomic
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import Clock
+from training_harness.tune.checked_study import CheckedStudy
+from training_harness.tune.final.extra_trial import ExtraTrials
+from training_harness.tune.final.phases import run_final_phases
+from training_harness.tune.final.results import write_results
+from training_harness.tune.final.summary import now
+from training_harness.tune.final.time_reserve import FinalTime
+from training_harness.tune.progress import Progress
+from training_harness.tune.recorder import Measured, Recorder, record_held
+from training_harness.tune.recovery.follower import Announcer, run_follower
+from training_harness.tune.recovery.grid_rest import requeue_grid, seeded_grid
+from training_harness.tune.recovery.held import HeldTrials
+from training_harness.tune.recovery.resume import (
     StaleTrials,
     cancel_jobs_left,
     jobs_left,
@@ -55,23 +54,23 @@ from harness.tune.recovery.resume import (
     settle,
     wait_for_untagged,
 )
-from harness.tune.recovery.storage import (
+from training_harness.tune.recovery.storage import (
     STORAGE_ENV,
     StorageHooks,
     StorageUnreachable,
     describe_storage,
     make_storage,
 )
-from harness.tune.recovery.torn import repair_records
-from harness.tune.recovery.workers import Worker, spawn_helpers, wait_for
-from harness.tune.search.correction import Corrections
-from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
-from harness.tune.search.first_guesses import estimated_start, sample_size
-from harness.tune.search.guided_sampler import GuidedSampler
-from harness.tune.search.loop import Tuner
-from harness.tune.search.sampling import make_sampler
-from harness.tune.study_trials import StudyTrials
-from harness.tune.trial_job import TrialRunner
+from training_harness.tune.recovery.torn import repair_records
+from training_harness.tune.recovery.workers import Worker, spawn_helpers, wait_for
+from training_harness.tune.search.correction import Corrections
+from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
+from training_harness.tune.search.first_guesses import estimated_start, sample_size
+from training_harness.tune.search.guided_sampler import GuidedSampler
+from training_harness.tune.search.loop import Tuner
+from training_harness.tune.search.sampling import make_sampler
+from training_harness.tune.study_trials import StudyTrials
+from training_harness.tune.trial_job import TrialRunner
 
 
 @dataclass
@@ -254,7 +253,7 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
 
 def run_final(p: Parts, take_over: bool, say: Callable[[str], None], search_done: bool,
               spent: dict[str, float] | None = None) -> str:
-    """The final phases (harness.tune.final.phases), each given its parts."""
+    """The final phases (training_harness.tune.final.phases), each given its parts."""
     extra = ExtraTrials(p.space, p.run, p.recorder, p.corrections, p.clock, p.on_event)
     return run_final_phases(p.study, p.space, p.run, p.clock, p.optuna_study, p.trials,
                             p.measured, extra, p.recorder.me, take_over, say, p.on_event,

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-
-from harness.records.tags import REFERENCE_PHASES
-from harness.study.study_file import Study
+from training_harness.records.tags import REFERENCE_PHASES
+from training_harness.study.study_file import Study
 
 BEST_BY_REPEATS = "best_by_repeats"  # user attr: the confirmation rounds' decision (final/)
 RETRY_OF = "retry_of"  # user attr of a queued retry: the number of the trial it runs again
@@ -40,7 +39,8 @@ class StudyTrials:
                     and all(v <= 0 for v in t.constraints.values()) and t.values]
         chosen = (self.optuna_study.user_attrs.get(BEST_BY_REPEATS) or {}).get("best")
         named = [t for t in feasible if str(t.user_attrs.get("trial_id", t.number)) == chosen]
-        if named:  # named from repeats (harness.tune.final.confirmation), not from one measurement
+        # named from repeats (training_harness.tune.final.confirmation), not from one measurement
+        if named:
             return named[0]
         objectives = self.study.objectives
         i = objectives.index("throughput") if "throughput" in objectives else 0

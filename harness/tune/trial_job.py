@@ -1,14 +1,14 @@
 """One trial of a study, from plan to record: check, predict, launch or not.
 
     1. the plan is checked against this machine (strategies.reasons_against, in
-       the tuner's torch-side helper: harness.launch.torch_helper); a refused plan is a
+       the tuner's torch-side helper: training_harness.launch.torch_helper); a refused plan is a
        `pruned` record with the reasons, never launched;
     2. the estimator predicts it (the same helper, once: the prepared plan is
        what the ranks read), corrected from the study's measured trials
-       (harness.tune.search.correction); over the
+       (training_harness.tune.search.correction); over the
        memory budget: a `pruned` record with the prediction, never launched;
     3. expected to end after the deadline: a `pruned` record, not started;
-    4. otherwise launched in its own processes (harness.launch.local), with a hard
+    4. otherwise launched in its own processes (training_harness.launch.local), with a hard
        timeout of min(its own, time left), and `should_stop` for early stopping.
 
 Each trial's folder (runs/<study>/trials/<id>/) holds plan.toml, command.txt,
@@ -29,23 +29,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.units import format_bytes, format_seconds
-from harness.launch.launcher import Launcher
-from harness.launch.local import LocalLauncher
-from harness.launch.torch_helper import TorchHelper
-from harness.records.result import TrialResult
-from harness.records.run_store import RunStore, write_atomic
-from harness.records.step_log import read_steps
-from harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
-from harness.study.machine_facts import MachineFacts
-from harness.tune.budget import MARGIN, fits, launch_timeout
-from harness.tune.optuna_outcome import memory_excess_bytes
-from harness.tune.search.correction import Correction
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.units import format_bytes, format_seconds
+from training_harness.launch.launcher import Launcher
+from training_harness.launch.local import LocalLauncher
+from training_harness.launch.torch_helper import TorchHelper
+from training_harness.records.result import TrialResult
+from training_harness.records.run_store import RunStore, write_atomic
+from training_harness.records.step_log import read_steps
+from training_harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
+from training_harness.study.machine_facts import MachineFacts
+from training_harness.tune.budget import MARGIN, fits, launch_timeout
+from training_harness.tune.optuna_outcome import memory_excess_bytes
+from training_harness.tune.search.correction import Correction
 
 if TYPE_CHECKING:
-    from harness.tune.recovery.follower import Announcer
+    from training_harness.tune.recovery.follower import Announcer
 
 LAUNCHED = "launched.json"  # in a launched trial's folder: its tags and prediction
 
@@ -67,7 +67,7 @@ class TrialRunner:
 
 @dataclass
 class EarlyStop:
-    """The search's slow-trial rule (harness.tune.search.slow_trials), as the expected
+    """The search's slow-trial rule (training_harness.tune.search.slow_trials), as the expected
     cost of a trial sees it: stopped after `min_steps` when slower than the best so far
     (`best_samples_per_s`) divided by `slower_than`."""
 
@@ -166,7 +166,7 @@ def run_trial_job(
 
 def left_a_job(run: TrialRunner, trial_id: int | str) -> bool:
     """Whether trial `trial_id` was launched as a job that may outlive its tuner (the
-    launcher's `has_job`: harness.launch.slurm), so a new tuner can wait for it."""
+    launcher's `has_job`: training_harness.launch.slurm), so a new tuner can wait for it."""
     folder = run.store.trial_dir(trial_id)
     return (run.launcher.may_leave_jobs and (folder / LAUNCHED).is_file()
             and run.launcher.has_job(folder))
@@ -209,7 +209,7 @@ def _finished(result: TrialResult, folder: Path, tags: dict[str, Any],
 
 def _rate_at_stop(steps_file: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
     """What a trial stopped for slowness measured before it was stopped: its steps, and
-    the median throughput the stop judged (harness.tune.search.slow_trials)."""
+    the median throughput the stop judged (training_harness.tune.search.slow_trials)."""
     times = [t for t in read_steps(steps_file) if t > 0]
     if not times:
         return None

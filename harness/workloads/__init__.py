@@ -6,7 +6,7 @@ ones are a GPT (`gpt`, with `attention`), a ResNet and a ViT (`vision`) and an M
 transformers, `hf`), `torchvision:<name>` (`torchvision_models`), `timm:<name>`
 (`timm_models`), and a user's own,
 as a Workload or from plain functions (`Workload.from_callables`, `@workload`).
-`blocks` finds a model's repeated layers. It imports harness.core only; the trial
+`blocks` finds a model's repeated layers. It imports training_harness.core only; the trial
 loop, the estimator, the study checks and strategies import it.
 """
 
@@ -18,22 +18,22 @@ import os
 import sys
 from typing import Any
 
-from harness.core.config import did_you_mean
-from harness.core.errors import HarnessError
-from harness.workloads.base import TransformerShape, Workload, workload
+from training_harness.core.config import did_you_mean
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.base import TransformerShape, Workload, workload
 
 BUILTIN = {
-    "gpt": "harness.workloads.gpt:build_gpt",
-    "vit": "harness.workloads.vision:build_vit",
-    "resnet": "harness.workloads.vision:build_resnet",
-    "mlp": "harness.workloads.mlp:build_mlp",
+    "gpt": "training_harness.workloads.gpt:build_gpt",
+    "vit": "training_harness.workloads.vision:build_vit",
+    "resnet": "training_harness.workloads.vision:build_resnet",
+    "mlp": "training_harness.workloads.mlp:build_mlp",
 }
 
 # name prefixes of the model libraries: "hf:llama", "torchvision:resnet50"
 LIBRARIES = {
-    "hf": "harness.workloads.hf:build_hf",
-    "torchvision": "harness.workloads.torchvision_models:build_torchvision",
-    "timm": "harness.workloads.timm_models:build_timm",
+    "hf": "training_harness.workloads.hf:build_hf",
+    "torchvision": "training_harness.workloads.torchvision_models:build_torchvision",
+    "timm": "training_harness.workloads.timm_models:build_timm",
 }
 EXAMPLES = {"hf": "hf:llama", "torchvision": "torchvision:resnet50", "timm": "timm:resnet18"}
 
@@ -76,7 +76,7 @@ def load_workload(name: str, args: dict[str, Any] | None = None) -> Workload:
     if not isinstance(workload, Workload):
         raise HarnessError(
             f"workload '{name}' returned {type(workload).__name__}, not a "
-            "harness.workloads.base.Workload"
+            "training_harness.workloads.base.Workload"
         )
     return workload
 

@@ -41,13 +41,13 @@ class Workload(ABC):
     (transformers) and `tokens_per_sample` (language models) are optional. Activation
     checkpointing, per-block compile and FSDP act on the model's repeated layers:
     an `nn.ModuleList` named `blocks` if it has one, else the ones
-    `harness.workloads.blocks.find_blocks` finds.
+    `training_harness.workloads.blocks.find_blocks` finds.
     """
 
     name: str = "workload"
     tokens_per_sample: int | None = None
     shape: TransformerShape | None = None
-    # "synthetic", or the real data its batches come from (harness.workloads.data): the
+    # "synthetic", or the real data its batches come from (training_harness.workloads.data): the
     # trial loop then streams them through a DataLoader and measures its wait
     data: str = "synthetic"
 

@@ -1,9 +1,11 @@
 """Real data for the built-in workloads: `data = "synthetic" | "text" | "digits" | a path`.
 
     synthetic   the workload's own seeded batches (the default; nothing read)
-    text        the byte-level corpus of Python's help pages (harness.workloads.corpus)
-    digits      scikit-learn's bundled 8x8 digits (the `digits` extra; harness.workloads.digits)
-    a path      a user's token file or folder, or an image set (harness.workloads.user_data)
+    text        the byte-level corpus of Python's help pages (training_harness.workloads.corpus)
+    digits      scikit-learn's bundled 8x8 digits (the `digits` extra;
+    training_harness.workloads.digits)
+    a path      a user's token file or folder, or an image set
+    (training_harness.workloads.user_data)
 
 Training batch `index` is drawn from a generator seeded with the index, as the
 synthetic batches are: the same in every process, for every micro-batch size and
@@ -20,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from harness.core.errors import HarnessError
-from harness.workloads.corpus import Split, text_split
-from harness.workloads.image_split import ImageSplit
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.corpus import Split, text_split
+from training_harness.workloads.image_split import ImageSplit
 
 NAMED = ("synthetic", "text", "digits")
 
@@ -110,7 +111,7 @@ class TokenData:
 def tokens(data: str) -> TokenData:
     if data == "text":
         return TokenData(text_split())
-    from harness.workloads.user_data import token_split
+    from training_harness.workloads.user_data import token_split
 
     return TokenData(token_split(Path(data)))
 
@@ -121,9 +122,9 @@ def tokens(data: str) -> TokenData:
 @functools.cache
 def images(data: str) -> ImageSplit:
     if data == "digits":
-        from harness.workloads.digits import digits_split
+        from training_harness.workloads.digits import digits_split
 
         return digits_split()
-    from harness.workloads.user_data import image_split
+    from training_harness.workloads.user_data import image_split
 
     return image_split(Path(data))

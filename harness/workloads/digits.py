@@ -3,7 +3,7 @@ package, no download) as an image set, split by a fixed rule: image i is held ou
 when i % 5 == 4 (359 validation images, 1,438 training images).
 
 Pixels (0 to 16) are scaled to about zero mean and unit spread; the vision workloads
-resize them to their image_size and repeat the grey channel (harness.workloads.data).
+resize them to their image_size and repeat the grey channel (training_harness.workloads.data).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import hashlib
 
 import numpy as np
 import torch
-
-from harness.workloads.image_split import ImageSplit
-from harness.workloads.optional import require
+from training_harness.workloads.image_split import ImageSplit
+from training_harness.workloads.optional import require
 
 HELD_OUT_EVERY = 5
 

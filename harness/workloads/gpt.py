@@ -8,14 +8,13 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.config import bounded, from_table
-from harness.core.errors import HarnessError
-from harness.workloads.attention import ATTENTION
-from harness.workloads.base import TransformerShape, Workload
-from harness.workloads.data import check_name, is_synthetic
-from harness.workloads.data import tokens as token_data
-from harness.workloads.meta import on_meta
+from training_harness.core.config import bounded, from_table
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.attention import ATTENTION
+from training_harness.workloads.base import TransformerShape, Workload
+from training_harness.workloads.data import check_name, is_synthetic
+from training_harness.workloads.data import tokens as token_data
+from training_harness.workloads.meta import on_meta
 
 
 @dataclass
@@ -29,7 +28,7 @@ class GPTConfig:
     dropout: float = bounded(0.0, 0.0, 0.99)
     attention: Literal["explicit", "sdpa"] = "explicit"
     tie_weights: bool = True
-    data: str = "synthetic"  # or "text" (vocab 256) or a token file (harness.workloads.data)
+    data: str = "synthetic"  # or "text" (vocab 256) or a token file (workloads.data)
 
     def validate(self, where: str) -> None:
         check_name(self.data, "tokens", where)

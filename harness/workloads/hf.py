@@ -10,8 +10,8 @@ In a plan:
     attn_implementation = "eager"   # the fused strategy switches it to "sdpa"
 
 Causal LMs learn next-token prediction, encoders (BERT, RoBERTa ...) masked-LM, on
-seeded synthetic tokens (harness.workloads.tokens). A causal LM may train on real
-tokens instead (`data = "text"` or a token file, harness.workloads.data): the text
+seeded synthetic tokens (training_harness.workloads.tokens). A causal LM may train on real
+tokens instead (`data = "text"` or a token file, training_harness.workloads.data): the text
 corpus is bytes, so its vocab_size defaults to 256 there (the model's own tokenizer
 plays no part; a token file must hold ids below vocab_size). The model is built from its config
 in fp32 (master weights; amp casts); `hf:/folder` loads the folder's weights when
@@ -26,21 +26,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.errors import HarnessError
-from harness.workloads import optional
-from harness.workloads.base import Workload
-from harness.workloads.data import check_name, is_synthetic
-from harness.workloads.data import tokens as token_data
-from harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
-from harness.workloads.hf_moe import (
+from training_harness.core.errors import HarnessError
+from training_harness.workloads import optional
+from training_harness.workloads.base import Workload
+from training_harness.workloads.data import check_name, is_synthetic
+from training_harness.workloads.data import tokens as token_data
+from training_harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
+from training_harness.workloads.hf_moe import (
     aux_loss_coef,
     expert_groups,
     inactive_parameters,
     routes_logits,
 )
-from harness.workloads.hf_seq2seq import seq2seq_batch, stack_layers, start_id
-from harness.workloads.tokens import IGNORE, masked, next_token
+from training_harness.workloads.hf_seq2seq import seq2seq_batch, stack_layers, start_id
+from training_harness.workloads.tokens import IGNORE, masked, next_token
 
 ATTENTION = ("eager", "sdpa")
 MASK_FRACTION = 0.15
@@ -174,7 +173,7 @@ class HFWorkload(Workload):
 
         A mixture of experts counts its active parameters: each routed expert group at
         k/E (experts per token over experts), the router and shared experts in full
-        (harness.workloads.hf_moe).
+        (training_harness.workloads.hf_moe).
 
         N counts the parameters that take part in a matmul: embedding lookups (token,
         position, token type) are counted out, except a token embedding tied to the LM

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.config import did_you_mean
-from harness.core.errors import HarnessError
-from harness.core.target import is_folder  # noqa: F401  (hf.py imports it here)
-from harness.workloads import optional
+from training_harness.core.config import did_you_mean
+from training_harness.core.errors import HarnessError
+from training_harness.core.target import is_folder  # noqa: F401  (hf.py imports it here)
+from training_harness.workloads import optional
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
            "pytorch_model.bin.index.json")

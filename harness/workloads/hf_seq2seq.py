@@ -3,7 +3,7 @@
 The encoder reads a sequence with 15% of its tokens replaced by random ones; the decoder
 writes the clean sequence, teacher-forced: its inputs are the clean tokens shifted right
 behind the config's decoder_start_token_id. The clean sequences are the synthetic
-recurrence (harness.workloads.tokens) or, with `data = "text"` or a token file, real
+recurrence (training_harness.workloads.tokens) or, with `data = "text"` or a token file, real
 tokens; either way the task is learnable (denoising), and both stacks see `seq_len`
 tokens. The loss is the cross-entropy of the decoder's logits over every position.
 """
@@ -48,7 +48,7 @@ def seq2seq_batch(clean: torch.Tensor | None, batch_size: int, index: int, seq_l
         ids = torch.empty(batch_size, seq_len, dtype=torch.int64, device="meta")
         return ids, torch.empty_like(ids), torch.empty_like(ids)
     if clean is None:
-        from harness.workloads.tokens import sequences
+        from training_harness.workloads.tokens import sequences
 
         clean = sequences(batch_size, index, seq_len, vocab)
     return tuple(x.to(device) for x in copy_with_noise(clean.cpu(), index, vocab, start))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.workloads.hf_config import derived_fields
+from training_harness.workloads.hf_config import derived_fields
 
 SEQ_LEN = 32
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 2, 64, 4, 2, 128, 512
@@ -49,7 +49,7 @@ _NOT_WIDTHS = ("vocab", "position", "max_", "image", "patch", "window", "chunk",
 
 
 def _default(model_type: str) -> Any:
-    from harness.workloads import optional
+    from training_harness.workloads import optional
 
     return optional.transformers().AutoConfig.for_model(model_type)
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 
 @dataclass(frozen=True)

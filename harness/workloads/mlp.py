@@ -18,11 +18,10 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.config import bounded, from_table
-from harness.core.errors import HarnessError
-from harness.workloads.base import Workload
-from harness.workloads.data import check_name, images, is_synthetic
+from training_harness.core.config import bounded, from_table
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.base import Workload
+from training_harness.workloads.data import check_name, images, is_synthetic
 
 _TEACHER_SEED = 0x7EAC
 

@@ -4,8 +4,8 @@ first use (timm imports torchvision, so it goes through `require` too).
 A missing one is a HarnessError naming the extra to install. One known mismatch is
 mended: PyPI's torchvision wheel is built against the CUDA build of torch, so beside
 the CPU build `import torchvision` (and transformers, which imports it) fails while
-registering `torchvision::nms`'s fake kernel. harness.core.torchvision_ops mends that
-before torchvision's first import in every process (`import harness` installs it, so
+registering `torchvision::nms`'s fake kernel. training_harness.core.torchvision_ops mends that
+before torchvision's first import in every process (`import training_harness` installs it, so
 DataLoader workers get it too); `require` keeps a second line for a process where
 torchvision's import failed all the same.
 """
@@ -17,8 +17,8 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from harness.core import torchvision_ops
-from harness.core.errors import HarnessError
+from training_harness.core import torchvision_ops
+from training_harness.core.errors import HarnessError
 
 
 def _torchvision_importable() -> None:

@@ -9,13 +9,13 @@ In a plan:
     # any other keyword of timm.create_model for it, e.g. drop_path_rate = 0.1
 
 Untrained (`pretrained = False`, nothing downloaded), synthetic images with learnable
-per-class patterns (harness.workloads.vision.synthetic_images), cross-entropy. Models
+per-class patterns (training_harness.workloads.vision.synthetic_images), cross-entropy. Models
 built for one input size (ViTs, Swin, MLP-Mixer: timm's `fixed_input_size`) are built
 for `image_size` (`img_size=`), so their position embeddings and windows follow it.
 The blocks the strategies act on are the ones timm's own group matcher names
-(harness.workloads.blocks): a ResNet's BasicBlocks, a ViT's `blocks`, ConvNeXt's and
+(training_harness.workloads.blocks): a ResNet's BasicBlocks, a ViT's `blocks`, ConvNeXt's and
 Swin's per-stage blocks, an EfficientNet's inverted residuals. FLOPs are counted with
-torch's FLOP counter (once per arguments, see harness.measure.prepare).
+torch's FLOP counter (once per arguments, see training_harness.measure.prepare).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from harness.core.config import did_you_mean
-from harness.core.errors import HarnessError
-from harness.workloads import optional
-from harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
+from training_harness.core.config import did_you_mean
+from training_harness.core.errors import HarnessError
+from training_harness.workloads import optional
+from training_harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
 
 EXAMPLES = "resnet18, vit_tiny_patch16_224, convnext_atto, efficientnet_b0"
 

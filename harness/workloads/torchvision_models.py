@@ -9,10 +9,10 @@ In a plan:
     # any other keyword of the model's builder, e.g. dropout = 0.2 for efficientnet_b0
 
 Untrained weights (no download), synthetic images with learnable per-class patterns
-(harness.workloads.vision.synthetic_images), cross-entropy. The blocks the strategies
-act on are found (harness.workloads.blocks): ResNet's Bottlenecks over its four stages,
+(training_harness.workloads.vision.synthetic_images), cross-entropy. The blocks the strategies
+act on are found (training_harness.workloads.blocks): ResNet's Bottlenecks over its four stages,
 a ViT's encoder layers, ConvNeXt's CNBlocks. FLOPs are counted with torch's FLOP
-counter (once per arguments, see harness.measure.prepare). An image size the model
+counter (once per arguments, see training_harness.measure.prepare). An image size the model
 cannot take is refused in one line (a forward on the meta device, at load).
 """
 
@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from harness.core.config import did_you_mean
-from harness.core.errors import HarnessError
-from harness.workloads import optional
-from harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
+from training_harness.core.config import did_you_mean
+from training_harness.core.errors import HarnessError
+from training_harness.workloads import optional
+from training_harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
 
 
 class TorchvisionWorkload(LibraryClassifier):

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 SAVED = "harness-saved.toml"
 WEIGHTS = "model.safetensors"
@@ -54,8 +53,7 @@ def save_trained(model: nn.Module, name: str, args: dict[str, Any], folder: str 
     """Write `model`'s trained weights and its workload to `folder`; return its path."""
     import tomli_w
     from safetensors.torch import save_model
-
-    from harness.workloads import load_workload
+    from training_harness.workloads import load_workload
 
     out = Path(folder).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -91,8 +89,7 @@ def saved_workload(folder: str | Path) -> tuple[str, dict[str, Any]]:
 def load_trained(folder: str | Path) -> tuple[Any, nn.Module]:
     """(the workload, its model with the saved weights, on the CPU)."""
     from safetensors.torch import load_model
-
-    from harness.workloads import load_workload
+    from training_harness.workloads import load_workload
 
     name, args = saved_workload(folder)
     workload = load_workload(name, args)

@@ -6,7 +6,7 @@ Tokens (gpt):
     file.npy                                1-D integer token ids, any integer dtype
     file.txt                                UTF-8 text as bytes (vocab 256)
   a single file is split by the corpus's fixed rule (every 10th chunk of 4,096 tokens
-  held out, harness.workloads.corpus.split_stream).
+  held out, training_harness.workloads.corpus.split_stream).
 Images (resnet, vit, mlp):
     file.npz                                arrays `images` [N, H, W] or [N, C, H, W] and
                                             `labels` [N]; image i held out when i % 5 == 4
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from harness.core.errors import HarnessError
-from harness.workloads.corpus import Split, split_stream
-from harness.workloads.image_split import ImageSplit
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.corpus import Split, split_stream
+from training_harness.workloads.image_split import ImageSplit
 
 
 def _read_tokens(path: Path) -> np.ndarray:

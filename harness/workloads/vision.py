@@ -1,5 +1,5 @@
 """Image classification workloads: a small ResNet and a ViT on synthetic images, or on
-real ones (`data = "digits"` or an .npz file: harness.workloads.data).
+real ones (`data = "digits"` or an .npz file: training_harness.workloads.data).
 
 Images are NCHW float32, labels int64. Every batch is drawn on the CPU from a
 generator seeded with the batch index, then moved, so batch `index` is the same
@@ -26,11 +26,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.config import bounded, from_table
-from harness.core.errors import HarnessError
-from harness.workloads.base import TransformerShape, Workload
-from harness.workloads.data import check_name, images, is_synthetic
+from training_harness.core.config import bounded, from_table
+from training_harness.core.errors import HarnessError
+from training_harness.workloads.base import TransformerShape, Workload
+from training_harness.workloads.data import check_name, images, is_synthetic
 
 # The per-class patterns are the same for every batch: drawn from this seed at
 # this resolution, then scaled up to the image size.
@@ -201,7 +200,7 @@ class ResNetConfig:
     image_size: int = bounded(32, 1, 2**16)
     num_classes: int = bounded(10, 1, 2**24)
     channels: int = bounded(3, 1, 4096)
-    data: str = "synthetic"  # or "digits" or an .npz image set (harness.workloads.data)
+    data: str = "synthetic"  # or "digits" or an .npz image set (training_harness.workloads.data)
 
     def validate(self, where: str) -> None:
         if not 1 <= len(self.widths) <= 64:
@@ -292,7 +291,7 @@ class ViTConfig:
     num_classes: int = bounded(10, 1, 2**24)
     channels: int = bounded(3, 1, 4096)
     dropout: float = bounded(0.0, 0.0, 0.99)
-    data: str = "synthetic"  # or "digits" or an .npz image set (harness.workloads.data)
+    data: str = "synthetic"  # or "digits" or an .npz image set (training_harness.workloads.data)
 
     @property
     def num_patches(self) -> int:

@@ -1,4 +1,4 @@
-"""The rank server's preload alone, before and after harness.measure.rank_preload: the
+"""The rank server's preload alone, before and after training_harness.measure.rank_preload: the
 same modules imported with the garbage collector on (as the server did) and paused.
 
     python tests/benchmarks/bench_preload.py --rounds 8
@@ -25,9 +25,10 @@ IMPORT = """
 import json, sys, time
 c, w = time.process_time(), time.monotonic()
 if sys.argv[1] == "collector on":
-    import torch, torch._dynamo, strategies, harness.measure.rank_main, harness.measure.trial_loop
+    import torch, torch._dynamo, strategies, training_harness.measure.rank_main,
+    training_harness.measure.trial_loop
 else:
-    import harness.measure.rank_preload
+    import training_harness.measure.rank_preload
 print(json.dumps({"cpu": time.process_time() - c, "wall": time.monotonic() - w}))
 """
 

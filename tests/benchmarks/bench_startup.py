@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_startup.py --before ea66f3b --rounds 5
 
-Runs `python -m harness bench PLAN --device cpu` (default: the quickstart plan) as a
+Runs `python -m training_harness bench PLAN --device cpu` (default: the quickstart plan) as a
 user would, with this checkout's code and, with `--before REV`, that revision's
 (from a temporary git worktree, same Python), one after the other in each round so
 both see the same machine; each with a warm peak cache (a copy of one calibration
@@ -15,7 +15,7 @@ measured window). "output closed" is the same until the last holder of the
 command's stdout let go (what a caller capturing the output waits for). Prints a
 markdown table (median [min, max] over rounds, with the 1-minute load average at
 each run's start), then the median of each phase of this checkout's runs
-(metrics.phases_s; see harness.cli.bench_phases); with --old-phases, before that,
+(metrics.phases_s; see training_harness.cli.bench_phases); with --old-phases, before that,
 the phases of the code before the change, timed from inside a replay of its
 cmd_bench (its record has no phases but the warm-up's).
 """
@@ -42,7 +42,7 @@ def run(code: Path, plan: str, out: Path, cache: Path, extra: list[str], server:
            "XDG_RUNTIME_DIR": str(runtime), "HARNESS_WARM_SERVER": str(int(server == "warm"))}
     load = os.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "bench", str(code / plan),
+    proc = subprocess.Popen([sys.executable, "-m", "training_harness", "bench", str(code / plan),
                              "--device", "cpu", "--out", str(out), *extra], cwd=code, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.wait(timeout=900)
@@ -69,18 +69,19 @@ phases = {"python": time.clock_gettime(time.CLOCK_BOOTTIME) - start}
 def lap(name):
     global t
     now = time.monotonic(); phases[name] = now - t; t = now
-from harness.cli.main import build_parser, plan_from_args
+from training_harness.cli.main import build_parser, plan_from_args
 args = build_parser().parse_args(["bench", sys.argv[1], "--device", "cpu", "--out", sys.argv[2]])
 lap("cli")
-import strategies
-from harness.launch import rank_server
-from harness.launch.local import launch
-from harness.measure.prepare import prepare, flops_per_sample, peak_for_workload
-from harness.core.device import RuntimeEnv, resolve_device
-from harness.estimator import estimate
-from harness.measure.peaks import autocast_dtype_name
-from harness.workloads import load_workload
-from strategies import resolved, validate
+from training_harness.strategies.registry import load_builtins
+load_builtins()
+from training_harness.launch import rank_server
+from training_harness.launch.local import launch
+from training_harness.measure.prepare import prepare, flops_per_sample, peak_for_workload
+from training_harness.core.device import RuntimeEnv, resolve_device
+from training_harness.estimator import estimate
+from training_harness.measure.peaks import autocast_dtype_name
+from training_harness.workloads import load_workload
+from training_harness.strategies.compose import resolved, validate
 lap("imports (torch, torch._dynamo, the strategies)")
 plan = plan_from_args(args)
 lap("plan")
@@ -132,7 +133,7 @@ def main() -> int:
     p.add_argument("--no-cold", action="store_true", help="only the warm peak cache")
     p.add_argument("--server", choices=("own", "warm", "both"), default="both",
                    help="the command's own rank server (HARNESS_WARM_SERVER=0), one kept "
-                        "warm between commands (harness.launch.warm_server: started by an "
+                        "warm between commands (training_harness.launch.warm_server: started by an "
                         "untimed run first), or both side by side")
     p.add_argument("--short", action="store_true",
                    help="1 warm-up and 2 measured steps (--steps 2 --warmup-steps 1): the "
@@ -153,7 +154,7 @@ def main() -> int:
                             args.before], cwd=ROOT, check=True, capture_output=True)
             codes = {f"before ({args.before})": tmp / "before", "now": ROOT}
         warm = tmp / "warm-cache"
-        subprocess.run([sys.executable, "-c", "import torch; from harness.measure."
+        subprocess.run([sys.executable, "-c", "import torch; from training_harness.measure."
                         "peaks import measured_peak; "
                         "print(measured_peak(torch.device('cpu'), 'fp32'))"],
                        env={**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_CACHE_DIR": str(warm)},
@@ -212,7 +213,7 @@ def main() -> int:
                 print(f"  {k:12} {summary([x['phases'].get(k) or 0.0 for x in runs])}")
             print(f"  {'(window)':12} {summary([x['window'] for x in runs])}")
     finally:
-        subprocess.run([sys.executable, "-m", "harness.launch.warm_server", "--stop"],
+        subprocess.run([sys.executable, "-m", "training_harness.launch.warm_server", "--stop"],
                        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_RUNTIME_DIR": str(runtime)},
                        capture_output=True)
         if args.before:

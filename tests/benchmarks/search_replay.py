@@ -25,10 +25,11 @@ lines written before (surface_replay/family_report.py), e.g.
    recorded study instead.
 2. Replay, `--seeds` times each, against that table (a configuration's figure and
    its cost are its record's samples/s and wall-clock seconds):
-     harness    the harness's own proposal loop: its sampler (harness.tune.search.sampling:
+     harness    the harness's own proposal loop: its sampler (training_harness.tune.search.sampling:
                 TPE as the study configures it), the references first (the fp32
                 baseline, the known-good configuration), then the estimator's five
-                first tier of a sample (harness.tune.search.first_guesses), a repeat proposal costs
+                first tier of a sample (training_harness.tune.search.first_guesses), a repeat
+                proposal costs
                 nothing and queues the unmeasured configuration nearest the best,
                 and a trial slower than 1/slower_than of the best so far costs only
                 its warm-up and min_steps (as early stopping cuts it)
@@ -68,9 +69,8 @@ if sys.path[:1] != [str(ROOT)]:
 
 import optuna  # noqa: E402
 import tomli_w  # noqa: E402
-
-from harness.records.predicates import finished  # noqa: E402
-from harness.records.tags import tags_of  # noqa: E402
+from training_harness.records.predicates import finished  # noqa: E402
+from training_harness.records.tags import tags_of  # noqa: E402
 
 TARGET = 0.97
 DISTRIBUTED = {
@@ -95,15 +95,15 @@ def record(study_file: Path, out: Path) -> None:
     grid = out.with_suffix(".toml")
     grid.write_text(tomli_w.dumps(table))
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "harness", "tune", str(grid), "--out", str(out),
+    subprocess.run([sys.executable, "-m", "training_harness", "tune", str(grid), "--out", str(out),
                     "--quiet"], cwd=ROOT, check=True, timeout=3600)
     print(f"recorded {out} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
 
 
 def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
     """(configuration key -> rate, cost, predicted rate, phase), the study, its space."""
-    from harness.study.search_space import SearchSpace
-    from harness.study.study_file import Study
+    from training_harness.study.search_space import SearchSpace
+    from training_harness.study.study_file import Study
 
     study = Study.from_toml(folder / "study.toml")
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
@@ -116,7 +116,7 @@ def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
         t = by_number.get(tags_of(r).get("optuna_number"))
         # not measured: skipped for time, cut off at the deadline, left by a dead worker
         # (a table recorded over several sessions holds such records; a later session
-        # measures them: harness.tune.recovery.grid_rest)
+        # measures them: training_harness.tune.recovery.grid_rest)
         if (t is None or "duplicate_of" in r["tags"] or not finished(r)
                 or r["tags"].get("phase") not in ("baseline", "known-good", "search")):
             continue
@@ -179,9 +179,10 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
             ref = next((row for row in table.values() if row["phase"] == phase), None)
             if ref is not None:
                 optuna_study.enqueue_trial(ref["params"])
-        # the estimator's guesses (harness.tune.search.first_guesses), from the recorded predictions
-        from harness.tune.search.estimator_model import SAMPLE
-        from harness.tune.search.first_guesses import first_tier
+        # the estimator's guesses (training_harness.tune.search.first_guesses), from the recorded
+        # predictions
+        from training_harness.tune.search.estimator_model import SAMPLE
+        from training_harness.tune.search.first_guesses import first_tier
 
         refs = [row["params"] for row in table.values() if row["phase"] != "search"]
         pool = [row["params"] for row in table.values() if row["params"] not in refs]
@@ -233,7 +234,7 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
     """The strategies' costs, their curves, the table, its total cost, its best, and the
     size of its study's space (a table still being recorded holds fewer: the searches
     then choose among the configurations it holds)."""
-    from harness.tune.search.sampling import make_sampler
+    from training_harness.tune.search.sampling import make_sampler
 
     table, study, space = load_table(folder)
     best = max(row["rate"] for row in table.values())
@@ -346,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         if not (args.surface and args.study):
             p.error("--surface and --study go together")
         sys.path.insert(0, str(ROOT))
-        from harness.core.units import parse_duration
+        from training_harness.core.units import parse_duration
+
         from tests.benchmarks.surface_replay.report import main as surface_main
 
         budget_s = parse_duration(args.budget, "--budget") if args.budget else None

@@ -37,7 +37,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 def bench(plan: str, flags: list[str], out: Path) -> dict:
     if flags and flags[0].endswith(".toml"):  # a variant that is a plan of its own
         plan, flags = flags[0], flags[1:]
-    cmd = [sys.executable, "-m", "harness", "bench", plan, *flags, "--out", str(out)]
+    cmd = [sys.executable, "-m", "training_harness", "bench", plan, *flags, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr}")

@@ -33,8 +33,8 @@ def plans(study_path: str, seeds: list[int] | None = None) -> list:
     cache's key, so fewer seeds take the others' steps from it all the same)."""
     import dataclasses
 
-    from harness.study.search_space import SearchSpace
-    from harness.study.study_file import Study
+    from training_harness.study.search_space import SearchSpace
+    from training_harness.study.study_file import Study
 
     study = Study.from_toml(study_path)
     space = SearchSpace.of(study, study.device)
@@ -60,7 +60,8 @@ def measure_until_quiet(folder: Path, plan, remeasure: int, say: str,
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "plan.toml").write_text(plan.to_toml())
         print(f"{say} {time.strftime('%H:%M:%S')} load {os.getloadavg()}", flush=True)
-        subprocess.run([sys.executable, "-m", "harness", "bench", str(folder / "plan.toml"),
+        subprocess.run([sys.executable, "-m", "training_harness", "bench",
+                        str(folder / "plan.toml"),
                         "--out", str(folder), *(["--timeout", timeout] if timeout else [])],
                        check=False)
         runs += 1

@@ -84,8 +84,8 @@ WINDOW_STEPS = 64
 
 def base_plan():
     """The study's plan at global batch 16, micro-batch 16, its [target] and seeds."""
-    from harness.study.search_space import SearchSpace
-    from harness.study.study_file import Study
+    from training_harness.study.search_space import SearchSpace
+    from training_harness.study.study_file import Study
 
     study = Study.from_toml(STUDY)
     space = SearchSpace.of(study, study.device)
@@ -114,7 +114,7 @@ def saved(out: Path, what: str) -> Path:
     trial.mkdir(parents=True, exist_ok=True)
     (trial / "plan.toml").write_text(plan.to_toml())
     print(f"[{what}] training {plan.steps} steps, then saved to {folder}", flush=True)
-    subprocess.run([sys.executable, "-m", "harness", "bench", str(trial / "plan.toml"),
+    subprocess.run([sys.executable, "-m", "training_harness", "bench", str(trial / "plan.toml"),
                     "--out", str(trial), "--save", str(folder)], check=True)
     return folder
 
@@ -214,13 +214,12 @@ def steps_only(label: str, out: Path, steps: int = 20) -> dict:
     steps of seconds instead of tens of ms): each seed's run to the target, through the
     shared cache, and the median of `steps` timed steps; a record shaped as bench's."""
     import torch
-
-    from harness.core.target import maths_key
-    from harness.measure import target_cache
-    from harness.measure.convergence import train_to_target
-    from harness.measure.time_to_target import summarize
-    from harness.workloads import load_workload
-    from strategies import compose, resolved
+    from training_harness.core.target import maths_key
+    from training_harness.measure import target_cache
+    from training_harness.measure.convergence import train_to_target
+    from training_harness.measure.time_to_target import summarize
+    from training_harness.strategies.compose import compose, resolved
+    from training_harness.workloads import load_workload
 
     torch.set_num_threads(1)
     # settings written out in full, as bench records a plan: the same maths key
@@ -246,7 +245,7 @@ def steps_only(label: str, out: Path, steps: int = 20) -> dict:
     step_s = statistics.median(times[2:])
     length_times = None
     if setup.length_schedule is not None:  # the curriculum: each length's step time
-        from harness.measure import length_times as lt
+        from training_harness.measure import length_times as lt
 
         batches = [[workload.batch(plan.batch_size, s, "cpu")] for s in range(4)]
         length_times = lt.time_lengths(setup, batches, workload.loss, torch.device("cpu"),

@@ -36,7 +36,7 @@ PLANS = {"1 process (quickstart)": "studies/plans/quickstart.toml",
 def bench(code: Path, plan: str, out: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code)}
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "harness", "bench", str(code / plan),
+    done = subprocess.run([sys.executable, "-m", "training_harness", "bench", str(code / plan),
                            "--device", "cpu", "--out", str(out)], cwd=code, env=env,
                           capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
@@ -56,16 +56,16 @@ def bench(code: Path, plan: str, out: Path) -> dict[str, float]:
 STUDY_SCRIPT = """
 import json, sys, time, tomllib
 from pathlib import Path
-from harness.core.plan import Plan
-from harness.launch.local import launch
-from harness.launch.torch_helper import shared
+from training_harness.core.plan import Plan
+from training_harness.launch.local import launch
+from training_harness.launch.torch_helper import shared
 plan_file, out, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 plan = Plan.from_dict(tomllib.loads(Path(plan_file).read_text()), where=plan_file)
 plan = plan.replace(device="cpu")
 probe = shared()
 probe.prepare(plan)  # the helper's start is the study's, not a trial's
 try:
-    from harness.launch import rank_server
+    from training_harness.launch import rank_server
     rank_server.warm_up()  # as harness tune does when it opens the study
 except ImportError:
     pass

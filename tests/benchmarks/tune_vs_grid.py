@@ -31,8 +31,7 @@ from datetime import date
 from pathlib import Path
 
 import tomli_w
-
-from harness.records.tags import tags_of
+from training_harness.records.tags import tags_of
 
 
 def run(cmd: list[str], timeout: float) -> float:
@@ -71,7 +70,8 @@ def rebench(plans: dict[str, Path], rounds: int, out: Path) -> dict[str, list[fl
     for i in range(rounds):
         for name, plan in plans.items():
             folder = out / f"{name}-{i}"
-            run([sys.executable, "-m", "harness", "bench", str(plan), "--out", str(folder)], 900)
+            run([sys.executable, "-m", "training_harness", "bench", str(plan), "--out",
+                 str(folder)], 900)
             rec = json.loads((folder / "result.json").read_text())
             rates[name].append(rec["metrics"]["samples_per_s"])
     return rates
@@ -91,7 +91,8 @@ def main() -> None:
     name = table["name"]
 
     tune_dir = out / "tune"
-    tune_s = run([sys.executable, "-m", "harness", "tune", args.study, "--budget", args.budget,
+    tune_s = run([sys.executable, "-m", "training_harness", "tune", args.study, "--budget",
+                  args.budget,
                   "--out", str(tune_dir), "--quiet"], 24 * 3600)
 
     grid = dict(table, sampler="grid", name=f"{name}-grid")
@@ -101,7 +102,7 @@ def main() -> None:
     grid_file = out / "grid.toml"
     grid_file.write_text(tomli_w.dumps(grid))
     grid_dir = out / "grid"
-    grid_s = run([sys.executable, "-m", "harness", "tune", str(grid_file), "--out",
+    grid_s = run([sys.executable, "-m", "training_harness", "tune", str(grid_file), "--out",
                   str(grid_dir), "--quiet"], 24 * 3600)
 
     tune_best, tune_rate = best_of(tune_dir)
@@ -113,7 +114,7 @@ def main() -> None:
     raw, cal = memory_errors(tune_recs)
     n_grid = sum(1 for r in records(grid_dir) if r["status"] == "ok")
     tune_ok = sum(1 for r in tune_recs if r["status"] == "ok")
-    from harness.measure.env import capture_env
+    from training_harness.measure.env import capture_env
 
     env = capture_env(__import__("torch").device("cpu"))
     device = env.get("device_name") or platform.processor()
@@ -160,7 +161,7 @@ def main() -> None:
 
 
 def _describe(rec: dict) -> str:
-    from harness.tune.progress import describe_plan
+    from training_harness.tune.progress import describe_plan
 
     return describe_plan(rec["plan"])
 

@@ -9,17 +9,16 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-
-import strategies
-from harness.core.plan import Layout, Plan
-from harness.launch import rank_server
+from training_harness.core.plan import Layout, Plan
+from training_harness.launch import rank_server
+from training_harness.strategies import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(layers=2, heads=2, hidden=32, seq_len=16, vocab=64)
 
 
 def needs_ddp() -> None:
-    if "ddp" not in {s.name for s in strategies.all_strategies()}:
+    if "ddp" not in {s.name for s in registry.all_strategies()}:
         pytest.skip("needs the ddp strategy (strategies/ddp.py): a 2-rank plan is refused "
                     "without a distributed strategy")
 
@@ -55,12 +54,12 @@ def survivors(out_dir: Path) -> list[psutil.Process]:
     for p in found.values():
         try:
             cmdline = " ".join(p.cmdline())
-            if "harness.measure.torch_helper_server" in cmdline \
+            if "training_harness.measure.torch_helper_server" in cmdline \
                     or p.name() == rank_server.HELPER_NAME:
                 continue  # this process's torch-side helper, no trial's
             if p.ppid() == os.getpid() and ("multiprocessing.forkserver" in cmdline
                                             or "multiprocessing.resource_tracker" in cmdline):
-                continue  # the rank server itself (harness.launch.rank_server), not a rank
+                continue  # the rank server itself (training_harness.launch.rank_server), not a rank
                 # forked from it: those are its children, and count
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 alive.append(p)
@@ -84,14 +83,15 @@ def in_repo_root(monkeypatch):
 
 
 def timeout_once_hung(monkeypatch: pytest.MonkeyPatch, marks: Path, timeout_s: float) -> None:
-    """The launcher's clock (harness.launch.local's time.monotonic) jumps `timeout_s`
+    """The launcher's clock (training_harness.launch.local's time.monotonic) jumps `timeout_s`
     ahead once a rank of the trial is in its hang (tests/faulty_workload.py touches a
     file in `marks`): the trial's deadline passes there and then, as it would have
     `timeout_s` after the start, without waiting for it however long the rank took to
     get there. What follows is the launcher's own: the stacks asked for, the ranks
     stopped, the record. (tests/distributed/conftest.py's hung trial waits on the real
     clock.)"""
-    from harness.launch import local
+    from training_harness.launch import local
+
     from tests.faulty_workload import HANG_MARK_ENV
 
     marks.mkdir()
@@ -106,8 +106,8 @@ def timeout_once_hung(monkeypatch: pytest.MonkeyPatch, marks: Path, timeout_s: f
 
 
 def launch_plan(plan: Plan, out: Path | str, command: str, **kwargs):
-    """harness.launch.local.launch on `plan` checked here (as `harness bench` does)."""
-    from harness.launch.local import launch
-    from harness.measure.prepare import prepare
+    """training_harness.launch.local.launch on `plan` checked here (as `harness bench` does)."""
+    from training_harness.launch.local import launch
+    from training_harness.measure.prepare import prepare
 
     return launch(prepare(plan).checked(), out, command, **kwargs)

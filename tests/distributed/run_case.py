@@ -5,7 +5,7 @@
 
 Every case composes its strategies on the tiny GPT of tests/tiny.py, trains a few
 steps on this rank's share of the same global batches as the single-process
-run (harness.measure.batches.step_pool), and records per rank: the losses, and the
+run (training_harness.measure.batches.step_pool), and records per rank: the losses, and the
 bytes of optimizer state, gradients and parameters this rank holds (local
 shards of DTensors). The family "hf" is tests/workloads/run_hf_case.py's cases (each
 with its own layout of 2 ranks), the family "estimator" tests/estimator/run_ranks.py's
@@ -111,11 +111,11 @@ def run(case: Case, layout: dict, rank: int) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from training_harness.core.device import RuntimeEnv
+    from training_harness.core.plan import Layout, Plan
+    from training_harness.measure.batches import step_pool
+    from training_harness.strategies.compose import compose
 
-    from harness.core.device import RuntimeEnv
-    from harness.core.plan import Layout, Plan
-    from harness.measure.batches import step_pool
-    from strategies import compose
     from tests.tiny import TINY_GPT, tiny_gpt
 
     workload = tiny_gpt(**case.gpt)
@@ -171,7 +171,7 @@ TIMEOUT_S = 600
 
 
 def ranks(family: str) -> int:
-    from harness.core.plan import Layout
+    from training_harness.core.plan import Layout
 
     return 2 if family in (HF, ESTIMATOR) else Layout(**FAMILIES[family][0]).world_size
 
@@ -185,13 +185,12 @@ def launch_families(families: tuple[str, ...], out: Path) -> dict[int, dict]:
     """Run `families` (all on the same number of ranks) in one torchrun launch on its
     own free port, under a timeout; each rank's records by rank."""
     import pytest
-
-    from harness.core.ports import free_port
+    from training_harness.core.ports import free_port
 
     n = ranks(families[0])
     cmd = [
         # torchrun, its imports with the collector paused
-        sys.executable, "-m", "harness.launch.torchrun_agent", f"--nproc-per-node={n}",
+        sys.executable, "-m", "training_harness.launch.torchrun_agent", f"--nproc-per-node={n}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
         str(Path(__file__)), ",".join(families), str(out),
     ]
@@ -242,7 +241,7 @@ if __name__ == "__main__":
 
     # A short-lived rank: its imports (torch, transformers) and the tiny models' steps
     # run without the cyclic collector, whose sweeps of torch's heap are a third of the
-    # imports' CPU (harness.core.paused_imports); what little cyclic garbage a case
+    # imports' CPU (training_harness.core.paused_imports); what little cyclic garbage a case
     # leaves ends with the process.
     gc.disable()
     main()

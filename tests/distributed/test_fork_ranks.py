@@ -1,4 +1,4 @@
-"""Every rank of a one-node trial forked from the rank server (harness.launch.rank_server):
+"""Every rank of a one-node trial forked from the rank server (training_harness.launch.rank_server):
 the record torchrun gives, the first failing rank named and the others stopped at once,
 a hang stopped at its timeout with its ranks named; no process left behind.
 
@@ -13,8 +13,8 @@ import math
 
 import psutil
 import pytest
+from training_harness.launch import local, rank_server
 
-from harness.launch import local, rank_server
 from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     assert_nothing_left,
     faulty_plan,

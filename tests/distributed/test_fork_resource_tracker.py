@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
 
     def child(log):
-        from harness.launch.fork_child import redirect
+        from training_harness.launch.fork_child import redirect
         redirect(log, log)
         kept = mp.get_context("spawn").Semaphore()  # registered with the tracker
         os._exit(0)  # and left behind, as a rank leaves

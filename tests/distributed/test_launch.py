@@ -11,8 +11,8 @@ import math
 import os
 
 import pytest
+from training_harness.records.result import read_result
 
-from harness.records.result import read_result
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,

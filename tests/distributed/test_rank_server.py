@@ -1,4 +1,4 @@
-"""One-rank trials forked from the rank server (harness.launch.rank_server): each a
+"""One-rank trials forked from the rank server (training_harness.launch.rank_server): each a
 fresh process, stopped at its timeout like any other, and gone afterwards."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 import os
 
 import pytest
+from training_harness.launch import rank_server
 
-from harness.launch import rank_server
 from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     assert_nothing_left,
     faulty_plan,
@@ -76,7 +76,7 @@ def test_a_fork_of_the_server_answers_as_the_torch_side_helper():
     """`harness bench` prepares its plan in a fork of the server (rank_server.ask): the
     helper's answer, a user's mistake as an error with its exit code, anything else as
     a crash."""
-    from harness.launch.torch_helper import prepare_forked
+    from training_harness.launch.torch_helper import prepare_forked
 
     plan = faulty_plan(world=1)
     prepared, phases = prepare_forked(plan)
@@ -98,8 +98,7 @@ def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
     from multiprocessing import forkserver
 
     import psutil
-
-    from harness.launch.torch_helper import TorchHelper
+    from training_harness.launch.torch_helper import TorchHelper
 
     helper = TorchHelper()
     try:
@@ -125,7 +124,7 @@ def test_a_helper_whose_status_is_not_reported_yet_is_known_dead_by_its_connecti
     connection says so first."""
     from multiprocessing import Pipe
 
-    from harness.launch.torch_helper import TorchHelper
+    from training_harness.launch.torch_helper import TorchHelper
 
     class NotReportedYet:
         def poll(self):

@@ -5,11 +5,11 @@ from the cache (a layout leaves the maths unchanged), times the two ranks' step 
 from __future__ import annotations
 
 import pytest
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.target import TargetSpec
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
 
-from harness.core.plan import Layout, Plan
-from harness.core.target import TargetSpec
-from harness.measure.prepare import prepare
-from harness.measure.trial_loop import run_trial
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     in_repo_root,  # noqa: F401  (a fixture)

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
+from training_harness.core.ports import free_port
 
-from harness.core.ports import free_port
 from tests.distributed.launch_helpers import (
     ROOT,
     assert_nothing_left,
@@ -30,7 +30,7 @@ def test_two_nodes_on_loopback_complete_a_ddp_trial(tmp_path):
 
     def bench(node: int) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "harness", "bench", str(plan_file),
+            [sys.executable, "-m", "training_harness", "bench", str(plan_file),
              "--out", str(tmp_path / f"node{node}"), "--nnodes", "2",
              "--node-rank", str(node), "--rdzv-endpoint", endpoint],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

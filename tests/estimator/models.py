@@ -6,11 +6,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.device import RuntimeEnv
-from harness.core.plan import Plan
-from harness.workloads.attention import ATTENTION
-from harness.workloads.base import TransformerShape, Workload
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Plan
+from training_harness.workloads.attention import ATTENTION
+from training_harness.workloads.base import TransformerShape, Workload
 
 CPU = RuntimeEnv("cpu", "test cpu", 1, bf16=True, triton=False)
 CUDA = RuntimeEnv("cuda", "test gpu", 1, bf16=True, triton=False)

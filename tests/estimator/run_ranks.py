@@ -42,7 +42,7 @@ CASES = {
 
 
 def plan_of(case: str):
-    from harness.core.plan import Layout, Plan
+    from training_harness.core.plan import Layout, Plan
 
     layout, strategies, micro, global_batch = CASES[case]
     return Plan(workload="gpt", workload_args=GPT, layout=Layout(**layout),
@@ -89,10 +89,10 @@ def live_bytes_mode(exclude: set[int]):
 
 def run(case: str, rank: int) -> dict:
     import torch
+    from training_harness.measure.batches import step_pool
+    from training_harness.strategies.compose import compose
+    from training_harness.workloads import load_workload
 
-    from harness.measure.batches import step_pool
-    from harness.workloads import load_workload
-    from strategies import compose
     from tests.distributed.run_case import local_bytes, optimizer_state_bytes
 
     plan = plan_of(case)

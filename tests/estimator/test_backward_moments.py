@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from training_harness.core.plan import Plan
+from training_harness.estimator import estimate
+from training_harness.workloads.base import Workload
 
-from harness.core.plan import Plan
-from harness.estimator import estimate
-from harness.workloads.base import Workload
 from tests.estimator.measure import LiveBytes
 from tests.estimator.models import CPU
 

@@ -2,7 +2,7 @@
 
 The raw estimate predicts what the device holds for a trial, as NVML reports it, so
 it counts what the process holds beyond its tensors (measured once per GPU by
-harness.measure.device_overhead); the tuner's correction fits its ratio on the
+training_harness.measure.device_overhead); the tuner's correction fits its ratio on the
 tensors alone and stands for these terms with what trials measured.
 """
 
@@ -12,11 +12,12 @@ import json
 import subprocess
 import sys
 
-from harness.cli.bench_table import estimate_table
-from harness.core.overhead import DeviceOverhead
-from harness.core.plan import Layout
-from harness.estimator import estimate
-from harness.tune.search.correction import Correction
+from training_harness.cli.bench_table import estimate_table
+from training_harness.core.overhead import DeviceOverhead
+from training_harness.core.plan import Layout
+from training_harness.estimator import estimate
+from training_harness.tune.search.correction import Correction
+
 from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, gpt_plan
 
 MIB = 1024**2
@@ -80,7 +81,8 @@ def test_overhead_record_round_trips_and_refuses_bad_figures():
 
 
 def test_calibration_process_answers_the_overhead_question():
-    out = subprocess.run([sys.executable, "-m", "harness.measure.calibrate", "--overhead", "cpu"],
+    out = subprocess.run([sys.executable, "-m", "training_harness.measure.calibrate", "--overhead",
+                          "cpu"],
                          capture_output=True, text=True, timeout=120, check=True)
     found = DeviceOverhead.from_record(json.loads(out.stdout.strip().splitlines()[-1]))
     assert found == DeviceOverhead.none("cpu")

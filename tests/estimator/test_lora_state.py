@@ -6,11 +6,11 @@ base and the adapters both."""
 from __future__ import annotations
 
 import pytest
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout, Plan
+from training_harness.estimator import estimate
+from training_harness.workloads import load_workload
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout, Plan
-from harness.estimator import estimate
-from harness.workloads import load_workload
 from tests.estimator.models import CPU
 
 LLAMA = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
@@ -21,7 +21,7 @@ ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 @pytest.fixture(scope="module")
 def peft():
     try:
-        from strategies.lora import peft_module
+        from training_harness.strategies.lora import peft_module
 
         return peft_module()
     except HarnessError as e:

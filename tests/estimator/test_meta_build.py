@@ -1,14 +1,13 @@
-"""A model built for its sizes (harness.workloads.meta.on_meta) is the model a plain
+"""A model built for its sizes (training_harness.workloads.meta.on_meta) is the model a plain
 meta build makes, initialisers skipped; outside it, or on a real tensor, they run."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from harness.estimator.facts import ModelFacts
-from harness.workloads import load_workload
-from harness.workloads.meta import on_meta
+from training_harness.estimator.facts import ModelFacts
+from training_harness.workloads import load_workload
+from training_harness.workloads.meta import on_meta
 
 
 def described(model: nn.Module) -> list[tuple]:

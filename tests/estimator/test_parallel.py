@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.nn.functional as F
 from torch import nn
-
-from harness.core.plan import Layout, Plan
-from harness.estimator import (
+from training_harness.core.plan import Layout, Plan
+from training_harness.estimator import (
     PAPER,
     Parallelism,
     block_activation_terms,
@@ -19,8 +18,9 @@ from harness.estimator import (
     korthikanti_bytes,
     zero1_partition,
 )
-from harness.workloads import load_workload
-from harness.workloads.base import Workload
+from training_harness.workloads import load_workload
+from training_harness.workloads.base import Workload
+
 from tests.estimator.models import CPU, CUDA, MLP, SHAPE
 
 H = 64  # Square's width: every dimension divides by 2 and 4

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Layout
+from training_harness.estimator import COMPONENTS, estimate
+from training_harness.estimator.bandwidth import bandwidth
+from training_harness.estimator.result import STEP_PARTS
+from training_harness.estimator.step_costs import COMPUTE_MFU, DATA_EXPOSED
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Layout
-from harness.estimator import COMPONENTS, estimate
-from harness.estimator.bandwidth import bandwidth
-from harness.estimator.result import STEP_PARTS
-from harness.estimator.step_costs import COMPUTE_MFU, DATA_EXPOSED
 from tests.estimator.measure import LiveBytes
 from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
 
@@ -132,7 +132,7 @@ def test_data_and_tensor_parallel_traffic_on_a_gpu():
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_the_step_parts_add_up_to_the_step_time(device):
-    """The search re-weights the estimator's parts (harness.tune.search.part_fit): they
+    """The search re-weights the estimator's parts (training_harness.tune.search.part_fit): they
     must be the step, by the rule STEP_PARTS states."""
     env = CUDA if device == "cuda" else CPU
     plan = gpt_plan(micro_batch=2, accumulation={}, checkpoint={"every": 1}, ddp={})

@@ -6,23 +6,22 @@ from __future__ import annotations
 import json
 
 import pytest
-
-import strategies  # noqa: F401  (registers the built-in strategies)
-from harness.cli.main import main
-from harness.cli.plan import TargetPredictor
-from harness.core.errors import HarnessError
-from harness.core.gpus import (
+from training_harness.cli.main import main
+from training_harness.cli.plan import TargetPredictor
+from training_harness.core.errors import HarnessError
+from training_harness.core.gpus import (
     GPUS,
     MEASURED_CONTEXT_BYTES,
     MEASURED_WORKSPACE_BYTES,
     gpu_named,
     targets,
 )
-from harness.core.plan import Plan
-from harness.estimator import estimate, trace
-from harness.estimator.bandwidth import bandwidth
-from harness.estimator.target import Target
-from harness.measure.peaks import datasheet_peak
+from training_harness.core.plan import Plan
+from training_harness.estimator import estimate, trace
+from training_harness.estimator.bandwidth import bandwidth
+from training_harness.estimator.target import Target
+from training_harness.measure.peaks import datasheet_peak
+
 from tests.estimator.models import CPU, TinyClassifier
 
 TINY = {"name": "gpt", "layers": 2, "heads": 4, "hidden": 64, "seq_len": 64, "vocab": 512}

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 from torch import nn
-
-from harness.estimator import (
+from training_harness.estimator import (
     PAPER,
     block_activation_terms,
     blocks_moment,
@@ -14,7 +13,8 @@ from harness.estimator import (
     korthikanti_bytes,
     widths_for,
 )
-from harness.workloads.base import TransformerShape
+from training_harness.workloads.base import TransformerShape
+
 from tests.estimator.models import (
     CPU,
     CUDA,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.core.plan import Plan
+from training_harness.core.plan import Plan
 
 LLAMA = {"name": "hf:llama", "num_hidden_layers": 2, "hidden_size": 32,
          "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,

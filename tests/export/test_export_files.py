@@ -10,11 +10,11 @@ import tomllib
 
 import pytest
 import yaml
+from training_harness.cli.main import main
+from training_harness.core.errors import HarnessError
+from training_harness.export import STACKS, export_plan
+from training_harness.strategies import registry
 
-import strategies
-from harness.cli.main import main
-from harness.core.errors import HarnessError
-from harness.export import STACKS, export_plan
 from tests.export import plans
 
 # A layout each strategy can stand in (the data-parallel ones need two ranks, ...).
@@ -23,7 +23,7 @@ NEEDS = {"ddp": {"data": 2}, "zero": {"data": 2}, "pipeline": {"pipeline": 2},
 
 
 @pytest.mark.parametrize("stack", STACKS)
-@pytest.mark.parametrize("name", sorted(s.name for s in strategies.all_strategies()))
+@pytest.mark.parametrize("name", sorted(s.name for s in registry.all_strategies()))
 def test_no_strategy_is_dropped_silently(stack, name):
     """Every registered strategy, alone in a plan, is carried or named in not_expressed
     (Writer.finish refuses an exporter that passes over one)."""

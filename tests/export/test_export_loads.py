@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from training_harness.export import export_plan
 
-from harness.export import export_plan
 from tests.export import plans
 
 pytestmark = pytest.mark.slow  # each imports a large library (seconds on a busy CPU)
@@ -28,7 +28,7 @@ def write(tmp_path, name: str, stack: str):
 
 @pytest.mark.parametrize("name", ["single", "ddp", "zero2", "zero3-offload"])
 def test_hf_trainer_json_in_hf_argument_parser(tmp_path, name):
-    import harness  # noqa: F401  (torchvision's mend before transformers)
+    import training_harness  # noqa: F401  (torchvision's mend before transformers)
 
     tf = pytest.importorskip("transformers")
     (args,) = tf.HfArgumentParser(tf.TrainingArguments).parse_json_file(

@@ -13,9 +13,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from training_harness.cli.main import main
+from training_harness.export.verify import (
+    Row,
+    ranking,
+    settings_lost,
+    table,
+    top_records,
+    verify_one,
+)
 
-from harness.cli.main import main
-from harness.export.verify import Row, ranking, settings_lost, table, top_records, verify_one
 from tests.export import plans
 
 

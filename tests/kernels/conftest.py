@@ -44,7 +44,7 @@ TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (1e-2, 1e-3)}
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
     """Run the kernels here: in the interpreter on the CPU, natively on CUDA."""
-    import kernels
+    from training_harness.kernels import dispatch as kernels
 
     if not ON_CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -12,7 +12,7 @@ from torch import nn
 
 pytest.importorskip("triton")
 
-from kernels.bias_gelu import LinearBiasGELU, bias_gelu, bias_gelu_reference  # noqa: E402
+from training_harness.kernels.bias_gelu import LinearBiasGELU, bias_gelu, bias_gelu_reference  # noqa: E402
 
 # numpy warns when the sigmoid's exp overflows to inf for very negative inputs (the
 # result, 0, is right)

@@ -13,7 +13,7 @@ from torch import nn
 
 pytest.importorskip("triton")
 
-import kernels.cross_entropy as ce  # noqa: E402
+import training_harness.kernels.cross_entropy as ce  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+from training_harness.kernels import dispatch as kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,8 +67,9 @@ def test_without_triton_and_with_triton_imported_too_early():
     out = _python("""
         import sys
         sys.modules["triton"] = None  # as if not installed
-        import torch, kernels
-        from kernels import bias_gelu, cross_entropy, layernorm, multi_tensor
+        import torch
+        from training_harness.kernels import dispatch as kernels
+        from training_harness.kernels import bias_gelu, cross_entropy, layernorm, multi_tensor
         x = torch.randn(3, 8)
         y = layernorm.layer_norm(x)
         assert torch.allclose(y, torch.nn.functional.layer_norm(x, (8,)), atol=1e-6)
@@ -78,7 +79,8 @@ def test_without_triton_and_with_triton_imported_too_early():
     expected = "triton does not import" if torch.cuda.is_available() else "triton is not installed"
     assert expected in out
     out = _python("""
-        import os, torch, triton, kernels
+        import os, torch, triton
+        from training_harness.kernels import dispatch as kernels
         os.environ["TRITON_INTERPRET"] = "1"
         print(kernels.why_not_triton(torch.empty(1)))
         """)

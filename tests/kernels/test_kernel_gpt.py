@@ -19,11 +19,11 @@ from torch import nn
 
 pytest.importorskip("triton")
 
-from harness.workloads.gpt import GPTConfig, GPTWorkload  # noqa: E402
-from kernels.bias_gelu import LinearBiasGELU  # noqa: E402
-from kernels.cross_entropy import ChunkedCrossEntropy  # noqa: E402
-from kernels.layernorm import FusedLayerNorm  # noqa: E402
-from kernels.multi_tensor import MultiTensorAdamW  # noqa: E402
+from training_harness.kernels.bias_gelu import LinearBiasGELU  # noqa: E402
+from training_harness.kernels.cross_entropy import ChunkedCrossEntropy  # noqa: E402
+from training_harness.kernels.layernorm import FusedLayerNorm  # noqa: E402
+from training_harness.kernels.multi_tensor import MultiTensorAdamW  # noqa: E402
+from training_harness.workloads.gpt import GPTConfig, GPTWorkload  # noqa: E402
 
 STEPS = 3
 

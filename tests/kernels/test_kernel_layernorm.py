@@ -11,7 +11,7 @@ from torch import nn
 
 pytest.importorskip("triton")
 
-from kernels.layernorm import FusedLayerNorm, layer_norm, layer_norm_reference  # noqa: E402
+from training_harness.kernels.layernorm import FusedLayerNorm, layer_norm, layer_norm_reference  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 # rows x width: width not a power of 2 (masked lanes), a single row, a 3-D input,

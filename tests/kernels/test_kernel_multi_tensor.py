@@ -15,14 +15,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.multi_tensor import (  # noqa: E402
+from training_harness.kernels.multi_tensor import (  # noqa: E402
     BLOCK,
     MultiTensorAdamW,
     adamw_step,
     adamw_step_reference,
     lamb_step,
 )
-from strategies import lamb  # noqa: E402
+from training_harness.strategies import lamb  # noqa: E402
 
 # odd sizes, one element, exactly one block, one element past it, a 2-D tensor, and
 # an empty one

@@ -19,11 +19,10 @@ pytest.importorskip("triton")
 
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
-
-from harness.core.device import RuntimeEnv  # noqa: E402
-from harness.core.plan import Layout, Plan  # noqa: E402
-from kernels.multi_tensor import MultiTensorAdamW  # noqa: E402
-from strategies import reasons_against  # noqa: E402
+from training_harness.core.device import RuntimeEnv  # noqa: E402
+from training_harness.core.plan import Layout, Plan  # noqa: E402
+from training_harness.kernels.multi_tensor import MultiTensorAdamW  # noqa: E402
+from training_harness.strategies.compose import reasons_against  # noqa: E402
 
 SHAPES = [(8, 5), (3,), (1025,)]
 

@@ -26,9 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from reports.compare import build_compare  # noqa: E402
-from reports.load import load_run  # noqa: E402
-from reports.report import build_report  # noqa: E402
+from training_harness.reports.compare import build_compare  # noqa: E402
+from training_harness.reports.load import load_run  # noqa: E402
+from training_harness.reports.report import build_report  # noqa: E402
+
 from tests.reports.chromium import BINARY, Chromium  # noqa: E402
 from tests.reports.runs import synthetic_records, write_run  # noqa: E402
 
@@ -70,7 +71,7 @@ def main() -> None:
 
         med, lo, hi, run = timed(work, args.rounds)
         t = time.perf_counter()  # the whole command, Python's start and imports included
-        subprocess.run([sys.executable, "-m", "harness", "report", str(run_dir), "--out",
+        subprocess.run([sys.executable, "-m", "training_harness", "report", str(run_dir), "--out",
                         str(tmp / "cli.html")], cwd=ROOT, check=True, capture_output=True)
         cli = time.perf_counter() - t
         load = timed(lambda run_dir=run_dir: load_run(run_dir), args.rounds)[0]

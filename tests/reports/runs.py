@@ -153,7 +153,7 @@ def ablation_records(recs: list[dict], rng: random.Random, thr_scale: float = 1.
 def write_run(root: Path, recs: list[dict], journal: bool = True, **study: Any) -> Path:
     """The folder `harness tune` writes, for these records, written with the tuner's own
     RunStore so that a change of the contract shows here."""
-    from harness.records.run_store import RunStore, write_atomic
+    from training_harness.records.run_store import RunStore, write_atomic
 
     name = study.pop("name", None) or (recs[0]["study"] if recs else "empty")
     run = Path(root)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+from training_harness.reports.effects import technique_effects
+from training_harness.reports.headline import headline
+from training_harness.reports.load import load_run
 
-from reports.effects import technique_effects
-from reports.headline import headline
-from reports.load import load_run
 from tests.reports.runs import GiB, synthetic_records, write_run
 
 

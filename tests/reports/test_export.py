@@ -8,10 +8,10 @@ import sys
 
 import pandas as pd
 import pytest
+from training_harness.cli.main import main
+from training_harness.reports.export import trial_table, write_csv, write_json
+from training_harness.reports.load import load_run
 
-from harness.cli.main import main
-from reports.export import trial_table, write_csv, write_json
-from reports.load import load_run
 from tests.reports.runs import ROOT, synthetic_records, write_run
 
 
@@ -63,7 +63,8 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_report_never_imports_torch(run_dir):
-    code = ("import sys; from reports.report import build_report; from reports.load import "
+    code = ("import sys; from training_harness.reports.report import build_report; "
+            "from training_harness.reports.load import "
             f"load_run; build_report(load_run({str(run_dir)!r})); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)

@@ -6,9 +6,9 @@ import json
 import math
 
 import pytest
+from training_harness.core.errors import HarnessError
+from training_harness.reports.load import load_run
 
-from harness.core.errors import HarnessError
-from reports.load import load_run
 from tests.reports.runs import GiB, synthetic_records, write_run
 
 

@@ -7,12 +7,12 @@ import json
 import re
 
 import pytest
+from training_harness.reports.headline import headline
+from training_harness.reports.html import script_json
+from training_harness.reports.load import load_run
+from training_harness.reports.report import build_report
+from training_harness.reports.style import esc
 
-from reports.headline import headline
-from reports.html import script_json
-from reports.load import load_run
-from reports.report import build_report
-from reports.style import esc
 from tests.reports.runs import synthetic_records, write_run
 
 HOSTILE = "<script>window.__injected=true</script>"
@@ -168,7 +168,7 @@ def test_a_host_bound_gpu_trial_is_marked_and_its_gpu_busy_share_exported(tmp_pa
     """NVML's utilisation over the window (metrics.nvml.utilization_mean_pct): a trial
     whose GPU ran kernels under 80% of it is marked host-bound in the trial table (the
     host's launches set its speed); the share is a column of the CSV."""
-    from reports.export import trial_table
+    from training_harness.reports.export import trial_table
 
     recs = synthetic_records(5)
     recs[1]["metrics"]["nvml"] = {"utilization_mean_pct": 34.6}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 
-from reports import figures_convergence as fc
-from reports.load import load_run
-from reports.report import build_report
+from training_harness.reports import figures_convergence as fc
+from training_harness.reports.load import load_run
+from training_harness.reports.report import build_report
+
 from tests.reports.runs import synthetic_records, write_run
 
 
@@ -55,7 +56,7 @@ def test_a_time_to_loss_page(tmp_path):
 def test_the_confirmation_rounds_give_the_headline_its_time(tmp_path):
     import copy
 
-    from reports.headline import headline
+    from training_harness.reports.headline import headline
 
     recs = [r for r in synthetic_records(6, ablation=False) if r["status"] == "ok"][:2]
     recs[0]["tags"]["phase"] = "baseline"
@@ -83,7 +84,8 @@ def test_the_confirmation_rounds_give_the_headline_its_time(tmp_path):
     h = headline(run)  # the baseline's time to target over the best's, not samples/s
     assert h.speedup == 1.5 / 1.2 and h.basis.startswith("time to target: medians")
     assert "within the spread" not in h.basis
-    decision["baseline_within_spread"] = True  # as harness.tune.final.confirmation.decide says it
+    # as training_harness.tune.final.confirmation.decide says it
+    decision["baseline_within_spread"] = True
     (tmp_path / "run" / "study.json").write_text(json.dumps(
         {**json.loads((tmp_path / "run" / "study.json").read_text()),
          "best_by_repeats": decision}))

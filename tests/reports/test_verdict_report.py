@@ -9,13 +9,13 @@ import json
 import shutil
 from pathlib import Path
 
-from harness.records.verdict import study_verdict
-from harness.tune.final.summary import ablation_table, table, verdict_text
-from reports.compare import build_compare, ratio_lines
-from reports.effects import technique_effects
-from reports.headline import headline
-from reports.load import load_run
-from reports.report import build_report
+from training_harness.records.verdict import study_verdict
+from training_harness.reports.compare import build_compare, ratio_lines
+from training_harness.reports.effects import technique_effects
+from training_harness.reports.headline import headline
+from training_harness.reports.load import load_run
+from training_harness.reports.report import build_report
+from training_harness.tune.final.summary import ablation_table, table, verdict_text
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "issue38-quickstart"
 INTERVAL = "1.06x (95% interval [0.95, 1.16], 5 and 5 measurements)"

@@ -71,7 +71,7 @@ def two_node_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The SLURM_CONF of a running local Slurm of two nodes, n1 and n2, partition PAIR;
     started once, for every test that uses it. Each node says it has PAIR_CPUS (on a
     2-core machine they share the cores), so that two tuners' 2-node jobs and a third
-    tuner's probe job (harness.launch.slurm_shared) run at once. A node that stops
+    tuner's probe job (training_harness.launch.slurm_shared) run at once. A node that stops
     answering is set DOWN after 8 s (Slurm's default: 300 s), for the test of a node
     that dies, which waits for Slurm's word: with Slurm's messages waited for 5 s, not
     10 s (MessageTimeout), that came 15 s after the kill, not 28 s (scripts/local-slurm).
@@ -92,11 +92,11 @@ def queued() -> list[str]:
 @pytest.fixture
 def slurm_partition(local_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The local partition, for one test that must leave the queue empty. A job's state
-    is asked for every 0.5 s to 1 s here (harness.launch.slurm.POLL_S, 0.5 s to 5 s
+    is asked for every 0.5 s to 1 s here (training_harness.launch.slurm.POLL_S, 0.5 s to 5 s
     otherwise): these jobs last seconds, and a wait that had backed off to several
     seconds outlived each by half of that. (Tuners in processes of their own poll as
     users' do.)"""
-    from harness.launch import slurm
+    from training_harness.launch import slurm
 
     monkeypatch.setattr(slurm, "POLL_S", (slurm.POLL_S[0], 1.0))
     yield local_slurm
@@ -110,7 +110,7 @@ def slurm_partition(local_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterat
 def two_nodes(two_node_slurm: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The two-node cluster's partition for one test, which must leave its queue empty
     (polled as `slurm_partition` does)."""
-    from harness.launch import slurm
+    from training_harness.launch import slurm
 
     monkeypatch.setenv("SLURM_CONF", two_node_slurm)
     monkeypatch.setattr(slurm, "POLL_S", (slurm.POLL_S[0], 1.0))
@@ -131,7 +131,7 @@ def stand_in(folder: Path, name: str, body: str) -> None:
 def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A folder first on PATH (before only /usr/bin and /bin) for `stand_in` commands; a
     stand-in scancel writes its arguments to `scancelled` there. No cluster needed."""
-    from harness.launch import slurm
+    from training_harness.launch import slurm
 
     folder = tmp_path / "bin"
     folder.mkdir()

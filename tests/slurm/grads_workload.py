@@ -20,9 +20,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves
-
-from harness.workloads.base import Workload
-from harness.workloads.gpt import build_gpt
+from training_harness.workloads.base import Workload
+from training_harness.workloads.gpt import build_gpt
 
 
 def build(grads_dir: str, **gpt_args: Any) -> Workload:

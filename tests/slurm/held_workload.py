@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.workloads.base import Workload
-from harness.workloads.gpt import build_gpt
+from training_harness.workloads.base import Workload
+from training_harness.workloads.gpt import build_gpt
 
 
 def build(hold_dir: str, wait_s: float = 150.0, **gpt_args: Any) -> Workload:

@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
-
-from harness.workloads.base import Workload
-from harness.workloads.mlp import build_mlp
+from training_harness.workloads.base import Workload
+from training_harness.workloads.mlp import build_mlp
 
 
 def build(meet_dir: str, meet: int = 2, gate: str | None = None, wait_s: float = 60.0,

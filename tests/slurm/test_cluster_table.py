@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from harness.cli.main import main
-from harness.core.cluster import ClusterSpec
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.launch import slurm_job
-from harness.launch.slurm_queue import Shape, as_argv, error_text, job_flags, shape_for
-from harness.study.study_file import Study
+from training_harness.cli.main import main
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.launch import slurm_job
+from training_harness.launch.slurm_queue import Shape, as_argv, error_text, job_flags, shape_for
+from training_harness.study.study_file import Study
 
 STUDY = {"name": "s", "device": "cpu", "budget": {"trial_timeout": "10m"}}
 
@@ -109,7 +108,7 @@ def test_a_cuda_trial_counts_the_gpus_slurm_gave_its_node(monkeypatch):
 def test_a_job_does_not_inherit_the_tuners_allocation(monkeypatch):
     import os
 
-    from harness.launch.slurm_queue import outside_allocation
+    from training_harness.launch.slurm_queue import outside_allocation
 
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "64")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")

@@ -1,4 +1,4 @@
-"""Which leftover jobs a resumed tuner cancels (harness.tune.recovery.resume.
+"""Which leftover jobs a resumed tuner cancels (training_harness.tune.recovery.resume.
 cancel_jobs_left), with a launcher that only counts: no Slurm, no trial run. A job is
 cancelled only for a trial that is failed, whose worker is dead, that has no record
 of its own here, and that left a job; every other trial's job is its owner's (or has
@@ -12,13 +12,12 @@ from typing import Any
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
-
-from harness.launch.launcher import Launcher
-from harness.records.result import TrialResult
-from harness.records.run_store import RunStore
-from harness.tune.recovery.resume import cancel_jobs_left
-from harness.tune.recovery.workers import Worker
-from harness.tune.trial_job import LAUNCHED, TrialRunner
+from training_harness.launch.launcher import Launcher
+from training_harness.records.result import TrialResult
+from training_harness.records.run_store import RunStore
+from training_harness.tune.recovery.resume import cancel_jobs_left
+from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.trial_job import LAUNCHED, TrialRunner
 
 DEAD = "this-host|1|1.00"  # replaced by this host's name below: pid 1 was not made then
 
@@ -80,7 +79,7 @@ def test_only_failed_dead_workers_trials_without_their_own_record_lose_their_job
 
 
 def test_a_launch_functions_cancel_job_attribute_is_honoured(tmp_path):
-    from harness.launch.launcher import as_launcher
+    from training_harness.launch.launcher import as_launcher
 
     def launch(prepared, out_dir, command, **kwargs):
         raise AssertionError("nothing is launched here")
@@ -94,8 +93,8 @@ def test_a_launch_functions_cancel_job_attribute_is_honoured(tmp_path):
 def test_the_slurm_launcher_cancels_nothing_where_no_job_was_submitted(tmp_path):
     import json
 
-    from harness.core.cluster import ClusterSpec
-    from harness.launch.slurm import JOB_FILE, SlurmLauncher
+    from training_harness.core.cluster import ClusterSpec
+    from training_harness.launch.slurm import JOB_FILE, SlurmLauncher
 
     launcher = SlurmLauncher(ClusterSpec(launcher="slurm"))
     assert launcher.cancel_job(tmp_path) is None  # no slurm/job.json: never submitted

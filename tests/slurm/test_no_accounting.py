@@ -4,9 +4,10 @@ stand-ins on PATH, so these run without a cluster."""
 
 from __future__ import annotations
 
-from harness.launch import slurm
-from harness.launch import slurm_queue as queue
-from harness.launch.slurm_record import Attempt, reason_for
+from training_harness.launch import slurm
+from training_harness.launch import slurm_queue as queue
+from training_harness.launch.slurm_record import Attempt, reason_for
+
 from tests.slurm.conftest import stand_in
 
 

@@ -23,8 +23,8 @@ import optuna
 import pytest
 import tomli_w
 from optuna.trial import TrialState
+from training_harness.records.tags import tags_of
 
-from harness.records.tags import tags_of
 from tests.slurm.conftest import queued
 from tests.slurm.test_slurm_study import STUDY
 
@@ -51,7 +51,8 @@ def study_file(folder: Path, partition: str, meet_dir: Path, storage: dict | Non
 
 
 def tune(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "tune", *args, "--quiet"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "training_harness", "tune", *args, "--quiet"],
+                          cwd=ROOT,
                           env=env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -66,7 +67,7 @@ def launched(run: Path) -> list[dict]:
 def stopped_with_two_jobs_held(study: Path, run: Path, met: Path, sig: int, *args: str) -> int:
     """Start the tuner (with `args`), wait until both its jobs are held in their first
     step, send `sig`; its exit code."""
-    tuner = subprocess.Popen([sys.executable, "-m", "harness", "tune", str(study), "--out",
+    tuner = subprocess.Popen([sys.executable, "-m", "training_harness", "tune", str(study), "--out",
                               str(run), "--quiet", *args], cwd=ROOT, env=env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              # a test run started in the background (`cmd &` in a
@@ -175,7 +176,7 @@ def test_a_run_folder_the_compute_nodes_cannot_see_is_one_line_and_exit_2(
     private = tmp_path / "private"  # a tmpfs only the tuner sees: a login node's own disk
     private.mkdir()
     study = study_file(tmp_path, slurm_partition, tmp_path / "met", meet=1)
-    script = (f"mount -t tmpfs none {private} && exec {sys.executable} -m harness tune "
+    script = (f"mount -t tmpfs none {private} && exec {sys.executable} -m training_harness tune "
               f"{study} --out {private / 'run'} --quiet")
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env(),
                           capture_output=True, text=True, timeout=150)
@@ -210,6 +211,7 @@ def test_the_quickstart_study_on_slurm_with_max_jobs_2_ends_with_a_best_plan_and
         logs = run / "trials" / str(r["trial_id"]) / "logs"
         assert (logs / f"slurm-{cluster['job_id']}-0.out").exists()
     assert (run / "best.toml").exists()
-    report = subprocess.run([sys.executable, "-m", "harness", "report", str(run)], cwd=ROOT,
+    report = subprocess.run([sys.executable, "-m", "training_harness", "report", str(run)],
+                            cwd=ROOT,
                             env=env(), capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and list(run.glob("*.html")), report.stderr

@@ -13,11 +13,11 @@ import signal
 import socket
 
 import pytest
+from training_harness.core.cluster import ClusterSpec
+from training_harness.launch import local, slurm
+from training_harness.measure.prepare import prepare
+from training_harness.records.result import read_result
 
-from harness.core.cluster import ClusterSpec
-from harness.launch import local, slurm
-from harness.measure.prepare import prepare
-from harness.records.result import read_result
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,
@@ -68,7 +68,7 @@ def test_a_trial_as_a_job_gives_the_local_record(slurm_partition, tmp_path, worl
 
 @pytest.mark.timeout(120)
 def test_a_job_slurm_refuses_is_one_line_and_exit_2(slurm_partition, tmp_path, capsys):
-    from harness.cli.main import main
+    from training_harness.cli.main import main
 
     plan = tmp_path / "plan.toml"
     plan.write_text(faulty_plan(world=1).replace(

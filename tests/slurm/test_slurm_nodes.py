@@ -1,12 +1,13 @@
-"""harness.launch.slurm_nodes without a cluster: node names by index, each rank's node,
+"""training_harness.launch.slurm_nodes without a cluster: node names by index, each rank's node,
 and the word of a node whose part of a job never ended (Slurm's commands stood in)."""
 
 from __future__ import annotations
 
-from harness.launch import slurm_nodes
-from harness.launch.slurm_queue import JobInfo
-from harness.launch.slurm_record import Attempt, at_time_limit
-from harness.records.result import TrialResult
+from training_harness.launch import slurm_nodes
+from training_harness.launch.slurm_queue import JobInfo
+from training_harness.launch.slurm_record import Attempt, at_time_limit
+from training_harness.records.result import TrialResult
+
 from tests.slurm.conftest import stand_in
 
 

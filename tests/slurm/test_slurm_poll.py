@@ -1,4 +1,4 @@
-"""How often the launcher asks Slurm for a job's state (harness.launch.slurm._wait): the
+"""How often the launcher asks Slurm for a job's state (training_harness.launch.slurm._wait): the
 asks back off to POLL_S[1] apart, but once node 0 has written the trial's record the job
 is ending, and the next ask comes at once. Slurm's squeue is a stand-in and the clock a
 fake one, so this runs without a cluster and waits for nothing."""
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.launch import slurm
-from harness.launch.slurm_record import Attempt
+from training_harness.launch import slurm
+from training_harness.launch.slurm_record import Attempt
+
 from tests.slurm.conftest import stand_in
 
 

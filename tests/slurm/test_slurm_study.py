@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-
-from harness.cli.main import main
+from training_harness.cli.main import main
 
 STUDY = {
     "name": "on-slurm", "device": "cpu", "global_batch_size": 8, "micro_batch_sizes": [4, 8],

@@ -1,4 +1,4 @@
-"""How a Slurm job's nodes place their ranks (harness.launch.slurm_job runs the local
+"""How a Slurm job's nodes place their ranks (training_harness.launch.slurm_job runs the local
 launcher once a node with rdzv_backend="static"): node K runs ranks K*k..(K+1)*k-1,
 whichever node starts first, as torchrun's --node-rank gives them. No Slurm needed:
 the two nodes' launchers run here, on loopback."""
@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
+from training_harness.core.errors import HarnessError
+from training_harness.core.ports import free_port
+from training_harness.launch import local
+from training_harness.measure.prepare import prepare
 
-from harness.core.errors import HarnessError
-from harness.core.ports import free_port
-from harness.launch import local
-from harness.measure.prepare import prepare
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,

@@ -9,10 +9,10 @@ import json
 
 import pytest
 import tomli_w
+from training_harness.cli.main import main
+from training_harness.reports.export import trial_table
+from training_harness.reports.load import load_run
 
-from harness.cli.main import main
-from reports.export import trial_table
-from reports.load import load_run
 from tests.distributed.launch_helpers import TINY, needs_ddp
 
 # One configuration: the pipeline across the nodes (1F1B), one stage a node.

@@ -20,13 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from training_harness.cli.main import main
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.plan import Plan
+from training_harness.launch import local, slurm
+from training_harness.measure.prepare import prepare
+from training_harness.records.result import read_result
 
-from harness.cli.main import main
-from harness.core.cluster import ClusterSpec
-from harness.core.plan import Plan
-from harness.launch import local, slurm
-from harness.measure.prepare import prepare
-from harness.records.result import read_result
 from tests.distributed.launch_helpers import (
     TINY,
     assert_nothing_left,

@@ -64,7 +64,7 @@ def tuner(host: str, *args: str) -> subprocess.Popen:
     """`harness tune ARGS --quiet` as worker `host` (its jobs hold at hold/<host>/)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_WORKER_HOST": host,
            "HARNESS_QUIET_SHARE": "1"}  # four ranks share two cores: no measuring again
-    return subprocess.Popen([sys.executable, "-m", "harness", "tune", *args, "--quiet"],
+    return subprocess.Popen([sys.executable, "-m", "training_harness", "tune", *args, "--quiet"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 

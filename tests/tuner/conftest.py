@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import tomli_w
+from training_harness.cli.main import main
+from training_harness.records.tags import PRUNED_SLOW, tags_of
 
-from harness.cli.main import main
-from harness.records.tags import PRUNED_SLOW, tags_of
 from tests.tuner import fake_launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +52,8 @@ def tune_process(*args: str, env: dict[str, str] | None = None, **kw) -> subproc
     import os
 
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "harness", "tune", *args, "--launcher", FAKE],
+    return subprocess.Popen([sys.executable, "-m", "training_harness", "tune", *args, "--launcher",
+                             FAKE],
                             cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -70,9 +71,9 @@ def measured(record: dict[str, Any]) -> bool:
 
 def same_configuration(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Two records' plans are one configuration (names and filled-in defaults aside)."""
-    from harness.core.plan import Plan
-    from harness.study.search_space import config_key
-    from strategies import resolved
+    from training_harness.core.plan import Plan
+    from training_harness.strategies.compose import resolved
+    from training_harness.study.search_space import config_key
 
     return config_key(resolved(Plan.from_dict(a))) == config_key(resolved(Plan.from_dict(b)))
 
@@ -89,7 +90,7 @@ def launched():
 def quiet_machine(monkeypatch):
     """The fake launcher runs nothing: whether this machine is busy while a test runs
     says nothing of its trials, so early stopping is not held back by it."""
-    from harness.core import interference as quiet
+    from training_harness.core import interference as quiet
 
     monkeypatch.setattr(quiet.BusyWatch, "__call__", lambda self: False)
 
@@ -97,10 +98,10 @@ def quiet_machine(monkeypatch):
 @pytest.fixture(autouse=True)
 def no_claim_pause(monkeypatch):
     """An in-process study is the only worker of its storage: nobody else's claim on the
-    final phases can land while it pauses (harness.tune.final.phases.CLAIM_PAUSE_S), so
+    final phases can land while it pauses (training_harness.tune.final.phases.CLAIM_PAUSE_S), so
     it claims without the 1 s pause. Studies of several workers run as processes of their
     own (test_tune_processes.py, test_postgres.py, test_chaos_workers.py), with it."""
-    from harness.tune.final import phases
+    from training_harness.tune.final import phases
 
     monkeypatch.setattr(phases, "CLAIM_PAUSE_S", 0.0)
 
@@ -116,7 +117,7 @@ FIXED_PEAK_SOURCE = "fixed: tests/tuner/conftest.py (the same on every machine)"
 
 
 def fixed_peak(record: dict[str, Any]) -> dict[str, Any]:
-    """A PeakChoice record (harness.measure.peaks) of FIXED_PEAK_FLOPS."""
+    """A PeakChoice record (training_harness.measure.peaks) of FIXED_PEAK_FLOPS."""
     peak = {"flops": FIXED_PEAK_FLOPS, "source": FIXED_PEAK_SOURCE}
     return {**record, "datasheet": None, "measured": peak, "used": "measured",
             "flops": FIXED_PEAK_FLOPS, "source": FIXED_PEAK_SOURCE,
@@ -127,7 +128,7 @@ def fixed_peak(record: dict[str, Any]) -> dict[str, Any]:
 def fixed_peaks(monkeypatch):
     """In-process studies take FIXED_PEAK_FLOPS as their peaks (the helper answers the
     rest as usual). A study in a process of its own measures them, as a user's does."""
-    from harness.launch.torch_helper import TorchHelper
+    from training_harness.launch.torch_helper import TorchHelper
 
     real = TorchHelper.study_facts
 

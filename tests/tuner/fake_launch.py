@@ -1,6 +1,6 @@
 """A launcher for tuner tests: no processes, a known objective, the launcher's files.
 
-`launch` has harness.launch.local.launch's signature (it gets the prepared plan,
+`launch` has training_harness.launch.local.launch's signature (it gets the prepared plan,
 and imports no torch). Its throughput is `objective(plan)`, deterministic, so a
 test can measure the whole space and know the optimum. It writes plan.toml and
 result.json into the trial's folder as the real one does, and sleeps FAKE_TRIAL_S
@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.core.plan import Plan
-from harness.records.result import TrialResult, empty_metrics
+from training_harness.core.plan import Plan
+from training_harness.records.result import TrialResult, empty_metrics
 
 CALLS: list[dict] = []  # what was launched, in this process
 # A test's hook (in-process studies): (plan dict, rate, launch index) -> (rate, the

@@ -3,14 +3,15 @@
 Each seed's steps to target are known in advance (`steps`: by global batch, optimizer
 and seed), so a test knows every configuration's time to target: those steps times
 the fake step time (global batch / the fake throughput). The record's convergence
-is made by the real harness.measure.time_to_target.summarize, as a trial's is.
+is made by the real training_harness.measure.time_to_target.summarize, as a trial's is.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness.measure.time_to_target import summarize
+from training_harness.measure.time_to_target import summarize
+
 from tests.tuner import fake_launch
 
 STEPS = {16: 400, 32: 220}  # AdamW's steps to target by global batch

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from training_harness.strategies.compose import resolved
+from training_harness.study.search_space import SearchSpace, config_key
+from training_harness.study.study_file import Study
+from training_harness.tune.final import confirmation as confirm
+from training_harness.tune.final import summary
+from training_harness.tune.search import busy_machine as quiet
 
-from harness.study.search_space import SearchSpace, config_key
-from harness.study.study_file import Study
-from harness.tune.final import confirmation as confirm
-from harness.tune.final import summary
-from harness.tune.search import busy_machine as quiet
-from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import FIXED_PEAK_SOURCE, records, study_table, tune, write_study
 
@@ -175,7 +175,7 @@ def test_contenders_and_the_decision():
 
 
 def resolved_plan(plan: dict) -> dict:
-    from harness.core.plan import Plan
+    from training_harness.core.plan import Plan
 
     return resolved(Plan.from_dict(plan)).to_dict()
 
@@ -183,9 +183,9 @@ def resolved_plan(plan: dict) -> dict:
 def test_the_estimators_fastest_guesses_come_first():
     from types import SimpleNamespace
 
-    from harness.core.errors import HarnessError
-    from harness.tune.search.estimator_model import Predictions
-    from harness.tune.search.first_guesses import START, estimated_start
+    from training_harness.core.errors import HarnessError
+    from training_harness.tune.search.estimator_model import Predictions
+    from training_harness.tune.search.first_guesses import START, estimated_start
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
@@ -284,7 +284,7 @@ def test_a_round_whose_trials_did_not_fit_is_not_counted_as_run():
     did not do."""
     from types import SimpleNamespace
 
-    from harness.records.tags import PRUNED_TIME
+    from training_harness.records.tags import PRUNED_TIME
 
     def extra(tags):
         return SimpleNamespace(run_trial=lambda run_id, params, t, window_s=None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from training_harness.cli.main import main
+from training_harness.tune.final import confirmation as confirm
 
-from harness.cli.main import main
-from harness.tune.final import confirmation as confirm
 from tests.tuner import fake_launch, fake_target
 from tests.tuner.conftest import records, study_table, write_study
 

@@ -1,7 +1,8 @@
-"""The search's first guesses (harness.tune.search.first_guesses.first_tier): the estimator's
+"""The search's first guesses (training_harness.tune.search.first_guesses.first_tier): the
+estimator's
 ties are measured, in a seeded order, within a share of the space."""
 
-from harness.tune.search.first_guesses import CAP, START, first_tier, tier_limit
+from training_harness.tune.search.first_guesses import CAP, START, first_tier, tier_limit
 
 
 def _scored(rates):

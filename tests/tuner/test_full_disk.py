@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
+from training_harness.records.run_store import parse_lines
 
-from harness.records.run_store import parse_lines
 from tests.tuner.conftest import SEARCH_ONLY, tune, write_study
 from tests.tuner.test_torn_records import a_stopped_worker, one_readable_record_per_trial
 

@@ -88,7 +88,7 @@ flags = st.fixed_dictionaries({}, optional={
     "--workers": st.integers(-2, 3) | st.just(10**9),
     "--node-rank": st.integers(-1, 3), "--follow": st.just(True), "--resume": st.just(True),
     "--launcher": st.sampled_from(["tests.tuner.fake_launch:launch", "nowhere.mod:fn", "x",
-                                   ":", "os:getcwd", "harness.launch.local:nosuch"]),
+                                   ":", "os:getcwd", "training_harness.launch.local:nosuch"]),
 })
 outs = st.sampled_from(["run", "run/a/b", "file", "file/sub", "link/sub", "a\x00b", "x" * 300,
                        "a/" * 2000])

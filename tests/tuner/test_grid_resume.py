@@ -1,5 +1,5 @@
 """A grid study resumed measures every configuration of its grid, also those an earlier
-session skipped as not fitting its time (harness.tune.recovery.grid_rest): the GPU table
+session skipped as not fitting its time (training_harness.tune.recovery.grid_rest): the GPU table
 (harness selftest --gpu --only table) is recorded over several short sessions."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 
 import optuna
 from optuna.trial import TrialState
+from training_harness.records.tags import PRUNED_TIME
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.recovery.grid_rest import requeue_grid
+from training_harness.tune.search import correction
 
-from harness.records.tags import PRUNED_TIME
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.recovery.grid_rest import requeue_grid
-from harness.tune.search import correction
 from tests.tuner.conftest import SEARCH_ONLY, records, tune, write_study
 
 

@@ -10,9 +10,8 @@ import time
 
 import optuna
 from optuna.trial import TrialState
-
-from harness.study.storage_spec import StorageSpec
-from harness.tune.recovery.storage import (
+from training_harness.study.storage_spec import StorageSpec
+from training_harness.tune.recovery.storage import (
     Heartbeat,
     StorageHooks,
     fail_stale_trials,

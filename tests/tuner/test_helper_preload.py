@@ -1,7 +1,8 @@
-"""The tuner's rank server preloads what its process will fork (harness.launch.rank_server):
+"""The tuner's rank server preloads what its process will fork
+(training_harness.launch.rank_server):
 the trials' imports where its trials' ranks are forked from it (the local launcher, one
 node), the torch-side helper's alone where they run elsewhere (Slurm, several nodes, a
-user's launcher). The choice is made before the helper starts it (harness.cli.tune)."""
+user's launcher). The choice is made before the helper starts it (training_harness.cli.tune)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import sys
 import textwrap
 
 import pytest
+from training_harness.cli import tune as tune_cli
+from training_harness.cli.main import build_parser
+from training_harness.launch import rank_server
+from training_harness.study.study_file import Study
 
-from harness.cli import tune as tune_cli
-from harness.cli.main import build_parser
-from harness.launch import rank_server
-from harness.study.study_file import Study
 from tests.tuner.conftest import FAKE, ROOT, study_table, write_study
 
 
@@ -39,7 +40,7 @@ class _Probe:
 
 def _events_of_check(monkeypatch, argv: list[str]) -> list[str]:
     events: list[str] = []
-    monkeypatch.setattr("harness.launch.torch_helper.shared", lambda: _Probe(events))
+    monkeypatch.setattr("training_harness.launch.torch_helper.shared", lambda: _Probe(events))
     monkeypatch.setattr(rank_server, "warm_up", lambda: events.append("warm_up"))
     args = build_parser().parse_args(["tune", *argv])
     with pytest.raises(_Asked):
@@ -50,7 +51,7 @@ def _events_of_check(monkeypatch, argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("flags, cluster, nnodes, forks", [
     ([], None, 1, True),
     (["--launcher", "local"], {"launcher": "slurm", "partition": "p"}, 1, True),
-    (["--launcher", "harness.launch.local:launch"], None, 1, True),
+    (["--launcher", "training_harness.launch.local:launch"], None, 1, True),
     (["--launcher", "slurm"], None, 1, False),
     ([], {"launcher": "slurm", "partition": "p"}, 1, False),
     (["--launcher", FAKE], None, 1, False),
@@ -95,7 +96,7 @@ def test_a_helper_alone_asks_for_the_helpers_preload(monkeypatch):
 
 
 # The product's value, before tests/conftest.py gives this process the trials' preload
-HELPER_PRELOAD = ["harness.measure.helper_preload"]
+HELPER_PRELOAD = ["training_harness.measure.helper_preload"]
 
 
 @pytest.mark.timeout(120)
@@ -106,7 +107,7 @@ def test_the_helpers_preload_answers_without_dynamo_or_the_trial_loop():
     code = textwrap.dedent(f"""
         import sys, tomllib
         import {HELPER_PRELOAD[0]}
-        from harness.measure import torch_helper_server as helper
+        from training_harness.measure import torch_helper_server as helper
         from tests.tiny import TINY_GPT
 
         study = tomllib.load(open("studies/quickstart.toml", "rb"))
@@ -118,7 +119,7 @@ def test_the_helpers_preload_answers_without_dynamo_or_the_trial_loop():
                                "fused": {{"attention": "sdpa", "optimizer": "fused"}}}}}}
         answer = helper.answer({{"op": "prepare", "plan": plan}})
         assert "ok" in answer, answer
-        print(sorted(m for m in ("torch._dynamo", "harness.measure.trial_loop")
+        print(sorted(m for m in ("torch._dynamo", "training_harness.measure.trial_loop")
                      if m in sys.modules))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

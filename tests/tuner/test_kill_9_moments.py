@@ -14,12 +14,12 @@ import signal
 from pathlib import Path
 
 import pytest
+from training_harness.launch import torch_helper
+from training_harness.records import run_store
+from training_harness.records.result import TrialResult
+from training_harness.records.run_store import RunStore
+from training_harness.tune.recorder import Recorder
 
-from harness.launch import torch_helper
-from harness.records import run_store
-from harness.records.result import TrialResult
-from harness.records.run_store import RunStore
-from harness.tune.recorder import Recorder
 from tests.tuner import fake_launch
 from tests.tuner.conftest import tune, write_study
 from tests.tuner.test_torn_records import one_readable_record_per_trial
@@ -123,8 +123,7 @@ def test_chaos_killed_between_ask_and_tag_then_resume(moments, tmp_path, monkeyp
     an untagged RUNNING trial: --resume waits out the grace in which another worker's
     fresh trial would have been tagged (shortened here), then settles it."""
     import optuna
-
-    from harness.tune.recovery import resume
+    from training_harness.tune.recovery import resume
 
     path, _ = moments
     out = tmp_path / "run"

@@ -3,7 +3,8 @@ runs (HARNESS_PROGRESS_FILE), and `should_stop` ending it as `pruned`."""
 
 from __future__ import annotations
 
-from harness.records.step_log import read_steps
+from training_harness.records.step_log import read_steps
+
 from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan, launch_plan
 
 
@@ -39,9 +40,10 @@ def test_without_hooks_nothing_changes(tmp_path, monkeypatch):
 def test_the_ranks_read_the_prepared_plan_instead_of_preparing_again(tmp_path, monkeypatch):
     """A trial is prepared once: what prepared.json says (prediction, FLOPs, peak) is
     what the rank's record carries, so the rank neither estimated nor counted again."""
-    from harness.core.prepared import PreparedPlan
-    from harness.launch.local import launch
-    from harness.measure.prepare import prepare
+    from training_harness.core.prepared import PreparedPlan
+    from training_harness.launch.local import launch
+    from training_harness.measure.prepare import prepare
+
     from tests.distributed.launch_helpers import ROOT
 
     monkeypatch.chdir(ROOT)

@@ -1,6 +1,6 @@
 """Neither the tuner (with its torch-side helper) nor `harness bench`'s own process runs
 the peak calibration or a CUDA function: the calibration runs in a short-lived process
-of its own (harness.measure.calibrate; for `harness bench`, the rank server's fork that
+of its own (training_harness.measure.calibrate; for `harness bench`, the rank server's fork that
 prepares its plan and ends before the trial starts), and a trial's ranks are the only
 others that may touch a device.
 
@@ -28,13 +28,13 @@ SITECUSTOMIZE = textwrap.dedent('''
     import importlib.abc, importlib.util, os, sys
 
     FORBIDDEN = {
-        "harness.measure.calibrate": ("measure_peak", "_benchmark_matmul"),
+        "training_harness.measure.calibrate": ("measure_peak", "_benchmark_matmul"),
         "torch.cuda": ("_lazy_init", "init", "synchronize", "set_device"),
     }
 
     def forbidden(module, name, original):
         def call(*args, **kwargs):
-            if module == "harness.measure.calibrate" and preparing_fork():
+            if module == "training_harness.measure.calibrate" and preparing_fork():
                 return original(*args, **kwargs)
             with open(os.environ["FORBIDDEN_CALLS"], "a") as f:
                 f.write(f"{module}.{name} in {sys.orig_argv}\\n")
@@ -61,14 +61,14 @@ SITECUSTOMIZE = textwrap.dedent('''
 
     def preparing_fork():
         # The rank server's fork that prepares harness bench's plan and ends before the
-        # trial starts (harness.launch.rank_server.ask), and only that one.
+        # trial starts (training_harness.launch.rank_server.ask), and only that one.
         import multiprocessing
-        calibration = sys.modules.get("harness.measure.peaks")
+        calibration = sys.modules.get("training_harness.measure.peaks")
         return ("multiprocessing.forkserver" in " ".join(sys.orig_argv)
                 and multiprocessing.current_process().name == "harness-prepare"
                 and getattr(calibration, "_here", False))
 
-    if "harness.measure.calibrate" not in sys.orig_argv:
+    if "training_harness.measure.calibrate" not in sys.orig_argv:
         sys.meta_path.insert(0, Patcher())
 ''')
 
@@ -86,7 +86,7 @@ def guarded(tmp_path):
 
 
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *argv], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "training_harness", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -103,9 +103,9 @@ def test_a_bench_leaves_the_calibration_to_its_own_process(tmp_path, guarded):
 def test_the_guard_catches_a_calibration_in_the_wrong_process(guarded):
     """The check can fail: the matmul called here, outside the calibration process."""
     env, calls = guarded
-    code = ("import torch\nfrom harness.measure.calibrate import measure_peak\n"
+    code = ("import torch\nfrom training_harness.measure.calibrate import measure_peak\n"
             "measure_peak(torch.device('cpu'), 'fp32')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
-    assert "harness.measure.calibrate.measure_peak" in calls.read_text()
+    assert "training_harness.measure.calibrate.measure_peak" in calls.read_text()

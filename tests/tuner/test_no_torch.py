@@ -1,5 +1,5 @@
 """The tuner process never imports torch: what needs it runs in the torch-side helper
-(harness.launch.torch_helper) or in the trials' own processes (DESIGN.md)."""
+(training_harness.launch.torch_helper) or in the trials' own processes (DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from pathlib import Path
 
 from tests.tuner.conftest import FAKE, QUICKSTART, ROOT
 
-TUNER_MODULES = ["harness.cli.main", "harness.cli.tune", "harness.cli.tune_check",
-                 "harness.tune.session", "harness.tune.search.loop", "harness.tune.trial_job",
-                 "harness.tune.final.ablation", "harness.tune.recovery.resume",
-                 "harness.tune.recovery.storage",
-                 "harness.launch.local", "harness.launch.torch_helper",
-                 "harness.study.search_space",
-                 "harness.records.run_store"]
+TUNER_MODULES = ["training_harness.cli.main", "training_harness.cli.tune",
+                 "training_harness.cli.tune_check",
+                 "training_harness.tune.session", "training_harness.tune.search.loop",
+                 "training_harness.tune.trial_job",
+                 "training_harness.tune.final.ablation", "training_harness.tune.recovery.resume",
+                 "training_harness.tune.recovery.storage",
+                 "training_harness.launch.local", "training_harness.launch.torch_helper",
+                 "training_harness.study.search_space",
+                 "training_harness.records.run_store"]
 
 # torch made unimportable in the tuner's process: any import of it raises.
 BLOCKED = "import sys; sys.modules['torch'] = None\n"
@@ -47,7 +49,7 @@ def test_a_whole_study_runs_with_torch_unimportable_in_the_tuner(tmp_path):
     folder of its own, so what the user's runs left in the checkout's runs/ has no say."""
     run = tmp_path / "run"
     code = BLOCKED + textwrap.dedent(f"""
-        from harness.cli.main import main
+        from training_harness.cli.main import main
         assert main(["tune", {str(QUICKSTART)!r}, "--check"]) == 0  # runs/quickstart, here
         assert main(["tune", {str(QUICKSTART)!r}, "--check", "--out", {str(run)!r}]) == 0
         code = main(["tune", {str(QUICKSTART)!r}, "--budget", "20s", "--n-trials", "4",

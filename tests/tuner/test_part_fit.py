@@ -1,5 +1,5 @@
 """The estimator's step parts re-weighted by the study's measurements
-(harness.tune.search.part_fit): a machine that breaks one of the estimator's assumptions
+(training_harness.tune.search.part_fit): a machine that breaks one of the estimator's assumptions
 is learned as that part's weight, from a few trials."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import math
 import random
 
 import pytest
-
-from harness.tune.search.part_fit import PartFit
+from training_harness.tune.search.part_fit import PartFit
 
 
 def _trials(n: int, truth: dict[str, float], seed: int = 0, noise: float = 0.03):
@@ -76,12 +75,12 @@ def test_the_sampler_s_cost_model_re_weights_what_the_trials_measured():
     from types import SimpleNamespace
 
     import optuna
+    from training_harness.study.search_space import SearchSpace
+    from training_harness.study.space_sampling import key
+    from training_harness.study.study_file import Study
+    from training_harness.tune.search.correction import Correction
+    from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
 
-    from harness.study.search_space import SearchSpace
-    from harness.study.space_sampling import key
-    from harness.study.study_file import Study
-    from harness.tune.search.correction import Correction
-    from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
     from tests.tuner.conftest import study_table
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")

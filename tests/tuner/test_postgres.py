@@ -13,8 +13,8 @@ from collections import Counter
 import optuna
 import pytest
 from optuna.trial import TrialState
+from training_harness.cli.main import main
 
-from harness.cli.main import main
 from tests.pg_server import PASSWORD, postgres  # noqa: F401  (the fixture)
 from tests.tuner.conftest import (
     SEARCH_ONLY,

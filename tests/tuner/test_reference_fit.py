@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import types
 
-import strategies  # noqa: F401  (registers)
-from harness.core.errors import HarnessError
-from harness.study import references
-from harness.study.machine_facts import MachineFacts
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.search.estimator_model import largest_fitting_micro
+from training_harness.core.errors import HarnessError
+from training_harness.study import references
+from training_harness.study.machine_facts import MachineFacts
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.search.estimator_model import largest_fitting_micro
+
 from tests.tuner.conftest import study_table
 
 GIB = 2**30

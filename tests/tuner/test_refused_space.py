@@ -1,18 +1,17 @@
 """What the registry refuses for a study's workload is left out of the search space up
-front (harness.study.refusals), said once with the reason, and never spent on a trial:
+front (training_harness.study.refusals), said once with the reason, and never spent on a trial:
 layouts whose parallel strategy cannot run, values no layout runs, and values refused
 on some layouts only (offered under a per-layout parameter elsewhere)."""
 
 from __future__ import annotations
 
 import pytest
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.errors import HarnessError
+from training_harness.strategies.compose import reasons_against
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
 
-import strategies  # noqa: F401  (registers)
-from harness.core.device import RuntimeEnv
-from harness.core.errors import HarnessError
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from strategies import reasons_against
 from tests.tuner.conftest import records, study_table, tune, write_study
 
 # 3 heads: tensor parallel over 2 ranks cannot give each rank whole heads; a tied head:

@@ -9,12 +9,12 @@ import random
 
 import optuna
 import pytest
+from training_harness.cli.main import main
+from training_harness.core.device import RuntimeEnv
+from training_harness.study.search_space import SearchSpace, config_key
+from training_harness.study.space_sampling import complete, key, neighbours, sample, smaller
+from training_harness.study.study_file import Study
 
-from harness.cli.main import main
-from harness.core.device import RuntimeEnv
-from harness.study.search_space import SearchSpace, config_key
-from harness.study.space_sampling import complete, key, neighbours, sample, smaller
-from harness.study.study_file import Study
 from tests.tuner import fake_launch
 from tests.tuner.conftest import SEARCH_ONLY, records, study_table, write_study
 
@@ -47,7 +47,7 @@ def test_a_days_study_ranks_a_space_of_thousands_whole():
     """A day's budget buys a prediction of each of 2,880 configurations (8-16 ms each),
     all of this space of 2,744: a best the estimator ranks low is a candidate from the
     start (drawn-0 of the replay's family). A 4-minute study still ranks a sample."""
-    from harness.tune.search.estimator_model import first_guess_pool, sample_size
+    from training_harness.tune.search.estimator_model import first_guess_pool, sample_size
 
     space = wide_space()
     listed = first_guess_pool(space, 0, sample_size(24 * 3600))
@@ -149,7 +149,7 @@ def test_a_search_that_ends_early_gives_its_time_to_more_confirmation_rounds(tmp
     """Four configurations, measured in seconds of a minute's budget: the rest of the
     budget goes to confirmation rounds (up to MAX_ROUNDS), and the summary says how the
     time went."""
-    from harness.tune.final.time_reserve import MAX_ROUNDS
+    from training_harness.tune.final.time_reserve import MAX_ROUNDS
 
     table = study_table(micro_batch_sizes=[8, 16], budget={"time": "60s",
                                                           "ablation_repeats": 1})
@@ -177,9 +177,9 @@ def test_the_corrected_estimator_picks_the_next_trial():
     estimator would not rank first."""
     from types import SimpleNamespace
 
-    from harness.tune import GuidedSampler
-    from harness.tune.search.correction import Correction
-    from harness.tune.search.estimator_model import EstimatorCostModel, Predictions
+    from training_harness.tune import GuidedSampler
+    from training_harness.tune.search.correction import Correction
+    from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 

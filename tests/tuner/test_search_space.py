@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import optuna
 import pytest
+from training_harness.core.errors import HarnessError
+from training_harness.study import references
+from training_harness.study.search_space import SearchSpace, config_key
+from training_harness.study.study_file import Study
 
-import strategies  # noqa: F401  (registers)
-from harness.core.errors import HarnessError
-from harness.study import references
-from harness.study.search_space import SearchSpace, config_key
-from harness.study.study_file import Study
 from tests.tuner.conftest import study_table
 
 WIDE = {
@@ -127,7 +126,7 @@ def test_grid_needs_choices_only(tmp_path, capsys):
 
 
 def test_layouts_need_their_strategies():
-    from harness.study.checks import check_study
+    from training_harness.study.checks import check_study
 
     table = study_table(layout={"world_sizes": [2], "tensor": [2]})
     with pytest.raises(HarnessError, match=r"strategies\.tensor"):
@@ -139,9 +138,9 @@ def test_the_tuner_fills_in_settings_as_the_trial_will():
     from the probe's defaults) to spot a configuration measured before; that must give
     what strategies.resolved gives in the trial, or repeats would run twice (or worse,
     two different configurations would share one record)."""
-    from harness.measure.torch_helper_server import study_facts
-    from harness.study.machine_facts import MachineFacts
-    from strategies import resolved
+    from training_harness.measure.torch_helper_server import study_facts
+    from training_harness.strategies.compose import resolved
+    from training_harness.study.machine_facts import MachineFacts
 
     table = study_table()
     table.update(WIDE)

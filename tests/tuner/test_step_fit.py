@@ -8,9 +8,10 @@ import math
 import random
 import statistics
 
-from harness.study.space_sampling import sample
-from harness.tune.search.correction import Correction
-from harness.tune.search.step_fit import StepFit, factors
+from training_harness.study.space_sampling import sample
+from training_harness.tune.search.correction import Correction
+from training_harness.tune.search.step_fit import StepFit, factors
+
 from tests.tuner.test_search_at_scale import wide_space
 
 
@@ -80,7 +81,7 @@ def test_compiled_trials_are_expected_to_take_their_own_overhead():
 
 def test_expected_trial_counts_the_cuda_window_least_duration():
     """On CUDA the measured window lasts at least 2 s: a 10 ms step runs 220 steps, not
-    the plan's 10, and the tuner expects that time (harness.core.window)."""
+    the plan's 10, and the tuner expects that time (training_harness.core.window)."""
     plan = {"warmup_steps": 3, "steps": 10, "strategies": {}}
     fresh = Correction(overhead_s=5.0)
     short = fresh.trial_seconds({"step_time_s": 0.01}, 13, "cuda", plan)
@@ -108,8 +109,8 @@ def test_every_searchable_setting_of_every_strategy_is_a_factor():
     """The tuner reads SETTINGS without importing the strategies (torch): each searchable
     setting must be in it, or the correction and the search's model cannot tell its values
     apart (the float8 recipe, checkpoint's policy and compile_mode could not)."""
-    from harness.tune.search.step_fit import SETTINGS
-    from strategies import all_strategies
+    from training_harness.strategies.registry import all_strategies
+    from training_harness.tune.search.step_fit import SETTINGS
 
     searchable = {(s.name, key) for s in all_strategies() for key in s.space()}
     assert {key for _, key in searchable} <= set(SETTINGS), sorted(

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy.exc as sa
-
-from harness.core.errors import HarnessError
-from harness.tune.recovery import storage
+from training_harness.core.errors import HarnessError
+from training_harness.tune.recovery import storage
 
 
 def lost_races(monkeypatch, n: int) -> list[int]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from training_harness.cli.main import main
+from training_harness.core.errors import HarnessError
+from training_harness.study.checks import check_study
+from training_harness.study.defaults import default_study
+from training_harness.study.study_file import Study
 
-from harness.cli.main import main
-from harness.core.errors import HarnessError
-from harness.study.checks import check_study
-from harness.study.defaults import default_study
-from harness.study.study_file import Study
 from tests.tuner.conftest import FAKE, ROOT, study_table, tune, write_study
 
 STUDIES = ROOT / "studies"
@@ -143,7 +143,7 @@ def test_an_existing_run_folder_needs_resume(tmp_path, capsys):
 
 
 def test_durations_and_sizes():
-    from harness.core.units import parse_duration
+    from training_harness.core.units import parse_duration
 
     assert parse_duration("90s") == 90 and parse_duration("30m") == 1800
     assert parse_duration("6h") == 6 * 3600 and parse_duration("1d") == 86400
@@ -210,10 +210,10 @@ def test_an_unwritable_default_run_folder_is_refused(tmp_path, capsys, monkeypat
 def test_a_read_only_place_for_the_run_folder_is_refused(tmp_path, capsys, monkeypatch):
     """What os.access says of a read-only file system or folder (root writes anyway,
     so the answer is faked)."""
-    import harness.cli.tune_check
+    import training_harness.cli.tune_check
 
     path = write_study(tmp_path)
-    monkeypatch.setattr(harness.cli.tune_check.os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(training_harness.cli.tune_check.os, "access", lambda *a, **k: False)
     assert tune(str(path), "--out", str(tmp_path / "new" / "run"), "--check") == 2
     err = capsys.readouterr().err
     assert f"cannot make the run folder in {tmp_path} (not writable)" in err, err

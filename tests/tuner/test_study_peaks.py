@@ -1,6 +1,6 @@
 """A study fixes its MFU denominators at its start, in study.json, and every trial, a
 resumed study's too, divides by those: a cached peak dropped and measured again in
-the meantime (harness.measure.peaks.forget_measured_peak) changes nothing. Both
+the meantime (training_harness.measure.peaks.forget_measured_peak) changes nothing. Both
 `harness tune` processes run under test_no_calibration_here.py's guard: the study's
 calibration runs in a process of its own, never in the tuner or its helper."""
 

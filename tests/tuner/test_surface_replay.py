@@ -103,8 +103,8 @@ def test_a_small_cut_replays_through_the_real_tuner(tmp_path):
         assert run.launched >= 3 and run.stopped
         assert run.named is not None and not run.named["over_measured"]
         assert run.curve[-1][1] > 0 and run.curve == sorted(run.curve)
-    import harness.launch.torch_helper as torch_helper
-    from harness.core.device import RuntimeEnv
+    import training_harness.launch.torch_helper as torch_helper
+    from training_harness.core.device import RuntimeEnv
 
-    assert torch_helper.shared.__module__ == "harness.launch.torch_helper"  # restored
+    assert torch_helper.shared.__module__ == "training_harness.launch.torch_helper"  # restored
     assert RuntimeEnv.detect("cpu").device_type == "cpu"

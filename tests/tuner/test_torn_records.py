@@ -24,9 +24,9 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from training_harness.records.run_store import RunStore, parse_lines
+from training_harness.tune.recovery.workers import Worker
 
-from harness.records.run_store import RunStore, parse_lines
-from harness.tune.recovery.workers import Worker
 from tests.tuner.conftest import SEARCH_ONLY, tune, write_study
 
 
@@ -110,8 +110,8 @@ CUTS = ["before-its-trial-id", "mid-line", "inside-a-utf8-character", "its-newli
 
 @pytest.mark.parametrize("case", CUTS)
 def test_resume_after_a_torn_last_line(finished_study, tmp_path, capsys, monkeypatch, case):
-    from harness.cli.main import main
-    from reports.load import load_run
+    from training_harness.cli.main import main
+    from training_harness.reports.load import load_run
 
     out = tmp_path / "run"
     shutil.copytree(finished_study, out)
@@ -125,7 +125,7 @@ def test_resume_after_a_torn_last_line(finished_study, tmp_path, capsys, monkeyp
         assert f"{len(kept)} bytes" in notes, notes
     if case == "mid-line":  # and `harness report` says so (the page itself aside)
         capsys.readouterr()
-        monkeypatch.setattr("reports.report.build_report", lambda run: "")
+        monkeypatch.setattr("training_harness.reports.report.build_report", lambda run: "")
         assert main(["report", str(out), "--out", str(tmp_path / "report.html")]) == 0
         assert f"trials.jsonl line {line_no} (byte {cut_at})" in capsys.readouterr().err
     capsys.readouterr()

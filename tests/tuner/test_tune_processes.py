@@ -171,7 +171,8 @@ def test_trials_spanning_two_nodes(tmp_path):
     """Node 0's tuner and node 1's follower on loopback: each trial one rank per node."""
     path = write_study(tmp_path, TWO_NODES)
     storage = f"journal:{tmp_path / 'shared.journal'}"
-    cmd = [sys.executable, "-m", "harness", "tune", str(path), "--storage", storage, "--quiet"]
+    cmd = [sys.executable, "-m", "training_harness", "tune", str(path), "--storage", storage,
+           "--quiet"]
     env = {**os.environ, "HARNESS_QUIET_SHARE": "1"}  # the flow under test, busy or not
     leader = subprocess.Popen(cmd + ["--out", str(tmp_path / "node0"), "--rdzv-host",
                                      "127.0.0.1"], cwd=ROOT, stdout=subprocess.PIPE,

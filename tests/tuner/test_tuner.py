@@ -8,13 +8,12 @@ import tomllib
 
 import optuna
 from optuna.trial import TrialState
+from training_harness.core.plan import Plan
+from training_harness.strategies.compose import resolved
+from training_harness.study.search_space import SearchSpace, config_key
+from training_harness.study.study_file import Study
+from training_harness.tune.search import correction
 
-import strategies  # noqa: F401  (registers)
-from harness.core.plan import Plan
-from harness.study.search_space import SearchSpace, config_key
-from harness.study.study_file import Study
-from harness.tune.search import correction
-from strategies import resolved
 from tests.tuner import fake_launch
 from tests.tuner.conftest import records, study_table, tune, write_study
 
@@ -51,7 +50,7 @@ def test_over_the_memory_budget_is_never_launched(tmp_path, launched):
 
 
 def test_a_budget_between_configurations_launches_only_those_under_it(tmp_path, launched):
-    from harness.measure.prepare import prepare
+    from training_harness.measure.prepare import prepare
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
     peaks = sorted(prepare(space.plan(p)).predicted["peak_memory_bytes"]
@@ -224,9 +223,8 @@ def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_pat
     import sys
 
     import psutil
-
-    from harness.tune.recovery import resume
-    from harness.tune.recovery.workers import Worker
+    from training_harness.tune.recovery import resume
+    from training_harness.tune.recovery.workers import Worker
 
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 2})

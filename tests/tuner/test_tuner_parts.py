@@ -7,18 +7,17 @@ import time
 
 import pytest
 from optuna.trial import TrialState
+from training_harness.records.result import TrialResult, empty_metrics
+from training_harness.records.run_store import RunStore
+from training_harness.study import references
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
+from training_harness.tune.optuna_outcome import CANNOT_RUN, outcome
+from training_harness.tune.recovery.storage import redact
+from training_harness.tune.search.correction import Correction
+from training_harness.tune.trial_job import TrialRunner, run_trial_job
 
-import strategies  # noqa: F401  (registers)
-from harness.records.result import TrialResult, empty_metrics
-from harness.records.run_store import RunStore
-from harness.study import references
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
-from harness.tune.optuna_outcome import CANNOT_RUN, outcome
-from harness.tune.recovery.storage import redact
-from harness.tune.search.correction import Correction
-from harness.tune.trial_job import TrialRunner, run_trial_job
 from tests.tuner import fake_launch
 from tests.tuner.conftest import study_table
 
@@ -127,8 +126,8 @@ def test_clock_and_budgets():
 
 def study_run(store: RunStore) -> TrialRunner:
     """What a study's trials share, with the facts and the helper `harness tune` uses."""
-    from harness.launch.launcher import FunctionLauncher
-    from harness.launch.torch_helper import shared
+    from training_harness.launch.launcher import FunctionLauncher
+    from training_harness.launch.torch_helper import shared
 
     probe = shared()
     facts = probe.study_facts(Study.from_dict(study_table()))
@@ -152,7 +151,7 @@ def test_a_running_trial_is_stopped_at_the_deadline(tmp_path, monkeypatch):
 
 
 def test_a_plan_this_machine_refuses_is_not_launched(tmp_path):
-    from harness.core.plan import Layout
+    from training_harness.core.plan import Layout
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
     plan = space.plan(space.params_for(references.baseline(space)))
@@ -202,8 +201,8 @@ def test_storage_password_is_redacted():
 def test_a_trial_over_the_memory_budget_is_marked_and_never_shown_as_best(capsys):
     """A GPU's device-held peak can pass the budget although its prediction did not:
     the trial ran, the table marks it, and the progress never calls it the best."""
-    from harness.tune.final.summary import table
-    from harness.tune.progress import Progress
+    from training_harness.tune.final.summary import table
+    from training_harness.tune.progress import Progress
 
     def measured(trial_id, rate, peak):
         r = record("ok", {"phase": "search"}, peak=peak, rate=rate)

@@ -1,13 +1,14 @@
 """A long budget whose search ended early measures the best with the precisions and
-compile modes its space left out (harness.tune.final.variants), and gives the rest to
+compile modes its space left out (training_harness.tune.final.variants), and gives the rest to
 confirmation rounds with longer windows; the named best stays in the study's space."""
 
 from __future__ import annotations
 
 import json
 
-from harness.cli.main import main
-from harness.tune.final.variants import variants
+from training_harness.cli.main import main
+from training_harness.tune.final.variants import variants
+
 from tests.tuner.conftest import records, study_table, write_study
 
 

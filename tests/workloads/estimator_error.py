@@ -7,7 +7,7 @@ process composes the plan (strategies.compose), trains two steps and counts, in 
 second, the peak bytes of the tensors alive that the step made (parameters, buffers
 and optimizer state left out: tests/estimator/measure.LiveBytes, as tests/estimator
 does for the gpt), against the estimator's peak less those persistent parts
-(harness.measure.prepare: what `harness tune` predicts). A count of tensors, not the
+(training_harness.measure.prepare: what `harness tune` predicts). A count of tensors, not the
 process's RSS (which holds the runtime besides) nor a timing: it does not depend on
 what else the machine runs. Errors are (predicted - measured) / measured.
 """
@@ -40,11 +40,11 @@ PERSISTENT = ("parameters", "optimizer_state", "buffers")
 
 def measure(name: str, args: dict, strategies: dict) -> dict:
     import torch
+    from training_harness.core.plan import Plan
+    from training_harness.measure.batches import split_batch
+    from training_harness.measure.prepare import prepare
+    from training_harness.strategies.compose import compose
 
-    from harness.core.plan import Plan
-    from harness.measure.batches import split_batch
-    from harness.measure.prepare import prepare
-    from strategies import compose
     from tests.estimator.measure import LiveBytes
 
     plan = Plan(workload=name, workload_args=args, device="cpu", micro_batch_size=MICRO,

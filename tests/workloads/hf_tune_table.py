@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness.records.tags import tags_of
+from training_harness.records.tags import tags_of
 
 
 def records(folder: Path) -> list[dict]:
@@ -33,7 +33,7 @@ def errors(recs: list[dict], predicted: str, measured) -> list[float]:
 
 
 def describe(rec: dict) -> str:
-    from harness.tune.progress import describe_plan
+    from training_harness.tune.progress import describe_plan
 
     return describe_plan(rec["plan"]).replace(" | ", ", ")  # a table cell takes no "|"
 

@@ -1,6 +1,6 @@
 """The zoo sweep: every model type transformers knows with a causal-LM, masked-LM or
 seq2seq-LM head (encoder-decoders train copy with noise), built tiny
-(harness.workloads.hf_tiny), estimated (the activation trace included) and trained one
+(training_harness.workloads.hf_tiny), estimated (the activation trace included) and trained one
 step on the CPU, with checkpointing on where the block finder finds blocks.
 Each type comes out `ok` or `refused` with one line that says why.
 
@@ -54,8 +54,8 @@ def one_line(text: str, limit: int = 200) -> str:
 
 
 def _reason(stage: str, e: BaseException) -> str:
-    from harness.core.errors import HarnessError
-    from harness.estimator.trace import stopped_by
+    from training_harness.core.errors import HarnessError
+    from training_harness.estimator.trace import stopped_by
 
     if isinstance(e, HarnessError):
         return one_line(f"{stage}: {e}")
@@ -93,19 +93,18 @@ def check(model_type: str, timeout_s: int = TIMEOUT_S) -> Outcome:
 
 def _check(model_type: str) -> tuple[str, str]:
     import torch
-
-    from harness.workloads import optional
+    from training_harness.workloads import optional
 
     optional.transformers()  # mends a torchvision built for another torch first
 
-    from harness.core.device import RuntimeEnv
-    from harness.core.plan import Plan
-    from harness.estimator import estimate
-    from harness.measure.batches import split_batch
-    from harness.workloads import load_workload
-    from harness.workloads.blocks import find_blocks
-    from harness.workloads.hf_tiny import tiny_fields
-    from strategies import compose
+    from training_harness.core.device import RuntimeEnv
+    from training_harness.core.plan import Plan
+    from training_harness.estimator import estimate
+    from training_harness.measure.batches import split_batch
+    from training_harness.strategies.compose import compose
+    from training_harness.workloads import load_workload
+    from training_harness.workloads.blocks import find_blocks
+    from training_harness.workloads.hf_tiny import tiny_fields
 
     stage = "config"
     try:

@@ -2,8 +2,7 @@
 
 import torch
 from torch import nn
-
-from harness.workloads import workload
+from training_harness.workloads import workload
 
 
 def make_batch(batch_size: int, index: int):

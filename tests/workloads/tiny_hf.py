@@ -49,14 +49,14 @@ def workload_spec(key: str) -> tuple[str, dict]:
 
 
 def tiny(key: str):
-    from harness.workloads import load_workload
+    from training_harness.workloads import load_workload
 
     return load_workload(*workload_spec(key))
 
 
 def needs_transformers() -> None:
-    from harness.core.errors import HarnessError
-    from harness.workloads import optional
+    from training_harness.core.errors import HarnessError
+    from training_harness.workloads import optional
 
     try:
         optional.transformers()
@@ -65,8 +65,8 @@ def needs_transformers() -> None:
 
 
 def needs_torchvision() -> None:
-    from harness.core.errors import HarnessError
-    from harness.workloads import optional
+    from training_harness.core.errors import HarnessError
+    from training_harness.workloads import optional
 
     try:
         optional.torchvision()
@@ -75,6 +75,6 @@ def needs_torchvision() -> None:
 
 
 def tiny_hf(model_type: str, **overrides):
-    from harness.workloads import load_workload
+    from training_harness.workloads import load_workload
 
     return load_workload(f"hf:{model_type}", {**TINY_HF[model_type], **overrides})

@@ -8,7 +8,7 @@ blocks. Writes the table of docs/benchmarks/zoo_vision_cpu_2026-11-24.md:
 made anew). tests/test_zoo_vision.py holds that table: a fixed
 sample (FAST) on every run, the whole list marked slow.
 
-A model is `ok` when `harness.measure.prepare` accepts its plan (the workload built, the
+A model is `ok` when `training_harness.measure.prepare` accepts its plan (the workload built, the
 plan checked, its FLOPs counted and the estimator's trace of its step) and one optimizer
 step through `strategies.compose` gives a finite loss; `refused` when the harness says
 why in one line (a HarnessError, as `harness bench` would exit 2 with); `failed`
@@ -126,14 +126,13 @@ class Outcome:
 def try_model(name: str, args: dict[str, Any] | None = None) -> Outcome:
     """Build, trace and train `name` one step (module docstring); never raises."""
     import torch
-
-    from harness.core.errors import HarnessError
-    from harness.core.plan import Plan
-    from harness.measure.batches import split_batch
-    from harness.measure.prepare import prepare
-    from harness.workloads import load_workload
-    from harness.workloads.blocks import find_blocks
-    from strategies import compose
+    from training_harness.core.errors import HarnessError
+    from training_harness.core.plan import Plan
+    from training_harness.measure.batches import split_batch
+    from training_harness.measure.prepare import prepare
+    from training_harness.strategies.compose import compose
+    from training_harness.workloads import load_workload
+    from training_harness.workloads.blocks import find_blocks
 
     args = dict(MODELS.get(name, SMALL) if args is None else args)
     start = time.perf_counter()

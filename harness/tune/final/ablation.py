@@ -6,7 +6,7 @@ times. The order is round by round (best, without A, without B, ...; then again)
 so a study whose time runs out still has every configuration at least once, and
 each repeat's measurements are pairs taken close together. What a technique bought
 is judged on every measurement of each configuration, pooled across the study's
-phases, with an interval (harness.records.verdict): the configuration without a
+phases, with an interval (training_harness.records.verdict): the configuration without a
 technique may be one the study measured before (the baseline's, for a best with one
 technique), and then it is the very comparison the headline makes.
 
@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from optuna.trial import FrozenTrial
-
-from harness.records.predicates import finished
-from harness.records.run_store import RunStore
-from harness.records.tags import tags_of
-from harness.study.search_space import SearchSpace
-from harness.tune.budget import Clock
-from harness.tune.final.extra_trial import ExtraTrials, attempt_id
+from training_harness.records.predicates import finished
+from training_harness.records.run_store import RunStore
+from training_harness.records.tags import tags_of
+from training_harness.study.search_space import SearchSpace
+from training_harness.tune.budget import Clock
+from training_harness.tune.final.extra_trial import ExtraTrials, attempt_id
 
 
 @dataclass
@@ -72,7 +71,7 @@ def run_ablation(best: FrozenTrial | None, space: SearchSpace, repeats: int,
     """Run the ablation of `best` (the best trial so far), `repeats` rounds; returns how
     it ended, in words.
 
-    Each trial runs as harness.tune.final.extra_trial runs it (recorded, then Optuna
+    Each trial runs as training_harness.tune.final.extra_trial runs it (recorded, then Optuna
     told; on --resume, one that never finished runs again as `<id>-retry<k>`).
     """
     if best is None or not repeats:

@@ -12,9 +12,9 @@ the machine falls on all of them. Each record is tagged
     {"phase": "confirm", "confirm": {"of": <trial_id measured again>, "round": r}}
 
 The best is the contender with the highest median over every measurement of its
-configuration (harness.records.pooled: the search's, the rounds', a resumed session's,
+configuration (training_harness.records.pooled: the search's, the rounds', a resumed session's,
 the ablation's; a flagged one counts in none). It *leads* a rival when the ratio of the
-two, with its interval (harness.records.speedup: over the rounds' pairs where there are
+two, with its interval (training_harness.records.speedup: over the rounds' pairs where there are
 enough, else over every measurement), is "faster"; rivals it does not lead are listed as
 indistinguishable from it here, and its ratio over the baseline is kept
 (`versus_baseline`). Where it does not lead every rival, or the baseline, at this n,
@@ -42,16 +42,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
-
-from harness.records.pooled import config_key, in_time_order, measurement_of
-from harness.records.predicates import finished, may_be_best, ranked
-from harness.records.run_store import RunStore
-from harness.records.speedup import FASTER, Ratio, ratio
-from harness.records.tags import tags_of
-from harness.study.study_file import Study
-from harness.tune.budget import Clock
-from harness.tune.final.extra_trial import ExtraTrials, attempt_id
-from harness.tune.study_trials import BEST_BY_REPEATS
+from training_harness.records.pooled import config_key, in_time_order, measurement_of
+from training_harness.records.predicates import finished, may_be_best, ranked
+from training_harness.records.run_store import RunStore
+from training_harness.records.speedup import FASTER, Ratio, ratio
+from training_harness.records.tags import tags_of
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import Clock
+from training_harness.tune.final.extra_trial import ExtraTrials, attempt_id
+from training_harness.tune.study_trials import BEST_BY_REPEATS
 
 MAX_CONTENDERS = 4
 MAX_EXTRA_ROUNDS = 6  # rounds beyond those asked for, where the verdict is still open
@@ -104,7 +103,7 @@ class Decision:
     baseline_id: str | None = None
     objective: str = "throughput"  # or "time_to_loss": the medians are seconds to target
     baseline_within_spread: bool = False  # the best does not lead the baseline beyond it
-    # throughput: the best over the baseline (harness.records.speedup.Ratio, as a dict)
+    # throughput: the best over the baseline (training_harness.records.speedup.Ratio, as a dict)
     versus_baseline: dict[str, Any] | None = None
     rounds: int = 0  # the confirmation rounds that measured something
     rounds_unmeasured: int = 0  # rounds whose every trial was skipped for lack of time
@@ -134,7 +133,7 @@ def contenders(records: list[dict[str, Any]], margin: float, budget_bytes: float
 def standings(records: list[dict[str, Any]], ids: list[str],
               by: str = "throughput") -> dict[str, Standing]:
     """Each trial's measurements: its own (if quiet) and its confirmation rounds'; for
-    throughput, every quiet measurement of its configuration (harness.records.pooled)."""
+    throughput, every quiet measurement of its configuration (training_harness.records.pooled)."""
     if by == "throughput":
         return _pooled(records, ids)
     out = {i: Standing(i) for i in ids}
@@ -187,7 +186,7 @@ def decide(table: dict[str, Standing], baseline_id: str | None,
     def within(s: Standing) -> bool:
         if s is lead:
             return True
-        if by == "throughput":  # the interval decides (harness.records.speedup)
+        if by == "throughput":  # the interval decides (training_harness.records.speedup)
             return versus(lead, s).verdict != FASTER
         return abs(lead.median - s.median) <= max(lead.spread, s.spread)
 

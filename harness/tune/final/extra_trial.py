@@ -3,7 +3,7 @@ and the one rule for running such a trial again.
 
 `ExtraTrials.run` makes the trial RUNNING in the storage with its configuration and this
 worker as owner (ask() never hands it out), runs it, measures it again if the machine
-was busy (harness.tune.search.busy_machine), records it, then tells Optuna: the same
+was busy (training_harness.tune.search.busy_machine), records it, then tells Optuna: the same
 order as a search trial, so recovery settles it as any other.
 
 `attempt_id` is the retry rule: on --resume a trial already recorded to the end is not
@@ -17,15 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.plan import Plan
-from harness.records.predicates import finished
-from harness.records.result import TrialResult
-from harness.study.search_space import SearchSpace
-from harness.tune.budget import Clock
-from harness.tune.recorder import Recorder
-from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.search.correction import Corrections
-from harness.tune.trial_job import TrialRunner, run_trial_job
+from training_harness.core.plan import Plan
+from training_harness.records.predicates import finished
+from training_harness.records.result import TrialResult
+from training_harness.study.search_space import SearchSpace
+from training_harness.tune.budget import Clock
+from training_harness.tune.recorder import Recorder
+from training_harness.tune.search.busy_machine import measure_again_if_busy
+from training_harness.tune.search.correction import Corrections
+from training_harness.tune.trial_job import TrialRunner, run_trial_job
 
 
 def attempt_id(recorded: dict[str, dict[str, Any]], trial_id: str) -> str | None:

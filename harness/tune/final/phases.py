@@ -3,7 +3,7 @@ one worker.
 
 When the search ended early (converged, or its space measured) the time it did not
 need goes, in a budget of an hour or more, first to the best's variants (the
-precisions and compile modes the space left out, harness.tune.final.variants), then
+precisions and compile modes the space left out, training_harness.tune.final.variants), then
 to more confirmation rounds, those beyond budget.confirm_repeats with windows
 LONGER_WINDOW times as long (less noise on the figures that name the best). In any
 budget, where the rounds asked for leave the verdict open (the best not told apart from
@@ -21,19 +21,18 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
-
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.budget import Clock
-from harness.tune.final.ablation import run_ablation
-from harness.tune.final.confirmation import run_confirmation
-from harness.tune.final.extra_trial import ExtraTrials
-from harness.tune.final.time_reserve import LONGER_WINDOW, FinalTime
-from harness.tune.final.variants import VARIANTS_KEY, run_variants
-from harness.tune.recorder import Measured
-from harness.tune.recovery.workers import Worker
-from harness.tune.study_trials import StudyTrials
-from harness.tune.trial_job import TrialRunner
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import Clock
+from training_harness.tune.final.ablation import run_ablation
+from training_harness.tune.final.confirmation import run_confirmation
+from training_harness.tune.final.extra_trial import ExtraTrials
+from training_harness.tune.final.time_reserve import LONGER_WINDOW, FinalTime
+from training_harness.tune.final.variants import VARIANTS_KEY, run_variants
+from training_harness.tune.recorder import Measured
+from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.study_trials import StudyTrials
+from training_harness.tune.trial_job import TrialRunner
 
 VARIANTS_MIN_BUDGET_S = 3600.0  # shorter studies keep their spare time for the rounds
 OWNER = "ablation_owner"  # the storage's user attribute naming the worker that runs them

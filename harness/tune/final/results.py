@@ -6,15 +6,14 @@ import sys
 from typing import Any
 
 import optuna
-
-from harness.records.predicates import busy_note
-from harness.records.run_store import RunStore
-from harness.records.tags import tags_of
-from harness.records.verdict import HELD, StudyVerdict, study_verdict
-from harness.study.study_file import Study
-from harness.tune.budget import Clock
-from harness.tune.final.confirmation import refreshed
-from harness.tune.final.summary import (
+from training_harness.records.predicates import busy_note
+from training_harness.records.run_store import RunStore
+from training_harness.records.tags import tags_of
+from training_harness.records.verdict import HELD, StudyVerdict, study_verdict
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import Clock
+from training_harness.tune.final.confirmation import refreshed
+from training_harness.tune.final.summary import (
     ablation_table,
     confirmation_text,
     now,
@@ -25,10 +24,10 @@ from harness.tune.final.summary import (
     verdict_text,
     write_best,
 )
-from harness.tune.final.variants import VARIANTS_KEY
-from harness.tune.recovery.storage import StorageUnreachable
-from harness.tune.search.correction import Corrections
-from harness.tune.study_trials import BEST_BY_REPEATS, StudyTrials
+from training_harness.tune.final.variants import VARIANTS_KEY
+from training_harness.tune.recovery.storage import StorageUnreachable
+from training_harness.tune.search.correction import Corrections
+from training_harness.tune.study_trials import BEST_BY_REPEATS, StudyTrials
 
 
 def confirmed_decision(optuna_study: optuna.Study, best_id: Any) -> dict[str, Any] | None:
@@ -75,7 +74,7 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
         wall_clock_s=round(clock.elapsed(), 1),
         calibration=corrections().as_dict(),  # study.json's key
         best_by_repeats=decision,
-        verdict=verdict.as_dict() if verdict else None,  # harness.records.verdict
+        verdict=verdict.as_dict() if verdict else None,  # training_harness.records.verdict
         variants=_user_attr(trials.optuna_study, VARIANTS_KEY),
         time_spent={k: round(v, 1) for k, v in (spent or {}).items()},
     )

@@ -6,16 +6,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from harness.core.plan import Plan
-from harness.core.units import format_bytes, format_rate, format_seconds
-from harness.records.pooled import Pooled, compare, config_key, pool
-from harness.records.predicates import busy_note, may_be_best, ranked
-from harness.records.run_store import RunStore, write_atomic
-from harness.records.speedup import NOISE_THRESHOLD, Ratio
-from harness.records.tags import VARIANT, tags_of
-from harness.records.verdict import StudyVerdict, techniques
-from harness.tune.final.ablation import ablation_rows
-from harness.tune.progress import describe_plan
+from training_harness.core.plan import Plan
+from training_harness.core.units import format_bytes, format_rate, format_seconds
+from training_harness.records.pooled import Pooled, compare, config_key, pool
+from training_harness.records.predicates import busy_note, may_be_best, ranked
+from training_harness.records.run_store import RunStore, write_atomic
+from training_harness.records.speedup import NOISE_THRESHOLD, Ratio
+from training_harness.records.tags import VARIANT, tags_of
+from training_harness.records.verdict import StudyVerdict, techniques
+from training_harness.tune.final.ablation import ablation_rows
+from training_harness.tune.progress import describe_plan
 
 
 def _to_target(m: dict[str, Any]) -> str:
@@ -42,7 +42,7 @@ def pareto(rows: list[dict[str, Any]]) -> set[Any]:
 def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
           memory_budget: float | None = None, best_id: Any = None) -> str:
     """The measured configurations, fastest first, each by its one figure: the median
-    of every quiet measurement of it, in any phase (harness.records.pooled), and their
+    of every quiet measurement of it, in any phase (training_harness.records.pooled), and their
     n; `!` marks one whose peak was over `memory_budget`, `~` one measured while the
     machine was busy (they ran, but are never the best). Where a configuration the
     confirmation did not weigh ranks above the named best `best_id` (the ablation
@@ -144,7 +144,7 @@ def _figure(p: Pooled) -> str:
 
 
 def verdict_text(v: StudyVerdict) -> str:
-    """The study's verdict (harness.records.verdict), its headline first: what the best
+    """The study's verdict (training_harness.records.verdict), its headline first: what the best
     is worth against the baseline, what that rests on, and drift where there was some."""
     head = v.headline()
     if not head:
@@ -166,9 +166,9 @@ def verdict_text(v: StudyVerdict) -> str:
 
 
 def variants_table(records: list[dict[str, Any]], best_rate: float | None) -> str:
-    """The best's variants (harness.tune.final.variants): each one's samples/s against the
+    """The best's variants (training_harness.tune.final.variants): each one's samples/s against the
     best's pooled figure, with its interval, and the settings worth adding to the space."""
-    from harness.tune.final.variants import variant_rows
+    from training_harness.tune.final.variants import variant_rows
 
     of = next((str(tags_of(r)["variant"]["of"]) for r in records
                if tags_of(r).get("phase") == VARIANT), None)
@@ -204,7 +204,8 @@ def variants_table(records: list[dict[str, Any]], best_rate: float | None) -> st
 
 
 def confirmation_text(decision: dict[str, Any]) -> str:
-    """The confirmation rounds' verdict (harness.tune.final.confirmation.Decision, as stored)."""
+    """The confirmation rounds' verdict (training_harness.tune.final.confirmation.Decision,
+    as stored)."""
     timed = decision.get("objective") == "time_to_loss"  # seconds to target, lower is better
     unit = "s to target" if timed else "samples/s"
     again = any(s["n"] > 1 for s in decision["standings"].values())
@@ -227,7 +228,7 @@ def confirmation_text(decision: dict[str, Any]) -> str:
     speed = (f", {ratio:.2f}x {'as fast to the target as ' if timed else ''}the strict fp32 "
              "baseline's median (TF32 off)" if ratio else "")
     vs = decision.get("versus_baseline")
-    if vs:  # throughput: the interval and the verdict (harness.records.speedup)
+    if vs:  # throughput: the interval and the verdict (training_harness.records.speedup)
         r = Ratio(**vs)
         speed = (f", {r.estimate:.2f}x the strict fp32 baseline (TF32 off; {r.interval}, "
                  f"{r.basis}): {r.said}")

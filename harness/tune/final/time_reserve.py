@@ -19,14 +19,14 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from harness.records.run_store import RunStore
-from harness.records.tags import tags_of
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.budget import MARGIN, Clock
-from harness.tune.final.ablation import techniques
-from harness.tune.final.confirmation import contenders, ranked_by, window_s
-from harness.tune.study_trials import StudyTrials
+from training_harness.records.run_store import RunStore
+from training_harness.records.tags import tags_of
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import MARGIN, Clock
+from training_harness.tune.final.ablation import techniques
+from training_harness.tune.final.confirmation import contenders, ranked_by, window_s
+from training_harness.tune.study_trials import StudyTrials
 
 MAX_ROUNDS = 10  # confirmation rounds, however much time is left
 LONGER_WINDOW = 4  # the extra rounds' windows, times the contender's own

@@ -26,16 +26,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from optuna.trial import FrozenTrial
-
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.records.predicates import finished, may_be_best, ranked
-from harness.records.tags import VARIANT, tags_of
-from harness.tune.final.extra_trial import ExtraTrials, attempt_id
-from harness.tune.recorder import Measured
-from harness.tune.search.estimator_model import resolved_key
-from harness.tune.study_trials import StudyTrials
-from harness.tune.trial_job import TrialRunner
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.records.predicates import finished, may_be_best, ranked
+from training_harness.records.tags import VARIANT, tags_of
+from training_harness.tune.final.extra_trial import ExtraTrials, attempt_id
+from training_harness.tune.recorder import Measured
+from training_harness.tune.search.estimator_model import resolved_key
+from training_harness.tune.study_trials import StudyTrials
+from training_harness.tune.trial_job import TrialRunner
 
 PRECISION_STRATEGIES = ("amp", "tf32", "float8")
 # (what the variant says, the precision strategies it has), fp32 strict being the baseline

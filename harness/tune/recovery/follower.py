@@ -7,7 +7,7 @@ user attribute "rendezvous", before launching its own node's ranks:
 
     {"trial_id", "endpoint", "prepared", "command", "timeout_s", "done": false}
 
-(`prepared`: the plan as the leader checked it, harness.core.prepared; the
+(`prepared`: the plan as the leader checked it, training_harness.core.prepared; the
 followers run it as it is.)
 
 A follower, `harness tune STUDY --storage URL --follow --node-rank K` on node K,
@@ -26,15 +26,14 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
-
-from harness.core.errors import HarnessError
-from harness.core.prepared import PreparedPlan
-from harness.launch.launcher import Launcher
-from harness.records.run_store import RunStore
-from harness.tune.budget import Clock
-from harness.tune.checked_study import CheckedStudy
-from harness.tune.progress import Progress
-from harness.tune.recovery.storage import make_storage
+from training_harness.core.errors import HarnessError
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch.launcher import Launcher
+from training_harness.records.run_store import RunStore
+from training_harness.tune.budget import Clock
+from training_harness.tune.checked_study import CheckedStudy
+from training_harness.tune.progress import Progress
+from training_harness.tune.recovery.storage import make_storage
 
 KEY = "rendezvous"
 POLL_S = 0.5
@@ -48,7 +47,7 @@ class Announcer:
 
     def launch_kwargs(self, trial_id: Any, prepared: PreparedPlan, command: str,
                       timeout_s: float) -> dict[str, Any]:
-        from harness.core.ports import free_port
+        from training_harness.core.ports import free_port
 
         endpoint = f"{self.host}:{free_port('0.0.0.0')}"
         self.optuna_study.set_user_attr(KEY, {

@@ -1,12 +1,12 @@
 """A resumed grid study queues again the configurations it has not measured.
 
-A grid study queues its whole grid once, when it is created (harness.tune.session). A
+A grid study queues its whole grid once, when it is created (training_harness.tune.session). A
 configuration then skipped as not fitting the time left (a `pruned` record, tag
 pruned="time") or cut off at the deadline leaves Optuna a FAIL trial, and nothing would
 run it again: a table recorded over several sessions (harness selftest --gpu --only
 table) lost the last few configurations of every session. On --resume each grid
 configuration with no trial that measured it, none waiting or running, and no orphan
-(the retries of a dead worker's trial are counted by harness.tune.recovery.resume) is
+(the retries of a dead worker's trial are counted by training_harness.tune.recovery.resume) is
 queued again, in the grid's own seeded order.
 """
 
@@ -18,8 +18,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-
-from harness.records.tags import tags_of
+from training_harness.records.tags import tags_of
 
 # Trials whose configuration needs nothing more: measured (or found not to run), pruned
 # by Optuna's rules, or already queued or running.

@@ -4,7 +4,7 @@ its record is written (several when trials run as jobs in flight at once).
 When the storage gives up on an unreachable database (StorageUnreachable, after
 storage.patience), each held trial gets a `failed` record (tags orphan and
 unreachable: FAIL for Optuna) before the worker stops; once the database is back,
-recovery (harness.tune.recovery.resume) tells Optuna so and queues the configuration
+recovery (training_harness.tune.recovery.resume) tells Optuna so and queues the configuration
 again. So every trial in the storage ends with exactly one record, whatever moment the
 database goes away. (PatientStorage reports the trial that ask() takes before ask()
 returns, and tags a trial that ask() creates with its worker as it is created.)

@@ -2,7 +2,7 @@
 
 `recover` runs when a tuner starts (--resume too); `settle` runs it before each
 trial the tuner asks for, after failing the trials whose heartbeats stopped.
-Every trial is written record first, then Optuna (harness.tune.recorder), so the
+Every trial is written record first, then Optuna (training_harness.tune.recorder), so the
 record is the authority. A RUNNING trial is settled when
 
     its record is in trials.jsonl       (whoever its owner, however young) Optuna is
@@ -16,9 +16,9 @@ record is the authority. A RUNNING trial is settled when
                                         to run again (storage.retries times); its
                                         reason begins "record torn (...)" where a
                                         cut line of trials.jsonl was its record
-                                        (harness.tune.recovery.torn)
+                                        (training_harness.tune.recovery.torn)
 
-A worker is gone when its process (harness.tune.recovery.workers.Worker) no longer runs on
+A worker is gone when its process (training_harness.tune.recovery.workers.Worker) no longer runs on
 this host. One on another host is taken to run; a trial with no owner tag is left
 alone for its first minute (another worker may have just asked for it; the
 tuner's storage tags the trials ask() creates as it creates them, so this is
@@ -36,7 +36,7 @@ that worker tags it. Optuna's heartbeat is: PatientStorage is its BaseHeartbeat,
 `settle` calls optuna's fail_stale_trials.)
 
 A stopped worker's trial that was launched as a job that outlives it (a Slurm job:
-harness.tune.trial_job.left_a_job) is not run again: `jobs_left` claims it for
+training_harness.tune.trial_job.left_a_job) is not run again: `jobs_left` claims it for
 this worker before `recover` would fail it, and the tuner waits for its job
 (`rejoin`, one of the search's first trials in flight), which gives the record it
 would have had. A job that ended without a record is failed and queued again as
@@ -59,15 +59,14 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
-
-from harness.records.result import TrialResult, read_result
-from harness.records.run_store import RunStore
-from harness.records.tags import tags_of
-from harness.tune.recorder import Measured, Recorder, failed_record
-from harness.tune.recovery.storage import PatientStorage, fail_stale_trials
-from harness.tune.recovery.workers import Worker
-from harness.tune.study_trials import RETRY_OF
-from harness.tune.trial_job import TrialRunner, left_a_job, rejoin_trial_job
+from training_harness.records.result import TrialResult, read_result
+from training_harness.records.run_store import RunStore
+from training_harness.records.tags import tags_of
+from training_harness.tune.recorder import Measured, Recorder, failed_record
+from training_harness.tune.recovery.storage import PatientStorage, fail_stale_trials
+from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.study_trials import RETRY_OF
+from training_harness.tune.trial_job import TrialRunner, left_a_job, rejoin_trial_job
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -263,7 +262,7 @@ def _settle_one(optuna_study: optuna.Study, store: RunStore, recorder: Recorder,
 
 def _torn_cause(store: RunStore, t: FrozenTrial) -> str | None:
     """Why trial `t` has no record, where a line cut out of trials.jsonl was its record
-    (harness.tune.recovery.torn): "record torn (...)"; None where none was."""
+    (training_harness.tune.recovery.torn): "record torn (...)"; None where none was."""
     for u in store.kept():
         tid, number = u.trial()
         if number == t.number or (number is None

@@ -6,7 +6,7 @@
     postgresql://...      an RDB (any SQLAlchemy URL): what a cluster should use
 
 An RDB storage is wrapped in PatientStorage, which gets three things beyond
-Optuna's defaults, set in the study's [storage] table (harness.study.storage_spec):
+Optuna's defaults, set in the study's [storage] table (training_harness.study.storage_spec):
 
     heartbeats   a running trial's worker records one every `heartbeat`; a trial
                  silent for `grace` is failed by whichever worker notices first,
@@ -19,7 +19,7 @@ Optuna's defaults, set in the study's [storage] table (harness.study.storage_spe
                  file (put it in PGPASSWORD or ~/.pgpass to keep it off the
                  command line altogether)
 
-PatientStorage also tells the tuner (StorageHooks, given by harness.tune.session)
+PatientStorage also tells the tuner (StorageHooks, given by training_harness.tune.session)
 which trial it holds from the moment the trial is RUNNING, so that a worker that
 gives up on the database leaves a record for it: a trial Optuna's ask() creates is born tagged
 with its worker (`stamp`), and a queued trial ask() claims is reported
@@ -45,9 +45,8 @@ import optuna
 from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat  # the interface; Optuna exports no other
 from optuna.trial import FrozenTrial, TrialState
-
-from harness.core.errors import HarnessError
-from harness.study.storage_spec import StorageSpec
+from training_harness.core.errors import HarnessError
+from training_harness.study.storage_spec import StorageSpec
 
 STORAGE_ENV = "HARNESS_STORAGE"  # --storage, for processes started without it in argv
 
@@ -78,7 +77,7 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
                            "db, sqlite:///file.db), redis://..., or journal:PATH")
     spec = spec or StorageSpec()
     # Optuna warns on every ask() that heartbeats are meant for Study.optimize; the
-    # tuner drives them itself (Heartbeat below, and harness.tune.recovery.resume.settle).
+    # tuner drives them itself (Heartbeat below, and training_harness.tune.recovery.resume.settle).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed",
                             category=UserWarning)
     try:
@@ -171,7 +170,7 @@ BRIDGE_S = 120.0
 
 @dataclass
 class StorageHooks:
-    """What an RDB storage tells the tuner, given when it is made (harness.tune.session)."""
+    """What an RDB storage tells the tuner, given when it is made (tune.session)."""
 
     stamp: dict[str, Any] = field(default_factory=dict)  # a trial ask() creates is born with
     on_claim: Callable[[FrozenTrial], None] | None = None  # a queued trial ask() took
@@ -303,7 +302,7 @@ def _is_connection_error(e: BaseException) -> bool:
 
 def fail_stale_trials(study: optuna.Study, storage: BaseStorage) -> None:
     """Fail the trials whose worker stopped beating (RDB storages); the storage's on_stale
-    hook records and retries each (harness.tune.recovery.resume.StaleTrials)."""
+    hook records and retries each (training_harness.tune.recovery.resume.StaleTrials)."""
     if isinstance(storage, PatientStorage):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -7,7 +7,7 @@ beside the file first, `trials.jsonl.torn-<byte>-line<N>`, and the line is named
 with the file, its number and that copy). The file then parses whole.
 
 Its trial is then settled once, as a trial whose record never came
-(harness.tune.recovery.resume):
+(training_harness.tune.recovery.resume):
 
     RUNNING in Optuna         `recover` settles it as any trial of a stopped worker:
                               its result.json recorded, or a `failed` record (tag
@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import optuna
 from optuna.trial import FrozenTrial
-
-from harness.records.result import read_result
-from harness.records.run_store import RunStore, Unreadable
-from harness.records.tags import tags_of
-from harness.tune.recorder import Measured, failed_record
-from harness.tune.recovery.resume import may_retry, queue_retry
+from training_harness.records.result import read_result
+from training_harness.records.run_store import RunStore, Unreadable
+from training_harness.records.tags import tags_of
+from training_harness.tune.recorder import Measured, failed_record
+from training_harness.tune.recovery.resume import may_retry, queue_retry
 
 
 def repair_records(store: RunStore, optuna_study: optuna.Study, measured: Measured,

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-
-from harness.core.errors import HarnessError
+from training_harness.core.errors import HarnessError
 
 WORKER_HOST_ENV = "HARNESS_WORKER_HOST"
 
@@ -89,7 +88,7 @@ def device_groups(n_workers: int, world_size: int, cuda_devices: int) -> list[st
 
 def spawn_helpers(argv: list[str], groups: list[str | None], logs: Path,
                   extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """Start helper i (1..N-1) as `python -m harness tune ARGV`, logging to logs/."""
+    """Start helper i (1..N-1) as `python -m training_harness tune ARGV`, logging to logs/."""
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for i, group in enumerate(groups[1:], start=1):
@@ -97,7 +96,7 @@ def spawn_helpers(argv: list[str], groups: list[str | None], logs: Path,
         if group is not None:
             env["CUDA_VISIBLE_DEVICES"] = group
         log = open(logs / f"helper-{i}.log", "ab")  # noqa: SIM115 (closed when it ends)
-        procs.append(subprocess.Popen([sys.executable, "-m", "harness", "tune", *argv],
+        procs.append(subprocess.Popen([sys.executable, "-m", "training_harness", "tune", *argv],
                                       stdout=log, stderr=subprocess.STDOUT, env=env,
                                       stdin=subprocess.DEVNULL))
         log.close()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.core.interference import wait_for_quiet
-from harness.core.units import format_seconds
-from harness.records.predicates import busy_note
-from harness.records.result import TrialResult
+from training_harness.core.interference import wait_for_quiet
+from training_harness.core.units import format_seconds
+from training_harness.records.predicates import busy_note
+from training_harness.records.result import TrialResult
 
 MAX_WAIT_S = 60.0  # the longest wait for quiet before measuring again anyway
 MAX_WAIT_SHARE = 0.05  # ... and at most this share of the study's budget

@@ -8,7 +8,7 @@ Each measured component gets its own correction, a median over the study's ok tr
     corrected peak  = runtime + memory_ratio x predicted tensors
     corrected step  = predicted step x the fit's ratio for the plan (step_ratio before)
     expected trial  = overhead + (warm-up + the window's steps as the trial loop will
-                      choose them: harness.core.window) x corrected step
+                      choose them: training_harness.core.window) x corrected step
 
 (The record and study.json keep these under the older keys `calibration` and
 `calibrated_peak_memory_bytes`.)
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.core.memory_need import budget_peak_bytes
-from harness.core.window import window_rule, window_steps
-from harness.tune.search.step_fit import StepFit
+from training_harness.core.memory_need import budget_peak_bytes
+from training_harness.core.window import window_rule, window_steps
+from training_harness.tune.search.step_fit import StepFit
 
 # A CPU trial forked from the rank server starts in a fraction of a second, but the first
 # may wait for the server's imports (3-6 s on the 2-core CPU: docs/benchmarks/trial_overhead_*).

@@ -12,15 +12,14 @@ from typing import Any
 
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
-
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.study.machine_facts import MachineFacts
-from harness.study.search_space import NotInSpace, SearchSpace, config_key
-from harness.study.space_sampling import neighbours, sample, smaller
-from harness.tune.search.correction import Correction
-from harness.tune.search.part_fit import PartFit
-from harness.tune.search.step_fit import factors
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.study.machine_facts import MachineFacts
+from training_harness.study.search_space import NotInSpace, SearchSpace, config_key
+from training_harness.study.space_sampling import neighbours, sample, smaller
+from training_harness.tune.search.correction import Correction
+from training_harness.tune.search.part_fit import PartFit
+from training_harness.tune.search.step_fit import factors
 
 SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
 MOST = 8192  # the most (a long study's): a day's 2,880, all of a space that size
@@ -115,7 +114,7 @@ class Predictions:
 
 
 class EstimatorCostModel:
-    """A harness.tune.search.guided_sampler.CostModel over a study's search space."""
+    """A training_harness.tune.search.guided_sampler.CostModel over a study's search space."""
 
     def __init__(self, space: SearchSpace, predictions: Predictions,
                  correction: Callable[[], Correction], budget_bytes: float,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from harness.tune.checked_study import CheckedStudy
-from harness.tune.search.correction import Correction
-from harness.tune.search.estimator_model import Predictions, first_guess_pool, sample_size
+from training_harness.tune.checked_study import CheckedStudy
+from training_harness.tune.search.correction import Correction
+from training_harness.tune.search.estimator_model import Predictions, first_guess_pool, sample_size
 
 START = 5
 CAP = 16

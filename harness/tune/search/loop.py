@@ -1,10 +1,10 @@
 """The search: ask Optuna for a configuration, run it as a trial, record it, tell Optuna.
 
 `Tuner.search` asks, runs and tells until a reason to stop (`_why_stop`). What runs next
-is the sampler's decision alone (harness.tune.search.guided_sampler), with no queue beside
+is the sampler's decision alone (training_harness.tune.search.guided_sampler), with no queue beside
 it. The record is written before Optuna is told (Recorder.record_then_tell), so a tuner
 stopped between the two loses nothing; before each trial, `settle`
-(harness.tune.recovery.resume.settle) fails and queues again the trials of dead workers.
+(training_harness.tune.recovery.resume.settle) fails and queues again the trials of dead workers.
 Optuna is driven through ask/tell so that the harness decides what is launched, when a
 trial is stopped, and which state each trial gets.
 
@@ -23,22 +23,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-
-from harness.core.plan import Plan
-from harness.launch.jobs_in_flight import InFlight, max_jobs
-from harness.records.result import TrialResult
-from harness.records.tags import PRUNED_TIME, tags_of
-from harness.study.search_space import SearchSpace
-from harness.study.study_file import Study
-from harness.tune.budget import Clock
-from harness.tune.final.time_reserve import FinalTime
-from harness.tune.recorder import Measured, Recorder
-from harness.tune.search.busy_machine import measure_again_if_busy
-from harness.tune.search.correction import Corrections
-from harness.tune.search.estimator_model import resolved_key
-from harness.tune.search.guided_sampler import GuidedSampler
-from harness.tune.study_trials import RETRY_OF, StudyTrials
-from harness.tune.trial_job import EarlyStop, TrialRunner, command_for, run_trial_job
+from training_harness.core.plan import Plan
+from training_harness.launch.jobs_in_flight import InFlight, max_jobs
+from training_harness.records.result import TrialResult
+from training_harness.records.tags import PRUNED_TIME, tags_of
+from training_harness.study.search_space import SearchSpace
+from training_harness.study.study_file import Study
+from training_harness.tune.budget import Clock
+from training_harness.tune.final.time_reserve import FinalTime
+from training_harness.tune.recorder import Measured, Recorder
+from training_harness.tune.search.busy_machine import measure_again_if_busy
+from training_harness.tune.search.correction import Corrections
+from training_harness.tune.search.estimator_model import resolved_key
+from training_harness.tune.search.guided_sampler import GuidedSampler
+from training_harness.tune.study_trials import RETRY_OF, StudyTrials
+from training_harness.tune.trial_job import EarlyStop, TrialRunner, command_for, run_trial_job
 
 DUPLICATE_LIMIT = 25  # repeats in a row, for a sampler that cannot say it converged (TPE)
 TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is over
@@ -56,7 +55,7 @@ class Tuner:
     measured: Measured  # configurations measured: a repeat proposal reuses the record
     corrections: Corrections  # the estimator corrected by the records so far
     final_time: FinalTime  # what the final phases need: the search leaves it to them
-    settle: Callable[[], list[str]]  # harness.tune.recovery.resume.settle
+    settle: Callable[[], list[str]]  # training_harness.tune.recovery.resume.settle
     on_event: Callable[[str, dict[str, Any]], None]
 
     def __post_init__(self) -> None:
@@ -205,8 +204,8 @@ class Tuner:
                     ) -> tuple[Any, EarlyStop | None]:
         """The slow-trial rule: the stop that watches the running trial, and the rule as
         the trial's expected cost sees it (single objective, once there is a best)."""
-        from harness.core.interference import BusyWatch
-        from harness.tune.search.slow_trials import SlowTrialStop
+        from training_harness.core.interference import BusyWatch
+        from training_harness.tune.search.slow_trials import SlowTrialStop
 
         pruning, single = self.study.pruning, len(self.study.objectives) == 1
         best = self.trials.best_throughput()

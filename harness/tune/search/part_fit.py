@@ -2,7 +2,7 @@
 
 A machine that breaks one of the estimator's assumptions (a PCIe node whose links are 15x
 slower than the datasheet's NVLink) moves every configuration in proportion to one part
-of its step (harness.estimator.result.STEP_PARTS), which one weight per part learns from a
+of its step (training_harness.estimator.result.STEP_PARTS), which one weight per part learns from a
 few trials and a correction per plan feature (the surrogate) only from many:
 
     measured step ~ smax(k_compute compute + k_recompute recompute + k_bubble bubble,

@@ -7,9 +7,8 @@ from __future__ import annotations
 import warnings
 
 import optuna
-
-from harness.study.study_file import Study
-from harness.tune.search.guided_sampler import CostModel, GuidedSampler
+from training_harness.study.study_file import Study
+from training_harness.tune.search.guided_sampler import CostModel, GuidedSampler
 
 
 def startup_trials(space_size: int | None) -> int:

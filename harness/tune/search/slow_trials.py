@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records.step_log import read_steps
+from training_harness.records.step_log import read_steps
 
 
 @dataclass

@@ -1,20 +1,21 @@
 """The harness's own search, replayed against a surface: `harness tune`'s code, not a copy.
 
-Once per surface, `prepare_study` runs harness.cli.tune.check (the study file, the
+Once per surface, `prepare_study` runs training_harness.cli.tune.check (the study file, the
 references with their largest fitting micro-batch, the memory budget) with the
 torch-side helper answered in this process (world.SurfaceHelper) and a SurfaceLauncher.
 Then per seed `run_seed` gives that CheckedStudy the seed (a copy of the study and its
 SearchSpace), a fresh run folder, launcher and virtual clock, and calls
-harness.tune.session.open_study (the run folder, the journal storage, the sampler, the
+training_harness.tune.session.open_study (the run folder, the journal storage, the sampler, the
 references and the estimator's first guesses queued by _enqueue_first, the study's
-Clock, TrialRunner, Recorder, StudyTrials, Tuner) and Tuner.search, with harness.tune's time on the
+Clock, TrialRunner, Recorder, StudyTrials, Tuner) and Tuner.search, with training_harness.tune's
+time on the
 virtual clock (world.virtual_time). What is patched, and why:
 
-    harness.launch.torch_helper.shared       -> the SurfaceHelper (check() asks it)
+    training_harness.launch.torch_helper.shared       -> the SurfaceHelper (check() asks it)
     SearchSpace.size (instance)              -> the size counted once per surface
-    harness.core.interference.BusyWatch      -> never busy (the simulated machine is
+    training_harness.core.interference.BusyWatch      -> never busy (the simulated machine is
                                                 quiet; the real one reads this host's CPUs)
-    time in harness.tune.*                   -> the virtual clock (world.virtual_time)
+    time in training_harness.tune.*                   -> the virtual clock (world.virtual_time)
 
 and open_study's `on_event` (the tuner's callback, the progress display's by default) tallies each
 trial's "end" record and raises StopReplay once the goal is reached and an hour has passed.
@@ -36,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.records.tags import tags_of
-from harness.study.search_space import SearchSpace
-from harness.tune.checked_study import CheckedStudy
+from training_harness.records.tags import tags_of
+from training_harness.study.search_space import SearchSpace
+from training_harness.tune.checked_study import CheckedStudy
+
 from tests.benchmarks.surface_replay.launcher import SurfaceLauncher
 from tests.benchmarks.surface_replay.world import SurfaceHelper, VirtualClock, virtual_time
 
@@ -86,8 +88,8 @@ def within_budget(record: dict[str, Any], budget_bytes: int) -> bool:
 def prepare_study(study_file: Path, surface: Callable, workdir: Path) -> Setup:
     """Inside world.h100_world: the study checked as `harness tune` checks it. The
     caller sets the space's size, best and goal (others.enumerate_space)."""
-    import harness.launch.torch_helper as torch_helper
-    from harness.cli.tune import check
+    import training_harness.launch.torch_helper as torch_helper
+    from training_harness.cli.tune import check
 
     clock = VirtualClock(EPOCH)
     helper = SurfaceHelper(clock)
@@ -124,8 +126,8 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
     `harness tune --budget` runs it (the search, then the final phases), and its named
     best is the one the confirmation rounds named; without, it stops once the goal is
     reached and an hour has passed (the cost to the goal is what is measured)."""
-    import harness.core.interference as interference
-    import harness.tune.session as session
+    import training_harness.core.interference as interference
+    import training_harness.tune.session as session
 
     clock = VirtualClock(EPOCH)
     setup.helper.clock = clock

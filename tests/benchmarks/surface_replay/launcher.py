@@ -1,4 +1,4 @@
-"""A Launcher (harness.launch.launcher) whose trials are a response surface's answers, on a
+"""A Launcher (training_harness.launch.launcher) whose trials are a response surface's answers, on a
 virtual clock.
 
 `launch` asks the surface for the plan (its repeat: how many times this configuration
@@ -6,8 +6,8 @@ was launched before in the run), then plays the trial out on the clock: OVERHEAD
 (the launcher's own work: prepared.json, processes, the record), the time before the
 first step (wall_s less the steps: start, compile), the warm-up steps, then each measured
 step, appending "<step> <seconds>" to the trial's steps.log as rank 0 does
-(harness.records.step_log) and polling `should_stop` after each, so the tuner's own
-slow-trial rule (harness.tune.search.slow_trials) can cut it: a `pruned` record that
+(training_harness.records.step_log) and polling `should_stop` after each, so the tuner's own
+slow-trial rule (training_harness.tune.search.slow_trials) can cut it: a `pruned` record that
 cost what was played so far. A trial past its `timeout_s` is a `timeout` record at
 that time. OOM and failed trials cost their wall_s.
 """
@@ -19,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.launch.launcher import Launcher
-from harness.records.result import TrialResult, empty_metrics
-from harness.study.search_space import config_key
+from training_harness.launch.launcher import Launcher
+from training_harness.records.result import TrialResult, empty_metrics
+from training_harness.study.search_space import config_key
+
 from tests.benchmarks.surface_replay.world import VirtualClock
 
 OVERHEAD_S = 2.0  # virtual seconds a launched trial costs beyond the surface's wall_s

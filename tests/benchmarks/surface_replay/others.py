@@ -20,8 +20,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.study.search_space import SearchSpace
+from training_harness.core.errors import HarnessError
+from training_harness.study.search_space import SearchSpace
+
 from tests.benchmarks.surface_replay.harness_run import HOUR, Run, Setup
 from tests.benchmarks.surface_replay.launcher import OVERHEAD_S
 from tests.benchmarks.surface_replay.world import PREPARE_S
@@ -89,7 +90,7 @@ def run_random(setup: Setup, space: Space, seed: int) -> Run:
 def predicted_rates(setup: Setup, space: Space, indices: list[int]) -> dict[int, float]:
     """The estimator's samples/s for `indices` (the torch-side helper's prepare, cached);
     those refused here or predicted over the memory budget left out."""
-    from harness.tune.search.correction import Correction
+    from training_harness.tune.search.correction import Correction
 
     fresh = Correction.from_records([], setup.checked.device_type)
     peaks = setup.checked.facts.peaks

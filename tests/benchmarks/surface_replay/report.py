@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.core.units import format_bytes
-from harness.study.study_file import Study
+from training_harness.core.units import format_bytes
+from training_harness.study.study_file import Study
+
 from tests.benchmarks.surface_replay.harness_run import HOUR, Run, prepare_study, run_seed
 from tests.benchmarks.surface_replay.launcher import OVERHEAD_S
 from tests.benchmarks.surface_replay.others import (

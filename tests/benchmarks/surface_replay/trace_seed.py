@@ -53,7 +53,8 @@ def main() -> None:
     p.add_argument("--dump", type=int, default=12, help="print the fits every this many asks")
     args = p.parse_args()
 
-    import harness.tune.search.guided_sampler as guided
+    import training_harness.tune.search.guided_sampler as guided
+
     from tests.benchmarks.surface_replay import family_run
     from tests.benchmarks.surface_replay import launcher as launcher_module
     from tests.benchmarks.surface_replay.harness_run import EPOCH, HOUR, run_seed

@@ -1,12 +1,12 @@
 """A simulated H100 machine for the tuner's process: the torch-side helper answered in this
-process with a faked CUDA RuntimeEnv, and a virtual clock for harness.tune.
+process with a faked CUDA RuntimeEnv, and a virtual clock for training_harness.tune.
 
     with h100_world(gpus=8):                  # RuntimeEnv, devices, peaks faked (restored after)
         helper = SurfaceHelper(clock)         # TorchHelper: the real study_facts and prepare
-        with virtual_time(clock):             # harness.tune's time.time/monotonic/sleep
+        with virtual_time(clock):             # training_harness.tune's time.time/monotonic/sleep
             ...
 
-`SurfaceHelper` runs harness.measure.torch_helper_server's own `study_facts` and `prepare`
+`SurfaceHelper` runs training_harness.measure.torch_helper_server's own `study_facts` and `prepare`
 (the strategy registry, the estimator) in this process, on an "NVIDIA H100 80GB HBM3"
 RuntimeEnv with bf16 and Triton, 79.18 GiB per device, the datasheet peaks (the measured
 ones of docs/benchmarks/gpu_h100-80gb-hbm3_2026-11-23.md beside them), and a fixed env
@@ -25,11 +25,11 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from harness.core.errors import HarnessError
-from harness.core.plan import Plan
-from harness.core.prepared import PreparedPlan
-from harness.launch.torch_helper import TorchHelper
-from harness.study.machine_facts import MachineFacts
+from training_harness.core.errors import HarnessError
+from training_harness.core.plan import Plan
+from training_harness.core.prepared import PreparedPlan
+from training_harness.launch.torch_helper import TorchHelper
+from training_harness.study.machine_facts import MachineFacts
 
 DEVICE_NAME = "NVIDIA H100 80GB HBM3"
 CAPACITY = int(79.18 * 2**30)
@@ -65,7 +65,7 @@ class VirtualClock:
 
 
 def _peaks() -> dict[str, dict[str, Any]]:
-    from harness.measure.peaks import Peak, PeakChoice, datasheet_peak
+    from training_harness.measure.peaks import Peak, PeakChoice, datasheet_peak
 
     out = {}
     for dtype in ("fp32", "tf32", "bf16", "fp16"):
@@ -78,7 +78,8 @@ def _peaks() -> dict[str, dict[str, Any]]:
 
 
 def _overhead() -> Any:
-    from harness.core.overhead import DeviceOverhead
+    from training_harness.core.overhead import DeviceOverhead
+
     from tests.benchmarks.surfaces.hardware import CONTEXT
 
     return DeviceOverhead(OVERHEAD_CONTEXT, CONTEXT - OVERHEAD_CONTEXT, 0,
@@ -89,13 +90,12 @@ def _overhead() -> Any:
 def h100_world(gpus: int) -> Iterator[None]:
     """This process's view of the machine: `gpus` H100s (every patch undone on exit)."""
     import torch
-
-    import harness.core.device as device
-    import harness.estimator.facts as model_facts
-    import harness.measure.memory as memory
-    import harness.measure.prepare as prepare
-    import harness.measure.torch_helper_server as server
-    import strategies.fused as fused
+    import training_harness.core.device as device
+    import training_harness.estimator.facts as model_facts
+    import training_harness.measure.memory as memory
+    import training_harness.measure.prepare as prepare
+    import training_harness.measure.torch_helper_server as server
+    import training_harness.strategies.fused as fused
 
     env = device.RuntimeEnv("cuda", DEVICE_NAME, gpus, True, True)
     cuda = torch.device("cuda", 0)  # a device object only: no CUDA call
@@ -157,12 +157,12 @@ class SurfaceHelper(TorchHelper):
         self.calls = 0
 
     def devices(self) -> dict[str, Any]:
-        from harness.core.device import RuntimeEnv
+        from training_harness.core.device import RuntimeEnv
 
         return {"cuda": RuntimeEnv.detect("cuda").device_count}
 
     def study_facts(self, study: Any) -> MachineFacts:
-        from harness.measure.torch_helper_server import study_facts
+        from training_harness.measure.torch_helper_server import study_facts
 
         facts = MachineFacts.from_json(json.loads(json.dumps(study_facts(study.to_dict()),
                                                              default=str)))
@@ -170,7 +170,7 @@ class SurfaceHelper(TorchHelper):
         return facts
 
     def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None) -> PreparedPlan:
-        from harness.measure.torch_helper_server import prepare
+        from training_harness.measure.torch_helper_server import prepare
 
         self.calls += 1
         if self.clock is not None:
@@ -191,7 +191,7 @@ class SurfaceHelper(TorchHelper):
 
 
 class _TimeModule(types.ModuleType):
-    """`time` as harness.tune sees it: the virtual clock's time, monotonic, perf_counter
+    """`time` as training_harness.tune sees it: the virtual clock's time, monotonic, perf_counter
     and sleep; everything else the real module's."""
 
     def __init__(self, clock: VirtualClock):
@@ -205,13 +205,13 @@ class _TimeModule(types.ModuleType):
 
 
 @contextlib.contextmanager
-def virtual_time(clock: VirtualClock, prefixes: tuple[str, ...] = ("harness.tune",)
+def virtual_time(clock: VirtualClock, prefixes: tuple[str, ...] = ("training_harness.tune",)
                  ) -> Iterator[list[str]]:
     """Every loaded module under `prefixes` that holds the `time` module (or its time,
     monotonic, sleep) reads `clock` instead, until the block ends. Yields the names
     patched, to say so."""
-    import harness.tune.search.loop  # noqa: F401  (the search and all it imports, loaded)
-    import harness.tune.session  # noqa: F401
+    import training_harness.tune.search.loop  # noqa: F401  (the search and all it imports, loaded)
+    import training_harness.tune.session  # noqa: F401
 
     fake = _TimeModule(clock)
     swaps = {real_time: fake, real_time.time: clock.time, real_time.monotonic: clock.monotonic,

@@ -22,7 +22,7 @@ KNOWN = {"amp", "fused", "checkpoint", "lamb", "ddp", "zero", "pipeline", "tenso
 
 @dataclass(frozen=True)
 class Config:
-    # the GPT workload (harness.workloads.gpt.GPTConfig)
+    # the GPT workload (training_harness.workloads.gpt.GPTConfig)
     layers: int
     heads: int
     hidden: int

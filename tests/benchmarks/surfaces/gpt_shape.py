@@ -1,4 +1,4 @@
-"""Parameter counts of the GPT workload (harness.workloads.gpt) per rank: tensor
+"""Parameter counts of the GPT workload (training_harness.workloads.gpt) per rank: tensor
 parallel splits the blocks' linears (not the norms, the embeddings or the head),
 pipeline parallel gives each stage its share of the blocks, the first stage the
 embeddings and the last the final norm and the head."""
