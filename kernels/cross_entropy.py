@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from training_harness.kernels.dispatch import jit, next_power_of_2, resolve
 
 tl = None  # triton.language, bound by dispatch.jit at the first launch (kernels/dispatch.py)

@@ -30,6 +30,7 @@ from collections import defaultdict
 
 import torch
 from torch.distributed.tensor import DTensor
+
 from training_harness.kernels.dispatch import jit, resolve
 
 tl = None  # triton.language, bound by dispatch.jit at the first launch (kernels/dispatch.py)

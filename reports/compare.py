@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from training_harness.core.units import format_bytes
 from training_harness.records.pooled import Pooled, compare, pool
 from training_harness.reports.effects import Effects, technique_effects

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+
 from training_harness.records.pooled import config_key, pool
 from training_harness.reports.load import Run
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
+
 from training_harness.core.units import format_seconds
 from training_harness.records.tags import tags_of
 from training_harness.reports.load import Run

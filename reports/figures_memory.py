@@ -4,6 +4,7 @@ prediction corrected by the tuner where the records hold one."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
 from training_harness.reports.load import Run
 from training_harness.reports.style import Figure, esc, memory_unit, new_figure
 

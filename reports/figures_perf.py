@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from training_harness.core.units import format_bytes
 from training_harness.reports.load import Run
 from training_harness.reports.style import (

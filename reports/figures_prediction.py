@@ -5,6 +5,7 @@ predicted.corrected_step_time_s and corrected_from_trials)."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
 from training_harness.reports.load import Run
 from training_harness.reports.style import Figure, esc, new_figure
 

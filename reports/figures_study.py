@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from training_harness.reports.effects import Effects
 from training_harness.reports.load import Run
 from training_harness.reports.style import (

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 
 import pandas as pd
+
 from training_harness.records.verdict import StudyVerdict, study_verdict
 from training_harness.reports import figures_convergence as fc
 from training_harness.reports.load import Run

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import plotly.offline
+
 from training_harness.reports.style import Figure, num
 
 

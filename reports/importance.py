@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
+
 from training_harness.reports.frame import strategies_of
 from training_harness.reports.load import Run
 from training_harness.reports.style import REPEATS

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from training_harness.core.errors import HarnessError
 from training_harness.reports.frame import NUMERIC, flatten, short_labels
 from training_harness.reports.style import REPEATS

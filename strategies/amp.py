@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.registry import register
 

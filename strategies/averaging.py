@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn, get_swa_multi_avg_fn
+
 from training_harness.core.config import bounded
 from training_harness.core.errors import HarnessError
 from training_harness.strategies.base import Choice, Phase, Space, Strategy

@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
 from training_harness.core.errors import HarnessError
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.registry import register

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
 from training_harness.core.device import RuntimeEnv, resolve_device
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan

@@ -13,6 +13,7 @@ from typing import Literal
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+
 from training_harness.core.errors import HarnessError
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.mesh import group

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from training_harness.core.config import bounded
 from training_harness.core.errors import HarnessError
 from training_harness.strategies.base import Choice, Phase, Strategy

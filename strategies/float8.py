@@ -25,6 +25,8 @@ from typing import Literal
 
 import torch
 from torch import nn
+
+from training_harness.core import versions
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.registry import register
 
@@ -77,6 +79,8 @@ class Float8(Strategy):
         if importlib.util.find_spec("torchao") is None:
             reasons.append("float8 needs torchao, which is not installed here: "
                            "pip install -e '.[fp8]' (or drop [strategies.float8])")
+        elif drift := versions.drift(["torchao"]):
+            reasons.append(f"float8: {drift[0]}")  # torchao is built for one torch minor
         if not settings.emulate:
             if env.device_type != "cuda":
                 reasons.append(

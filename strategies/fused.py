@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
 from training_harness.kernels import dispatch
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.kernel_swaps import SWAPS

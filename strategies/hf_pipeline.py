@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
 from training_harness.workloads.hf import HFWorkload
 
 PARTS = ("embed_tokens", "layers", "norm")  # of model.model, with model.lm_head

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
 from training_harness.core.errors import HarnessError
 from training_harness.strategies import hf_tensor_plan
 from training_harness.workloads.blocks import find_blocks

@@ -7,6 +7,7 @@ the numerics (within the kernels' stated tolerances) are unchanged.
 from __future__ import annotations
 
 from torch import nn
+
 from training_harness.kernels.bias_gelu import LinearBiasGELU
 from training_harness.kernels.cross_entropy import ChunkedCrossEntropy
 from training_harness.kernels.layernorm import FusedLayerNorm

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import OptimizerSettings
 from training_harness.strategies.base import Choice, Phase, Space, Strategy

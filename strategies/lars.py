@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from training_harness.core.config import bounded
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import OptimizerSettings

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+
 from training_harness.core.config import bounded
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import OptimizerSettings

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from training_harness.core.config import from_table
 from training_harness.core.errors import HarnessError
 from training_harness.strategies import hf_pipeline

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
 from training_harness.core.plan import OptimizerSettings, Plan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
 from training_harness.core.config import from_table
 from training_harness.core.errors import HarnessError
 from training_harness.strategies import hf_tensor

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
 from training_harness.strategies.base import Phase, Strategy
 from training_harness.strategies.registry import register
 

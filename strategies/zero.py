@@ -31,6 +31,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.ddp import data_parallel_reasons, wrap_ddp
 from training_harness.strategies.mesh import group, submesh

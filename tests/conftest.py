@@ -25,10 +25,10 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import training_harness  # noqa: E402, F401  (mends torchvision's import: training_harness.core.torchvision_ops)
-from training_harness.launch import rank_server  # noqa: E402
 
+import training_harness  # noqa: E402, F401  (mends torchvision's import: training_harness.core.torchvision_ops)
 from tests import workers  # noqa: E402
+from training_harness.launch import rank_server  # noqa: E402
 
 # That mend matters in xdist's controller too: to show a worker's warning it imports the
 # warning class's module (lightning's, which imports torchvision).

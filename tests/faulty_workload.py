@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
+
 from training_harness.workloads.base import Workload
 from training_harness.workloads.gpt import build_gpt
 

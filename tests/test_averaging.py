@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.estimator.models import CPU
+from tests.tiny import tiny_gpt
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan
 from training_harness.core.target import TargetSpec
@@ -14,9 +17,6 @@ from training_harness.strategies.averaging import AveragingStrategy
 from training_harness.strategies.base import Choice, Phase
 from training_harness.strategies.compose import compose
 from training_harness.strategies.registry import get
-
-from tests.estimator.models import CPU
-from tests.tiny import tiny_gpt
 
 
 @pytest.fixture(autouse=True, scope="module")

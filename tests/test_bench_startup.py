@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from training_harness.cli.bench_early import forks_here
 from training_harness.launch import rank_server
 

@@ -17,13 +17,13 @@ import subprocess
 import sys
 
 import pytest
+
+from tests.distributed.launch_helpers import ROOT, assert_nothing_left, faulty_plan, needs_ddp
 from training_harness.core.errors import HarnessError
 from training_harness.launch.log_cap import CAP_ENV, KEEP_BYTES, LogCap, cap_bytes, disk_bytes
 from training_harness.launch.rank_logs import tail
 from training_harness.measure.prepare import prepare
 from training_harness.measure.rank_process import append_output
-
-from tests.distributed.launch_helpers import ROOT, assert_nothing_left, faulty_plan, needs_ddp
 
 CAP = 8 * 2**20
 MB = 10**6

@@ -9,12 +9,12 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from tests.tiny import tiny_gpt
 from training_harness.core.plan import Plan
 from training_harness.estimator.settings import Settings
 from training_harness.strategies import checkpoint, registry
 from training_harness.strategies.compose import compose
-
-from tests.tiny import tiny_gpt
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
            torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default}

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from training_harness.cli.main import main
 from training_harness.records.result import empty_metrics
 
@@ -235,6 +236,7 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     """A cached peak below what a trial achieves (measured on a loaded machine) makes the
     record say MFU against it means nothing, and is dropped so the next trial re-measures."""
     import torch
+
     from training_harness.measure import cache
     from training_harness.measure import peaks as cal
 

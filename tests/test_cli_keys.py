@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from training_harness.cli.main import main
 from training_harness.study.keys import study_keys
 

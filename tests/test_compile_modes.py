@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Layout, Plan
 from training_harness.measure.compile_cost import compile_seconds, compiles, inductor_cache_env
@@ -73,11 +74,10 @@ def test_compile_time_is_in_the_record_of_a_compiled_trial():
     """One tiny compiled CPU trial (slow: inductor compiles on the CPU). Its model, batch
     and settings are test_strategies.py's compiled run's, so that whichever runs second
     finds the kernels in inductor's cache."""
-    from training_harness.measure.prepare import prepare
-    from training_harness.measure.trial_loop import measure
-
     from tests.test_measurement_window import PEAK
     from tests.tiny import TINY_GPT
+    from training_harness.measure.prepare import prepare
+    from training_harness.measure.trial_loop import measure
 
     if not fused.has_compiler():
         pytest.skip("no C compiler for inductor on the CPU")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Plan
 from training_harness.core.target import TargetSpec, maths_key

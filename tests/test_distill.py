@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan

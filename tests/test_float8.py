@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 import torch
 from torch import nn
+
+from tests.tiny import tiny_gpt, train
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Layout, Plan
 from training_harness.strategies import registry
 from training_harness.strategies.base import Phase
 from training_harness.strategies.compose import compose
 from training_harness.strategies.float8 import Float8Settings, linear_filter
-
-from tests.tiny import tiny_gpt, train
 
 # Not imported at collection (torchao costs each xdist worker 1.7 s there): the first test
 # that trains imports it.

@@ -17,6 +17,7 @@ per sample (x 1024 tokens) 875,690,459,136.
 from __future__ import annotations
 
 import pytest
+
 from training_harness.workloads import load_workload
 
 GPT2_SMALL = dict(layers=12, heads=12, hidden=768, seq_len=1024, vocab=50257)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from training_harness.core import ports
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_harness.strategies.compose import compose
 
 from tests.tiny import tiny_gpt, train
+from training_harness.strategies.compose import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 AMP = 2e-2

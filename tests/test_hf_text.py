@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.workloads.tiny_hf import needs_transformers
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.core.target import TargetSpec
@@ -13,8 +15,6 @@ from training_harness.measure.prepare import prepare
 from training_harness.measure.trial_loop import run_trial
 from training_harness.workloads import load_workload
 from training_harness.workloads.corpus import text_split
-
-from tests.workloads.tiny_hf import needs_transformers
 
 LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
              num_key_value_heads=2, seq_len=32, data="text")

@@ -12,13 +12,13 @@ import multiprocessing
 
 import pytest
 import torch
-import training_harness.measure.loader as loader
 from torch.utils.data import DataLoader
-from training_harness.core.plan import Plan
-from training_harness.workloads import load_workload
 
+import training_harness.measure.loader as loader
 from tests.test_hf_text import LLAMA
 from tests.workloads.tiny_hf import needs_transformers
+from training_harness.core.plan import Plan
+from training_harness.workloads import load_workload
 
 
 @pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(),

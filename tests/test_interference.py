@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+
 from training_harness.core.interference import (
     QUIET_CPU_SHARE,
     InterferenceMeter,

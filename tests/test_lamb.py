@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from torch import nn
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import OptimizerSettings
 from training_harness.strategies.base import Choice, Phase

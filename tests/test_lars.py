@@ -8,14 +8,14 @@ import copy
 import pytest
 import torch
 from torch import nn
+
+from tests.estimator.models import CPU
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import OptimizerSettings, Plan
 from training_harness.strategies.base import Choice, Phase
 from training_harness.strategies.lars import Lars, LarsStrategy
 from training_harness.strategies.registry import get
 from training_harness.strategies.setup import Setup
-
-from tests.estimator.models import CPU
 
 F64 = torch.float64
 

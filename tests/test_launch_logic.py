@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from training_harness.cli.main import main
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan

@@ -4,6 +4,7 @@ the adapter of a user's --launcher function, the local and Slurm launchers' answ
 from __future__ import annotations
 
 import pytest
+
 from training_harness.cli.tune import _launcher
 from training_harness.core.cluster import ClusterSpec
 from training_harness.core.errors import HarnessError

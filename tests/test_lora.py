@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.distributed.run_case import HF, TIMEOUT_S
+from tests.workloads.run_hf_case import LORA_CASES, STEPS
+from tests.workloads.tiny_hf import workload_spec
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan
@@ -16,10 +20,6 @@ from training_harness.strategies import registry
 from training_harness.strategies.compose import compose, reasons_against
 from training_harness.workloads import load_workload
 from training_harness.workloads.trained import _plain_state, load_trained, save_trained
-
-from tests.distributed.run_case import HF, TIMEOUT_S
-from tests.workloads.run_hf_case import LORA_CASES, STEPS
-from tests.workloads.tiny_hf import workload_spec
 
 LLAMA = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
              num_key_value_heads=2, vocab_size=64, seq_len=16)

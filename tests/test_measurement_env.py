@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
+
 from training_harness.measure.env import capture_env
 
 CPU = torch.device("cpu")

@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+
 from training_harness.measure import memory, nvml
 from training_harness.measure.memory import MemoryTracker, peak_memory_bytes
 from training_harness.measure.nvml import NvmlReading, NvmlSampler

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.gpus import GPUS
 from training_harness.measure import peaks

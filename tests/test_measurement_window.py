@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+
+from tests.tiny import TINY_GPT
 from training_harness.core.plan import Plan
 from training_harness.measure import distributed, timing, trial_loop
 from training_harness.measure.prepare import prepare
@@ -18,8 +20,6 @@ from training_harness.measure.rank_process import RankInfo
 from training_harness.measure.ranks import StepLoss, agree_losses, combine, loss_rows, read_losses
 from training_harness.measure.trial_loop import measure, run_trial
 from training_harness.records.step_log import STEP_LOG_ENV, read_steps
-
-from tests.tiny import TINY_GPT
 
 # A fixed peak, so that preparing the plan calibrates nothing.
 PEAK = {

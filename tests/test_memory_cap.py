@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.launch.local import ALLOC_CONF_ENV, allocator_env

@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 from torch import nn
+
+from tests.estimator.models import CPU
+from tests.tiny import tiny_gpt
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan
 from training_harness.strategies.base import Choice, Phase
 from training_harness.strategies.compose import compose
 from training_harness.strategies.muon import MuonStrategy, MuonWithAdamW
 from training_harness.strategies.registry import get
-
-from tests.estimator.models import CPU
-from tests.tiny import tiny_gpt
 
 HIDDEN = {f"blocks.{i}.{m}.weight" for i in (0, 1) for m in ("qkv", "proj", "mlp.up",
                                                                "mlp.down")}
@@ -66,6 +66,7 @@ def test_the_split_hidden_matrices_to_muon_the_rest_to_adamw():
 def test_the_split_sees_through_ddp_and_checkpointing(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
     from training_harness.strategies.muon import hidden_matrices
 
     setup = composed()

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.estimator.models import CPU, TinyGPTWorkload, expected_parameters, gpt_plan
+from tests.test_study_target import table
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.core.target import maths_key
 from training_harness.estimator import estimate
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
-
-from tests.estimator.models import CPU, TinyGPTWorkload, expected_parameters, gpt_plan
-from tests.test_study_target import table
 
 
 @pytest.fixture(autouse=True, scope="module")

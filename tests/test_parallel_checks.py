@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Layout, Plan
 from training_harness.strategies.compose import reasons_against

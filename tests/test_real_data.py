@@ -9,6 +9,7 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.measure.prepare import prepare

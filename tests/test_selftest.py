@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from training_harness.cli.main import main
 from training_harness.selftest.device import Device, slug, visible_entries
 from training_harness.selftest.figures import junit_counts, tune_figures
@@ -307,13 +308,30 @@ def test_the_table_phase_resumes_the_table_and_the_page_says_what_it_added(tmp_p
     assert table["sampler"] == "grid" and table["pruning"]["slower_than"] == 0
     # its folder is named by the study, and the table can be finished: a few GPU
     # sessions' 4-5 minutes of table each, not the 3 hours the first (378) needed
+    from tests.benchmarks.surface_replay.world import h100_world
     from training_harness.cli.selftest import TABLE_STUDY, table_folder
     from training_harness.study.search_space import SearchSpace
     from training_harness.study.study_file import Study
-
-    from tests.benchmarks.surface_replay.world import h100_world
 
     assert table_folder(ROOT / TABLE_STUDY, "NVIDIA H200") == (
         ROOT / "tests" / "benchmarks" / "tables" / f"{table['name']}_h200")
     with h100_world(1):
         assert len(SearchSpace.of(Study.from_toml(study), "cuda").enumerate()) <= 100
+
+
+def test_the_page_lists_the_versions_the_run_saw(out, capsys):
+    """The selftest's own process records every declared dependency, installed or not,
+    against its tested range, prints them in one line, and the page has their table."""
+    from training_harness.cli.selftest import _versions
+
+    folder, state = out
+    state["versions"] = _versions()
+    printed = capsys.readouterr().out.strip()
+    assert printed.startswith("versions: torch ") and "\n" not in printed
+    assert "all within the ranges the harness is tested with" in printed
+    page = build(folder, state, "2026-11-23")
+    assert "## Versions" in page and "| package | installed | tested range | extra |" in page
+    versions = page[page.index("## Versions"):].splitlines()
+    torch_row = next(line for line in versions if line.startswith("| torch |"))
+    assert ">=2.6" in torch_row and torch_row.endswith("| core |")
+    assert any(line.startswith("| transformers |") and "| hf |" in line for line in versions)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+
 from training_harness.cli.main import main
 from training_harness.core.errors import HarnessError
 from training_harness.selftest import proof

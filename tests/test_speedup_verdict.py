@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from training_harness.records import speedup
 from training_harness.records.drift import drift
 from training_harness.records.pooled import config_key, pool

@@ -8,12 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
+from tests.test_measurement_window import prepared
 from training_harness.measure import timing
 from training_harness.measure.trial_loop import measure
 from training_harness.records import step_log
 from training_harness.records.step_log import STEP_LOG_ENV, StepWriter, read_steps
-
-from tests.test_measurement_window import prepared
 
 
 def test_a_step_is_only_buffered_and_the_thread_writes_it(tmp_path, monkeypatch):

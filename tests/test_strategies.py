@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+
+from tests.tiny import tiny_gpt, train
 from training_harness.core.plan import Plan
 from training_harness.measure.batches import split_batch
 from training_harness.strategies import registry
 from training_harness.strategies.compose import compose
 from training_harness.strategies.lamb import Lamb
-
-from tests.tiny import tiny_gpt, train
 
 EXACT = 1e-4
 BF16 = 2e-2

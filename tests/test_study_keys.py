@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from training_harness.study.keys import NOT_KEYS, field_docs, section_doc, sections, study_keys
 from training_harness.study.keys_doc import BEGIN, COMMAND, END, with_table
 from training_harness.study.study_file import Study

@@ -5,6 +5,7 @@ study file's mistakes say what to change."""
 from __future__ import annotations
 
 import pytest
+
 from training_harness.core.errors import HarnessError
 from training_harness.study.search_space import SearchSpace, Wanted
 from training_harness.study.study_file import Study

@@ -8,6 +8,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+
+from tests.reports.runs import plan as run_plan
+from tests.reports.runs import record, write_run
+from tests.tiny import tiny_gpt
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Plan
 from training_harness.reports.headline import headline
@@ -18,10 +22,6 @@ from training_harness.strategies.compose import compose, reasons_against
 from training_harness.strategies.setup import Setup
 from training_harness.strategies.tf32 import Tf32Settings, tf32_enabled
 from training_harness.tune.final import summary
-
-from tests.reports.runs import plan as run_plan
-from tests.reports.runs import record, write_run
-from tests.tiny import tiny_gpt
 
 CPU = RuntimeEnv.detect("cpu")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.core.target import TargetSpec, maths_key
@@ -172,6 +173,7 @@ def test_the_tuner_minimizes_time_to_target_and_never_counts_a_miss():
     import math
 
     from optuna.trial import TrialState
+
     from training_harness.tune.optuna_outcome import outcome
 
     hit = {"status": "ok", "metrics": {"time_to_target_s": 12.5, "peak_memory_bytes": 1}}

@@ -7,6 +7,7 @@ import json
 import math
 
 import pandas as pd
+
 from training_harness.records.jsonl_lines import read_trials
 from training_harness.records.run_store import RunStore
 from training_harness.records.values import get, number

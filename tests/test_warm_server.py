@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from training_harness.launch import rank_server, warm_server
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,14 +6,14 @@ whose times settle after k steps, and a tiny GPT on the CPU."""
 from __future__ import annotations
 
 import pytest
+
+from tests.test_measurement_window import PEAK
+from tests.tiny import TINY_GPT
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.measure.prepare import prepare
 from training_harness.measure.timing import settled, warm_up, window_rule, window_steps
 from training_harness.measure.trial_loop import measure
-
-from tests.test_measurement_window import PEAK
-from tests.tiny import TINY_GPT
 
 
 class FakeSteps:

@@ -15,12 +15,12 @@ import functools
 
 import pytest
 import torch
-from training_harness.strategies.compose import compose
-from training_harness.strategies.lamb import Lamb
-from training_harness.workloads.blocks import find_blocks
 
 from tests.tiny import train
 from tests.workloads.tiny_hf import TINY_HF, needs_transformers, tiny_hf
+from training_harness.strategies.compose import compose
+from training_harness.strategies.lamb import Lamb
+from training_harness.workloads.blocks import find_blocks
 
 EXACT = 1e-4
 BF16 = 2e-2

@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from training_harness.core.errors import HarnessError
-from training_harness.workloads import load_workload
 
 from tests.tiny import train
 from tests.workloads.tiny_hf import TINY_HF, needs_torchvision, needs_transformers, tiny_hf
+from training_harness.core.errors import HarnessError
+from training_harness.workloads import load_workload
 
 
 @pytest.fixture(scope="module", autouse=True)

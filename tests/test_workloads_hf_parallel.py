@@ -22,14 +22,14 @@ import functools
 
 import pytest
 import torch.distributed as dist
-from training_harness.core.device import RuntimeEnv
-from training_harness.core.plan import Layout, Plan
-from training_harness.strategies.compose import reasons_against
 
 from tests.distributed.run_case import HF, TIMEOUT_S
 from tests.tiny import train
 from tests.workloads.run_hf_case import CASES, STEPS, VISION_LR, VISION_STEPS
 from tests.workloads.tiny_hf import TINY_HF, TINY_VISION, needs_transformers, tiny
+from training_harness.core.device import RuntimeEnv
+from training_harness.core.plan import Layout, Plan
+from training_harness.strategies.compose import reasons_against
 
 EXACT = 1e-4
 

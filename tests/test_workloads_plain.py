@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from tests.tiny import tiny_gpt, train
+from tests.workloads.plain_module import make_batch
 from training_harness.core.errors import HarnessError
 from training_harness.strategies.compose import compose
 from training_harness.workloads import Workload, load_workload
 from training_harness.workloads.blocks import find_blocks
-
-from tests.tiny import tiny_gpt, train
-from tests.workloads.plain_module import make_batch
 
 PLAIN = "tests.workloads.plain_module:build"
 

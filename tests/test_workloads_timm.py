@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from tests.tiny import train
+from tests.workloads.tiny_hf import needs_torchvision
 from training_harness.cli.main import main
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.errors import HarnessError
@@ -15,9 +18,6 @@ from training_harness.core.plan import Plan
 from training_harness.estimator import estimate
 from training_harness.workloads import load_workload
 from training_harness.workloads.blocks import find_blocks
-
-from tests.tiny import train
-from tests.workloads.tiny_hf import needs_torchvision
 
 
 @pytest.fixture(autouse=True)

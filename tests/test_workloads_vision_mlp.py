@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 from torch import nn
+
+from tests.user_workload import build as build_user
 from training_harness.core.errors import HarnessError
 from training_harness.workloads.base import TransformerShape, Workload
 from training_harness.workloads.mlp import build_mlp
 from training_harness.workloads.vision import build_resnet, build_vit
-
-from tests.user_workload import build as build_user
 
 SMALL = {
     "resnet": lambda: build_resnet(widths=[8, 16], blocks_per_stage=1, image_size=16),

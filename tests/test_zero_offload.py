@@ -8,6 +8,7 @@ one thread each would leave most cores idle while the GPUs wait.
 from __future__ import annotations
 
 import pytest
+
 from training_harness.strategies.zero import offload_threads
 
 

@@ -22,6 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+
+from tests.tiny import train
+from tests.workloads.tiny_hf import TINY_MOE, needs_transformers
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Layout, Plan
 from training_harness.estimator import estimate
@@ -29,9 +32,6 @@ from training_harness.estimator.trace import trace_activations
 from training_harness.strategies.compose import reasons_against
 from training_harness.workloads import Workload, load_workload
 from training_harness.workloads.hf import lm_loss
-
-from tests.tiny import train
-from tests.workloads.tiny_hf import TINY_MOE, needs_transformers
 
 TABLE = Path(__file__).parent / "zoo_hf.json"
 TINY = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from training_harness.core.plan import Plan
 from training_harness.measure.batches import split_batch
 from training_harness.strategies.compose import compose

@@ -11,16 +11,19 @@ STACKS = ("hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed")
 
 def cmd_export(args: argparse.Namespace) -> int:
     from training_harness.export import default_out, export_plan, source_plan
+    from training_harness.export.common import sidecar_path
 
     plan, source = source_plan(args.source)
     exp = export_plan(plan, args.to, str(source))
     out = Path(args.out) if args.out else default_out(source, plan, args.to, exp.suffix)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(exp.text)
-    print(f"wrote {out}: {plan.name} for {args.to}")
+    notes = sidecar_path(out)
+    notes.write_text(exp.sidecar())
+    print(f"wrote {out}: {plan.name} for {args.to} (its notes beside it: {notes.name})")
     print(f"carried: {', '.join(exp.carried)}")
     if exp.not_expressed:
-        print(f"not expressed ({len(exp.not_expressed)}; also in the file):")
+        print(f"not expressed ({len(exp.not_expressed)}; also in {notes.name}):")
         for n in exp.not_expressed:
             print(f"  - {n.line()}")
     return 0

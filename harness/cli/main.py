@@ -287,11 +287,19 @@ def main(argv: list[str] | None = None) -> int:
             start_rank_server(sys.argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad flag
+    from training_harness.core import versions
+
     try:
+        versions.check_core()  # a dependency missing or outside the range tested
         return args.func(args)
     except HarnessError as e:
         print(f"harness {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
+    except ImportError as e:  # drift: said in one line where a dependency is out of range
+        if (why := versions.explain(e)) is None:
+            raise
+        print(f"harness {args.command}: error: {one_line(why)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

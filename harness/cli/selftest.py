@@ -151,6 +151,18 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return _run(args, phases, found, plans, study, budget, limit, device)
 
 
+def _versions() -> list[list]:
+    """[name, installed, range, extra] of every declared dependency, printed in one line."""
+    from training_harness.core import versions
+
+    found = [list(row) for row in versions.table()]
+    said = ", ".join(f"{n} {v}" for n, v, _, _ in found if v)
+    drift = versions.drift()
+    print(f"versions: {said}; " + ("; ".join(drift) if drift else
+                                   "all within the ranges the harness is tested with"))
+    return found
+
+
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -183,6 +195,7 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
     doc = Path(args.doc or (out / name if args.rehearse else Path("docs/benchmarks") / name))
     state = st.load(out)
     state["device"] = device.to_json()
+    state["versions"] = _versions()
     state["rehearsal"] = bool(args.rehearse)
     progress = {p: "waiting" for p in phases}
     record = {"command": _command(args), "started_at": f"{now:%Y-%m-%d %H:%M:%S}",

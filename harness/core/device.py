@@ -7,6 +7,7 @@ import platform
 from dataclasses import dataclass
 
 import torch
+
 from training_harness.core.errors import HarnessError
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+
 from training_harness.workloads.base import Workload
 from training_harness.workloads.blocks import Blocks, block_of, find_blocks
 from training_harness.workloads.meta import on_meta

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from training_harness.workloads.base import Workload
 from training_harness.workloads.blocks import find_blocks
 

@@ -50,6 +50,7 @@ def teacher_cost(plan: Plan, workload: Any, micro_batch: int) -> TeacherCost | N
     if table is None or not table.get("teacher"):
         return None
     import torch
+
     from training_harness.strategies.distill import teacher_workload, vocab_of
     from training_harness.workloads import load_workload
 

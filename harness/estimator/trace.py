@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from training_harness.estimator.saved import SavedTensors, TraceOps, model_and_batch
 from training_harness.estimator.settings import checkpointed_blocks
 from training_harness.estimator.working import working_by_place

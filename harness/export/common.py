@@ -10,7 +10,9 @@ plan was one or the other.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from training_harness.core.errors import HarnessError
@@ -38,13 +40,23 @@ class NotExpressed:
 
 @dataclass
 class Export:
-    """One stack's file for one plan."""
+    """One stack's file for one plan, and the notes that go beside it (the sidecar): the
+    file holds only the stack's own keys, so that it loads with the stack's defaults."""
 
     stack: str
     text: str  # the file's content
     suffix: str  # ".json", ".yaml", ".toml"
     carried: list[str]  # the plan's choices written in the stack's names
     not_expressed: list[NotExpressed]
+    # what the run needs outside the stack's config (hf-trainer: the model's
+    # from_pretrained kwargs, the launch command)
+    harness: dict[str, Any] = field(default_factory=dict)
+
+    def sidecar(self) -> str:
+        """The notes file's JSON: written beside the export as <name>.harness.json."""
+        notes = {"stack": self.stack, "harness": self.harness,
+                 "not_expressed": notes_json(self.not_expressed)}
+        return json.dumps(notes, indent=2) + "\n"
 
     def missing(self) -> list[NotExpressed]:
         """The settings the file lacks outright (no equivalent written)."""
@@ -136,7 +148,7 @@ class Writer:
         self.lose(name, f"no {self.stack} counterpart is known to the harness's exporter",
                   "leave it out, or add it by hand")
 
-    def finish(self, text: str, suffix: str) -> Export:
+    def finish(self, text: str, suffix: str, harness: dict[str, Any] | None = None) -> Export:
         touched = set(self.carried) | {n.setting.split(".")[0].split(" ")[0]
                                        for n in self.lost}
         missing = [s for s in self.facts.strategies if s not in touched]
@@ -147,7 +159,12 @@ class Writer:
             raise HarnessError(f"{self.facts.plan.name}: nothing of this plan can be written "
                                f"in {self.stack}'s config file ({lost}); export it --to "
                                "another stack")
-        return Export(self.stack, text, suffix, self.carried, self.lost)
+        return Export(self.stack, text, suffix, self.carried, self.lost, harness or {})
+
+
+def sidecar_path(out: Path) -> Path:
+    """best.hf-trainer.json -> best.hf-trainer.harness.json"""
+    return out.with_name(f"{out.stem}.harness.json")
 
 
 def notes_json(lost: list[NotExpressed]) -> list[dict[str, Any]]:

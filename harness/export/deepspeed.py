@@ -18,7 +18,6 @@ from training_harness.export.common import (
     Facts,
     Writer,
     adam_impl,
-    notes_json,
     optimizer_name,
 )
 
@@ -138,5 +137,4 @@ def export(facts: Facts, source: str) -> Export:
                 w.carry("fused")  # eager attention, torch's default AdamW: DeepSpeed's own
         elif name in facts.strategies and name not in w.carried:
             w.lose(name, "not a ds_config setting", near)
-    cfg["not_expressed"] = notes_json(w.lost)
     return w.finish(json.dumps(cfg, indent=2) + "\n", ".json")

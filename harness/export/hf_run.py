@@ -83,20 +83,22 @@ def main(argv: list[str]) -> int:
     # place before transformers comes (training_harness.workloads.optional)
     plan_path, trainer_json, out = argv
     import torch
+    from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
+
     from training_harness.core.plan import Plan
     from training_harness.workloads import load_workload
     from training_harness.workloads.hf import lm_loss
-    from transformers import HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
     plan = Plan.from_toml(plan_path)
     fields = json.loads(Path(trainer_json).read_text())
-    run = fields.pop("harness_run")  # steps and warm-up: the run's length, not the config
-    model_kwargs = fields.get("harness", {}).get("model_kwargs", {})
+    # steps and warm-up (the run's length) and the sidecar's model kwargs: not the config
+    run = fields.pop("harness_run")
+    model_kwargs = run["model_kwargs"]
     work_dir = Path(out).parent / "trainer_output"
     fields.update(output_dir=str(work_dir), max_steps=run["warmup"] + run["steps"],
                   report_to="none", save_strategy="no", logging_strategy="no",
                   disable_tqdm=True, dataloader_drop_last=True, dataloader_num_workers=0)
-    (args,) = HfArgumentParser(TrainingArguments).parse_dict(fields, allow_extra_keys=True)
+    (args,) = HfArgumentParser(TrainingArguments).parse_dict(fields)  # its defaults
 
     workload_args = {**plan.workload_args, **model_kwargs}
     workload = load_workload(plan.workload, workload_args)

@@ -1,10 +1,10 @@
 """`--to hf-trainer`: Hugging Face TrainingArguments as JSON.
 
-Load it with `HfArgumentParser(TrainingArguments).parse_json_file(path,
-allow_extra_keys=True)`: every key but `harness` and `not_expressed` is a
-TrainingArguments field. `harness` holds what belongs outside TrainingArguments (the
-model's `from_pretrained` kwargs, the launch command); `not_expressed` each setting the
-Trainer cannot take, with its reason and nearest equivalent.
+Every key is a TrainingArguments field, so HF's example scripts load it as they are:
+`HfArgumentParser(TrainingArguments).parse_json_file(path)`. What belongs outside
+TrainingArguments (the model's `from_pretrained` kwargs, the launch command) and each
+setting the Trainer cannot take (with its reason and nearest equivalent) go in the
+sidecar beside it (`<name>.harness.json`: Export.sidecar).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from training_harness.export.common import (
     Facts,
     Writer,
     adam_impl,
-    notes_json,
     optimizer_name,
 )
 
@@ -208,5 +207,4 @@ def export(facts: Facts, source: str) -> Export:
     _rest(w)
     if model_kwargs:
         harness["model_kwargs"] = model_kwargs
-    out = {**args, "harness": harness, "not_expressed": notes_json(w.lost)}
-    return w.finish(json.dumps(out, indent=2) + "\n", ".json")
+    return w.finish(json.dumps(args, indent=2) + "\n", ".json", harness)

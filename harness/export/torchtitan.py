@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import tomli_w
+
 from training_harness.export.common import (
     Export,
     Facts,

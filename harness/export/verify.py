@@ -94,8 +94,10 @@ def top_records(run: Path, k: int) -> list[dict[str, Any]]:
     return rows[:k]
 
 
-def settings_lost(args: dict[str, Any], seen: dict[str, Any], world: int) -> list[str]:
-    """Each exported setting the running Trainer did not use, in words."""
+def settings_lost(args: dict[str, Any], seen: dict[str, Any], world: int,
+                  model_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Each exported setting the running Trainer did not use, in words (`model_kwargs`:
+    the sidecar's, for the model's attention)."""
     fsdp = bool(args.get("fsdp"))
     ckpt = bool(args.get("activation_checkpointing")) or bool(
         (args.get("fsdp_config") or {}).get("activation_checkpointing"))
@@ -114,8 +116,7 @@ def settings_lost(args: dict[str, Any], seen: dict[str, Any], world: int) -> lis
         "world_size": world,
         "distributed_type": kind,
     }
-    attention = ((args.get("harness") or {}).get("model_kwargs") or {}).get(
-        "attn_implementation")
+    attention = (model_kwargs or {}).get("attn_implementation")
     if attention:
         want["attn_implementation"] = attention
     got = {**seen, "checkpointing": bool(seen.get("model_is_gradient_checkpointing")
@@ -177,9 +178,12 @@ def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "plan.toml").write_text(plan.to_toml())
     (folder / "trainer.json").write_text(exp.text)
+    (folder / "trainer.harness.json").write_text(exp.sidecar())
     fields = json.loads(exp.text)
+    model_kwargs = exp.harness.get("model_kwargs") or {}
     steps = (m.get("window") or {}).get("steps") or plan.steps
-    fields["harness_run"] = {"warmup": max(plan.warmup_steps, 1), "steps": steps}
+    fields["harness_run"] = {"warmup": max(plan.warmup_steps, 1), "steps": steps,
+                             "model_kwargs": model_kwargs}
     run_args = folder / "trainer_run.json"
     run_args.write_text(json.dumps(fields, indent=2))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -199,7 +203,7 @@ def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
             row.bench_rates.append(bench_again(folder, i, timeout_s))
     row.observed = result["observed"]
     row.versions = result.get("versions") or {}
-    row.lost = settings_lost(fields, result["observed"], plan.world_size)
+    row.lost = settings_lost(fields, result["observed"], plan.world_size, model_kwargs)
     return row
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
+
 from training_harness.measure.rank_process import (  # noqa: F401  (the launcher sets them)
     LAUNCH_ID_ENV,
     LAUNCHER_ENV,

@@ -35,6 +35,7 @@ def run_node(prepared_file: str, out_dir: str, command: str, study: str | None,
     the trial's, the others' whether their ranks finished). `ends_at` (epoch seconds):
     the study's deadline, which the trial must not outlast whenever the job started."""
     import submitit
+
     from training_harness.core.prepared import PreparedPlan
     from training_harness.launch import local, rank_server, slurm_nodes
 

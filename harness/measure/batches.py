@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
+
 from training_harness.core.plan import Plan
 from training_harness.workloads import Workload
 

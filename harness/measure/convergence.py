@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import torch
+
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Layout, Plan
 from training_harness.core.target import MATHS_STRATEGIES, OPTIMIZERS

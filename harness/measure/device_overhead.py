@@ -29,6 +29,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+
 from training_harness.core.overhead import DeviceOverhead
 
 OVERHEAD_FILE = "overhead.json"

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from training_harness.core.errors import HarnessError
 from training_harness.measure.rank_process import RankInfo
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
 from training_harness.core.device import cpu_capability, cpu_flags
 
 T = TypeVar("T")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset
+
 from training_harness.core.plan import Plan
 from training_harness.measure.batches import rank_share, split_batch, step_pool
 from training_harness.measure.timing import MAX_WINDOW_STEPS, window_rule

@@ -28,6 +28,7 @@ import sys
 from typing import Any
 
 import torch
+
 from training_harness.measure.nvml import process_memory_bytes
 
 try:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.gpus import gpu_named
 from training_harness.measure import cache as store

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from training_harness.core.device import RuntimeEnv, resolve_device
 from training_harness.core.plan import Plan
 from training_harness.core.prepared import PreparedPlan

@@ -29,6 +29,7 @@ if __name__ == "__main__":
     import training_harness.measure.rank_preload  # noqa: F401
 
 from torch.distributed.elastic.multiprocessing.errors import record
+
 from training_harness.measure.rank_process import LOG_HEADER as HEADER
 
 

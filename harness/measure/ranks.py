@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from training_harness.measure import distributed
 from training_harness.measure.memory import peak_memory_bytes
 from training_harness.measure.rank_process import RankInfo

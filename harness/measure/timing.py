@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import torch
+
 from training_harness.core.device import synchronize
 from training_harness.core.window import (  # noqa: F401  (the rule lives torch-free, for the tuner)
     CUDA_MIN_WINDOW_S,

@@ -35,6 +35,7 @@ _ENV_CACHE: dict[str, dict[str, Any]] = {}  # device type -> captured environmen
 
 def _env_for(device_type: str) -> dict[str, Any]:
     import torch
+
     from training_harness.measure.env import capture_env
 
     if device_type not in _ENV_CACHE:

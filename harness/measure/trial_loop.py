@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import torch
+
 from training_harness.core.clock import process_age_s
 from training_harness.core.errors import HarnessError
 from training_harness.core.interference import InterferenceMeter, combine_ranks, session_pids

@@ -13,6 +13,7 @@ import math
 
 import torch
 from torch import nn
+
 from training_harness.workloads import Workload
 
 MAX_EVAL_BATCH = 64

@@ -387,4 +387,17 @@ def build(out: Path, state: dict[str, Any], date: str) -> str:
     for phase in sections:  # in PHASES' order; the report is in the tune's section
         if phase in state["phases"]:
             lines += sections[phase](out, state)
+    lines += versions_section(state)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def versions_section(state: dict[str, Any]) -> list[str]:
+    """The installed dependencies the run saw, against the ranges declared (pyproject)."""
+    rows = state.get("versions") or []
+    if not rows:
+        return []
+    lines = ["## Versions", "", "| package | installed | tested range | extra |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {name} | {got or 'not installed'} | {spec} | {extra or 'core'} |"
+              for name, got, spec, extra in rows]
+    return [*lines, ""]

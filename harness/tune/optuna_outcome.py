@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
 from training_harness.core.memory_need import budget_peak_bytes
 from training_harness.records.tags import PRUNED_MEMORY, PRUNED_SLOW, PRUNED_TIME, tags_of
 

@@ -24,6 +24,7 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
+
 from training_harness.records.predicates import is_reference
 from training_harness.records.result import TrialResult
 from training_harness.records.run_store import RunStore

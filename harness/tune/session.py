@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any
 
 import optuna
+
 from training_harness import __version__
 from training_harness.core.errors import HarnessError
 from training_harness.launch.slurm import SlurmLauncher

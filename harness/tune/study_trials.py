@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+
 from training_harness.records.tags import REFERENCE_PHASES
 from training_harness.study.study_file import Study
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.workloads.corpus import Split, text_split
 from training_harness.workloads.image_split import ImageSplit

@@ -12,6 +12,7 @@ import hashlib
 
 import numpy as np
 import torch
+
 from training_harness.workloads.image_split import ImageSplit
 from training_harness.workloads.optional import require
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from training_harness.core.config import bounded, from_table
 from training_harness.core.errors import HarnessError
 from training_harness.workloads.attention import ATTENTION

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from training_harness.core.errors import HarnessError
 from training_harness.workloads import optional
 from training_harness.workloads.base import Workload

@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from training_harness.core import torchvision_ops
+from training_harness.core import torchvision_ops, versions
 from training_harness.core.errors import HarnessError
 
 
@@ -37,14 +37,16 @@ def _torchvision_importable() -> None:
 
 
 def require(package: str, extra: str) -> ModuleType:
-    """`package` imported, or a HarnessError saying which extra installs it."""
+    """`package` imported, or a HarnessError saying which extra installs it, or that the
+    version installed is outside the range the harness is tested with."""
+    versions.check(package)
     _torchvision_importable()
     try:
         return importlib.import_module(package)
     except ImportError as e:
         raise HarnessError(
             f"this workload needs the '{package}' package ({e}); install it with "
-            f"pip install -e \".[{extra}]\""
+            f"pip install 'training-harness[{extra}]' (in a checkout: pip install -e '.[{extra}]')"
         ) from None
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from training_harness.core.config import did_you_mean
 from training_harness.core.errors import HarnessError
 from training_harness.workloads import optional

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from training_harness.core.errors import HarnessError
 
 SAVED = "harness-saved.toml"
@@ -53,6 +54,7 @@ def save_trained(model: nn.Module, name: str, args: dict[str, Any], folder: str 
     """Write `model`'s trained weights and its workload to `folder`; return its path."""
     import tomli_w
     from safetensors.torch import save_model
+
     from training_harness.workloads import load_workload
 
     out = Path(folder).expanduser().resolve()
@@ -89,6 +91,7 @@ def saved_workload(folder: str | Path) -> tuple[str, dict[str, Any]]:
 def load_trained(folder: str | Path) -> tuple[Any, nn.Module]:
     """(the workload, its model with the saved weights, on the CPU)."""
     from safetensors.torch import load_model
+
     from training_harness.workloads import load_workload
 
     name, args = saved_workload(folder)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from training_harness.core.errors import HarnessError
 from training_harness.workloads.corpus import Split, split_stream
 from training_harness.workloads.image_split import ImageSplit

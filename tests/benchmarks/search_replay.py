@@ -69,6 +69,7 @@ if sys.path[:1] != [str(ROOT)]:
 
 import optuna  # noqa: E402
 import tomli_w  # noqa: E402
+
 from training_harness.records.predicates import finished  # noqa: E402
 from training_harness.records.tags import tags_of  # noqa: E402
 
@@ -347,9 +348,8 @@ def main(argv: list[str] | None = None) -> None:
         if not (args.surface and args.study):
             p.error("--surface and --study go together")
         sys.path.insert(0, str(ROOT))
-        from training_harness.core.units import parse_duration
-
         from tests.benchmarks.surface_replay.report import main as surface_main
+        from training_harness.core.units import parse_duration
 
         budget_s = parse_duration(args.budget, "--budget") if args.budget else None
         doc = None

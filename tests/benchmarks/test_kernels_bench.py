@@ -26,6 +26,7 @@ import functools
 
 import pytest
 import torch
+
 from training_harness.kernels import bias_gelu, cross_entropy, layernorm, multi_tensor
 
 CUDA = torch.cuda.is_available()

@@ -214,6 +214,7 @@ def steps_only(label: str, out: Path, steps: int = 20) -> dict:
     steps of seconds instead of tens of ms): each seed's run to the target, through the
     shared cache, and the median of `steps` timed steps; a record shaped as bench's."""
     import torch
+
     from training_harness.core.target import maths_key
     from training_harness.measure import target_cache
     from training_harness.measure.convergence import train_to_target

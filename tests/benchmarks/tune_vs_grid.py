@@ -31,6 +31,7 @@ from datetime import date
 from pathlib import Path
 
 import tomli_w
+
 from training_harness.records.tags import tags_of
 
 

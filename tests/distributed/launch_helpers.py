@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+
 from training_harness.core.plan import Layout, Plan
 from training_harness.launch import rank_server
 from training_harness.strategies import registry
@@ -90,9 +91,8 @@ def timeout_once_hung(monkeypatch: pytest.MonkeyPatch, marks: Path, timeout_s: f
     get there. What follows is the launcher's own: the stacks asked for, the ranks
     stopped, the record. (tests/distributed/conftest.py's hung trial waits on the real
     clock.)"""
-    from training_harness.launch import local
-
     from tests.faulty_workload import HANG_MARK_ENV
+    from training_harness.launch import local
 
     marks.mkdir()
     monkeypatch.setenv(HANG_MARK_ENV, str(marks))

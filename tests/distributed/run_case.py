@@ -111,12 +111,12 @@ def run(case: Case, layout: dict, rank: int) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from tests.tiny import TINY_GPT, tiny_gpt
     from training_harness.core.device import RuntimeEnv
     from training_harness.core.plan import Layout, Plan
     from training_harness.measure.batches import step_pool
     from training_harness.strategies.compose import compose
-
-    from tests.tiny import TINY_GPT, tiny_gpt
 
     workload = tiny_gpt(**case.gpt)
     torch.manual_seed(0)
@@ -185,6 +185,7 @@ def launch_families(families: tuple[str, ...], out: Path) -> dict[int, dict]:
     """Run `families` (all on the same number of ranks) in one torchrun launch on its
     own free port, under a timeout; each rank's records by rank."""
     import pytest
+
     from training_harness.core.ports import free_port
 
     n = ranks(families[0])

@@ -13,7 +13,6 @@ import math
 
 import psutil
 import pytest
-from training_harness.launch import local, rank_server
 
 from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     assert_nothing_left,
@@ -21,6 +20,7 @@ from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     in_repo_root,
     launch_plan,
 )
+from training_harness.launch import local, rank_server
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root"),
               pytest.mark.skipif(not rank_server.enabled(), reason="no forkserver here")]

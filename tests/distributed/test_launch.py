@@ -11,7 +11,6 @@ import math
 import os
 
 import pytest
-from training_harness.records.result import read_result
 
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
@@ -19,6 +18,7 @@ from tests.distributed.launch_helpers import (
     in_repo_root,  # noqa: F401  (a fixture)
     launch_plan,
 )
+from training_harness.records.result import read_result
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
 

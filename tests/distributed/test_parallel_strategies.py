@@ -26,10 +26,10 @@ import functools
 
 import pytest
 import torch.distributed as dist
-from training_harness.core.plan import Layout
 
 from tests.distributed.run_case import FAMILIES, STEPS, TIMEOUT_S, ranks
 from tests.tiny import tiny_gpt, train
+from training_harness.core.plan import Layout
 
 pytestmark = [
     pytest.mark.distributed,

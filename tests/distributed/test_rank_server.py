@@ -7,7 +7,6 @@ import json
 import os
 
 import pytest
-from training_harness.launch import rank_server
 
 from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     assert_nothing_left,
@@ -16,6 +15,7 @@ from tests.distributed.launch_helpers import (  # noqa: F401  (fixture)
     launch_plan,
     timeout_once_hung,
 )
+from training_harness.launch import rank_server
 
 pytestmark = [pytest.mark.usefixtures("in_repo_root"),
               pytest.mark.skipif(not rank_server.enabled(), reason="no forkserver here")]
@@ -98,6 +98,7 @@ def test_the_tuners_torch_side_helper_is_a_fork_of_the_server():
     from multiprocessing import forkserver
 
     import psutil
+
     from training_harness.launch.torch_helper import TorchHelper
 
     helper = TorchHelper()

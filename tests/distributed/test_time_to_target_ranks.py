@@ -5,10 +5,6 @@ from the cache (a layout leaves the maths unchanged), times the two ranks' step 
 from __future__ import annotations
 
 import pytest
-from training_harness.core.plan import Layout, Plan
-from training_harness.core.target import TargetSpec
-from training_harness.measure.prepare import prepare
-from training_harness.measure.trial_loop import run_trial
 
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
@@ -16,6 +12,10 @@ from tests.distributed.launch_helpers import (
     launch_plan,
     needs_ddp,
 )
+from training_harness.core.plan import Layout, Plan
+from training_harness.core.target import TargetSpec
+from training_harness.measure.prepare import prepare
+from training_harness.measure.trial_loop import run_trial
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
 

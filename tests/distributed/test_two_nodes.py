@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-from training_harness.core.ports import free_port
 
 from tests.distributed.launch_helpers import (
     ROOT,
@@ -17,6 +16,7 @@ from tests.distributed.launch_helpers import (
     faulty_plan,
     in_repo_root,  # noqa: F401  (a fixture)
 )
+from training_harness.core.ports import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
 

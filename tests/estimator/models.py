@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Plan
 from training_harness.workloads.attention import ATTENTION

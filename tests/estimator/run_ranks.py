@@ -89,11 +89,11 @@ def live_bytes_mode(exclude: set[int]):
 
 def run(case: str, rank: int) -> dict:
     import torch
+
+    from tests.distributed.run_case import local_bytes, optimizer_state_bytes
     from training_harness.measure.batches import step_pool
     from training_harness.strategies.compose import compose
     from training_harness.workloads import load_workload
-
-    from tests.distributed.run_case import local_bytes, optimizer_state_bytes
 
     plan = plan_of(case)
     workload = load_workload("gpt", GPT)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from training_harness.core.plan import Plan
-from training_harness.estimator import estimate
 
 from tests.estimator.measure import saved_bytes
 from tests.estimator.models import CPU, CUDA, MLP, TinyClassifier, TinyGPTWorkload, gpt_plan
+from training_harness.core.plan import Plan
+from training_harness.estimator import estimate
 
 
 @pytest.mark.parametrize("attention", ["explicit", "sdpa"])

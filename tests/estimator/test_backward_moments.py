@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from training_harness.core.plan import Plan
-from training_harness.estimator import estimate
-from training_harness.workloads.base import Workload
 
 from tests.estimator.measure import LiveBytes
 from tests.estimator.models import CPU
+from training_harness.core.plan import Plan
+from training_harness.estimator import estimate
+from training_harness.workloads.base import Workload
 
 
 class Residual(nn.Module):

@@ -12,13 +12,12 @@ import json
 import subprocess
 import sys
 
+from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, gpt_plan
 from training_harness.cli.bench_table import estimate_table
 from training_harness.core.overhead import DeviceOverhead
 from training_harness.core.plan import Layout
 from training_harness.estimator import estimate
 from training_harness.tune.search.correction import Correction
-
-from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, gpt_plan
 
 MIB = 1024**2
 H100ISH = DeviceOverhead(context_bytes=500 * MIB, workspace_bytes=40 * MIB,

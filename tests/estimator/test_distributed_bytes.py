@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import pytest
 import torch.distributed as dist
-from training_harness.core.device import RuntimeEnv
-from training_harness.estimator import estimate
-from training_harness.workloads import load_workload
 
 from tests.distributed.run_case import ESTIMATOR, TIMEOUT_S
 from tests.estimator.run_ranks import CASES, GPT, plan_of
+from training_harness.core.device import RuntimeEnv
+from training_harness.estimator import estimate
+from training_harness.workloads import load_workload
 
 pytestmark = [
     pytest.mark.distributed,

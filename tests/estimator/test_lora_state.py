@@ -6,12 +6,12 @@ base and the adapters both."""
 from __future__ import annotations
 
 import pytest
+
+from tests.estimator.models import CPU
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout, Plan
 from training_harness.estimator import estimate
 from training_harness.workloads import load_workload
-
-from tests.estimator.models import CPU
 
 LLAMA = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
              num_key_value_heads=2, vocab_size=64, seq_len=16)

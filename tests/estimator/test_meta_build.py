@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
 from training_harness.estimator.facts import ModelFacts
 from training_harness.workloads import load_workload
 from training_harness.workloads.meta import on_meta

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.nn.functional as F
 from torch import nn
+
+from tests.estimator.models import CPU, CUDA, MLP, SHAPE
 from training_harness.core.plan import Layout, Plan
 from training_harness.estimator import (
     PAPER,
@@ -20,8 +22,6 @@ from training_harness.estimator import (
 )
 from training_harness.workloads import load_workload
 from training_harness.workloads.base import Workload
-
-from tests.estimator.models import CPU, CUDA, MLP, SHAPE
 
 H = 64  # Square's width: every dimension divides by 2 and 4
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.estimator.measure import LiveBytes
+from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Layout
 from training_harness.estimator import COMPONENTS, estimate
 from training_harness.estimator.bandwidth import bandwidth
 from training_harness.estimator.result import STEP_PARTS
 from training_harness.estimator.step_costs import COMPUTE_MFU, DATA_EXPOSED
-
-from tests.estimator.measure import LiveBytes
-from tests.estimator.models import CPU, CUDA, TinyGPTWorkload, expected_parameters, gpt_plan
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from tests.estimator.models import CPU, TinyClassifier
 from training_harness.cli.main import main
 from training_harness.cli.plan import TargetPredictor
 from training_harness.core.errors import HarnessError
@@ -21,8 +23,6 @@ from training_harness.estimator import estimate, trace
 from training_harness.estimator.bandwidth import bandwidth
 from training_harness.estimator.target import Target
 from training_harness.measure.peaks import datasheet_peak
-
-from tests.estimator.models import CPU, TinyClassifier
 
 TINY = {"name": "gpt", "layers": 2, "heads": 4, "hidden": 64, "seq_len": 64, "vocab": 512}
 WANTED = {"h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "a100-sxm-40gb",

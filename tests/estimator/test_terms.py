@@ -5,15 +5,6 @@ from __future__ import annotations
 
 import pytest
 from torch import nn
-from training_harness.estimator import (
-    PAPER,
-    block_activation_terms,
-    blocks_moment,
-    estimate,
-    korthikanti_bytes,
-    widths_for,
-)
-from training_harness.workloads.base import TransformerShape
 
 from tests.estimator.models import (
     CPU,
@@ -23,6 +14,15 @@ from tests.estimator.models import (
     expected_parameters,
     gpt_plan,
 )
+from training_harness.estimator import (
+    PAPER,
+    block_activation_terms,
+    blocks_moment,
+    estimate,
+    korthikanti_bytes,
+    widths_for,
+)
+from training_harness.workloads.base import TransformerShape
 
 # --- parameters, gradients, optimizer state --------------------------------------------
 

@@ -10,12 +10,12 @@ import tomllib
 
 import pytest
 import yaml
+
+from tests.export import plans
 from training_harness.cli.main import main
 from training_harness.core.errors import HarnessError
 from training_harness.export import STACKS, export_plan
 from training_harness.strategies import registry
-
-from tests.export import plans
 
 # A layout each strategy can stand in (the data-parallel ones need two ranks, ...).
 NEEDS = {"ddp": {"data": 2}, "zero": {"data": 2}, "pipeline": {"pipeline": 2},
@@ -38,8 +38,10 @@ def test_no_strategy_is_dropped_silently(stack, name):
         return
     lost = [n.setting for n in exp.not_expressed]
     assert name in exp.carried or any(s.startswith(name) for s in lost), (exp.carried, lost)
-    if exp.suffix == ".json":  # a list in the file
-        assert [n["setting"] for n in json.loads(exp.text)["not_expressed"]] == lost
+    # beside the file, in its sidecar; a YAML / TOML file says them in comments too
+    assert [n["setting"] for n in json.loads(exp.sidecar())["not_expressed"]] == lost
+    if exp.suffix == ".json":  # the file holds the stack's own keys only
+        assert "not_expressed" not in json.loads(exp.text)
     else:  # a comment line each
         assert all(f"#   - {n.line()}" in exp.text for n in exp.not_expressed)
 
@@ -52,8 +54,10 @@ def test_hf_trainer_fields_of_the_best():
     assert args["bf16"] is True and "fp16" not in args
     assert args["optim"] == "adamw_torch_fused"
     assert args["activation_checkpointing"] is True
-    assert args["harness"]["model_kwargs"] == {"attn_implementation": "sdpa"}
-    assert args["not_expressed"] == []  # all of it is TrainingArguments' own
+    assert "harness" not in args and "not_expressed" not in args  # the sidecar's
+    notes = json.loads(exp.sidecar())
+    assert notes["harness"]["model_kwargs"] == {"attn_implementation": "sdpa"}
+    assert notes["not_expressed"] == []  # all of it is TrainingArguments' own
 
 
 def test_hf_trainer_names_what_it_cannot_run():
@@ -64,7 +68,7 @@ def test_hf_trainer_names_what_it_cannot_run():
     assert lost["checkpoint.every = 2"].applied  # the nearest (every layer) is written
     assert "every layer" in lost["checkpoint.every = 2"].nearest
     assert [n.setting for n in exp.missing()] == ["lamb"]
-    assert json.loads(exp.text)["not_expressed"][0]["setting"] in lost
+    assert json.loads(exp.sidecar())["not_expressed"][0]["setting"] in lost
 
 
 def test_sharded_layouts():
@@ -151,7 +155,8 @@ def test_each_part_of_fused_is_said(stack):
     the file or named (torchtitan's models use SDPA already)."""
     p = plans.plan({"amp": {"dtype": "bf16"},
                     "fused": {"attention": "sdpa", "optimizer": "fused", "layernorm": "triton"}})
-    text = export_plan(p, stack, "t").text
+    exp = export_plan(p, stack, "t")
+    text = exp.text + exp.sidecar()  # the file, or its notes beside it
     assert "sdpa" in text or stack == "torchtitan"
     assert "fused" in text
     assert "triton" in text or "liger" in text

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from training_harness.export import export_plan
 
 from tests.export import plans
+from training_harness.export import export_plan
+from training_harness.export.common import sidecar_path
 
 pytestmark = pytest.mark.slow  # each imports a large library (seconds on a busy CPU)
 
@@ -23,6 +24,7 @@ def write(tmp_path, name: str, stack: str):
     exp = export_plan(PLANS[name](), stack, "test")
     path = tmp_path / f"{name}.{stack}{exp.suffix}"
     path.write_text(exp.text)
+    sidecar_path(path).write_text(exp.sidecar())
     return path
 
 
@@ -31,8 +33,9 @@ def test_hf_trainer_json_in_hf_argument_parser(tmp_path, name):
     import training_harness  # noqa: F401  (torchvision's mend before transformers)
 
     tf = pytest.importorskip("transformers")
+    # as HF's example scripts (run_clm.py) read it: the parser's defaults, no extra key
     (args,) = tf.HfArgumentParser(tf.TrainingArguments).parse_json_file(
-        write(tmp_path, name, "hf-trainer"), allow_extra_keys=True)
+        write(tmp_path, name, "hf-trainer"))
     p = PLANS[name]()
     assert args.per_device_train_batch_size == p.micro_batch_size
     assert args.gradient_accumulation_steps == p.accumulation_steps
@@ -140,4 +143,4 @@ def test_deepspeed_json_in_deepspeed_config(tmp_path, name):
     if name == "zero3-offload":
         assert cfg.zero_config.offload_param is not None
     assert cfg.optimizer_name.lower() == "adamw"
-    assert json.loads(path.read_text())["not_expressed"] is not None
+    assert json.loads(sidecar_path(path).read_text())["not_expressed"] is not None

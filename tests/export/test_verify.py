@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from tests.export import plans
 from training_harness.cli.main import main
 from training_harness.export.verify import (
     Row,
@@ -22,8 +24,6 @@ from training_harness.export.verify import (
     top_records,
     verify_one,
 )
-
-from tests.export import plans
 
 
 def record(trial_id, plan, rate, phase="search"):
@@ -60,16 +60,18 @@ def test_a_configuration_the_trainer_cannot_run_is_named_without_starting_it(tmp
 
 def test_settings_lost_compares_the_running_trainer_with_the_file():
     args = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "bf16": True,
-            "optim": "adamw_torch_fused", "activation_checkpointing": True, "use_cpu": True,
-            "harness": {"model_kwargs": {"attn_implementation": "sdpa"}}}
+            "optim": "adamw_torch_fused", "activation_checkpointing": True, "use_cpu": True}
+    model_kwargs = {"attn_implementation": "sdpa"}  # the sidecar's
     seen = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
             "micro_steps_per_step": [2], "mixed_precision": "bf16",
             "optim": "adamw_torch_fused", "optimizer_fused": True,
             "model_is_gradient_checkpointing": True, "torch_compile": False,
             "world_size": 1, "distributed_type": "NO", "attn_implementation": "sdpa"}
-    assert settings_lost(args, seen, 1) == []
+    assert settings_lost(args, seen, 1, model_kwargs) == []
+    assert settings_lost(args, {**seen, "attn_implementation": "eager"}, 1, model_kwargs) == [
+        "attn_implementation: exported 'sdpa', the Trainer ran 'eager'"]
     lost = settings_lost(args, {**seen, "model_is_gradient_checkpointing": False,
-                                "optimizer_fused": False}, 1)
+                                "optimizer_fused": False}, 1, model_kwargs)
     assert lost == ["optimizer_fused: exported True, the Trainer ran False",
                     "checkpointing: exported True, the Trainer ran False"]
 

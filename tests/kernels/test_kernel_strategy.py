@@ -20,6 +20,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.tiny import tiny_gpt, train  # noqa: E402
 from training_harness.kernels.bias_gelu import LinearBiasGELU  # noqa: E402
 from training_harness.kernels.cross_entropy import ChunkedCrossEntropy  # noqa: E402
 from training_harness.kernels.layernorm import FusedLayerNorm  # noqa: E402
@@ -27,8 +28,6 @@ from training_harness.kernels.multi_tensor import MultiTensorAdamW  # noqa: E402
 from training_harness.strategies.compose import compose  # noqa: E402
 from training_harness.strategies.lamb import Lamb  # noqa: E402
 from training_harness.workloads.attention import SdpaAttention  # noqa: E402
-
-from tests.tiny import tiny_gpt, train  # noqa: E402
 
 ALL_TRITON = {"layernorm": "triton", "gelu": "triton", "cross_entropy": "triton",
               "optimizer": "triton", "attention": "explicit"}

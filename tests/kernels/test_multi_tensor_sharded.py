@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
+
 from training_harness.core.device import RuntimeEnv  # noqa: E402
 from training_harness.core.plan import Layout, Plan  # noqa: E402
 from training_harness.kernels.multi_tensor import MultiTensorAdamW  # noqa: E402

@@ -26,12 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.reports.chromium import BINARY, Chromium  # noqa: E402
+from tests.reports.runs import synthetic_records, write_run  # noqa: E402
 from training_harness.reports.compare import build_compare  # noqa: E402
 from training_harness.reports.load import load_run  # noqa: E402
 from training_harness.reports.report import build_report  # noqa: E402
-
-from tests.reports.chromium import BINARY, Chromium  # noqa: E402
-from tests.reports.runs import synthetic_records, write_run  # noqa: E402
 
 
 def timed(fn, rounds: int) -> tuple[float, float, float, object]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from training_harness.reports.compare import build_compare
-from training_harness.reports.load import load_run
-from training_harness.reports.report import build_report
 
 from tests.reports.chromium import BINARY, Chromium
 from tests.reports.runs import synthetic_records, write_run
 from tests.reports.test_report import HOSTILE, hostile_run
+from training_harness.reports.compare import build_compare
+from training_harness.reports.load import load_run
+from training_harness.reports.report import build_report
 
 pytestmark = pytest.mark.skipif(
     BINARY is None, reason="chromium is not installed (.ci/run installs Debian's chromium)")

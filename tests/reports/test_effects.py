@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+
+from tests.reports.runs import GiB, synthetic_records, write_run
 from training_harness.reports.effects import technique_effects
 from training_harness.reports.headline import headline
 from training_harness.reports.load import load_run
-
-from tests.reports.runs import GiB, synthetic_records, write_run
 
 
 def _ablation(base: dict, tid: int, without: str | None, thr: float, mem: float,

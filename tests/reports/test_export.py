@@ -8,11 +8,11 @@ import sys
 
 import pandas as pd
 import pytest
+
+from tests.reports.runs import ROOT, synthetic_records, write_run
 from training_harness.cli.main import main
 from training_harness.reports.export import trial_table, write_csv, write_json
 from training_harness.reports.load import load_run
-
-from tests.reports.runs import ROOT, synthetic_records, write_run
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-from training_harness.core.errors import HarnessError
-from training_harness.reports.load import load_run
 
 from tests.reports.runs import GiB, synthetic_records, write_run
+from training_harness.core.errors import HarnessError
+from training_harness.reports.load import load_run
 
 
 def test_study_folder_reads_every_record_and_the_study(tmp_path):

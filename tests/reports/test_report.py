@@ -7,13 +7,13 @@ import json
 import re
 
 import pytest
+
+from tests.reports.runs import synthetic_records, write_run
 from training_harness.reports.headline import headline
 from training_harness.reports.html import script_json
 from training_harness.reports.load import load_run
 from training_harness.reports.report import build_report
 from training_harness.reports.style import esc
-
-from tests.reports.runs import synthetic_records, write_run
 
 HOSTILE = "<script>window.__injected=true</script>"
 IMG = '<img src=x onerror="window.__injected=true">'

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
+from tests.reports.runs import synthetic_records, write_run
 from training_harness.reports import figures_convergence as fc
 from training_harness.reports.load import load_run
 from training_harness.reports.report import build_report
-
-from tests.reports.runs import synthetic_records, write_run
 
 
 def convergence(optimizer: str, batch: int, steps: list[int | None], step_s: float) -> dict:

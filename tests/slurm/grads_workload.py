@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves
+
 from training_harness.workloads.base import Workload
 from training_harness.workloads.gpt import build_gpt
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from training_harness.cli.main import main
 from training_harness.core.cluster import ClusterSpec
 from training_harness.core.errors import HarnessError

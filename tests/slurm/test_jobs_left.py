@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+
 from training_harness.launch.launcher import Launcher
 from training_harness.records.result import TrialResult
 from training_harness.records.run_store import RunStore

@@ -4,11 +4,10 @@ stand-ins on PATH, so these run without a cluster."""
 
 from __future__ import annotations
 
+from tests.slurm.conftest import stand_in
 from training_harness.launch import slurm
 from training_harness.launch import slurm_queue as queue
 from training_harness.launch.slurm_record import Attempt, reason_for
-
-from tests.slurm.conftest import stand_in
 
 
 def test_a_job_slurm_has_forgotten_without_accounting_ends_the_wait(fake_bin):

@@ -23,10 +23,10 @@ import optuna
 import pytest
 import tomli_w
 from optuna.trial import TrialState
-from training_harness.records.tags import tags_of
 
 from tests.slurm.conftest import queued
 from tests.slurm.test_slurm_study import STUDY
+from training_harness.records.tags import tags_of
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # each runs a tuner whose trials are real Slurm jobs: 10-60 s

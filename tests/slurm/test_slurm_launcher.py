@@ -13,16 +13,16 @@ import signal
 import socket
 
 import pytest
-from training_harness.core.cluster import ClusterSpec
-from training_harness.launch import local, slurm
-from training_harness.measure.prepare import prepare
-from training_harness.records.result import read_result
 
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,
     in_repo_root,  # noqa: F401  (a fixture)
 )
+from training_harness.core.cluster import ClusterSpec
+from training_harness.launch import local, slurm
+from training_harness.measure.prepare import prepare
+from training_harness.records.result import read_result
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
 

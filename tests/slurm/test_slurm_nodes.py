@@ -3,12 +3,11 @@ and the word of a node whose part of a job never ended (Slurm's commands stood i
 
 from __future__ import annotations
 
+from tests.slurm.conftest import stand_in
 from training_harness.launch import slurm_nodes
 from training_harness.launch.slurm_queue import JobInfo
 from training_harness.launch.slurm_record import Attempt, at_time_limit
 from training_harness.records.result import TrialResult
-
-from tests.slurm.conftest import stand_in
 
 
 def record(status: str = "failed", reason: str = "rank 0 failed: Connection closed by peer",

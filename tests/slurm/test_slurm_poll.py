@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.slurm.conftest import stand_in
 from training_harness.launch import slurm
 from training_harness.launch.slurm_record import Attempt
-
-from tests.slurm.conftest import stand_in
 
 
 class FakeClock:

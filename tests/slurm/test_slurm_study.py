@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+
 from training_harness.cli.main import main
 
 STUDY = {

@@ -9,16 +9,16 @@ import threading
 import time
 
 import pytest
-from training_harness.core.errors import HarnessError
-from training_harness.core.ports import free_port
-from training_harness.launch import local
-from training_harness.measure.prepare import prepare
 
 from tests.distributed.launch_helpers import (
     assert_nothing_left,
     faulty_plan,
     in_repo_root,  # noqa: F401  (a fixture)
 )
+from training_harness.core.errors import HarnessError
+from training_harness.core.ports import free_port
+from training_harness.launch import local
+from training_harness.measure.prepare import prepare
 
 
 def test_static_torchrun_takes_the_node_rank_and_node_0s_address(tmp_path):

@@ -9,11 +9,11 @@ import json
 
 import pytest
 import tomli_w
+
+from tests.distributed.launch_helpers import TINY, needs_ddp
 from training_harness.cli.main import main
 from training_harness.reports.export import trial_table
 from training_harness.reports.load import load_run
-
-from tests.distributed.launch_helpers import TINY, needs_ddp
 
 # One configuration: the pipeline across the nodes (1F1B), one stage a node.
 STUDY = {

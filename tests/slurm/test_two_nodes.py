@@ -20,12 +20,6 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from training_harness.cli.main import main
-from training_harness.core.cluster import ClusterSpec
-from training_harness.core.plan import Plan
-from training_harness.launch import local, slurm
-from training_harness.measure.prepare import prepare
-from training_harness.records.result import read_result
 
 from tests.distributed.launch_helpers import (
     TINY,
@@ -35,6 +29,12 @@ from tests.distributed.launch_helpers import (
     needs_ddp,
 )
 from tests.faulty_workload import HANG_MARK_ENV
+from training_harness.cli.main import main
+from training_harness.core.cluster import ClusterSpec
+from training_harness.core.plan import Plan
+from training_harness.launch import local, slurm
+from training_harness.measure.prepare import prepare
+from training_harness.records.result import read_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed,
               pytest.mark.usefixtures("in_repo_root")]

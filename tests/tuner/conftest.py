@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import tomli_w
-from training_harness.cli.main import main
-from training_harness.records.tags import PRUNED_SLOW, tags_of
 
 from tests.tuner import fake_launch
+from training_harness.cli.main import main
+from training_harness.records.tags import PRUNED_SLOW, tags_of
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "studies" / "quickstart.toml"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training_harness.measure.time_to_target import summarize
-
 from tests.tuner import fake_launch
+from training_harness.measure.time_to_target import summarize
 
 STEPS = {16: 400, 32: 220}  # AdamW's steps to target by global batch
 LAMB = 0.9  # LAMB needs this share of them

@@ -12,15 +12,15 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from tests.tuner import fake_launch
+from tests.tuner.conftest import FIXED_PEAK_SOURCE, records, study_table, tune, write_study
 from training_harness.strategies.compose import resolved
 from training_harness.study.search_space import SearchSpace, config_key
 from training_harness.study.study_file import Study
 from training_harness.tune.final import confirmation as confirm
 from training_harness.tune.final import summary
 from training_harness.tune.search import busy_machine as quiet
-
-from tests.tuner import fake_launch
-from tests.tuner.conftest import FIXED_PEAK_SOURCE, records, study_table, tune, write_study
 
 BUSY = {"other_cpu_share": 0.5, "trial_cpu_share": 0.5, "cpus": 2,
         "other_gpu_processes": None, "flagged": True, "threshold": 0.1}

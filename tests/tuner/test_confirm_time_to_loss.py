@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from training_harness.cli.main import main
-from training_harness.tune.final import confirmation as confirm
 
 from tests.tuner import fake_launch, fake_target
 from tests.tuner.conftest import records, study_table, write_study
+from training_harness.cli.main import main
+from training_harness.tune.final import confirmation as confirm
 
 LAUNCHER = "tests.tuner.fake_target:launch"
 

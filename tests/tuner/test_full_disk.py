@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
-from training_harness.records.run_store import parse_lines
 
 from tests.tuner.conftest import SEARCH_ONLY, tune, write_study
 from tests.tuner.test_torn_records import a_stopped_worker, one_readable_record_per_trial
+from training_harness.records.run_store import parse_lines
 
 
 def full_disk(monkeypatch: pytest.MonkeyPatch, out: Path, name: str, call: str,

@@ -8,6 +8,7 @@ import random
 
 import optuna
 import pytest
+
 from training_harness.tune import GuidedSampler, SimpleCostModel
 from training_harness.tune.search.surrogate import Surrogate
 

@@ -10,6 +10,7 @@ import time
 
 import optuna
 from optuna.trial import TrialState
+
 from training_harness.study.storage_spec import StorageSpec
 from training_harness.tune.recovery.storage import (
     Heartbeat,

@@ -11,12 +11,12 @@ import sys
 import textwrap
 
 import pytest
+
+from tests.tuner.conftest import FAKE, ROOT, study_table, write_study
 from training_harness.cli import tune as tune_cli
 from training_harness.cli.main import build_parser
 from training_harness.launch import rank_server
 from training_harness.study.study_file import Study
-
-from tests.tuner.conftest import FAKE, ROOT, study_table, write_study
 
 
 class _Asked(Exception):

@@ -9,14 +9,14 @@ import threading
 import time
 
 import pytest
+
+from tests.tuner import fake_jobs
+from tests.tuner.conftest import records, write_study
 from training_harness.cli.main import main
 from training_harness.core.plan import Plan
 from training_harness.launch.jobs_in_flight import InFlight
 from training_harness.strategies.compose import resolved
 from training_harness.study.search_space import config_key
-
-from tests.tuner import fake_jobs
-from tests.tuner.conftest import records, write_study
 
 JOBS = "tests.tuner.fake_jobs:launch"
 

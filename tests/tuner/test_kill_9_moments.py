@@ -14,15 +14,15 @@ import signal
 from pathlib import Path
 
 import pytest
+
+from tests.tuner import fake_launch
+from tests.tuner.conftest import tune, write_study
+from tests.tuner.test_torn_records import one_readable_record_per_trial
 from training_harness.launch import torch_helper
 from training_harness.records import run_store
 from training_harness.records.result import TrialResult
 from training_harness.records.run_store import RunStore
 from training_harness.tune.recorder import Recorder
-
-from tests.tuner import fake_launch
-from tests.tuner.conftest import tune, write_study
-from tests.tuner.test_torn_records import one_readable_record_per_trial
 
 # The tuner's writes a kill may land before or after (Optuna's own are inside its
 # tell; a kill between ask() and the worker tag is not tried: docs/reliability.md).
@@ -123,6 +123,7 @@ def test_chaos_killed_between_ask_and_tag_then_resume(moments, tmp_path, monkeyp
     an untagged RUNNING trial: --resume waits out the grace in which another worker's
     fresh trial would have been tagged (shortened here), then settles it."""
     import optuna
+
     from training_harness.tune.recovery import resume
 
     path, _ = moments

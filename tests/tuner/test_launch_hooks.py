@@ -3,9 +3,8 @@ runs (HARNESS_PROGRESS_FILE), and `should_stop` ending it as `pruned`."""
 
 from __future__ import annotations
 
-from training_harness.records.step_log import read_steps
-
 from tests.distributed.launch_helpers import assert_nothing_left, faulty_plan, launch_plan
+from training_harness.records.step_log import read_steps
 
 
 def test_steps_are_reported_and_should_stop_prunes(tmp_path, monkeypatch):
@@ -40,11 +39,10 @@ def test_without_hooks_nothing_changes(tmp_path, monkeypatch):
 def test_the_ranks_read_the_prepared_plan_instead_of_preparing_again(tmp_path, monkeypatch):
     """A trial is prepared once: what prepared.json says (prediction, FLOPs, peak) is
     what the rank's record carries, so the rank neither estimated nor counted again."""
+    from tests.distributed.launch_helpers import ROOT
     from training_harness.core.prepared import PreparedPlan
     from training_harness.launch.local import launch
     from training_harness.measure.prepare import prepare
-
-    from tests.distributed.launch_helpers import ROOT
 
     monkeypatch.chdir(ROOT)
     prepared = prepare(faulty_plan(world=1, steps=2)).checked()

@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+
 from training_harness.tune.search.part_fit import PartFit
 
 
@@ -75,13 +76,13 @@ def test_the_sampler_s_cost_model_re_weights_what_the_trials_measured():
     from types import SimpleNamespace
 
     import optuna
+
+    from tests.tuner.conftest import study_table
     from training_harness.study.search_space import SearchSpace
     from training_harness.study.space_sampling import key
     from training_harness.study.study_file import Study
     from training_harness.tune.search.correction import Correction
     from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
-
-    from tests.tuner.conftest import study_table
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 

@@ -13,7 +13,6 @@ from collections import Counter
 import optuna
 import pytest
 from optuna.trial import TrialState
-from training_harness.cli.main import main
 
 from tests.pg_server import PASSWORD, postgres  # noqa: F401  (the fixture)
 from tests.tuner.conftest import (
@@ -24,6 +23,7 @@ from tests.tuner.conftest import (
     tune_process,
     write_study,
 )
+from training_harness.cli.main import main
 
 # slow: each test runs several `harness tune` processes for 20-40 s (issue 35: the
 # `-m "not slow"` edit-test loop within 5 minutes; the whole suite runs them all)

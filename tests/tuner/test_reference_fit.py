@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import types
 
+from tests.tuner.conftest import study_table
 from training_harness.core.errors import HarnessError
 from training_harness.study import references
 from training_harness.study.machine_facts import MachineFacts
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
 from training_harness.tune.search.estimator_model import largest_fitting_micro
-
-from tests.tuner.conftest import study_table
 
 GIB = 2**30
 

@@ -6,13 +6,13 @@ on some layouts only (offered under a per-layout parameter elsewhere)."""
 from __future__ import annotations
 
 import pytest
+
+from tests.tuner.conftest import records, study_table, tune, write_study
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.errors import HarnessError
 from training_harness.strategies.compose import reasons_against
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
-
-from tests.tuner.conftest import records, study_table, tune, write_study
 
 # 3 heads: tensor parallel over 2 ranks cannot give each rank whole heads; a tied head:
 # the pipeline cannot put the head and the embedding on two stages.

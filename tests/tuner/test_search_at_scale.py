@@ -9,14 +9,14 @@ import random
 
 import optuna
 import pytest
+
+from tests.tuner import fake_launch
+from tests.tuner.conftest import SEARCH_ONLY, records, study_table, write_study
 from training_harness.cli.main import main
 from training_harness.core.device import RuntimeEnv
 from training_harness.study.search_space import SearchSpace, config_key
 from training_harness.study.space_sampling import complete, key, neighbours, sample, smaller
 from training_harness.study.study_file import Study
-
-from tests.tuner import fake_launch
-from tests.tuner.conftest import SEARCH_ONLY, records, study_table, write_study
 
 CPU = RuntimeEnv("cpu", "cpu", 1, bf16=True, triton=False)
 

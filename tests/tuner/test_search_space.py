@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import optuna
 import pytest
+
+from tests.tuner.conftest import study_table
 from training_harness.core.errors import HarnessError
 from training_harness.study import references
 from training_harness.study.search_space import SearchSpace, config_key
 from training_harness.study.study_file import Study
-
-from tests.tuner.conftest import study_table
 
 WIDE = {
     "layout": {"world_sizes": [1, 2, 4], "pipeline": [1, 2], "tensor": [1, 2]},

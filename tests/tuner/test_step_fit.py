@@ -8,11 +8,10 @@ import math
 import random
 import statistics
 
+from tests.tuner.test_search_at_scale import wide_space
 from training_harness.study.space_sampling import sample
 from training_harness.tune.search.correction import Correction
 from training_harness.tune.search.step_fit import StepFit, factors
-
-from tests.tuner.test_search_at_scale import wide_space
 
 
 def predicted_step(plan: dict) -> float:

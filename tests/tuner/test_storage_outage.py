@@ -15,15 +15,15 @@ from collections import Counter
 import optuna
 import pytest
 from optuna.trial import TrialState
+
+from tests.pg_server import postgres  # noqa: F401  (the fixture)
+from tests.tuner import fake_launch
+from tests.tuner.conftest import records, tune, write_study
 from training_harness.records.run_store import RunStore
 from training_harness.tune.recorder import Recorder
 from training_harness.tune.recovery import resume
 from training_harness.tune.recovery.storage import PatientStorage
 from training_harness.tune.recovery.workers import Worker
-
-from tests.pg_server import postgres  # noqa: F401  (the fixture)
-from tests.tuner import fake_launch
-from tests.tuner.conftest import records, tune, write_study
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy.exc as sa
+
 from training_harness.core.errors import HarnessError
 from training_harness.tune.recovery import storage
 

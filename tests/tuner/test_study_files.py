@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from tests.tuner.conftest import FAKE, ROOT, study_table, tune, write_study
 from training_harness.cli.main import main
 from training_harness.core.errors import HarnessError
 from training_harness.study.checks import check_study
 from training_harness.study.defaults import default_study
 from training_harness.study.study_file import Study
-
-from tests.tuner.conftest import FAKE, ROOT, study_table, tune, write_study
 
 STUDIES = ROOT / "studies"
 

@@ -8,14 +8,14 @@ import tomllib
 
 import optuna
 from optuna.trial import TrialState
+
+from tests.tuner import fake_launch
+from tests.tuner.conftest import records, study_table, tune, write_study
 from training_harness.core.plan import Plan
 from training_harness.strategies.compose import resolved
 from training_harness.study.search_space import SearchSpace, config_key
 from training_harness.study.study_file import Study
 from training_harness.tune.search import correction
-
-from tests.tuner import fake_launch
-from tests.tuner.conftest import records, study_table, tune, write_study
 
 KNOWN_OPTIMUM_TRIALS = 30  # seed 0 finds it at trial 8; seeds 0-11: trials 3 to 22
 
@@ -223,6 +223,7 @@ def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_pat
     import sys
 
     import psutil
+
     from training_harness.tune.recovery import resume
     from training_harness.tune.recovery.workers import Worker
 

@@ -7,6 +7,9 @@ import time
 
 import pytest
 from optuna.trial import TrialState
+
+from tests.tuner import fake_launch
+from tests.tuner.conftest import study_table
 from training_harness.records.result import TrialResult, empty_metrics
 from training_harness.records.run_store import RunStore
 from training_harness.study import references
@@ -17,9 +20,6 @@ from training_harness.tune.optuna_outcome import CANNOT_RUN, outcome
 from training_harness.tune.recovery.storage import redact
 from training_harness.tune.search.correction import Correction
 from training_harness.tune.trial_job import TrialRunner, run_trial_job
-
-from tests.tuner import fake_launch
-from tests.tuner.conftest import study_table
 
 GIB = 2**30
 

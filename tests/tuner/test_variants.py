@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 
+from tests.tuner.conftest import records, study_table, write_study
 from training_harness.cli.main import main
 from training_harness.tune.final.variants import variants
-
-from tests.tuner.conftest import records, study_table, write_study
 
 
 def test_variants_change_one_precision_or_compile_mode_at_a_time():

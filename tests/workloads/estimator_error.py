@@ -40,12 +40,12 @@ PERSISTENT = ("parameters", "optimizer_state", "buffers")
 
 def measure(name: str, args: dict, strategies: dict) -> dict:
     import torch
+
+    from tests.estimator.measure import LiveBytes
     from training_harness.core.plan import Plan
     from training_harness.measure.batches import split_batch
     from training_harness.measure.prepare import prepare
     from training_harness.strategies.compose import compose
-
-    from tests.estimator.measure import LiveBytes
 
     plan = Plan(workload=name, workload_args=args, device="cpu", micro_batch_size=MICRO,
                 global_batch_size=MICRO, strategies=strategies)

@@ -93,6 +93,7 @@ def check(model_type: str, timeout_s: int = TIMEOUT_S) -> Outcome:
 
 def _check(model_type: str) -> tuple[str, str]:
     import torch
+
     from training_harness.workloads import optional
 
     optional.transformers()  # mends a torchvision built for another torch first

@@ -2,6 +2,7 @@
 
 import torch
 from torch import nn
+
 from training_harness.workloads import workload
 
 

@@ -101,13 +101,13 @@ def _peft_missing() -> str | None:
 def run(case: Case, rank: int) -> dict:
     import torch
     import torch.distributed as dist
+
+    from tests.workloads.tiny_hf import workload_spec
     from training_harness.core.errors import HarnessError
     from training_harness.core.plan import Layout, Plan
     from training_harness.measure.batches import step_pool
     from training_harness.strategies.compose import compose
     from training_harness.workloads import load_workload
-
-    from tests.workloads.tiny_hf import workload_spec
 
     name, args = workload_spec(case.model)
     try:

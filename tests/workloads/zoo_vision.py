@@ -126,6 +126,7 @@ class Outcome:
 def try_model(name: str, args: dict[str, Any] | None = None) -> Outcome:
     """Build, trace and train `name` one step (module docstring); never raises."""
     import torch
+
     from training_harness.core.errors import HarnessError
     from training_harness.core.plan import Plan
     from training_harness.measure.batches import split_batch

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optuna.trial import FrozenTrial
+
 from training_harness.records.predicates import finished
 from training_harness.records.run_store import RunStore
 from training_harness.records.tags import tags_of

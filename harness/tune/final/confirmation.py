@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
+
 from training_harness.records.pooled import config_key, in_time_order, measurement_of
 from training_harness.records.predicates import finished, may_be_best, ranked
 from training_harness.records.run_store import RunStore

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
+
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
 from training_harness.tune.budget import Clock

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 import optuna
+
 from training_harness.records.predicates import busy_note
 from training_harness.records.run_store import RunStore
 from training_harness.records.tags import tags_of

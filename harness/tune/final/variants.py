@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from optuna.trial import FrozenTrial
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.records.predicates import finished, may_be_best, ranked

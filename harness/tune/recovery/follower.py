@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.prepared import PreparedPlan
 from training_harness.launch.launcher import Launcher

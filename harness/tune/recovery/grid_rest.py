@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
 from training_harness.records.tags import tags_of
 
 # Trials whose configuration needs nothing more: measured (or found not to run), pruned

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
+
 from training_harness.records.result import TrialResult, read_result
 from training_harness.records.run_store import RunStore
 from training_harness.records.tags import tags_of

@@ -45,6 +45,7 @@ import optuna
 from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat  # the interface; Optuna exports no other
 from optuna.trial import FrozenTrial, TrialState
+
 from training_harness.core.errors import HarnessError
 from training_harness.study.storage_spec import StorageSpec
 

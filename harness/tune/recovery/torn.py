@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import optuna
 from optuna.trial import FrozenTrial
+
 from training_harness.records.result import read_result
 from training_harness.records.run_store import RunStore, Unreadable
 from training_harness.records.tags import tags_of

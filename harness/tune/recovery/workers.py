@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
 from training_harness.core.errors import HarnessError
 
 WORKER_HOST_ENV = "HARNESS_WORKER_HOST"

@@ -12,6 +12,7 @@ from typing import Any
 
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
+
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.study.machine_facts import MachineFacts

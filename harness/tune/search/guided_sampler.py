@@ -19,6 +19,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
 from training_harness.tune.search.surrogate import Surrogate, expected_improvement, prob_above
 
 FALLBACK_EVERY = 5  # one trial in five is the fallback's

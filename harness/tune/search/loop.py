@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+
 from training_harness.core.plan import Plan
 from training_harness.launch.jobs_in_flight import InFlight, max_jobs
 from training_harness.records.result import TrialResult

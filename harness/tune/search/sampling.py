@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 
 import optuna
+
 from training_harness.study.study_file import Study
 from training_harness.tune.search.guided_sampler import CostModel, GuidedSampler
 

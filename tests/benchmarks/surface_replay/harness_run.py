@@ -37,12 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.surface_replay.launcher import SurfaceLauncher
+from tests.benchmarks.surface_replay.world import SurfaceHelper, VirtualClock, virtual_time
 from training_harness.records.tags import tags_of
 from training_harness.study.search_space import SearchSpace
 from training_harness.tune.checked_study import CheckedStudy
-
-from tests.benchmarks.surface_replay.launcher import SurfaceLauncher
-from tests.benchmarks.surface_replay.world import SurfaceHelper, VirtualClock, virtual_time
 
 HOUR = 3600.0
 EPOCH = 1.8e9  # where every seed's virtual clock starts

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.surface_replay.world import VirtualClock
 from training_harness.launch.launcher import Launcher
 from training_harness.records.result import TrialResult, empty_metrics
 from training_harness.study.search_space import config_key
-
-from tests.benchmarks.surface_replay.world import VirtualClock
 
 OVERHEAD_S = 2.0  # virtual seconds a launched trial costs beyond the surface's wall_s
 Surface = Callable[[dict[str, Any], int], dict[str, Any]]

@@ -20,12 +20,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from training_harness.core.errors import HarnessError
-from training_harness.study.search_space import SearchSpace
-
 from tests.benchmarks.surface_replay.harness_run import HOUR, Run, Setup
 from tests.benchmarks.surface_replay.launcher import OVERHEAD_S
 from tests.benchmarks.surface_replay.world import PREPARE_S
+from training_harness.core.errors import HarnessError
+from training_harness.study.search_space import SearchSpace
 
 SAMPLE = 1000
 

@@ -13,9 +13,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from training_harness.core.units import format_bytes
-from training_harness.study.study_file import Study
-
 from tests.benchmarks.surface_replay.harness_run import HOUR, Run, prepare_study, run_seed
 from tests.benchmarks.surface_replay.launcher import OVERHEAD_S
 from tests.benchmarks.surface_replay.others import (
@@ -25,6 +22,8 @@ from tests.benchmarks.surface_replay.others import (
     run_random,
 )
 from tests.benchmarks.surface_replay.world import PREPARE_S, h100_world
+from training_harness.core.units import format_bytes
+from training_harness.study.study_file import Study
 
 TARGET = 0.97
 STRATEGIES = ("harness", "random", "estimator")

@@ -54,7 +54,6 @@ def main() -> None:
     args = p.parse_args()
 
     import training_harness.tune.search.guided_sampler as guided
-
     from tests.benchmarks.surface_replay import family_run
     from tests.benchmarks.surface_replay import launcher as launcher_module
     from tests.benchmarks.surface_replay.harness_run import EPOCH, HOUR, run_seed

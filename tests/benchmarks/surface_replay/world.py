@@ -78,9 +78,8 @@ def _peaks() -> dict[str, dict[str, Any]]:
 
 
 def _overhead() -> Any:
-    from training_harness.core.overhead import DeviceOverhead
-
     from tests.benchmarks.surfaces.hardware import CONTEXT
+    from training_harness.core.overhead import DeviceOverhead
 
     return DeviceOverhead(OVERHEAD_CONTEXT, CONTEXT - OVERHEAD_CONTEXT, 0,
                           "simulated: the H100 page's context, the surface's workspaces")
@@ -90,6 +89,7 @@ def _overhead() -> Any:
 def h100_world(gpus: int) -> Iterator[None]:
     """This process's view of the machine: `gpus` H100s (every patch undone on exit)."""
     import torch
+
     import training_harness.core.device as device
     import training_harness.estimator.facts as model_facts
     import training_harness.measure.memory as memory
