@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 
 class Phase(IntEnum):
-    """Where in the composition a strategy acts; the numbers are DESIGN.md's order.
+    """Where in the composition a strategy acts; the numbers are the order that
+    docs/architecture.md states (the order strategies compose in).
 
     Phase 1 (building the model) belongs to the workload. The order follows what
     techniques require of each other: kernels are swapped before anything wraps

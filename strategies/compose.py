@@ -69,7 +69,8 @@ def compose(
     device: torch.device | str | None = None,
     env: RuntimeEnv | None = None,
 ) -> Setup:
-    """Apply the plan's strategies to `model` in DESIGN.md's order; return the Setup.
+    """Apply the plan's strategies to `model` in their fixed order (docs/architecture.md);
+    return the Setup.
 
     `plan` may be a whole Plan or just its strategies, e.g.
     ``compose(model, {"amp": {"dtype": "bf16"}, "checkpoint": {}})``.

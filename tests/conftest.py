@@ -33,11 +33,6 @@ from training_harness.launch import rank_server  # noqa: E402
 # That mend matters in xdist's controller too: to show a worker's warning it imports the
 # warning class's module (lightning's, which imports torchvision).
 
-# No rank server kept warm between the commands the tests start: each test's commands run
-# in an environment of their own, so each would leave a server of its own behind for ten
-# minutes. tests/test_warm_server.py turns it on, in a runtime folder of its own.
-os.environ["HARNESS_WARM_SERVER"] = "0"
-
 # A test process has one rank server (multiprocessing's forkserver), started by
 # whichever test needs it first. An in-process `harness tune` with the fake launcher
 # would start it with the helper's preload alone (its trials are not forked), and the

@@ -171,6 +171,46 @@ def test_imports_follow_the_package_table():
         pytest.fail("imports against the package table:\n" + "\n".join(lines), pytrace=False)
 
 
+# Inside tune/, by layer (docs/architecture.md#inside-tune-one-subpackage-per-stage-of-a-study):
+# a module imports only from lower layers, or within its own stage's subpackage (the base
+# modules among themselves). One crossing is allowed: the final phases measure a busy
+# trial again as the search does.
+TUNE = "training_harness.tune"
+TUNE_LAYERS = {"session": 4, "search": 3, "final": 3, "recovery": 3, "model": 1}
+TUNE_BASE = 2  # recorder, trial_job, study_trials, budget, storage, held, workers, ...
+TUNE_CROSSINGS = {("final", "search.busy_machine")}
+
+
+def _tune_unit(module: str) -> tuple[str, str]:
+    """(its stage or "base", the module below tune/): tune.search.loop -> ("search",
+    "search.loop")."""
+    rest = module[len(TUNE) + 1:]
+    head = rest.split(".")[0]
+    return (head if head in TUNE_LAYERS else "base"), rest
+
+
+def test_tunes_stages_import_only_downward():
+    bad = []
+    for e in import_graph()[0]:
+        if e.typing or not (e.src.startswith(TUNE + ".") and e.dst.startswith(TUNE + ".")):
+            continue
+        (src, src_mod), (dst, dst_mod) = _tune_unit(e.src), _tune_unit(e.dst)
+        level = {**TUNE_LAYERS, "base": TUNE_BASE}
+        if src == dst or level[dst] < level[src] or (src, dst_mod) in TUNE_CROSSINGS:
+            continue
+        bad.append(f"  {src_mod} ({src}) imports {dst_mod} ({dst})  [{e.where()}]")
+    assert not bad, "imports against tune/'s order:\n" + "\n".join(bad)
+
+
+def test_the_tune_order_check_can_fail():
+    level = {**TUNE_LAYERS, "base": TUNE_BASE}
+    for src, dst in (("tune.trial_job", "tune.search.loop"),
+                     ("tune.search.loop", "tune.final.ablation")):
+        (s, _), (d, m) = (_tune_unit(f"training_harness.{src}"),
+                          _tune_unit(f"training_harness.{dst}"))
+        assert s != d and level[d] >= level[s] and (s, m) not in TUNE_CROSSINGS
+
+
 def test_no_module_is_over_500_lines():
     long = []
     for top in (*TOP, "tests"):

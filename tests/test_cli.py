@@ -82,8 +82,8 @@ def test_bench_from_flags_only(tmp_path, capsys):
     assert record["plan"]["workload"]["layers"] == 2
 
 
-BENCH_PHASES = {"python", "cli", "plan", "rank_server", "check", "peaks", "flops", "estimate",
-                "env", "fork", "launch", "start", "setup", "warmup", "finish"}
+BENCH_PHASES = {"python", "cli", "plan", "check", "peaks", "flops", "estimate", "env",
+                "helper", "launch", "start", "setup", "warmup", "finish"}
 
 
 # As `python -m training_harness` runs it, and then says whether torch was imported: an exit
@@ -98,9 +98,10 @@ runpy.run_module("training_harness", run_name="__main__", alter_sys=True)
 def test_bench_says_where_its_time_went_and_imports_no_torch(tmp_path):
     """--verbose prints the command's phases and the record keeps them (metrics.phases_s):
     one after the other, so with the measured window they add up to no more than the
-    wall clock (the interpreter's exit comes after the record). The plan is prepared in
-    a fork of the rank server, its ranks' parent: torch is imported once, there, never
-    in the command's process. (One command for both: each costs a rank server.)"""
+    wall clock (the interpreter's exit comes after the record). The plan is prepared by
+    the torch-side helper, a fork of the rank server, its ranks' parent: torch is imported
+    once, there, never in the command's process. (One command for both: each costs a
+    rank server.)"""
     from training_harness.launch import rank_server
 
     if not rank_server.enabled():
@@ -118,7 +119,7 @@ def test_bench_says_where_its_time_went_and_imports_no_torch(tmp_path):
     assert set(phases) == BENCH_PHASES
     assert all(v >= 0 for v in phases.values())
     assert sum(phases.values()) + m["window"]["seconds"] <= wall
-    assert "where the time went" in proc.stdout and "rank_server" in proc.stdout
+    assert "where the time went" in proc.stdout and "helper" in proc.stdout
     assert "(measured steps)" in proc.stdout
 
 
@@ -136,15 +137,17 @@ def _bench_in_python(code: str, out: Path, env: dict[str, str] | None = None) ->
 # test_bench_says_where_its_time_went_and_imports_no_torch, in the same command.
 
 
-@pytest.mark.slow  # the command, then its rank, each a new interpreter importing torch
-def test_bench_without_the_rank_server_prepares_in_its_own_process(tmp_path):
+@pytest.mark.slow  # the helper, then the rank, each a new interpreter importing torch
+def test_bench_without_the_rank_server_prepares_in_a_helper_of_its_own(tmp_path):
+    """HARNESS_FORK_RANKS=0: the helper and the rank are fresh interpreters; the command's
+    process still imports no torch."""
     env = {**os.environ, "HARNESS_FORK_RANKS": "0"}
     last = _bench_in_python("print(rc, 'torch' in sys.modules)", tmp_path / "o", env)[-1]
-    assert last == "0 True"
+    assert last == "0 False"
     phases = json.loads((tmp_path / "o" / "result.json").read_text())["metrics"]["phases_s"]
-    assert {"imports", "check", "peaks", "flops", "estimate", "env", "launch", "start",
+    assert {"check", "peaks", "flops", "estimate", "env", "helper", "launch", "start",
             "warmup"} <= set(phases)
-    assert "rank_server" not in phases and "python" not in phases  # main() was given argv
+    assert "python" not in phases  # main() was given argv
 
 
 def test_user_workload_from_a_module_path(tmp_path, capsys):

@@ -151,7 +151,6 @@ def stand_in(monkeypatch):
         return {d: Peak(1e9 * len(calls), f"measured: stand-in {d} matmul") for d in dtypes}
 
     monkeypatch.setattr(peaks, "_measure_in_subprocess", calibration)
-    monkeypatch.setattr(peaks, "_here", False)  # as in any process but a bench's fork
     return calls
 
 

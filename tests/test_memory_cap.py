@@ -177,7 +177,7 @@ def test_the_reports_frame_judges_by_the_same_figure():
 
 
 def test_the_corrected_estimator_learns_what_a_capped_trial_needed():
-    from training_harness.tune.search.correction import Correction
+    from training_harness.tune.model.correction import Correction
 
     rec = _record(71.46 * GiB, {"allocated": 53 * GiB, "reserved": 60 * GiB,
                                 "context_bytes": GiB // 2, "device_base": GiB // 2,

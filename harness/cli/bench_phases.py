@@ -8,13 +8,13 @@ the command's wall clock, less the interpreter's exit (after the record):
                 as a command: `main()` with no argv)
     cli         parsing the flags
     plan        reading the plan file
-    rank_server waiting for the rank server's imports (torch, torch._dynamo, the harness)
     check       the plan against the device and the registry, its workload loaded
     peaks       the peak FLOP/s MFU divides by (the cache, or a calibration on a miss)
     flops       the model's FLOPs per sample
     estimate    the estimator's prediction
     env         the environment the record carries
-    fork        the fork that prepared the plan: its start, its answer sent back, its end
+    helper      the torch-side helper that prepared the plan (a fork of the rank server):
+                its start, waiting for the server's imports, its answer sent back
     launch      the trial's files written, its ranks forked, then reaped and their
                 record read
     start       the rank's process, from its start to its trial (imports where it was

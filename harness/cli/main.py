@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tomllib
 from datetime import datetime
@@ -84,13 +83,14 @@ def plan_from_args(args: argparse.Namespace):
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """One plan, as a study's trial runs: prepared by the torch-side helper, launched by the
+    launcher its cluster names (training_harness.launch.run)."""
     import dataclasses
 
     from training_harness.cli.bench_phases import BenchPhases, phases_table
     from training_harness.cli.bench_table import estimate_table, result_table
     from training_harness.core.cluster import ClusterSpec
-    from training_harness.launch import rank_server
-    from training_harness.launch.local import check_nodes, launch, visible_gpus
+    from training_harness.launch.run import Nodes, bench_command, run_plan
 
     phases = BenchPhases(_PYTHON_S, _MAIN_AT)
     phases.lap("cli")
@@ -99,53 +99,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cluster = plan.cluster
     if args.launcher:
         cluster = dataclasses.replace(cluster or ClusterSpec(), launcher=args.launcher)
-    on_slurm = cluster is not None and cluster.launcher == "slurm"
-    if on_slurm:  # its server, started first thing (bench_early), would idle meanwhile
-        rank_server.stop_now()
-    # Refuse a bad plan before anything is made or run.
-    if args.nnodes == 1 and not on_slurm and rank_server.enabled():
-        from training_harness.launch.torch_helper import prepare_forked
-
-        # The ranks are forked from the rank server, so the plan is prepared in a fork
-        # of it too: torch is imported once, there, and never in this process.
-        prepared, seconds = prepare_forked(plan)
-        phases.add(seconds, rest="fork")
-    else:
-        from training_harness.strategies.registry import load_builtins
-
-        load_builtins()
-        from training_harness.measure.prepare import prepare
-
-        phases.lap("imports")
-        measured: dict[str, float] = {}
-        prepared = prepare(plan, phases=measured).checked()
-        phases.add(measured, rest="env")
-    if on_slurm:  # a job Slurm would not take: one line, exit 2, nothing submitted
-        from training_harness.launch import slurm
-
-        if args.node_rank or args.rdzv_endpoint:
-            raise HarnessError("--node-rank and --rdzv-endpoint are for the local launcher: "
-                               "a Slurm job gets all of its nodes at once")
-        slurm.check(cluster, prepared.device_type, plan.world_size, plan.timeout_s, args.nnodes)
-        launch = slurm.SlurmLauncher(cluster).launch
-    else:
-        check_nodes(plan, args.nnodes, args.node_rank, args.rdzv_endpoint,
-                    visible_gpus(prepared))
+    nodes = Nodes(args.nnodes, args.node_rank, args.rdzv_endpoint)
     out = Path(args.out or f"runs/bench/{plan.name}-{datetime.now():%Y%m%d-%H%M%S}")
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"harness bench {shlex.quote(str(out / 'plan.toml'))} --out {shlex.quote(str(out))}"
-    if args.nnodes > 1:
-        command += f" --nnodes {args.nnodes}"
-    if args.nnodes > 1 and not on_slurm:
-        command += (f" --node-rank {args.node_rank}"
-                    f" --rdzv-endpoint {shlex.quote(args.rdzv_endpoint)}")
-    command += f" --launcher {args.launcher}" if args.launcher else ""
-    print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on {args.nnodes} "
-          f"node(s), micro-batch {plan.micro_batch_size}, global batch {plan.batch_size}, "
-          f"strategies: {', '.join(plan.strategies) or 'none'}", flush=True)
-    phases.lap("launch")  # the launcher's share: `launched` adds the launch to it
-    result = launch(prepared, out, command, nnodes=args.nnodes, node_rank=args.node_rank,
-                    rdzv_endpoint=args.rdzv_endpoint)
+    command = bench_command(out, nodes, args.launcher,
+                            on_slurm=cluster is not None and cluster.launcher == "slurm")
+
+    def starting(prepared) -> None:  # checked, and Slurm would take it: nothing is refused now
+        print(f"bench {plan.name}: {plan.workload}, {plan.world_size} rank(s) on "
+              f"{args.nnodes} node(s), micro-batch {plan.micro_batch_size}, global batch "
+              f"{plan.batch_size}, strategies: {', '.join(plan.strategies) or 'none'}",
+              flush=True)
+        phases.lap("launch")  # the launcher's share: `launched` adds the launch to it
+
+    result = run_plan(plan, out, command, cluster, nodes, phases=phases, starting=starting)
     if args.node_rank != 0:
         print(f"{result.status}: {result.reason}")
         return 0
@@ -166,8 +132,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"saved the trained weights to {record['metrics']['saved']} (a distillation "
               "teacher: [strategies.distill] teacher = that folder)")
     print(f"wrote {out / 'result.json'} (logs in {out / 'logs'})\nre-run: {command}")
-    if (left := rank_server.warm_note()) is not None:
-        print(left)
     return 0
 
 
@@ -281,10 +245,6 @@ def main(argv: list[str] | None = None) -> int:
         from training_harness.core.clock import process_age_s
 
         _PYTHON_S = process_age_s()
-        if sys.argv[1:2] == ["bench"]:  # its rank server's imports, beside ours
-            from training_harness.cli.bench_early import start_rank_server
-
-            start_rank_server(sys.argv[2:])
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on a bad flag
     from training_harness.core import versions

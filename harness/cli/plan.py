@@ -4,9 +4,9 @@ GPUs you do not have, and `harness estimate PLAN --target NAME`: one plan's pred
 Nothing runs and no GPU is needed: the target's datasheet (training_harness.core.gpus) stands in
 for the device (training_harness.estimator.target). The ranking is the search's own: the
 estimator's predicted samples/s, zero over the memory budget, as
-training_harness.tune.search.estimator_model.Predictions rates a configuration before any trial is
+training_harness.tune.model.estimator_model.Predictions rates a configuration before any trial is
 measured (no correction), over the pool the search's first guesses draw
-(training_harness.tune.search.estimator_model.first_guess_pool). One workload object serves every
+(training_harness.tune.model.estimator_model.first_guess_pool). One workload object serves every
 configuration, so the estimator reads the model and traces each micro-batch size once
 (training_harness.estimator.memo).
 """
@@ -212,8 +212,8 @@ def rank(study: Any, target: Any, memory_budget: Any, sample: int
     from training_harness.study.machine_facts import MachineFacts
     from training_harness.study.search_space import SearchSpace
     from training_harness.tune.budget import memory_budget_bytes
-    from training_harness.tune.search.correction import Correction
-    from training_harness.tune.search.estimator_model import Predictions, first_guess_pool
+    from training_harness.tune.model.correction import Correction
+    from training_harness.tune.model.estimator_model import Predictions, first_guess_pool
 
     runtime = target.runtime()
     check_study(study, "cuda")

@@ -252,9 +252,6 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
             if where == "running":
                 progress[phase] = "stopped"
         save()
-        from training_harness.launch import warm_server  # its benches' servers end with it
-
-        warm_server.stop_all(since=now.timestamp())
     for phase, ok in results.items():
         print(f"[selftest] {phase}: {'ok' if ok else 'FAILED'}")
     print(f"[selftest] wrote {doc} ({time.monotonic() - start:.0f} s; logs and records in "

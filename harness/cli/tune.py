@@ -36,7 +36,7 @@ def add_tune_parser(sub: Any) -> None:
     p.add_argument("--memory-budget", metavar="SIZE|FRACTION",
                    help="peak memory per device: a size (70GiB) or a fraction of the "
                         "device's memory (0.9)")
-    p.add_argument("--storage", metavar="URL",  # training_harness.tune.recovery.storage.STORAGE_ENV
+    p.add_argument("--storage", metavar="URL",  # training_harness.tune.storage.STORAGE_ENV
                    default=os.environ.get("HARNESS_STORAGE"),
                    help="Optuna storage shared by workers: an RDB URL (postgresql://...), "
                         "redis://..., or journal:PATH (default: $HARNESS_STORAGE, else "
@@ -92,9 +92,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         print(what_would_run(args, ready))
         return 0
+    from training_harness.tune.options import SessionOptions
     from training_harness.tune.session import run_session
 
-    return run_session(args, ready)
+    options = SessionOptions(
+        storage=args.storage, resume=args.resume, quiet=args.quiet, launcher=args.launcher,
+        helper=args.helper, search_until=args.search_until, deadline_at=args.deadline_at,
+        follow=args.follow, node_rank=args.node_rank, rdzv_host=args.rdzv_host)
+    return run_session(options, ready)
 
 
 def left_out_text(left_out: list[str]) -> str:
@@ -116,7 +121,7 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     from training_harness.study.search_space import NotInSpace, SearchSpace
     from training_harness.study.study_file import memory_spec
     from training_harness.tune.budget import memory_budget_bytes
-    from training_harness.tune.search.estimator_model import largest_fitting_micro
+    from training_harness.tune.model.estimator_model import largest_fitting_micro
 
     if not 1 <= args.workers <= MAX_WORKERS:
         raise HarnessError(f"--workers {args.workers}: must be between 1 and {MAX_WORKERS} "
@@ -175,7 +180,7 @@ def check(args: argparse.Namespace, started: float) -> CheckedStudy:
     launcher = _launcher(args.launcher, study, facts.device_type)
     groups: list[str | None] = [None]
     if args.workers > 1:
-        from training_harness.tune.recovery.workers import device_groups
+        from training_harness.tune.workers import device_groups
 
         cuda = facts.device_count if facts.device_type == "cuda" else 0
         groups = device_groups(args.workers, max(study.layout.world_sizes), cuda)

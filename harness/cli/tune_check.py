@@ -49,7 +49,7 @@ def check_run_folder(run_dir: Path, given: bool) -> None:
 
 
 def _storage(args: argparse.Namespace, ready: Any) -> str:
-    from training_harness.tune.recovery.storage import describe_storage
+    from training_harness.tune.storage import describe_storage
 
     text = describe_storage(args.storage, ready.run_dir)
     if args.storage and "://" in args.storage and not args.storage.startswith("redis://"):
@@ -125,7 +125,7 @@ def _duration(value: str | float) -> str:
 
 def describe_start(study: Any, size: int | None, n_references: int) -> str:
     """How a study of `size` configurations starts, in a line."""
-    from training_harness.tune.search.estimator_model import sample_size
+    from training_harness.tune.model.estimator_model import sample_size
     from training_harness.tune.search.first_guesses import tier_limit
     from training_harness.tune.search.sampling import startup_trials
 

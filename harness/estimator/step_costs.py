@@ -24,7 +24,7 @@ launch-bound GPU needs, nor see what tensor or data parallel send. On CUDA a ste
 
 The bandwidths are the datasheet's (training_harness.estimator.bandwidth). Every constant here
 is an assumption the tuner corrects from the study's own trials
-(training_harness.tune.search.step_fit); `harness estimate` prints them.
+(training_harness.tune.model.step_fit); `harness estimate` prints them.
 """
 
 from __future__ import annotations

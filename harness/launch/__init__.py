@@ -1,8 +1,7 @@
 """Launching one trial in its own processes and collecting its record: the local
-launcher (`local`: the ranks of a one-node trial forked from the rank server,
-`rank_server`, or for `harness bench` from the one kept warm between commands,
-`warm_server`, each fork running `fork_child`; or torchrun across nodes, with a hard
-timeout), finding and stopping
+launcher (`local`: the ranks of a one-node trial forked from the command's rank server,
+`rank_server`, each fork running `fork_child`; or torchrun across nodes, with a hard
+timeout), one plan prepared and launched the one way (`run`), finding and stopping
 a trial's processes (`procs`), bounded log files (`log_cap`), what the ranks left
 behind (`rank_logs`) and the record of a trial that left none (`verdict`), the
 tuner's client of its torch-side helper (`probe`), and the Slurm launcher (`slurm`:

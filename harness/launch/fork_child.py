@@ -1,8 +1,7 @@
-"""What a fork of a rank server runs (training_harness.launch.rank_server's, started by the
-command, or training_harness.launch.warm_server's, kept between commands): a rank, as
-`python -m training_harness.measure.rank_main ARGV` would be (`run_rank`); one answer of the
-torch-side helper (`answer`); or the helper's loop (`serve`). Each takes the caller's
-environment (`use_env`) and leaves by os._exit, so nothing of the server runs after.
+"""What a fork of the command's rank server (training_harness.launch.rank_server) runs: a
+rank, as `python -m training_harness.measure.rank_main ARGV` would be (`run_rank`), or the
+torch-side helper's loop (`serve`). Each takes the caller's environment (`use_env`) and
+leaves by os._exit, so nothing of the server runs after.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -110,28 +108,3 @@ def use_env(env: dict[str, str]) -> None:
         import torch  # this one imported torch in the server (preloaded: no cost here)
 
         torch.set_num_threads(int(threads))
-
-
-def answer(request: dict[str, Any], env: dict[str, str], conn: Any) -> None:
-    """In a fork (see `ask`): answer `request` as the torch-side helper would, send it
-    back, and leave (os._exit: nothing of the server runs after)."""
-    forked_at = time.monotonic()
-    try:
-        use_env(env)
-        from training_harness.measure import peaks, torch_helper_server
-
-        peaks.calibrate_here()  # this fork ends before the trial starts
-
-        answer = torch_helper_server.answer(request)
-    except BaseException:
-        import traceback
-
-        answer = {"crash": traceback.format_exc()[-4000:]}
-    with contextlib.suppress(Exception):
-        answer = {**answer, "forked_at": forked_at, "answered_at": time.monotonic()}
-        conn.send_bytes(json.dumps(answer, default=str).encode())
-        conn.close()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)

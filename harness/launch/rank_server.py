@@ -5,23 +5,16 @@ A trial's process spends about 3 s importing torch, the harness and torch._dynam
 trial (docs/benchmarks/trial_overhead_cpu_2026-11-23.md), and torchrun adds its
 own interpreter and rendezvous. So every rank of a one-node trial is a fresh fork
 of a server process that imported them once: `multiprocessing`'s forkserver, with
-those modules preloaded. It never runs a trial itself, nor touches a device: each
+those modules preloaded, started by the command (`harness bench`, `harness tune`)
+and stopped at its exit. It never runs a trial itself, nor touches a device: each
 rank is a new fork, and one trial's memory, threads or CUDA context never reach
-the next. Several nodes still go through torchrun.
+the next. Several nodes, and Slurm's jobs, go through torchrun.
 
+    warm_up()              # start it now: its imports overlap the command's own
     ranks = start_ranks(argv, env, logs, world_size, port, run_id)
     ranks.wait(timeout)    # every rank ended, or the first one failed
     ranks.returncode; ranks.first_failure; ranks.pids; ranks.members
-
-    ask({"op": "prepare", "plan": ...})    # a fork answers as the torch-side helper would
-    process, conn = serve(env, log)        # a fork that answers them until conn closes
-
-`harness bench` checks and prepares its plan in such a fork too (`ask`), so its own
-process never imports torch: the server's imports are the only ones its trial
-waits for, and a peak calibration that misses the cache no longer runs beside them.
-It starts the server first thing (`start_now`, training_harness.cli.bench_early), so that
-its own start (argparse's parsers, the plan) runs beside the server's imports; these
-run with the garbage collector paused (training_harness.measure.rank_preload).
+    process, conn = serve(env, log)   # the torch-side helper: a fork answering requests
 
 Each fork runs `python -m training_harness.measure.rank_main ARGV` as torchrun's worker
 would: a session of its own (so stopping its process group stops what it
@@ -32,6 +25,9 @@ first use, as CUDA_VISIBLE_DEVICES and the allocator's settings are) comes from
 the environment the server started with; OMP_NUM_THREADS is applied in the fork.
 `HARNESS_FORK_RANKS=0` turns it off (then every rank is a new interpreter).
 
+As with any multiprocessing program, a script of the user's that calls the harness's
+launch itself needs `if __name__ == "__main__":` (the forks import its __main__).
+
 This module is imported by the tuner's process, which never imports torch: the
 server imports it, in its own process.
 """
@@ -40,15 +36,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from multiprocessing import connection, spawn
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +62,6 @@ HELPER_NAME = fork_child.HELPER_NAME
 
 _lock = threading.Lock()
 _context: Any = None
-_warm: Any = None  # training_harness.launch.warm_server.WarmServer, when `start_now` found one
 
 
 def enabled() -> bool:
@@ -77,60 +70,13 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1") != "0" and "forkserver" in methods
 
 
-def warm_up() -> None:
-    """Start a study's server now (with STUDY_PRELOAD), so its imports overlap the tuner's
-    own start instead of delaying the first trial. Called before the tuner's torch-side
-    helper starts (`serve`), where the study's trials will be forked from it: a server
+def warm_up(study: bool = True) -> None:
+    """Start the server now (for a study, with STUDY_PRELOAD), so its imports overlap the
+    command's own start instead of delaying the first trial. Called before the torch-side
+    helper starts (`serve`), where the trials will be forked from the server: a server
     started by the helper alone preloads only what the helper uses."""
-    if enabled():
-        _server(PRELOAD + STUDY_PRELOAD)  # spawns it (milliseconds); it imports in its process
-
-
-def start_now() -> None:
-    """Start the server (PRELOAD only) now, if it is on: `harness bench` calls this
-    first thing, so the server's imports run beside the command line's own. It only
-    spawns the server (a few milliseconds); the imports go on in its process, and the
-    server is stopped at this process's exit whatever happens meanwhile. Where a warm
-    server kept between commands is on (training_harness.launch.warm_server), that one is found
-    or started instead, and left running at the exit."""
-    global _warm
-    if not enabled():
-        return
-    from training_harness.launch import warm_server
-
-    _warm = warm_server.WarmServer.start(PRELOAD)
-    if _warm is None:
-        _server()
-
-
-def stop_now() -> None:
-    """Stop the server now, if one runs: `harness bench` of a plan whose [cluster]
-    sends it to Slurm, known only once the plan is read, after `start_now`. A warm
-    server is left to other commands."""
-    global _warm
-    _warm = None
-    _stop()
-
-
-def warm_note() -> str | None:
-    """What a `harness bench` that started the warm server leaves running, or None."""
-    return _warm.left_running() if _warm is not None else None
-
-
-def _forked_by_warm(how: str, *args: Any) -> Any:
-    """`how` (start_rank or ask) by the warm server, or None (then by this command's
-    own server) when there is none or it could not fork."""
-    global _warm
-    if _warm is None:
-        return None
-    from training_harness.launch import warm_server
-
-    try:
-        return getattr(_warm, how)(*args)
-    except warm_server.Unavailable as e:
-        print(f"harness: {e}; starting this command's own rank server", file=sys.stderr)
-        _warm = None
-        return None
+    if enabled():  # spawns it (milliseconds); it imports in its own process
+        _server(PRELOAD + (STUDY_PRELOAD if study else []))
 
 
 def _server(preload: list[str] = PRELOAD) -> Any:
@@ -151,17 +97,16 @@ def _stop() -> None:
     """At this process's exit, end the server at once. Left to itself it would notice
     the exit and then unload torch for a second or so, holding this command's stdout
     and stderr open all the while (a caller reading them to their end waits for it).
-    It runs no trial: every rank forked from it has ended or been stopped by now."""
-    from multiprocessing import forkserver
+    It runs no trial: every rank forked from it has ended or been stopped by now. It is
+    found as this process's child running multiprocessing's forkserver (psutil), not
+    through multiprocessing's private state."""
+    import psutil
 
-    server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
-    if pid is None:
-        return
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGTERM)  # the server leaves SIGTERM to its default: gone
-    with contextlib.suppress(Exception):
-        server._stop()  # reaps it and forgets it (multiprocessing's own way to stop it)
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if any("multiprocessing.forkserver" in part for part in child.cmdline()):
+                child.terminate()  # the server leaves SIGTERM to its default: gone
+                child.wait(timeout=5)
 
 
 class ForkedRank:
@@ -192,9 +137,6 @@ class ForkedRank:
 
 def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> ForkedRank:
     """Fork `python -m training_harness.measure.rank_main ARGV` from the server (see the module)."""
-    warm = _forked_by_warm("start_rank", argv, env, stdout, stderr)
-    if warm is not None:
-        return warm
     process = _server().Process(target=fork_child.run_rank,
                                 args=(argv, env, stdout, stderr), name="harness-rank",
                                 daemon=False)
@@ -204,45 +146,7 @@ def start_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -
 
 def _start(process: Any) -> None:
     with _lock:
-        # multiprocessing would have the fork run the caller's __main__ again (to
-        # unpickle what it defines): the fork's code is the harness's own, and a user's
-        # script without a main guard must not start over in every trial.
-        spawn.get_preparation_data = _without_main
-        try:
-            process.start()
-        finally:
-            spawn.get_preparation_data = _preparation_data
-
-
-def ask(request: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The torch-side helper's answer (training_harness.measure.torch_helper_server.answer) to
-    `request`, given by a fork of the server instead of the helper's own process:
-    `harness bench` prepares its plan this way, so torch is imported once, by the
-    server its ranks are forked from, and not a second time beside it. The fork
-    runs with `env` (default: this process's environment) and ends with its answer;
-    the answer also says when it began (`forked_at`, time.monotonic(): the server's
-    imports were done by then) and when it ended (`answered_at`)."""
-    warm = _forked_by_warm("ask", request, dict(env or os.environ))
-    if warm is not None:
-        return warm
-    forking = _server()
-    reader, writer = forking.Pipe(duplex=False)
-    process = forking.Process(target=fork_child.answer,
-                              args=(request, dict(env or os.environ), writer),
-                              name="harness-prepare", daemon=False)
-    try:
-        _start(process)
-        writer.close()  # the fork holds the only writer: EOF once it ends
-        try:  # JSON, as the helper answers: nothing in it imports torch here
-            answer = json.loads(reader.recv_bytes())
-        except EOFError:  # it ended without answering (killed, or crashed in C)
-            process.join()
-            answer = {"crash": f"the rank server's fork that answers {request.get('op')!r} "
-                               f"ended without an answer (exit {process.exitcode})"}
-    finally:
-        reader.close()
-        process.join()
-    return answer
+        process.start()
 
 
 def serve(env: dict[str, str], log: str) -> tuple[ForkedRank, Any]:
@@ -345,13 +249,3 @@ class ForkedRanks:
                                                 timeout or 0.0)
             running = [p.sentinel for r, p in self.members.items() if r not in ended]
             connection.wait(running, left)  # wakes as soon as any rank ends
-
-
-_preparation_data = spawn.get_preparation_data
-
-
-def _without_main(name: str) -> dict[str, Any]:
-    data = _preparation_data(name)
-    data.pop("init_main_from_path", None)
-    data.pop("init_main_from_name", None)
-    return data

@@ -3,7 +3,6 @@
     probe = shared()                     # one helper per tuner, started lazily
     facts = probe.study_facts(study)     # the study checked here (HarnessError if not)
     prepared = probe.prepare(plan)       # the plan checked, estimated, FLOPs counted
-    prepared, phases_s = prepare_forked(plan)   # the same, by a fork of the rank server
 
 The tuner process never imports torch: what needs it is asked of this helper.
 The helper is a fork of the rank server (training_harness.launch.rank_server.serve), whose
@@ -22,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import Any
 
 from training_harness.core.errors import HarnessError
@@ -56,14 +54,16 @@ class TorchHelper:
         study.known_good = facts.known_good
         return facts
 
-    def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None) -> PreparedPlan:
+    def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None,
+                phases: dict[str, float] | None = None) -> PreparedPlan:
         """The plan checked, resolved and estimated; HarnessError when refused here.
         `peaks`: the study's fixed peaks (MachineFacts.peaks), used where they hold the
-        plan's dtype."""
+        plan's dtype. `phases`, when given, gets where the helper's time went
+        (training_harness.measure.prepare's phases)."""
         request = {"op": "prepare", "plan": plan.to_dict(), "peaks": peaks or {}}
-        return PreparedPlan.from_dict(self._ask(request))
+        return PreparedPlan.from_dict(self._ask(request, phases))
 
-    def _ask(self, request: dict[str, Any]) -> Any:
+    def _ask(self, request: dict[str, Any], phases: dict[str, float] | None = None) -> Any:
         line = json.dumps({**request, "cwd": os.getcwd(), "path": import_path()}, default=str)
         with self._lock:
             self._start()
@@ -82,7 +82,10 @@ class TorchHelper:
                 raise ProbeCrashed(f"the torch-side helper stopped (exit {code}): "
                                    f"{self._stderr_tail()}")
             self._unlink_log()  # the helper answered: it holds its log open
-        return _ok(json.loads(line))
+        answer = json.loads(line)
+        if phases is not None:
+            phases.update(answer.get("phases_s") or {})
+        return _ok(answer)
 
     def _start(self) -> None:
         """The helper, started if it is not running. Where one-node trials are forked from
@@ -168,22 +171,6 @@ def _ok(answer: dict[str, Any]) -> Any:
     if "crash" in answer:
         raise ProbeCrashed(f"the torch-side helper failed:\n{answer['crash']}")
     return answer["ok"]
-
-
-def prepare_forked(plan: Plan) -> tuple[PreparedPlan, dict[str, float]]:
-    """`TorchHelper.prepare`, answered by a fork of the rank server
-    (training_harness.launch.rank_server.ask) rather than by a helper process of its own: for
-    `harness bench`, whose ranks are forked from that server, so that torch is
-    imported once. Also returns where its time went (seconds): `rank_server`,
-    waiting for the server's imports (from this call to the fork), then the fork's
-    own (training_harness.measure.prepare.prepare's phases and `env`)."""
-    asked_at = time.monotonic()
-    answer = rank_server.ask({"op": "prepare", "plan": plan.to_dict(),
-                              "cwd": os.getcwd(), "path": import_path()})
-    prepared = PreparedPlan.from_dict(_ok(answer))
-    forked_at = answer.get("forked_at", asked_at)
-    return prepared, {"rank_server": max(0.0, forked_at - asked_at),
-                      **(answer.get("phases_s") or {})}
 
 
 _SHARED: TorchHelper | None = None

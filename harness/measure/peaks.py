@@ -11,8 +11,7 @@ Both figures are recorded with every result, and the record says which MFU uses:
   runs in a short-lived process of its own (training_harness.measure.calibrate): a CUDA
   context made here would stay on the trials' device for as long as the caller (the
   tuner's helper, the bench launcher) lives, holding memory and skewing NVML's
-  readings. A process that itself ends before the trial starts (the rank server's
-  fork that prepares `harness bench`'s plan) runs it in place (`calibrate_here`).
+  readings.
 
 MFU uses the datasheet figure where the device is known (the convention papers
 report against) and the measured one otherwise (CPUs vary too much for a table, and
@@ -37,7 +36,6 @@ import torch
 from training_harness.core.errors import HarnessError
 from training_harness.core.gpus import gpu_named
 from training_harness.measure import cache as store
-from training_harness.measure import calibrate
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 CACHE_FILE = "peaks.json"
@@ -215,8 +213,7 @@ def measured_peaks(device: torch.device, dtypes: list[str], *,
     found = {d: hit for d in wanted if (hit := _valid_entry(entries.get(keys[d]))) is not None}
     missing = [d for d in wanted if d not in found]
     if missing:
-        measured = ({d: Peak(*calibrate.measure_peak(device, d)) for d in missing} if _here
-                    else _measure_in_subprocess(device, missing))
+        measured = _measure_in_subprocess(device, missing)
         found.update(measured)
         if cache:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -277,18 +274,6 @@ def _cache_key(device: torch.device, device_name: str, dtype: str) -> str:
 
 
 # --- where the calibration runs -----------------------------------------------------
-
-_here = False  # see calibrate_here
-
-
-def calibrate_here() -> None:
-    """Declare this process a short-lived one that ends before any trial starts (the
-    rank server's fork that prepares one plan, training_harness.launch.rank_server.ask): a
-    calibration that misses the cache then runs here, as it would in its own process,
-    instead of in a new interpreter that imports torch again (a second or more)."""
-    global _here
-    _here = True
-
 
 def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str, Peak]:
     """The calibration of each dtype in one short-lived process

@@ -5,7 +5,7 @@
                  the largest world size (data parallel where the layouts allow,
                  with DDP if the study lists it), the
                  largest micro-batch (the least accumulation) predicted to fit the
-                 memory budget (training_harness.tune.search.estimator_model.largest_fitting_micro
+                 memory budget (training_harness.tune.model.estimator_model.largest_fitting_micro
                  lowers it)
     known-good   the study's [known_good], or else the techniques usually good on
                  this device (GOOD_BY_DEVICE) at their default settings

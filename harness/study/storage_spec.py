@@ -1,7 +1,7 @@
 """The study's [storage] table: how workers sharing an RDB storage watch each other.
 
 Read with the study file (training_harness.study.study_file); used by the tuner's storage
-(training_harness.tune.recovery.storage), which applies it to the database it opens.
+(training_harness.tune.storage), which applies it to the database it opens.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ loses nothing: recovery (training_harness.tune.recovery.resume) tells Optuna wha
 The record is the authority.
 
 The trials this worker holds (RUNNING here, no record yet) are `held`
-(training_harness.tune.recovery.held): a worker that loses the storage records them first
+(training_harness.tune.held): a worker that loses the storage records them first
 (`record_held`, the storage's on_give_up).
 """
 
@@ -31,11 +31,11 @@ from training_harness.records.run_store import RunStore
 from training_harness.records.tags import PRUNED_SLOW, tags_of
 from training_harness.study.search_space import config_key
 from training_harness.tune import optuna_outcome
+from training_harness.tune.held import Held, HeldTrials
 from training_harness.tune.optuna_outcome import outcome
-from training_harness.tune.recovery.held import Held, HeldTrials
-from training_harness.tune.recovery.storage import Heartbeat, PatientStorage
-from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.storage import Heartbeat, PatientStorage
 from training_harness.tune.trial_job import command_for
+from training_harness.tune.workers import Worker
 
 
 @dataclass

@@ -16,13 +16,12 @@ Node K > 0 of a multi-node study runs a follower instead (training_harness.tune.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -41,11 +40,14 @@ from training_harness.tune.final.phases import run_final_phases
 from training_harness.tune.final.results import write_results
 from training_harness.tune.final.summary import now
 from training_harness.tune.final.time_reserve import FinalTime
+from training_harness.tune.held import HeldTrials
+from training_harness.tune.model.correction import Corrections
+from training_harness.tune.model.estimator_model import EstimatorCostModel, Predictions
+from training_harness.tune.options import SessionOptions
 from training_harness.tune.progress import Progress
 from training_harness.tune.recorder import Measured, Recorder, record_held
 from training_harness.tune.recovery.follower import Announcer, run_follower
 from training_harness.tune.recovery.grid_rest import requeue_grid, seeded_grid
-from training_harness.tune.recovery.held import HeldTrials
 from training_harness.tune.recovery.resume import (
     StaleTrials,
     cancel_jobs_left,
@@ -55,23 +57,21 @@ from training_harness.tune.recovery.resume import (
     settle,
     wait_for_untagged,
 )
-from training_harness.tune.recovery.storage import (
+from training_harness.tune.recovery.torn import repair_records
+from training_harness.tune.search.first_guesses import estimated_start, sample_size
+from training_harness.tune.search.guided_sampler import GuidedSampler
+from training_harness.tune.search.loop import Tuner
+from training_harness.tune.search.sampling import make_sampler
+from training_harness.tune.storage import (
     STORAGE_ENV,
     StorageHooks,
     StorageUnreachable,
     describe_storage,
     make_storage,
 )
-from training_harness.tune.recovery.torn import repair_records
-from training_harness.tune.recovery.workers import Worker, spawn_helpers, wait_for
-from training_harness.tune.search.correction import Corrections
-from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
-from training_harness.tune.search.first_guesses import estimated_start, sample_size
-from training_harness.tune.search.guided_sampler import GuidedSampler
-from training_harness.tune.search.loop import Tuner
-from training_harness.tune.search.sampling import make_sampler
 from training_harness.tune.study_trials import StudyTrials
 from training_harness.tune.trial_job import TrialRunner
+from training_harness.tune.workers import Worker, spawn_helpers, wait_for
 
 
 @dataclass
@@ -103,15 +103,15 @@ class Parts:
     tuner: Tuner
 
 
-def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
+def run_session(options: SessionOptions, checked: CheckedStudy) -> int:
     """0, or 1 when nothing was tuned (every trial failed or did not fit)."""
     # Taken out of the environment: the trials this process launches do not need it.
     from_env = os.environ.pop(STORAGE_ENV, None)
-    args.storage = args.storage or from_env
-    if args.follow:
-        return run_follower(args, checked)
+    options = replace(options, storage=options.storage or from_env)
+    if options.follow:
+        return run_follower(options, checked)
     try:
-        parts = open_study(args, checked)
+        parts = open_study(options, checked)
     except OSError as e:  # study.toml or study.json not written: a full disk
         store = RunStore(checked.run_dir)
         if not RunFolderUnwritable.stops(store, e):
@@ -119,28 +119,28 @@ def run_session(args: argparse.Namespace, checked: CheckedStudy) -> int:
         raise RunFolderUnwritable(store, e) from None
     outcome = Outcome()
     try:
-        run_study(args, checked, parts, outcome)
+        run_study(options, checked, parts, outcome)
     except BaseException:  # also on Ctrl-C: helpers stopped, followers released, the
-        finish(args, parts, outcome, stopping=True)  # study's files where they can be
+        finish(options, parts, outcome, stopping=True)  # study's files where they can be
         raise
-    return 0 if finish(args, parts, outcome) else 1
+    return 0 if finish(options, parts, outcome) else 1
 
 
-def open_study(args: argparse.Namespace, checked: CheckedStudy,
+def open_study(options: SessionOptions, checked: CheckedStudy,
                on_event: Callable[[str, dict[str, Any]], None] | None = None) -> Parts:
     """`on_event`: what each trial's start, steps, end and notes are told to (the
     progress display's by default)."""
-    study, main = checked.study, not args.helper
-    if args.helper:  # the main worker's clock, so that every worker keeps the same reserve
-        clock = Clock(time.time(), args.search_until, args.deadline_at)
+    study, main = checked.study, not options.helper
+    if options.helper:  # the main worker's clock, so that every worker keeps the same reserve
+        clock = Clock(time.time(), options.search_until, options.deadline_at)
     else:
         clock = Clock.start(study.budget.time_s, study.budget.ablation_share, checked.started)
     # A cut line of trials.jsonl is named whatever --quiet says (a record was lost). The
     # store says it through the progress display, which reads the store: the one made
     # first calls the other late.
-    store = RunStore(checked.run_dir, say=_stderr if args.quiet else
+    store = RunStore(checked.run_dir, say=_stderr if options.quiet else
                      lambda text: progress.line(text))
-    progress = Progress(study.name, clock, quiet=args.quiet, store=store,
+    progress = Progress(study.name, clock, quiet=options.quiet, store=store,
                         memory_budget=checked.budget_bytes)
     on_event = on_event or progress.event
     held, me = HeldTrials(), Worker.this()
@@ -149,9 +149,9 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy,
     hooks = StorageHooks({"worker": me.tag}, held.claimed,
                          partial(record_held, held, store, study.name),
                          StaleTrials(store, study.storage.retries, study.storage.grace, on_event))
-    open_storage = partial(make_storage, args.storage, store.root, study.storage,
-                           None if args.quiet else progress.line, hooks)
-    remote = args.storage and not args.storage.startswith("journal:")
+    open_storage = partial(make_storage, options.storage, store.root, study.storage,
+                           None if options.quiet else progress.line, hooks)
+    remote = options.storage and not options.storage.startswith("journal:")
     storage = open_storage() if remote else None
     if main:  # before mkdir: trials on other machines must see the run folder
         note = checked.launcher.check_shared(store.root)  # HarnessError: nothing made
@@ -175,7 +175,7 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy,
     optuna_study, created = _open(storage, study, sampler)
     if created:
         _enqueue_first(optuna_study, checked, predictions)
-    elif args.resume and study.sampler == "grid":
+    elif options.resume and study.sampler == "grid":
         queued = requeue_grid(optuna_study, checked.space.enumerate(), study.seed,
                               store.records())
         if queued:
@@ -187,7 +187,7 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy,
     if study.layout.nnodes > 1 and not isinstance(checked.launcher, SlurmLauncher):
         import socket
 
-        nodes = Announcer(optuna_study, args.rdzv_host or socket.gethostname(),
+        nodes = Announcer(optuna_study, options.rdzv_host or socket.gethostname(),
                           study.layout.nnodes)
     run = TrialRunner(study.name, store, checked.budget_bytes, checked.facts,
                       checked.torch_helper, checked.launcher, nodes=nodes,
@@ -203,12 +203,12 @@ def open_study(args: argparse.Namespace, checked: CheckedStudy,
                   partial(settle, optuna_study, store, recorder, measured,
                           study.storage.retries), on_event)
     if main:
-        _started(store, checked, clock, args.storage)
+        _started(store, checked, clock, options.storage)
     return Parts(study, checked.space, optuna_study, run, clock, progress, on_event, recorder,
                  trials, measured, corrections, tuner)
 
 
-def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
+def run_study(options: SessionOptions, checked: CheckedStudy, p: Parts,
               outcome: Outcome) -> None:
     store, retries = p.run.store, p.study.storage.retries
     with p.progress as progress:
@@ -216,7 +216,7 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
             # lines cut short: cut out, trials settled
             for note in repair_records(store, p.optuna_study, p.measured, retries):
                 store.say(note)
-            if args.resume:  # a tuner killed between Optuna's ask and its tag
+            if options.resume:  # a tuner killed between Optuna's ask and its tag
                 wait_for_untagged(p.optuna_study, progress.line)
             # first: these are waited for, not failed by recover
             left = jobs_left(p.optuna_study, p.run, p.recorder)
@@ -224,7 +224,7 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
                 progress.line(note)
             for note in recover(p.optuna_study, store, p.recorder, p.measured, retries):
                 progress.line(note)
-            outcome.helpers = _start_helpers(args, checked, store, p.clock, progress.line)
+            outcome.helpers = _start_helpers(options, checked, store, p.clock, progress.line)
             if checked.groups[0] is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = checked.groups[0]  # this worker's share
             began = time.time()
@@ -239,9 +239,9 @@ def run_study(args: argparse.Namespace, checked: CheckedStudy, p: Parts,
                 if p.trials.retries_waiting():  # its trial is owed a run
                     outcome.stopped = p.tuner.search()
             outcome.spent["search"] = time.time() - began
-            if not args.helper:
+            if not options.helper:
                 done = outcome.stopped.startswith(("converged", "search space exhausted"))
-                outcome.final = run_final(p, args.resume, progress.line, done, outcome.spent)
+                outcome.final = run_final(p, options.resume, progress.line, done, outcome.spent)
         except StorageUnreachable as e:
             outcome.stopped, outcome.final = str(e), "not run"
             raise
@@ -261,7 +261,7 @@ def run_final(p: Parts, take_over: bool, say: Callable[[str], None], search_done
                             search_done, spent)
 
 
-def finish(args: argparse.Namespace, p: Parts, outcome: Outcome,
+def finish(options: SessionOptions, p: Parts, outcome: Outcome,
            stopping: bool = False) -> bool:
     """Stop the helpers, release the followers; the main worker writes the study's files.
     False when nothing ran ok. A run folder that takes no more writes (a full disk)
@@ -272,7 +272,7 @@ def finish(args: argparse.Namespace, p: Parts, outcome: Outcome,
             helper.terminate()
     if p.run.nodes is not None:
         p.run.nodes.finished()
-    if args.helper:
+    if options.helper:
         return True
     store = p.run.store
     try:
@@ -321,7 +321,7 @@ def _enqueue_first(optuna_study: optuna.Study, checked: CheckedStudy,
                 optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
 
 
-def _start_helpers(args: argparse.Namespace, checked: CheckedStudy, store: RunStore,
+def _start_helpers(options: SessionOptions, checked: CheckedStudy, store: RunStore,
                    clock: Clock, say: Any) -> list[subprocess.Popen]:
     """--workers N: N-1 helper processes on the same storage, deadline and reserve."""
     if len(checked.groups) <= 1:
@@ -329,9 +329,9 @@ def _start_helpers(args: argparse.Namespace, checked: CheckedStudy, store: RunSt
     argv = [str(store.study_toml), "--out", str(store.root), "--helper",
             "--deadline-at", repr(clock.deadline), "--search-until", repr(clock.search_end),
             "--memory-budget", str(checked.budget_bytes)]
-    argv += ["--launcher", args.launcher] if args.launcher else []
+    argv += ["--launcher", options.launcher] if options.launcher else []
     # The storage URL goes through the environment: a password in argv shows in `ps`.
-    env = {STORAGE_ENV: args.storage} if args.storage else {}
+    env = {STORAGE_ENV: options.storage} if options.storage else {}
     helpers = spawn_helpers(argv, checked.groups, store.root / "workers", env)
     say(f"started {len(helpers)} helper worker(s); logs in {store.root / 'workers'}")
     return helpers

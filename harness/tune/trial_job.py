@@ -5,7 +5,7 @@
        `pruned` record with the reasons, never launched;
     2. the estimator predicts it (the same helper, once: the prepared plan is
        what the ranks read), corrected from the study's measured trials
-       (training_harness.tune.search.correction); over the
+       (training_harness.tune.model.correction); over the
        memory budget: a `pruned` record with the prediction, never launched;
     3. expected to end after the deadline: a `pruned` record, not started;
     4. otherwise launched in its own processes (training_harness.launch.local), with a hard
@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
+from training_harness.core.prepared import PreparedPlan
 from training_harness.core.units import format_bytes, format_seconds
 from training_harness.launch.launcher import Launcher
 from training_harness.launch.local import LocalLauncher
+from training_harness.launch.run import run_plan
 from training_harness.launch.torch_helper import TorchHelper
 from training_harness.records.result import TrialResult
 from training_harness.records.run_store import RunStore, write_atomic
@@ -41,8 +43,8 @@ from training_harness.records.step_log import read_steps
 from training_harness.records.tags import PRUNED_MEMORY, PRUNED_REFUSED, PRUNED_SLOW, PRUNED_TIME
 from training_harness.study.machine_facts import MachineFacts
 from training_harness.tune.budget import MARGIN, fits, launch_timeout
+from training_harness.tune.model.correction import Correction
 from training_harness.tune.optuna_outcome import memory_excess_bytes
-from training_harness.tune.search.correction import Correction
 
 if TYPE_CHECKING:
     from training_harness.tune.recovery.follower import Announcer
@@ -107,60 +109,73 @@ def run_trial_job(
     command = command_for(run.store, trial_id)
     folder = run.store.write_trial_files(trial_id, plan.to_toml(), command)
     tags = dict(tags)
+    predicted: dict[str, Any] = {}
+    asked: list[str] = []  # "prepared" once the helper took the plan; "nodes" once announced
+    not_started: list[TrialResult] = []  # the record of a trial the budgets kept back
+
+    def before_launch(prep: PreparedPlan) -> TrialResult | dict[str, Any]:
+        """The tuner's budgets, given the prepared plan: a record of a trial not started,
+        or what its launch needs (its timeout, early stopping, the other nodes)."""
+        asked.append("prepared")
+        predicted.update(prep.predicted or {})
+        peak = correction.peak_memory(predicted)
+        n_steps = prep.plan.warmup_steps + prep.plan.steps
+        planned = prep.plan.to_dict()
+        expected = correction.trial_seconds(predicted, n_steps, run.facts.device_type, planned)
+        if early_stop is not None and early_stop.expected(correction, predicted, prep.plan):
+            expected = min(expected, correction.trial_seconds(
+                predicted, prep.plan.warmup_steps + early_stop.min_steps,
+                run.facts.device_type, planned))
+        # The corrected step time, learnt from the trials measured before this one: its
+        # error against the measured step is the study's prediction error after n trials.
+        predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,
+                         corrected_step_time_s=correction.step_time(predicted, planned),
+                         corrected_from_trials=correction.n_time,
+                         calibration=correction.as_dict())  # the record's key
+        if peak is not None and peak > run.budget_bytes:
+            tags["pruned"] = PRUNED_MEMORY
+            return _held(not_started, run, trial_id, prep.plan, predicted, command, tags, (
+                f"not launched: predicted peak memory {format_bytes(peak)} per device "
+                f"(estimator {format_bytes(predicted.get('peak_memory_bytes'))}, corrected "
+                f"by {correction.n_memory} measured trial(s)) is over the memory budget "
+                f"{format_bytes(run.budget_bytes)}"))
+        left = deadline - time.time()
+        # Before any trial is measured the steps' time is the estimator's alone (on a busy
+        # machine its measured peak can be 20x low): only the start-up may rule it out.
+        judged = expected if correction.n_time else correction.start_seconds(
+            run.facts.device_type, planned)
+        if not fits(judged, left):
+            tags["pruned"] = PRUNED_TIME
+            return _held(not_started, run, trial_id, prep.plan, predicted, command, tags, (
+                f"not started: expected to take {format_seconds(expected)} ({MARGIN}x that "
+                f"must fit), and {format_seconds(max(left, 0))} of the budget is left"))
+        timeout = launch_timeout(prep.plan.timeout_s, left)
+        kwargs: dict[str, Any] = dict(study=run.name, trial_id=trial_id, timeout_s=timeout,
+                                      progress_file=folder / steps_file_name,
+                                      should_stop=should_stop)
+        if run.nodes is not None:  # the other nodes' followers join this trial
+            asked.append("nodes")
+            kwargs.update(run.nodes.launch_kwargs(trial_id, prep, command, timeout))
+        if run.launcher.may_leave_jobs:  # its job may outlive us
+            # What finishes its record, for a tuner that rejoins it (rejoin_trial_job).
+            write_atomic(folder / LAUNCHED, json.dumps({"tags": tags, "predicted": predicted}))
+        return kwargs
+
     try:
-        prep = run.torch_helper.prepare(plan, run.facts.peaks)
+        result = run_plan(plan, folder, command, launcher=run.launcher,
+                          helper=run.torch_helper, peaks=run.facts.peaks,
+                          before_launch=before_launch, **run.launch_kwargs)
     except HarnessError as e:
+        if asked:  # not the helper's refusal
+            raise
         tags["pruned"] = PRUNED_REFUSED
         return _not_run(run, trial_id, plan, None, command, tags,
                         f"not launched: this configuration cannot run here: {e}")
-    predicted = dict(prep.predicted or {})
-    peak = correction.peak_memory(predicted)
-    n_steps = prep.plan.warmup_steps + prep.plan.steps
-    planned = prep.plan.to_dict()
-    expected = correction.trial_seconds(predicted, n_steps, run.facts.device_type, planned)
-    if early_stop is not None and early_stop.expected(correction, predicted, prep.plan):
-        expected = min(expected, correction.trial_seconds(
-            predicted, prep.plan.warmup_steps + early_stop.min_steps, run.facts.device_type,
-            planned))
-    # The corrected step time, learnt from the trials measured before this one: its
-    # error against the measured step is the study's prediction error after n trials.
-    predicted.update(calibrated_peak_memory_bytes=peak, expected_trial_s=expected,
-                     corrected_step_time_s=correction.step_time(predicted, planned),
-                     corrected_from_trials=correction.n_time,
-                     calibration=correction.as_dict())  # the record's key
-    if peak is not None and peak > run.budget_bytes:
-        tags["pruned"] = PRUNED_MEMORY
-        return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
-            f"not launched: predicted peak memory {format_bytes(peak)} per device "
-            f"(estimator {format_bytes(predicted.get('peak_memory_bytes'))}, corrected by "
-            f"{correction.n_memory} measured trial(s)) is over the memory budget "
-            f"{format_bytes(run.budget_bytes)}"))
-    left = deadline - time.time()
-    # Before any trial is measured the steps' time is the estimator's alone (on a busy
-    # machine its measured peak can be 20x low): only the start-up may rule a trial out.
-    judged = expected if correction.n_time else correction.start_seconds(
-        run.facts.device_type, planned)
-    if not fits(judged, left):
-        tags["pruned"] = PRUNED_TIME
-        return _not_run(run, trial_id, prep.plan, predicted, command, tags, (
-            f"not started: expected to take {format_seconds(expected)} ({MARGIN}x that "
-            f"must fit), and {format_seconds(max(left, 0))} of the budget is left"))
-
-    timeout = launch_timeout(prep.plan.timeout_s, left)
-    kwargs = dict(run.launch_kwargs)
-    if run.nodes is not None:  # the other nodes' followers join this trial
-        kwargs.update(run.nodes.launch_kwargs(trial_id, prep, command, timeout))
-    if run.launcher.may_leave_jobs:  # its job may outlive us
-        # What finishes its record, for a tuner that rejoins the trial (rejoin_trial_job).
-        write_atomic(folder / LAUNCHED, json.dumps({"tags": tags, "predicted": predicted}))
-    try:
-        result = run.launcher.launch(
-            prep, folder, command, study=run.name, trial_id=trial_id, timeout_s=timeout,
-            progress_file=folder / steps_file_name, should_stop=should_stop, **kwargs,
-        )
     finally:
-        if run.nodes is not None:
+        if "nodes" in asked:
             run.nodes.done(trial_id)
+    if not_started:
+        return result  # the budgets kept it back: its record is made
     return _finished(result, folder, tags, predicted, deadline, run.budget_bytes)
 
 
@@ -215,6 +230,12 @@ def _rate_at_stop(steps_file: Path, plan: dict[str, Any]) -> dict[str, Any] | No
         return None
     rate = Plan.from_dict(plan).batch_size / statistics.median(times)
     return {"steps": len(times), "samples_per_s": rate}
+
+
+def _held(not_started: list[TrialResult], *args: Any) -> TrialResult:
+    """`_not_run`'s record, kept in `not_started` too."""
+    not_started.append(_not_run(*args))
+    return not_started[-1]
 
 
 def _not_run(run: TrialRunner, trial_id: int | str, plan: Plan, predicted: dict | None,

@@ -182,7 +182,7 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
                 optuna_study.enqueue_trial(ref["params"])
         # the estimator's guesses (training_harness.tune.search.first_guesses), from the recorded
         # predictions
-        from training_harness.tune.search.estimator_model import SAMPLE
+        from training_harness.tune.model.estimator_model import SAMPLE
         from training_harness.tune.search.first_guesses import first_tier
 
         refs = [row["params"] for row in table.values() if row["phase"] != "search"]

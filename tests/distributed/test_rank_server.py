@@ -72,20 +72,28 @@ def test_switched_off_a_rank_is_a_new_interpreter(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(180)
-def test_a_fork_of_the_server_answers_as_the_torch_side_helper():
-    """`harness bench` prepares its plan in a fork of the server (rank_server.ask): the
-    helper's answer, a user's mistake as an error with its exit code, anything else as
-    a crash."""
-    from training_harness.launch.torch_helper import prepare_forked
+def test_the_helper_prepares_a_plan_and_says_where_its_time_went():
+    """`harness bench` and the tuner prepare a plan the one way (TorchHelper.prepare): the
+    prepared plan and the helper's phases; a user's mistake as a HarnessError with its
+    exit code, anything else as a crash."""
+    from training_harness.core.errors import HarnessError
+    from training_harness.launch.torch_helper import ProbeCrashed, TorchHelper
 
     plan = faulty_plan(world=1)
-    prepared, phases = prepare_forked(plan)
-    assert prepared.plan.name == plan.name and prepared.flops_per_sample > 0
-    assert prepared.predicted["peak_memory_bytes"] > 0 and prepared.env["torch"]
-    assert set(phases) == {"rank_server", "check", "peaks", "flops", "estimate", "env"}
-    bad = rank_server.ask({"op": "prepare", "plan": {**plan.to_dict(), "strategies": {"amq": {}}}})
-    assert bad["exit_code"] == 2 and "unknown strategy 'amq'" in bad["error"]
-    assert "KeyError" in rank_server.ask({"op": "no such op"})["crash"]
+    helper = TorchHelper()
+    try:
+        phases: dict[str, float] = {}
+        prepared = helper.prepare(plan, phases=phases)
+        assert prepared.plan.name == plan.name and prepared.flops_per_sample > 0
+        assert prepared.predicted["peak_memory_bytes"] > 0 and prepared.env["torch"]
+        assert set(phases) == {"check", "peaks", "flops", "estimate", "env"}
+        with pytest.raises(HarnessError, match="unknown strategy 'amq'") as bad:
+            helper.prepare(plan.replace(strategies={"amq": {}}))
+        assert bad.value.exit_code == 2
+        with pytest.raises(ProbeCrashed, match="KeyError"):
+            helper._ask({"op": "no such op"})
+    finally:
+        helper.close()
 
 
 @pytest.mark.timeout(120)

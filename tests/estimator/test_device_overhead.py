@@ -17,7 +17,7 @@ from training_harness.cli.bench_table import estimate_table
 from training_harness.core.overhead import DeviceOverhead
 from training_harness.core.plan import Layout
 from training_harness.estimator import estimate
-from training_harness.tune.search.correction import Correction
+from training_harness.tune.model.correction import Correction
 
 MIB = 1024**2
 H100ISH = DeviceOverhead(context_bytes=500 * MIB, workspace_bytes=40 * MIB,

@@ -132,7 +132,7 @@ def test_data_and_tensor_parallel_traffic_on_a_gpu():
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_the_step_parts_add_up_to_the_step_time(device):
-    """The search re-weights the estimator's parts (training_harness.tune.search.part_fit): they
+    """The search re-weights the estimator's parts (training_harness.tune.model.part_fit): they
     must be the step, by the rule STEP_PARTS states."""
     env = CUDA if device == "cuda" else CPU
     plan = gpt_plan(micro_batch=2, accumulation={}, checkpoint={"every": 1}, ddp={})

@@ -17,8 +17,8 @@ from training_harness.launch.launcher import Launcher
 from training_harness.records.result import TrialResult
 from training_harness.records.run_store import RunStore
 from training_harness.tune.recovery.resume import cancel_jobs_left
-from training_harness.tune.recovery.workers import Worker
 from training_harness.tune.trial_job import LAUNCHED, TrialRunner
+from training_harness.tune.workers import Worker
 
 DEAD = "this-host|1|1.00"  # replaced by this host's name below: pid 1 was not made then
 

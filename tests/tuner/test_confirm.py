@@ -184,13 +184,13 @@ def test_the_estimators_fastest_guesses_come_first():
     from types import SimpleNamespace
 
     from training_harness.core.errors import HarnessError
-    from training_harness.tune.search.estimator_model import Predictions
+    from training_harness.tune.model.estimator_model import Predictions
     from training_harness.tune.search.first_guesses import START, estimated_start
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
     class TorchHelper:  # predicts the fake objective; refuses micro-batch 4, checkpointing "heavy"
-        def prepare(self, plan, peaks):
+        def prepare(self, plan, peaks, phases=None):
             d = plan.to_dict()
             if d["micro_batch_size"] == 4:
                 raise HarnessError("refused here")

@@ -13,8 +13,8 @@ from tests.tuner.conftest import SEARCH_ONLY, records, tune, write_study
 from training_harness.records.tags import PRUNED_TIME
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
+from training_harness.tune.model import correction
 from training_harness.tune.recovery.grid_rest import requeue_grid
-from training_harness.tune.search import correction
 
 
 def test_a_resumed_grid_measures_what_an_earlier_session_skipped_for_time(tmp_path, launched,

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from training_harness.tune import GuidedSampler, SimpleCostModel
-from training_harness.tune.search.surrogate import Surrogate
+from training_harness.tune.model.surrogate import Surrogate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -145,7 +145,7 @@ def test_a_candidate_unlikely_to_fit_the_memory_budget_waits_for_the_likely_ones
 
 
 def test_the_chance_to_fit_is_the_corrected_peaks_lognormal_tail():
-    from training_harness.tune.search import estimator_model as em
+    from training_harness.tune.model import estimator_model as em
 
     class Fixed:
         def peak_memory(self, predicted):

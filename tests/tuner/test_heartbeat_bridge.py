@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from training_harness.study.storage_spec import StorageSpec
-from training_harness.tune.recovery.storage import (
+from training_harness.tune.storage import (
     Heartbeat,
     StorageHooks,
     fail_stale_trials,

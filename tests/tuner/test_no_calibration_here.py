@@ -1,16 +1,14 @@
 """Neither the tuner (with its torch-side helper) nor `harness bench`'s own process runs
 the peak calibration or a CUDA function: the calibration runs in a short-lived process
-of its own (training_harness.measure.calibrate; for `harness bench`, the rank server's fork that
-prepares its plan and ends before the trial starts), and a trial's ranks are the only
-others that may touch a device.
+of its own (training_harness.measure.calibrate), and a trial's ranks are the only others that
+may touch a device.
 
 Every Python process these tests start loads a sitecustomize that replaces the
 calibration's matmul and torch.cuda's entry points with functions that write a
-line to a file and raise; the calibration process alone keeps the real ones (and
-the bench's preparing fork its matmul). A study and a bench, each with an empty
-peak cache (so a calibration must happen), then have to pass, and the file must
-stay empty. The study is test_study_peaks.py's (its two `harness tune` processes run
-under this guard); the bench is here.
+line to a file and raise; the calibration process alone keeps the real ones. A study
+and a bench, each with an empty peak cache (so a calibration must happen), then have
+to pass, and the file must stay empty. The study is test_study_peaks.py's (its two
+`harness tune` processes run under this guard); the bench is here.
 """
 
 from __future__ import annotations
@@ -34,8 +32,6 @@ SITECUSTOMIZE = textwrap.dedent('''
 
     def forbidden(module, name, original):
         def call(*args, **kwargs):
-            if module == "training_harness.measure.calibrate" and preparing_fork():
-                return original(*args, **kwargs)
             with open(os.environ["FORBIDDEN_CALLS"], "a") as f:
                 f.write(f"{module}.{name} in {sys.orig_argv}\\n")
             raise RuntimeError(f"{module}.{name} called outside the calibration process")
@@ -59,19 +55,9 @@ SITECUSTOMIZE = textwrap.dedent('''
             spec.loader.exec_module = exec_module
             return spec
 
-    def preparing_fork():
-        # The rank server's fork that prepares harness bench's plan and ends before the
-        # trial starts (training_harness.launch.rank_server.ask), and only that one.
-        import multiprocessing
-        calibration = sys.modules.get("training_harness.measure.peaks")
-        return ("multiprocessing.forkserver" in " ".join(sys.orig_argv)
-                and multiprocessing.current_process().name == "harness-prepare"
-                and getattr(calibration, "_here", False))
-
     if "training_harness.measure.calibrate" not in sys.orig_argv:
         sys.meta_path.insert(0, Patcher())
 ''')
-
 
 @pytest.fixture
 def guarded(tmp_path):
@@ -84,11 +70,9 @@ def guarded(tmp_path):
            "HARNESS_CACHE_DIR": str(tmp_path / "cache"), "FORBIDDEN_CALLS": str(calls)}
     return env, calls
 
-
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "training_harness", *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
-
 
 @pytest.mark.slow
 def test_a_bench_leaves_the_calibration_to_its_own_process(tmp_path, guarded):
@@ -98,7 +82,6 @@ def test_a_bench_leaves_the_calibration_to_its_own_process(tmp_path, guarded):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert calls.read_text() == ""
     assert (tmp_path / "cache" / "peaks.json").exists()
-
 
 def test_the_guard_catches_a_calibration_in_the_wrong_process(guarded):
     """The check can fail: the matmul called here, outside the calibration process."""

@@ -1,5 +1,6 @@
 """The tuner process never imports torch: what needs it runs in the torch-side helper
-(training_harness.launch.torch_helper) or in the trials' own processes (DESIGN.md)."""
+(training_harness.launch.torch_helper) or in the trials' own processes
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ TUNER_MODULES = ["training_harness.cli.main", "training_harness.cli.tune",
                  "training_harness.tune.session", "training_harness.tune.search.loop",
                  "training_harness.tune.trial_job",
                  "training_harness.tune.final.ablation", "training_harness.tune.recovery.resume",
-                 "training_harness.tune.recovery.storage",
+                 "training_harness.tune.storage",
                  "training_harness.launch.local", "training_harness.launch.torch_helper",
                  "training_harness.study.search_space",
                  "training_harness.records.run_store"]

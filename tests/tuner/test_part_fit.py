@@ -1,5 +1,5 @@
 """The estimator's step parts re-weighted by the study's measurements
-(training_harness.tune.search.part_fit): a machine that breaks one of the estimator's assumptions
+(training_harness.tune.model.part_fit): a machine that breaks one of the estimator's assumptions
 is learned as that part's weight, from a few trials."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from training_harness.tune.search.part_fit import PartFit
+from training_harness.tune.model.part_fit import PartFit
 
 
 def _trials(n: int, truth: dict[str, float], seed: int = 0, noise: float = 0.03):
@@ -81,8 +81,8 @@ def test_the_sampler_s_cost_model_re_weights_what_the_trials_measured():
     from training_harness.study.search_space import SearchSpace
     from training_harness.study.space_sampling import key
     from training_harness.study.study_file import Study
-    from training_harness.tune.search.correction import Correction
-    from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
+    from training_harness.tune.model.correction import Correction
+    from training_harness.tune.model.estimator_model import EstimatorCostModel, Predictions
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
@@ -95,7 +95,7 @@ def test_the_sampler_s_cost_model_re_weights_what_the_trials_measured():
         return max(p["compute"] + p["recompute"], 10 * p["launches"])
 
     class TorchHelper:
-        def prepare(self, plan, peaks):
+        def prepare(self, plan, peaks, phases=None):
             p = parts(plan)
             return SimpleNamespace(predicted={
                 "step_time_s": max(p["compute"] + p["recompute"], p["launches"]),

@@ -10,7 +10,7 @@ from training_harness.study import references
 from training_harness.study.machine_facts import MachineFacts
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
-from training_harness.tune.search.estimator_model import largest_fitting_micro
+from training_harness.tune.model.estimator_model import largest_fitting_micro
 
 GIB = 2**30
 
@@ -21,7 +21,7 @@ class FakeTorchHelper:
     def __init__(self, refuse=()):
         self.asked, self.refuse = [], set(refuse)
 
-    def prepare(self, plan, peaks=None):
+    def prepare(self, plan, peaks=None, phases=None):
         self.asked.append(plan.micro_batch_size)
         if plan.micro_batch_size in self.refuse:
             raise HarnessError("refused")

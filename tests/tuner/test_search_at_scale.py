@@ -47,7 +47,7 @@ def test_a_days_study_ranks_a_space_of_thousands_whole():
     """A day's budget buys a prediction of each of 2,880 configurations (8-16 ms each),
     all of this space of 2,744: a best the estimator ranks low is a candidate from the
     start (drawn-0 of the replay's family). A 4-minute study still ranks a sample."""
-    from training_harness.tune.search.estimator_model import first_guess_pool, sample_size
+    from training_harness.tune.model.estimator_model import first_guess_pool, sample_size
 
     space = wide_space()
     listed = first_guess_pool(space, 0, sample_size(24 * 3600))
@@ -178,8 +178,8 @@ def test_the_corrected_estimator_picks_the_next_trial():
     from types import SimpleNamespace
 
     from training_harness.tune import GuidedSampler
-    from training_harness.tune.search.correction import Correction
-    from training_harness.tune.search.estimator_model import EstimatorCostModel, Predictions
+    from training_harness.tune.model.correction import Correction
+    from training_harness.tune.model.estimator_model import EstimatorCostModel, Predictions
 
     space = SearchSpace.of(Study.from_dict(study_table()), "cpu")
 
@@ -190,7 +190,7 @@ def test_the_corrected_estimator_picks_the_next_trial():
         return raw_step(plan) * (0.5 if "amp" in plan.strategies else 1.0)
 
     class TorchHelper:
-        def prepare(self, plan, peaks):
+        def prepare(self, plan, peaks, phases=None):
             return SimpleNamespace(predicted={"step_time_s": raw_step(plan),
                                               "peak_memory_bytes": 1e8})
 

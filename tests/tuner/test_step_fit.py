@@ -10,8 +10,8 @@ import statistics
 
 from tests.tuner.test_search_at_scale import wide_space
 from training_harness.study.space_sampling import sample
-from training_harness.tune.search.correction import Correction
-from training_harness.tune.search.step_fit import StepFit, factors
+from training_harness.tune.model.correction import Correction
+from training_harness.tune.model.step_fit import StepFit, factors
 
 
 def predicted_step(plan: dict) -> float:
@@ -109,7 +109,7 @@ def test_every_searchable_setting_of_every_strategy_is_a_factor():
     setting must be in it, or the correction and the search's model cannot tell its values
     apart (the float8 recipe, checkpoint's policy and compile_mode could not)."""
     from training_harness.strategies.registry import all_strategies
-    from training_harness.tune.search.step_fit import SETTINGS
+    from training_harness.tune.model.step_fit import SETTINGS
 
     searchable = {(s.name, key) for s in all_strategies() for key in s.space()}
     assert {key for _, key in searchable} <= set(SETTINGS), sorted(

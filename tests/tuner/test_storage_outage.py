@@ -22,8 +22,8 @@ from tests.tuner.conftest import records, tune, write_study
 from training_harness.records.run_store import RunStore
 from training_harness.tune.recorder import Recorder
 from training_harness.tune.recovery import resume
-from training_harness.tune.recovery.storage import PatientStorage
-from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.storage import PatientStorage
+from training_harness.tune.workers import Worker
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(240)]
 

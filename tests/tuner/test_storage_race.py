@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy.exc as sa
 
 from training_harness.core.errors import HarnessError
-from training_harness.tune.recovery import storage
+from training_harness.tune import storage
 
 
 def lost_races(monkeypatch, n: int) -> list[int]:

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 
 from tests.tuner.conftest import SEARCH_ONLY, tune, write_study
 from training_harness.records.run_store import RunStore, parse_lines
-from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.workers import Worker
 
 
 def started_trials(out: Path) -> list[optuna.trial.FrozenTrial]:

@@ -15,7 +15,7 @@ from training_harness.core.plan import Plan
 from training_harness.strategies.compose import resolved
 from training_harness.study.search_space import SearchSpace, config_key
 from training_harness.study.study_file import Study
-from training_harness.tune.search import correction
+from training_harness.tune.model import correction
 
 KNOWN_OPTIMUM_TRIALS = 30  # seed 0 finds it at trial 8; seeds 0-11: trials 3 to 22
 
@@ -225,7 +225,7 @@ def test_a_trial_just_asked_by_another_worker_is_not_taken_for_abandoned(tmp_pat
     import psutil
 
     from training_harness.tune.recovery import resume
-    from training_harness.tune.recovery.workers import Worker
+    from training_harness.tune.workers import Worker
 
     out = tmp_path / "run"
     path = write_study(tmp_path, budget={"ablation_repeats": 0, "n_trials": 2})

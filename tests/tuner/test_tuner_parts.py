@@ -16,9 +16,9 @@ from training_harness.study import references
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
 from training_harness.tune.budget import Clock, fits, launch_timeout, memory_budget_bytes
+from training_harness.tune.model.correction import Correction
 from training_harness.tune.optuna_outcome import CANNOT_RUN, outcome
-from training_harness.tune.recovery.storage import redact
-from training_harness.tune.search.correction import Correction
+from training_harness.tune.storage import redact
 from training_harness.tune.trial_job import TrialRunner, run_trial_job
 
 GIB = 2**30

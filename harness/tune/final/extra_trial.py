@@ -22,9 +22,9 @@ from training_harness.records.predicates import finished
 from training_harness.records.result import TrialResult
 from training_harness.study.search_space import SearchSpace
 from training_harness.tune.budget import Clock
+from training_harness.tune.model.correction import Corrections
 from training_harness.tune.recorder import Recorder
 from training_harness.tune.search.busy_machine import measure_again_if_busy
-from training_harness.tune.search.correction import Corrections
 from training_harness.tune.trial_job import TrialRunner, run_trial_job
 
 

@@ -31,9 +31,9 @@ from training_harness.tune.final.extra_trial import ExtraTrials
 from training_harness.tune.final.time_reserve import LONGER_WINDOW, FinalTime
 from training_harness.tune.final.variants import VARIANTS_KEY, run_variants
 from training_harness.tune.recorder import Measured
-from training_harness.tune.recovery.workers import Worker
 from training_harness.tune.study_trials import StudyTrials
 from training_harness.tune.trial_job import TrialRunner
+from training_harness.tune.workers import Worker
 
 VARIANTS_MIN_BUDGET_S = 3600.0  # shorter studies keep their spare time for the rounds
 OWNER = "ablation_owner"  # the storage's user attribute naming the worker that runs them

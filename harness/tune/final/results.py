@@ -26,8 +26,8 @@ from training_harness.tune.final.summary import (
     write_best,
 )
 from training_harness.tune.final.variants import VARIANTS_KEY
-from training_harness.tune.recovery.storage import StorageUnreachable
-from training_harness.tune.search.correction import Corrections
+from training_harness.tune.model.correction import Corrections
+from training_harness.tune.storage import StorageUnreachable
 from training_harness.tune.study_trials import BEST_BY_REPEATS, StudyTrials
 
 

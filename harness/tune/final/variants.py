@@ -32,8 +32,8 @@ from training_harness.core.plan import Plan
 from training_harness.records.predicates import finished, may_be_best, ranked
 from training_harness.records.tags import VARIANT, tags_of
 from training_harness.tune.final.extra_trial import ExtraTrials, attempt_id
+from training_harness.tune.model.estimator_model import resolved_key
 from training_harness.tune.recorder import Measured
-from training_harness.tune.search.estimator_model import resolved_key
 from training_harness.tune.study_trials import StudyTrials
 from training_harness.tune.trial_job import TrialRunner
 

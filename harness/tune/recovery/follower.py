@@ -20,7 +20,6 @@ folder (trials/<id>/logs/node<K>/). When the tuner ends it announces
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +32,9 @@ from training_harness.launch.launcher import Launcher
 from training_harness.records.run_store import RunStore
 from training_harness.tune.budget import Clock
 from training_harness.tune.checked_study import CheckedStudy
+from training_harness.tune.options import SessionOptions
 from training_harness.tune.progress import Progress
-from training_harness.tune.recovery.storage import make_storage
+from training_harness.tune.storage import make_storage
 
 KEY = "rendezvous"
 POLL_S = 0.5
@@ -94,10 +94,10 @@ def follow(optuna_study: optuna.Study, store: RunStore, node_rank: int, nnodes: 
     return "deadline"
 
 
-def run_follower(args: argparse.Namespace, checked: CheckedStudy) -> int:
+def run_follower(options: SessionOptions, checked: CheckedStudy) -> int:
     """`harness tune --follow` on node K > 0: join the trials node 0's tuner launches."""
     study, store = checked.study, RunStore(checked.run_dir)
-    storage = make_storage(args.storage, store.root, study.storage)
+    storage = make_storage(options.storage, store.root, study.storage)
     store.root.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     clock = Clock.start(study.budget.time_s, 0.0, checked.started)
@@ -109,8 +109,9 @@ def run_follower(args: argparse.Namespace, checked: CheckedStudy) -> int:
             time.sleep(1.0)
     if optuna_study is None:
         raise HarnessError(f"no study '{study.name}' appeared in the storage within the budget")
-    with Progress(f"{study.name} (node {args.node_rank})", clock, quiet=args.quiet) as progress:
-        why = follow(optuna_study, store, args.node_rank, study.layout.nnodes, clock.deadline,
+    title = f"{study.name} (node {options.node_rank})"
+    with Progress(title, clock, quiet=options.quiet) as progress:
+        why = follow(optuna_study, store, options.node_rank, study.layout.nnodes, clock.deadline,
                      checked.launcher, say=progress.line)
         progress.line(f"follower ended: {why}")
     return 0

@@ -18,7 +18,7 @@ record is the authority. A RUNNING trial is settled when
                                         cut line of trials.jsonl was its record
                                         (training_harness.tune.recovery.torn)
 
-A worker is gone when its process (training_harness.tune.recovery.workers.Worker) no longer runs on
+A worker is gone when its process (training_harness.tune.workers.Worker) no longer runs on
 this host. One on another host is taken to run; a trial with no owner tag is left
 alone for its first minute (another worker may have just asked for it; the
 tuner's storage tags the trials ask() creates as it creates them, so this is
@@ -64,10 +64,10 @@ from training_harness.records.result import TrialResult, read_result
 from training_harness.records.run_store import RunStore
 from training_harness.records.tags import tags_of
 from training_harness.tune.recorder import Measured, Recorder, failed_record
-from training_harness.tune.recovery.storage import PatientStorage, fail_stale_trials
-from training_harness.tune.recovery.workers import Worker
+from training_harness.tune.storage import PatientStorage, fail_stale_trials
 from training_harness.tune.study_trials import RETRY_OF
 from training_harness.tune.trial_job import TrialRunner, left_a_job, rejoin_trial_job
+from training_harness.tune.workers import Worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -15,8 +15,8 @@ import random
 from typing import Any
 
 from training_harness.tune.checked_study import CheckedStudy
-from training_harness.tune.search.correction import Correction
-from training_harness.tune.search.estimator_model import Predictions, first_guess_pool, sample_size
+from training_harness.tune.model.correction import Correction
+from training_harness.tune.model.estimator_model import Predictions, first_guess_pool, sample_size
 
 START = 5
 CAP = 16

@@ -20,7 +20,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from training_harness.tune.search.surrogate import Surrogate, expected_improvement, prob_above
+from training_harness.tune.model.surrogate import Surrogate, expected_improvement, prob_above
 
 FALLBACK_EVERY = 5  # one trial in five is the fallback's
 MIN_OBSERVED = 6  # measured configurations before the fallback, and before convergence
@@ -140,6 +140,10 @@ class GuidedSampler(BaseSampler):
         pick = self._choose(study)
         if pick is not None:
             self._picks[trial.number] = pick
+            # The one place the harness reaches past Optuna's public API: a sampler's
+            # before_trial gets a FrozenTrial, which has no setter, and Optuna's own
+            # samplers write their attributes the same way (GridSampler, TPESampler,
+            # CmaEsSampler: study._storage.set_trial_system_attr(trial._trial_id, ...)).
             study._storage.set_trial_user_attr(trial._trial_id, PICK, pick[1])
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,

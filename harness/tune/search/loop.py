@@ -20,7 +20,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -31,14 +31,16 @@ from training_harness.records.tags import PRUNED_TIME, tags_of
 from training_harness.study.search_space import SearchSpace
 from training_harness.study.study_file import Study
 from training_harness.tune.budget import Clock
-from training_harness.tune.final.time_reserve import FinalTime
+from training_harness.tune.model.correction import Corrections
+from training_harness.tune.model.estimator_model import resolved_key
 from training_harness.tune.recorder import Measured, Recorder
 from training_harness.tune.search.busy_machine import measure_again_if_busy
-from training_harness.tune.search.correction import Corrections
-from training_harness.tune.search.estimator_model import resolved_key
 from training_harness.tune.search.guided_sampler import GuidedSampler
 from training_harness.tune.study_trials import RETRY_OF, StudyTrials
 from training_harness.tune.trial_job import EarlyStop, TrialRunner, command_for, run_trial_job
+
+if TYPE_CHECKING:  # given by the session: the final phases' reserve, which the search keeps
+    from training_harness.tune.final.time_reserve import FinalTime
 
 DUPLICATE_LIMIT = 25  # repeats in a row, for a sampler that cannot say it converged (TPE)
 TIME_SKIPS = 5  # proposals in a row skipped for lack of time: the search is over

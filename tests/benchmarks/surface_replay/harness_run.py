@@ -42,6 +42,7 @@ from tests.benchmarks.surface_replay.world import SurfaceHelper, VirtualClock, v
 from training_harness.records.tags import tags_of
 from training_harness.study.search_space import SearchSpace
 from training_harness.tune.checked_study import CheckedStudy
+from training_harness.tune.options import SessionOptions
 
 HOUR = 3600.0
 EPOCH = 1.8e9  # where every seed's virtual clock starts
@@ -157,12 +158,11 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
         if budget_s is None and run.reached_s is not None and elapsed >= HOUR:
             raise StopReplay
 
-    args = argparse.Namespace(helper=False, storage=None, follow=False, quiet=True,
-                              resume=False, launcher=None, rdzv_host=None, workers=1)
+    options = SessionOptions(quiet=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(virtual_time(clock))
         stack.enter_context(_patched(interference, "BusyWatch", _Never))
-        parts = session.open_study(args, checked, on_event=on_event)
+        parts = session.open_study(options, checked, on_event=on_event)
         try:
             run.stopped = parts.tuner.search()
             if budget_s is not None:

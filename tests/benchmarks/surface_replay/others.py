@@ -89,7 +89,7 @@ def run_random(setup: Setup, space: Space, seed: int) -> Run:
 def predicted_rates(setup: Setup, space: Space, indices: list[int]) -> dict[int, float]:
     """The estimator's samples/s for `indices` (the torch-side helper's prepare, cached);
     those refused here or predicted over the memory budget left out."""
-    from training_harness.tune.search.correction import Correction
+    from training_harness.tune.model.correction import Correction
 
     fresh = Correction.from_records([], setup.checked.device_type)
     peaks = setup.checked.facts.peaks

@@ -169,7 +169,8 @@ class SurfaceHelper(TorchHelper):
         study.known_good = facts.known_good
         return facts
 
-    def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None) -> PreparedPlan:
+    def prepare(self, plan: Plan, peaks: dict[str, Any] | None = None,
+                phases: dict[str, float] | None = None) -> PreparedPlan:
         from training_harness.measure.torch_helper_server import prepare
 
         self.calls += 1

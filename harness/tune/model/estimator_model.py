@@ -18,9 +18,9 @@ from training_harness.core.plan import Plan
 from training_harness.study.machine_facts import MachineFacts
 from training_harness.study.search_space import NotInSpace, SearchSpace, config_key
 from training_harness.study.space_sampling import neighbours, sample, smaller
-from training_harness.tune.search.correction import Correction
-from training_harness.tune.search.part_fit import PartFit
-from training_harness.tune.search.step_fit import factors
+from training_harness.tune.model.correction import Correction
+from training_harness.tune.model.part_fit import PartFit
+from training_harness.tune.model.step_fit import factors
 
 SAMPLE = 64  # the fewest configurations the estimator ranks (a short study's)
 MOST = 8192  # the most (a long study's): a day's 2,880, all of a space that size

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from training_harness.tune.search.surrogate import Surrogate
+from training_harness.tune.model.surrogate import Surrogate
 
 # Every searchable setting of the registry's strategies (Strategy.space; the tuner does not
 # import them, torch with them: tests/tuner/test_step_fit.py holds the two together). A

@@ -23,7 +23,7 @@ from typing import Any
 
 from training_harness.core.memory_need import budget_peak_bytes
 from training_harness.core.window import window_rule, window_steps
-from training_harness.tune.search.step_fit import StepFit
+from training_harness.tune.model.step_fit import StepFit
 
 # A CPU trial forked from the rank server starts in a fraction of a second, but the first
 # may wait for the server's imports (3-6 s on the 2-core CPU: docs/benchmarks/trial_overhead_*).
