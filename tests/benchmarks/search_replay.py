@@ -56,16 +56,19 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-# Run as a script: this tree's harness and tests.benchmarks.*, first, before any import of
-# harness (an editable install of another checkout would otherwise answer: two trees'
+# Run as a script: this tree's training_harness and tests.benchmarks.*, before any import
+# of them (an editable install of another checkout would otherwise answer: two trees'
 # replays then both measured the installed one).
 ROOT = Path(__file__).resolve().parents[2]
-if sys.path[:1] != [str(ROOT)]:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))
+from tests.benchmarks.this_tree import use_this_tree  # noqa: E402
+
+use_this_tree()
 
 import optuna  # noqa: E402
 import tomli_w  # noqa: E402
@@ -170,8 +173,13 @@ def replay_order(table: dict, order: list[str], goal: float) -> Replay:
     return r
 
 
-def replay_sampler(table: dict, study, space, sampler, goal: float, harness: bool) -> Replay:
-    """Ask/tell with `sampler`; with `harness`, the tuner's own rules (see the module)."""
+def replay_sampler(table: dict, study, space, sampler, goal: float, harness: bool,
+                   guesses: bool = True) -> Replay:
+    """Ask/tell with `sampler`; with `harness`, the tuner's trial path (the references
+    first, a repeat costs nothing, early stopping of a slow trial) and, with `guesses`, the
+    harness's own search around the sampler (the estimator's first guesses, the nearest
+    unmeasured configuration after a repeat). Optuna's samplers get the path, not the
+    guesses: they are what the harness's search adds."""
     r = Replay(table, goal)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna_study = optuna.create_study(sampler=sampler, direction="maximize")
@@ -180,6 +188,7 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
             ref = next((row for row in table.values() if row["phase"] == phase), None)
             if ref is not None:
                 optuna_study.enqueue_trial(ref["params"])
+    if harness and guesses:
         # the estimator's guesses (training_harness.tune.search.first_guesses), from the recorded
         # predictions
         from training_harness.tune.model.estimator_model import SAMPLE
@@ -206,7 +215,7 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
         if k in measured:
             optuna_study.tell(trial, table[k]["rate"])
             stale += 1
-            if harness:
+            if harness and guesses:
                 _enqueue_nearest(optuna_study, table, measured, r.best)
             continue
         stale = 0
@@ -246,7 +255,8 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
             grid_space.setdefault(name, [])
             if value not in grid_space[name]:
                 grid_space[name].append(value)
-    runs: dict[str, list[Replay]] = {"harness": [], "random": [], "grid": [], "estimator": []}
+    runs: dict[str, list[Replay]] = {"harness": [], **{n: [] for n in optuna_samplers(0)},
+                                     "random": [], "grid": [], "estimator": []}
     # The table was recorded as a grid without early stopping: the replay searches as a
     # study does by default (its sampler "auto", the default early stopping).
     study.sampler, study.pruning = "auto", type(study.pruning)()
@@ -255,6 +265,10 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
         runs["harness"].append(replay_sampler(table, study, space,
                                               make_sampler(study, len(table)), goal,
                                               harness=True))
+        # Optuna's own samplers through the same path: only the sampler swapped
+        for name, sampler in optuna_samplers(seed).items():
+            runs[name].append(replay_sampler(table, study, space, sampler, goal, harness=True,
+                                             guesses=False))
         order = list(table)
         random.Random(seed).shuffle(order)
         runs["random"].append(replay_order(table, order, goal))
@@ -273,6 +287,22 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
                      "missed": sum(r.reached is None for r in rs), "runs": len(rs)})
     return (rows, {n: [r.curve for r in rs] for n, rs in runs.items()}, table, total, best,
             len(space.enumerate()))
+
+
+def optuna_samplers(seed: int) -> dict[str, Any]:
+    """The samplers a user of this field would otherwise run, with Optuna 5's defaults:
+    TPE (multivariate off, constant liar on, as Optuna 5 makes it), GPSampler, and
+    BoTorchSampler where optuna-integration and botorch are installed (the [replay] extra)."""
+    # GPSampler and BoTorchSampler sample a conditional setting (fused.attention exists only
+    # with fused on) with their independent sampler, as the study's space presents it
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    found = {"tpe": optuna.samplers.TPESampler(seed=seed),
+             "gp": optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)}
+    try:
+        from optuna_integration import BoTorchSampler
+    except ImportError:
+        return found
+    return {**found, "botorch": BoTorchSampler(seed=seed)}
 
 
 def _grid(table, space, grid_space, seed, goal) -> Replay:
@@ -339,7 +369,6 @@ def main(argv: list[str] | None = None) -> None:
                    help="print the family tables of these JSON-lines files, nothing run")
     args = p.parse_args(argv)
     if args.family or args.family_report:
-        sys.path.insert(0, str(ROOT))
         from tests.benchmarks.surface_replay.family_run import cli
 
         cli(p, args)
@@ -347,7 +376,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.surface or args.study:
         if not (args.surface and args.study):
             p.error("--surface and --study go together")
-        sys.path.insert(0, str(ROOT))
         from tests.benchmarks.surface_replay.report import main as surface_main
         from training_harness.core.units import parse_duration
 
@@ -370,9 +398,11 @@ def main(argv: list[str] | None = None) -> None:
             if not (folder / "study.json").exists():
                 record(study_file, folder)
             tables.append(folder)
-    lines = [f"# Search strategies replayed on recorded tables, {date.today()} (issue 13)", "",
+    lines = [f"# Search strategies replayed on recorded tables, {date.today()}", "",
              f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, no GPU.", "",
-             f"    python tests/benchmarks/search_replay.py --seeds {args.seeds} --out {args.out}"
+             "    python tests/benchmarks/search_replay.py --seeds "
+             f"{args.seeds}" + "".join(f" --table {t}" for t in args.table or [])
+             + ("" if args.table else f" --out {args.out}")
              + (f" --doc {args.doc}" if args.doc else ""), "",
              "Cost: the measured seconds (each trial's wall clock, as recorded) a strategy "
              f"spends before it first measures a configuration within {TARGET} of the table's "
@@ -395,7 +425,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.doc:
         args.doc.mkdir(parents=True, exist_ok=True)
-        stem = f"search_replay_cpu_{date.today()}"
+        stem = (f"search_replay_{tables[0].name}_{date.today()}" if args.table
+                else f"search_replay_cpu_{date.today()}")
         (args.doc / f"{stem}.md").write_text(text + "\n")
         (args.doc / f"{stem}_curves.csv").write_text("\n".join(curves_csv) + "\n")
 

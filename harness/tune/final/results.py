@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any
 
@@ -124,6 +125,8 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
         print("no configuration ran within the budgets; nothing to write to best.toml "
               "(each record's reason says why)", file=sys.stderr)
     print(f"records: {store.trials_jsonl}")
+    print(f"look at it: harness report {shlex.quote(str(store.root))}  (one HTML page: the best "
+          "against the baseline, what each technique bought, every trial)")
     return best_id is not None
 
 
