@@ -9,7 +9,7 @@ from training_harness.core.units import format_bytes, format_seconds
 
 def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: int | None,
            top: int, seconds: float, predictions: str) -> str:
-    from training_harness.tune.progress import describe_plan
+    from training_harness.tune.progress import describe_plan, varying
 
     fit = [r for r in ranked if r.rate > 0]
     over = [r for r in ranked if r.rate <= 0 and r.predicted]
@@ -30,6 +30,7 @@ def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: 
         lines.append("none is predicted to fit; the smallest predicted peaks:")
     lines.append(f"  {'#':>3}  {'samples/s':>10}  {'tokens/s':>10}  {'step':>9}  "
                  f"{'peak mem':>10}  {'fits':>4}  configuration")
+    differ = varying([r.plan.to_dict() for r in shown])  # what tells the rows apart
     for i, r in enumerate(shown, 1):
         step = r.plan.batch_size / r.rate if r.rate else _raw_step(r)
         per = ((r.predicted or {}).get("target") or {}).get("tokens_per_sample")
@@ -37,7 +38,7 @@ def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: 
         rate = f"{r.rate:,.1f}" if r.rate else "-"
         lines.append(f"  {i:>3}  {rate:>10}  {tokens:>10}  {format_seconds(step):>9}  "
                      f"{format_bytes(r.peak):>10}  {'yes' if r.rate else 'no':>4}  "
-                     f"{describe_plan(r.plan.to_dict())}")
+                     f"{describe_plan(r.plan.to_dict(), differ)}")
     if refused:
         reasons: dict[str, int] = {}
         for r in refused:

@@ -24,16 +24,19 @@ def clip(text: str, width: int) -> str:
     return text[:width - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
 
 
-def describe_plan(plan: dict[str, Any]) -> str:
+def describe_plan(plan: dict[str, Any], also: dict[str, set[str]] | None = None) -> str:
     """`d2p1t1 mb 8 | fused(attention=sdpa, optimizer=fused) amp(dtype=bf16)`; the global
-    batch too (`mb 16 gb 512`) where accumulation makes it more than mb x data."""
+    batch too (`mb 16 gb 512`) where accumulation makes it more than mb x data. Each
+    strategy shows its main settings (_SHOWN) and those `also` names: the ones that differ
+    from their defaults (`differing`), or between the rows of a table (`varying`), so that
+    two configurations the search tells apart never read the same."""
     lay = plan.get("layout") or {}
     parts = []
     for name, settings in (plan.get("strategies") or {}).items():
         if name == "accumulation":
             continue
-        shown = ", ".join(f"{k}={v}" for k, v in (settings or {}).items()
-                          if k in _SHOWN.get(name, ()))
+        keys = set(_SHOWN.get(name, ())) | (also or {}).get(name, set())
+        shown = ", ".join(f"{k}={v}" for k, v in (settings or {}).items() if k in keys)
         parts.append(f"{name}({shown})" if shown else name)
     layout = f"d{lay.get('data', 1)}p{lay.get('pipeline', 1)}t{lay.get('tensor', 1)}"
     mb, gb = plan.get("micro_batch_size"), plan.get("global_batch_size")
@@ -58,6 +61,25 @@ def standing(record: dict[str, Any]) -> tuple[float, str] | None:
     return (rate, format_rate(rate, "samples/s")) if rate else None
 
 
+def differing(plan: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+    """Per strategy of `plan`, the settings whose values are not their defaults."""
+    return {name: {k for k, v in (settings or {}).items()
+                   if k in defaults.get(name, {}) and defaults[name][k] != v}
+            for name, settings in (plan.get("strategies") or {}).items()}
+
+
+def varying(plans: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per strategy, the settings that take more than one value among `plans` (those
+    that have the strategy)."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for plan in plans:
+        for name, settings in (plan.get("strategies") or {}).items():
+            for k, v in (settings or {}).items():
+                seen.setdefault(name, {}).setdefault(k, set()).add(repr(v))
+    return {name: {k for k, values in keys.items() if len(values) > 1}
+            for name, keys in seen.items()}
+
+
 # the settings worth a glance in one line (the record has them all)
 _SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
           "checkpoint": ("every",), "zero": ("stage", "offload"), "pipeline": ("schedule",),
@@ -66,10 +88,12 @@ _SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
 
 class Progress:
     def __init__(self, name: str, clock: Clock, live: bool | None = None, quiet: bool = False,
-                 store: Any = None, memory_budget: float | None = None):
+                 store: Any = None, memory_budget: float | None = None,
+                 defaults: dict[str, dict[str, Any]] | None = None):
         from rich.console import Console
 
         self.memory_budget = memory_budget  # an ok trial over it is never shown as best
+        self.defaults = defaults or {}  # every strategy's settings' defaults (MachineFacts)
         self.name, self.clock, self.quiet = name, clock, quiet
         self.store = store  # a RunStore: the panel counts every worker's trials from it
         self._read_at = 0.0
@@ -114,7 +138,7 @@ class Progress:
         ranks = standing(record)
         if (self._candidate(record) and ranks and tags.get("phase") != "ablation"
                 and (self.best is None or ranks[0] > self.best[0])):
-            self.best = (ranks[0], record["trial_id"], describe_plan(record["plan"]), ranks[1])
+            self.best = (ranks[0], record["trial_id"], self.describe(record["plan"]), ranks[1])
         if not self.live_mode:
             shown = ranks[1] if ranks else (record.get("reason") or "")
             shown = clip(shown.splitlines()[0], 100) if shown else ""
@@ -127,7 +151,11 @@ class Progress:
                           f"{format_bytes(self.memory_budget)})")
             extra = f" (same as {tags['duplicate_of']})" if "duplicate_of" in tags else ""
             self.line(f"trial {record['trial_id']} [{tags.get('phase', '')}] "
-                      f"{record['status']}{extra}: {shown} | {describe_plan(record['plan'])}")
+                      f"{record['status']}{extra}: {shown} | {self.describe(record['plan'])}")
+
+    def describe(self, plan: dict[str, Any]) -> str:
+        """The plan's line, with every setting that differs from its default."""
+        return describe_plan(plan, differing(plan, self.defaults))
 
     def _candidate(self, record: dict[str, Any]) -> bool:
         return may_be_best(record, self.memory_budget)
@@ -154,7 +182,7 @@ class Progress:
             ranks = standing(r)
             if (self._candidate(r) and ranks and tags_of(r).get("phase") != "ablation"
                     and (best is None or ranks[0] > best[0])):
-                best = (ranks[0], r["trial_id"], describe_plan(r["plan"]), ranks[1])
+                best = (ranks[0], r["trial_id"], self.describe(r["plan"]), ranks[1])
         self.counts, self.best = counts, best or self.best
 
     def _panel(self):
@@ -176,5 +204,5 @@ class Progress:
         for c in list(self.running.values()):
             running = format_seconds(time.monotonic() - c["since"])
             t.add_row("running", f"trial {c['trial_id']} for {running}, {c['steps']} steps "
-                                 f"measured | {describe_plan(c['plan'])}")
+                                 f"measured | {self.describe(c['plan'])}")
         return t

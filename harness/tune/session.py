@@ -141,6 +141,7 @@ def open_study(options: SessionOptions, checked: CheckedStudy,
     store = RunStore(checked.run_dir, say=_stderr if options.quiet else
                      lambda text: progress.line(text))
     progress = Progress(study.name, clock, quiet=options.quiet, store=store,
+                        defaults=checked.facts.defaults,
                         memory_budget=checked.budget_bytes)
     on_event = on_event or progress.event
     held, me = HeldTrials(), Worker.this()

@@ -15,7 +15,7 @@ from training_harness.records.speedup import NOISE_THRESHOLD, Ratio
 from training_harness.records.tags import VARIANT, tags_of
 from training_harness.records.verdict import StudyVerdict, techniques
 from training_harness.tune.final.ablation import ablation_rows
-from training_harness.tune.progress import describe_plan
+from training_harness.tune.progress import describe_plan, varying
 
 
 def _to_target(m: dict[str, Any]) -> str:
@@ -62,6 +62,7 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
     over = {r["trial_id"] for r in rows if not may_be_best(r, memory_budget)} - busy
     lines = [f"{'#':>3}  {'trial':>8}  {'phase':<10} {'samples/s':>12} {'n':>3} {'step':>10} "
              f"{'peak mem':>11} {'predicted':>11}  configuration"]
+    differ = varying([r["plan"] for r in rows[:top]])  # what tells the rows shown apart
     for i, r in enumerate(rows[:top], start=1):
         m, p = r["metrics"], r.get("predicted") or {}
         mark = ("!" if r["trial_id"] in over else "~" if r["trial_id"] in busy
@@ -74,7 +75,7 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
             f"{format_seconds((m.get('step_time_s') or {}).get('median')):>10} "
             f"{format_bytes(m.get('peak_memory_bytes')):>11} "
             f"{format_bytes(p.get('calibrated_peak_memory_bytes')):>11}  "
-            f"{describe_plan(r['plan'])}{_to_target(m)}")
+            f"{describe_plan(r['plan'], differ)}{_to_target(m)}")
     if rows:
         lines.append("  samples/s: the median of every quiet measurement of the configuration "
                      "(search, rounds, ablation, variants), n of them")
