@@ -3,13 +3,19 @@ versions, two workloads): best configurations, speedups, per-technique effects.
 
 Every figure is a configuration's pooled measurements (training_harness.records.pooled), and
 every ratio between two runs (each best over the first run's, each configuration
-measured in both) carries its 95% interval and verdict (training_harness.records.speedup)."""
+measured in both) carries its 95% interval and verdict (training_harness.records.speedup).
+Ratios of samples/s are made only between runs that train the same thing (the workload and
+its arguments, its sequence length, the global batch: `apart`); runs that do not are set
+side by side by what compares across them, tokens/s per device and MFU."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from training_harness.core.target import KERNEL_ARGS
 from training_harness.core.units import format_bytes
 from training_harness.records.pooled import Pooled, compare, pool
 from training_harness.reports.effects import Effects, technique_effects
@@ -34,11 +40,20 @@ def build_compare(runs: list[Run]) -> str:
     heads = [headline(r) for r in runs]
     effects = [technique_effects(r) for r in runs]
     labels = _labels(runs)
+    differ = apart(runs, labels)
     figs = [speedups(labels, heads), effects_side_by_side(labels, effects),
             fronts(labels, runs)]
-    body = [section("summary", "Side by side", summary_table(runs, labels, heads, effects))]
+    table = summary_table(runs, labels, heads, effects, differ)
+    if differ:
+        table = (f'<p class="note">These runs train different things ({e("; ".join(differ))}): '
+                 "a samples/s of one is not a samples/s of the other, so no ratio between them "
+                 "is made; tokens/s per device and MFU compare across them.</p>" + table)
+    body = [section("summary", "Side by side", table)]
     body += [figure(f) for f in figs]
-    body.append(section("same", "The same configurations in each run", same_configs(runs, labels),
+    same = ('<p class="empty">Not shown: the runs train different things, so the same '
+            "configuration's samples/s do not compare.</p>" if differ
+            else same_configs(runs, labels))
+    body.append(section("same", "The same configurations in each run", same,
                         "Configurations measured (status ok) in every run, by the first run's "
                         "throughput: each the median of every quiet measurement of it in that "
                         "run, and n; the ratio is each run's over the first run's, with its "
@@ -55,11 +70,56 @@ def build_compare(runs: list[Run]) -> str:
 
 def ratio_lines(runs: list[Run]) -> list[str]:
     """For the terminal: each run's best over the first run's best, pooled, with its
-    interval and verdict."""
+    interval and verdict; for runs that train different things, what compares instead."""
     heads = [headline(r) for r in runs]
     labels = _labels(runs)
+    differ = apart(runs, labels)
+    if differ:
+        return [f"these runs train different things ({'; '.join(differ)}): no ratio of "
+                "samples/s is made; what compares across them:"] + [
+            f"  {lab}: best {_best(h, 'tokens_per_s', _per_device(h))} tokens/s per device, "
+            f"MFU {_best(h, 'mfu', pct)}" for lab, h in zip(labels, heads, strict=True)]
     return [f"{lab}: best over {labels[0]}'s best: {text}" for lab, text in
             zip(labels[1:], _best_over_first(heads)[1:], strict=True)]
+
+
+def trained(run: Run) -> dict[str, Any]:
+    """What a run's samples/s are samples of: the workload with its arguments (less the
+    kernel choices a study searches), and the global batch, of its best (else first) trial."""
+    records = run.records
+    record = records.get(run.best_id or "") or next(iter(records.values()), {})
+    plan = record.get("plan") or {}
+    workload = {"name": plan.get("workload"), **(plan.get("workload_args") or {})}
+    return {"workload": {k: v for k, v in workload.items() if k not in KERNEL_ARGS},
+            "global batch": plan.get("global_batch_size")}
+
+
+def apart(runs: list[Run], labels: list[str]) -> list[str]:
+    """How each run differs from the first in what it trains, in words; [] when they all
+    train the same thing (their samples/s then compare)."""
+    first = trained(runs[0])
+    said = []
+    for lab, run in zip(labels[1:], runs[1:], strict=True):
+        mine = trained(run)
+        a, b = first["workload"], mine["workload"]
+        if a.get("name") != b.get("name"):
+            said.append(f"{lab} trains {b.get('name')}, {labels[0]} {a.get('name')}")
+        else:
+            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            if keys:
+                said.append(f"{lab}'s {a.get('name')} differs in " + ", ".join(
+                    f"{k} ({b.get(k)} against {a.get(k)})" for k in keys))
+        if mine["global batch"] != first["global batch"]:
+            said.append(f"{lab}'s global batch is {mine['global batch']}, "
+                        f"{labels[0]}'s {first['global batch']}")
+    return said
+
+
+def _per_device(h: Headline):
+    """A formatter of the best's tokens/s divided over its devices."""
+    world = 1 if h.best is None else (h.best.get("world_size") or 1)
+    world = 1 if world != world else world  # NaN
+    return lambda v: rate(v / world)
 
 
 def _labels(runs: list[Run]) -> list[str]:
@@ -68,7 +128,8 @@ def _labels(runs: list[Run]) -> list[str]:
                                                                               strict=True)]
 
 
-def summary_table(runs, labels, heads: list[Headline], effects: list[Effects]) -> str:
+def summary_table(runs, labels, heads: list[Headline], effects: list[Effects],
+                  differ: list[str] | None = None) -> str:
     rows: list[tuple[str, list[str]]] = []
     envs = [{k: v for k, v, _ in environment(r)} for r in runs]
     for key in ("device_name", "gpu_names", "cpu_capability", "cpu_flags", "torch", "cuda",
@@ -88,7 +149,11 @@ def summary_table(runs, labels, heads: list[Headline], effects: list[Effects]) -
                                         for h in heads]))
     rows.append(("speedup over fp32", [f"{h.speedup:.2f}× ({h.basis})" if h.speedup else
                                        (" ".join(h.missing) or "–") for h in heads]))
-    rows.append((f"best over {labels[0]}'s best", _best_over_first(heads)))
+    rows.append((f"best over {labels[0]}'s best", ["–"] + ["not comparable: they train "
+                                                          "different things"] * (len(heads) - 1)
+                 if differ else _best_over_first(heads)))
+    rows.append(("best tokens/s per device", [_best(h, "tokens_per_s", _per_device(h))
+                                              for h in heads]))
     rows.append(("best peak memory", [_best(h, "peak_memory_bytes", format_bytes) for h in heads]))
     rows.append(("best MFU", [_best(h, "mfu", pct) for h in heads]))
     techniques = sorted({x.technique for ef in effects for x in ef.items})
@@ -163,15 +228,21 @@ def effects_side_by_side(labels, effects: list[Effects]) -> Figure:
                                         "peak memory it saves (GiB)"))
     fig.update_layout(template=TEMPLATE, height=max(300, 90 + 40 * len(techniques) * len(labels)),
                       barmode="group", legend={"orientation": "h", "y": -0.15})
+    clipped = False
     for i, (lab, ef) in enumerate(zip(labels, effects, strict=True)):
         by = {x.technique: x for x in ef.items}
         xs = [by.get(t) for t in techniques]
         pct = [None if x is None or x.speedup is None else (x.speedup - 1) * 100 for x in xs]
+        hi = [None if p is None else _clipped(x.speedup_hi, CLIP_HI) for x, p in
+              zip(xs, pct, strict=True)]
+        lo = [None if p is None else _clipped(x.speedup_lo, CLIP_LO) for x, p in
+              zip(xs, pct, strict=True)]
+        clipped |= any(c for c in hi + lo if c is not None and c[1])
         err = {"type": "data", "symmetric": False,
-               "array": [0 if p is None else (x.speedup_hi - x.speedup) * 100
-                         for x, p in zip(xs, pct, strict=True)],
-               "arrayminus": [0 if p is None else (x.speedup - x.speedup_lo) * 100
-                              for x, p in zip(xs, pct, strict=True)]}
+               "array": [0 if c is None else (c[0] - x.speedup) * 100
+                         for x, c in zip(xs, hi, strict=True)],
+               "arrayminus": [0 if c is None else (x.speedup - c[0]) * 100
+                              for x, c in zip(xs, lo, strict=True)]}
         mem = [None if x is None or x.memory_saved is None else x.memory_saved / 2**30
                for x in xs]
         color = COLORS[i % len(COLORS)]
@@ -182,8 +253,25 @@ def effects_side_by_side(labels, effects: list[Effects]) -> Figure:
                              marker_color=color, legendgroup=str(i)), row=1, col=2)
     fig.update_yaxes(autorange="reversed")
     sources = "; ".join(f"{lab}: {ef.source}" for lab, ef in zip(labels, effects, strict=True))
+    cut = (f" Intervals reaching past {CLIP_LO - 1:+.0%} or {CLIP_HI - 1:+.0%} (or with no "
+           "end: too few measurements) are drawn clipped there; the table gives them whole."
+           if clipped else "")
     return Figure("effects", title, fig, caption=f"Where the effects come from — {sources} "
-                  "(ablation: repeated leave-one-out trials; pairs: single search trials).")
+                  "(ablation: repeated leave-one-out trials; pairs: single search trials)."
+                  + cut)
+
+
+CLIP_LO, CLIP_HI = 0.0, 3.0  # the effects chart's error bars, as ratios: -100% to +200%
+
+
+def _clipped(end: float | None, bound: float) -> tuple[float, bool]:
+    """An interval's end as drawn (`bound`: CLIP_HI for its upper end, CLIP_LO for its
+    lower), and whether it was cut: an end past the chart's range, or none at all (an
+    interval open on that side)."""
+    if end is None or end != end or end in (float("inf"), float("-inf")):
+        return bound, True
+    drawn = min(max(end, CLIP_LO), CLIP_HI)
+    return drawn, drawn != end
 
 
 def fronts(labels, runs: list[Run]) -> Figure:

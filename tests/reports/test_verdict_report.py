@@ -64,3 +64,61 @@ def test_compare_gives_the_ratio_of_two_studies_an_interval(tmp_path):
     assert "n=5" in page
     (line,) = ratio_lines([load_run(FIXTURE), load_run(other)])
     assert "best over quickstart" in line and line.endswith(SAME)
+
+
+def _other_workload(tmp_path: Path, name: str | None = None, **args) -> Path:
+    """The fixture's study, as if it had trained another model (its records' workload)."""
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE, other)
+    lines = []
+    for line in (other / "trials.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        record["plan"]["workload"] = name or record["plan"]["workload"]
+        record["plan"]["workload_args"] = {**record["plan"]["workload_args"], **args}
+        lines.append(json.dumps(record))
+    (other / "trials.jsonl").write_text("\n".join(lines) + "\n")
+    return other
+
+
+def test_compare_makes_no_ratio_between_runs_that_train_different_things(tmp_path):
+    """A tiny GPT against an hf:llama study: no 'best over', no table of the same
+    configurations' samples/s; tokens/s per device and MFU instead, and why."""
+    other = _other_workload(tmp_path, name="hf:llama", hidden_size=128)
+    runs = [load_run(FIXTURE), load_run(other)]
+    first, *rest = ratio_lines(runs)
+    assert first.startswith("these runs train different things (") and "no ratio" in first
+    assert "trains hf:llama, quickstart" in first and first.count(" gpt") == 1
+    assert len(rest) == 2 and all("tokens/s per device" in line and "MFU" in line
+                                  for line in rest)
+    assert not any("best over" in line for line in rest)
+    page = build_compare(runs)
+    assert "These runs train different things" in page and "not comparable" in page
+    assert "the same configuration&#x27;s samples/s do not compare" in page or \
+        "the same configuration's samples/s do not compare" in page
+    assert "1.00x (95% interval" not in page
+
+
+def test_compare_of_the_same_model_at_another_length_says_which_argument_differs(tmp_path):
+    other = _other_workload(tmp_path, seq_len=1024)
+    (first, *_rest) = ratio_lines([load_run(FIXTURE), load_run(other)])
+    assert "'s gpt differs in seq_len (1024 against 64)" in first
+
+
+def test_an_interval_with_no_end_or_past_the_chart_is_drawn_clipped_and_said():
+    """A pair of single trials gives a one-sided interval (the issue's chart drew one out
+    to +5,000%): drawn to the chart's edge, and its caption says so."""
+    from training_harness.reports.compare import CLIP_HI, effects_side_by_side
+    from training_harness.reports.effects import Effect, Effects
+
+    wide = Effects("pairs", "", [Effect("fused", "pairs", speedup=1.2, speedup_lo=0.9,
+                                        speedup_hi=51.0),
+                                 Effect("amp", "pairs", speedup=1.5, speedup_lo=1.1,
+                                        speedup_hi=None)])
+    fig = effects_side_by_side(["a"], [wide])
+    bars = fig.fig.data[0]
+    assert max(u + c for u, c in zip(bars.error_x.array, bars.x, strict=True)) <= (
+        (CLIP_HI - 1) * 100 + 1e-9)
+    assert "drawn clipped" in fig.caption
+    tight = Effects("pairs", "", [Effect("fused", "pairs", speedup=1.2, speedup_lo=1.1,
+                                         speedup_hi=1.3)])
+    assert "clipped" not in effects_side_by_side(["a"], [tight]).caption
