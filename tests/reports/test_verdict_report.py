@@ -122,3 +122,22 @@ def test_an_interval_with_no_end_or_past_the_chart_is_drawn_clipped_and_said():
     tight = Effects("pairs", "", [Effect("fused", "pairs", speedup=1.2, speedup_lo=1.1,
                                          speedup_hi=1.3)])
     assert "clipped" not in effects_side_by_side(["a"], [tight]).caption
+
+
+def test_a_configuration_measured_once_never_stands_above_the_best_named_from_repeats():
+    """The 5-minute run's fault: a lucky single figure (trial 9, 260 samples/s once) ranked
+    first above the best named from 19 measurements. Now the best named leads the table,
+    and the single figure is listed apart, with its n."""
+    import copy
+
+    recs = records()
+    best = next(r for r in recs if str(r["trial_id"]) == "13")
+    lucky = copy.deepcopy(best)
+    lucky.update(trial_id=99, tags={**lucky["tags"], "phase": "search"})
+    lucky["plan"]["micro_batch_size"] = 4  # another configuration
+    lucky["metrics"]["samples_per_s"] = 10 * (best["metrics"]["samples_per_s"] or 1)
+    rows = table([*recs, lucky], multi=False, best_id=13).splitlines()
+    assert rows[1].split()[1] == "13"  # the best named, first
+    apart = next(i for i, line in enumerate(rows) if line.startswith("  measured once"))
+    lucky_row = next(i for i, line in enumerate(rows) if line.split()[1:2] == ["99"])
+    assert lucky_row > apart and rows[lucky_row].split()[4] == "1"  # its n

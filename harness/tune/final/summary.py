@@ -54,9 +54,15 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
         return pools.get(config_key(r.get("plan")))
 
     by_pool = not any(r["metrics"].get("time_to_target_s") for r in rows)
+    once: set[Any] = set()  # measured once where the best was confirmed: listed apart
     if by_pool:  # throughput: by pool
         rows.sort(key=lambda r: -(p.median if (p := pooled(r)) else
                                   r["metrics"].get("samples_per_s") or 0))
+        best = next((r for r in rows if str(r["trial_id"]) == str(best_id)), None)
+        if best is not None and (pooled(best).n if pooled(best) else 1) > 1:
+            once = {r["trial_id"] for r in rows if r is not best
+                    and (pooled(r).n if pooled(r) else 1) == 1}
+            rows.sort(key=lambda r: r["trial_id"] in once)  # stable: each group by median
     front = pareto(rows) if multi else set()
     busy = {r["trial_id"] for r in rows if busy_note(r)}
     over = {r["trial_id"] for r in rows if not may_be_best(r, memory_budget)} - busy
@@ -64,6 +70,9 @@ def table(records: list[dict[str, Any]], multi: bool, top: int = 10,
              f"{'peak mem':>11} {'predicted':>11}  configuration"]
     differ = varying([r["plan"] for r in rows[:top]])  # what tells the rows shown apart
     for i, r in enumerate(rows[:top], start=1):
+        if r["trial_id"] in once and (i == 1 or rows[i - 2]["trial_id"] not in once):
+            lines.append("  measured once (one figure each, never ranked above the best "
+                         "named from repeats; a longer --budget measures them again):")
         m, p = r["metrics"], r.get("predicted") or {}
         mark = ("!" if r["trial_id"] in over else "~" if r["trial_id"] in busy
                 else "*" if r["trial_id"] in front else " ")
