@@ -18,8 +18,10 @@ from training_harness.workloads.blocks import find_blocks
 from training_harness.workloads.hf import set_attention
 
 KernelMode = Literal["eager", "compile", "triton"]
-CompileMode = Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"]
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+CompileMode = Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead",
+                      "max-autotune"]
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
 
 
 @dataclass
@@ -28,8 +30,8 @@ class FusedSettings:
     optimizer: Literal["default", "foreach", "fused", "triton"] = "fused"
     compile: bool = False  # torch.compile each block
     # torch.compile's mode (CUDA only but "default"): "max-autotune-no-cudagraphs" tunes
-    # the Triton kernels and matmul choices; "reduce-overhead" also replays CUDA graphs
-    # (the lever for launch-bound small models)
+    # the Triton kernels and matmul choices; "reduce-overhead" replays CUDA graphs (the
+    # lever for launch-bound small models); "max-autotune" does both (the longest compile)
     compile_mode: CompileMode = "default"
     layernorm: KernelMode = "eager"
     gelu: KernelMode = "eager"  # the MLP's bias + GELU
@@ -107,7 +109,7 @@ class Fused(Strategy):
             mode = None if settings.compile_mode == "default" else settings.compile_mode
             for block in blocks if blocks is not None else [model]:
                 block.compile(mode=mode)
-            if settings.compile_mode == "reduce-overhead":
+            if settings.compile_mode in CUDA_GRAPHS:
                 # CUDA graph trees: each step starts a new generation of graph outputs
                 setup.step_contexts.append(_cudagraph_step)
             setup.notes.append(f"fused: compiled {blocks.describe() if blocks else 'the model'}"
@@ -123,18 +125,19 @@ def compile_mode_reasons(settings: FusedSettings, plan, env) -> list[str]:
     if mode == "default":
         return []
     if env.device_type != "cuda":
-        return [f"fused compile_mode '{mode}' is for CUDA ("
-                + ("CUDA graphs" if mode == "reduce-overhead" else "Triton kernel autotuning")
-                + f"); on {env.device_type} use compile_mode = 'default'"]
+        what = {"reduce-overhead": "CUDA graphs", "max-autotune-no-cudagraphs":
+                "Triton kernel autotuning"}.get(mode, "Triton kernel autotuning and CUDA graphs")
+        return [f"fused compile_mode '{mode}' is for CUDA ({what}); on {env.device_type} use "
+                "compile_mode = 'default'"]
     reasons = []
-    if mode == "reduce-overhead" and settings.compile:
+    if mode in CUDA_GRAPHS and settings.compile:
         zero = plan.strategies.get("zero")
         if zero is not None and get("zero").parse(zero).stage >= 2:
-            reasons.append("fused compile_mode 'reduce-overhead' (CUDA graphs) replays fixed "
+            reasons.append(f"fused compile_mode '{mode}' (CUDA graphs) replays fixed "
                            "addresses, but FSDP (zero stage 2/3) gathers the parameters into "
                            "new memory each step: use 'max-autotune-no-cudagraphs'")
         if "pipeline" in plan.strategies:
-            reasons.append("fused compile_mode 'reduce-overhead' (CUDA graphs) overwrites a "
+            reasons.append(f"fused compile_mode '{mode}' (CUDA graphs) overwrites a "
                            "block's outputs on its next forward, and the pipeline runs several "
                            "micro-batches forward before their backward: use "
                            "'max-autotune-no-cudagraphs'")

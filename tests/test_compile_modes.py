@@ -15,7 +15,7 @@ from training_harness.strategies.fused import FusedSettings
 
 CPU = RuntimeEnv.detect("cpu")
 H100 = replace(CPU, device_type="cuda", device_name="NVIDIA H100", triton=True)
-MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
+MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 
 
 def reasons(mode, env, **strats):
@@ -37,6 +37,8 @@ def test_off_cuda_only_default_with_the_reason(monkeypatch):
     assert "is for CUDA (Triton kernel autotuning)" in autotune and "'default'" in autotune
     (graphs,) = reasons("reduce-overhead", CPU)
     assert "CUDA graphs" in graphs
+    (both,) = reasons("max-autotune", CPU)
+    assert "Triton kernel autotuning and CUDA graphs" in both
     # refused with compile off too, so that a CPU study's search never offers them
     off = FusedSettings(compile=False, compile_mode="reduce-overhead")
     assert registry.get("fused").check(off, Plan(device="cpu"), CPU)
@@ -50,6 +52,9 @@ def test_on_cuda_and_where_cuda_graphs_cannot_replay():
     assert reasons("reduce-overhead", H100, zero={"stage": 1}) == []
     assert reasons("max-autotune-no-cudagraphs", H100, zero={"stage": 3}) == []
     assert any("pipeline" in r for r in reasons("reduce-overhead", H100, pipeline={}))
+    (fsdp,) = reasons("max-autotune", H100, zero={"stage": 3})  # CUDA graphs too
+    assert "'max-autotune' (CUDA graphs)" in fsdp
+    assert any("pipeline" in r for r in reasons("max-autotune", H100, pipeline={}))
 
 
 def test_compile_seconds_and_what_compiles():
