@@ -14,9 +14,9 @@ from training_harness.strategies.base import Strategy
 
 _REGISTRY: dict[str, Strategy] = {}
 
-BUILTINS = ("accumulation", "amp", "averaging", "checkpoint", "curriculum", "ddp", "distill",
-            "float8", "fused", "lamb", "lars", "lora", "muon", "pipeline", "tensor", "tf32",
-            "zero")
+BUILTINS = ("accumulation", "amp", "averaging", "channels_last", "checkpoint", "curriculum",
+            "ddp", "distill", "float8", "fused", "lamb", "lars", "lora", "muon", "pipeline",
+            "tensor", "tf32", "zero")
 
 
 def load_builtins() -> None:

@@ -29,6 +29,7 @@ class Settings:
     averaging: bool = False  # weight averaging keeps a copy of the trainable parameters
     lora: Any = None  # strategies.lora.LoraSettings: only its adapters train
     float8: str | None = None  # torchao float8's recipe; estimated as the plan without it
+    channels_last: bool = False  # the same values in NHWC: estimated as the plan without it
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
@@ -56,6 +57,7 @@ class Settings:
             averaging="averaging" in parsed,
             lora=parsed.get("lora"),
             float8=parsed["float8"].recipe if "float8" in parsed else None,
+            channels_last="channels_last" in parsed,
             parallel=Parallelism.of(plan, parsed),
         )
 

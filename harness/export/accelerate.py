@@ -46,7 +46,7 @@ def _script(w: Writer) -> None:
         w.lose(f"checkpoint.every = {ckpt['every']}", "accelerate's config checkpoints only "
                "under FSDP", "model.gradient_checkpointing_enable() in your script")
     for name in ("pipeline", "tensor", "lamb", "lars", "muon", "averaging", "lora",
-                 "curriculum", "distill", "accumulation", "ddp", "tf32"):
+                 "curriculum", "distill", "accumulation", "ddp", "tf32", "channels_last"):
         if name in f.strategies and name not in w.carried and not any(
                 n.setting.startswith(name) for n in w.lost):
             w.lose(name, "accelerate's config has no such setting", _NEAREST[name])
@@ -64,6 +64,7 @@ _NEAREST = {
     "accumulation": "Accelerator(gradient_accumulation_steps=...) (no_sync on all but the last)",
     "ddp": "DistributedDataParallelKwargs(bucket_cap_mb=...) in Accelerator(kwargs_handlers=)",
     "tf32": "torch.backends.cuda.matmul.allow_tf32 = True in your script",
+    "channels_last": "model.to(memory_format=torch.channels_last) before accelerator.prepare",
 }
 
 

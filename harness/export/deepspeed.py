@@ -126,6 +126,7 @@ def export(facts: Facts, source: str) -> Export:
         "lora": "peft.get_peft_model(...) before deepspeed.initialize",
         "curriculum": "DeepSpeed's data_efficiency curriculum learning (seqlen metric)",
         "distill": "a teacher's KL term in your loss",
+        "channels_last": "model.to(memory_format=torch.channels_last) before deepspeed.initialize",
     }
     for name, near in nearest.items():
         if name == "fused" and name in facts.strategies:  # the parts besides the optimizer

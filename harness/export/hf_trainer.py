@@ -170,6 +170,7 @@ def _rest(w: Writer) -> None:
         "lora": "peft.get_peft_model(model, LoraConfig(...)) before Trainer(model=...)",
         "curriculum": "a collate_fn that truncates each batch to the scheduled length",
         "distill": "a Trainer subclass whose compute_loss adds the teacher's KL term",
+        "channels_last": "model.to(memory_format=torch.channels_last) before Trainer(model=...)",
     }
     for name in w.facts.strategies:
         if name in nearest:

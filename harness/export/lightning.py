@@ -70,6 +70,7 @@ _NEAREST = {
     "float8": "torchao's convert_to_float8_training in configure_model",
     "checkpoint": "model.gradient_checkpointing_enable() in configure_model",
     "tf32": "torch.set_float32_matmul_precision('high') before Trainer.fit",
+    "channels_last": "model.to(memory_format=torch.channels_last) in configure_model",
 }
 
 

@@ -181,7 +181,9 @@ def export(facts: Facts, source: str) -> Export:
                "torch.backends.cuda.matmul.allow_tf32 = True in a custom_import module")
     for name, nearest in {"averaging": "a custom trainer step", "lora": "peft on the model "
                           "before parallelize", "curriculum": "a custom dataloader",
-                          "distill": "a custom loss (loss_fn)"}.items():
+                          "distill": "a custom loss (loss_fn)",
+                          "channels_last": "none: torchtitan's models have no convolutions"
+                          }.items():
         if name in facts.strategies:
             w.lose(name, "torchtitan's job config has no such section", nearest)
     body = tomli_w.dumps(job)
