@@ -150,6 +150,11 @@ def test_the_built_wheel_runs_from_outside_the_checkout(tmp_path, wheel):
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     _commands_work_outside(tmp_path, [sys.executable, "-m", PKG], [str(site)], site / PKG)
+    # `harness selftest` from the wheel (a GPU machine's way, docs/gpu.md) finds the
+    # repository it is started in: its tests and studies
+    where = _run([sys.executable, "-c", f"from {PKG}.selftest import proof; print(proof.ROOT)"],
+                 ROOT, [str(site)])
+    assert where.returncode == 0 and where.stdout.strip() == str(ROOT), where.stderr
 
 
 def test_a_checkout_on_sys_path_leaves_kernels_to_its_owner(tmp_path):

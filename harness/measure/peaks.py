@@ -279,7 +279,8 @@ def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str,
     """The calibration of each dtype in one short-lived process
     (training_harness.measure.calibrate),
     so that the CUDA context the matmuls need ends with it instead of staying here."""
-    root = str(Path(__file__).resolve().parents[2])  # where `harness` imports from
+    # the folder training_harness imports from (a wheel's site folder on PYTHONPATH)
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "training_harness.measure.calibrate", str(device), *dtypes]

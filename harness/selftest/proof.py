@@ -26,7 +26,16 @@ from pathlib import Path
 
 from training_harness.core.errors import HarnessError
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: its tests/ and studies/
+
+def _repository() -> Path:
+    """The repository the proof runs in (its tests/ and studies/): this package's checkout,
+    else the working folder (a GPU machine runs the project's wheel from the repository's
+    root: docs/gpu.md)."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "tests").is_dir() and (here / "studies").is_dir() else Path.cwd()
+
+
+ROOT = _repository()
 
 
 @dataclass(frozen=True)
