@@ -19,10 +19,17 @@ BUILTINS = ("accumulation", "amp", "averaging", "channels_last", "checkpoint", "
             "tensor", "tf32", "zero")
 
 
+_loaded = False  # every built-in imported: `get` is called per plan (harness plan: thousands)
+
+
 def load_builtins() -> None:
-    """Import (and so register) every built-in strategy; cheap once done."""
+    """Import (and so register) every built-in strategy, once."""
+    global _loaded
+    if _loaded:
+        return
     for name in BUILTINS:
         importlib.import_module(f"training_harness.strategies.{name}")
+    _loaded = True
 
 
 def register(strategy: Strategy) -> Strategy:
