@@ -3,6 +3,8 @@
     kernels.layernorm      LayerNorm forward and backward (FusedLayerNorm)
     kernels.bias_gelu      gelu(x + b), tanh or erf (LinearBiasGELU)
     kernels.cross_entropy  softmax cross-entropy chunked over the vocabulary (ChunkedCrossEntropy)
+    kernels.linear_cross_entropy  the LM head and the loss over chunks of tokens
+                                  (LinearCrossEntropy; plain PyTorch, no Triton)
     kernels.multi_tensor   AdamW / LAMB steps over many tensors in a fixed number of launches
 
 Dispatch (`use_triton`): a CUDA tensor takes the Triton kernel when triton imports; a

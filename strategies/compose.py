@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,7 +85,7 @@ def compose(
     chosen = active(plan)
 
     setup = Setup(
-        model=model.to(device),
+        model=_on(model, device),
         device=device,
         hyper=plan.optimizer,
         accumulation_steps=plan.accumulation_steps,
@@ -101,3 +102,12 @@ def compose(
             # a sharding wrapper); now build it over the final parameters.
             setup.optimizer = setup.build_optimizer()
     return setup
+
+
+def _on(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` on `device`, moved only where a tensor is elsewhere: the estimator composes
+    on fake tensors (training_harness.estimator.op_trace), which `.to` cannot swap."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    if all(t.device == device for t in tensors):
+        return model
+    return model.to(device)

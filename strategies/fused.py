@@ -9,13 +9,21 @@ from typing import Literal
 
 import torch
 
+from training_harness.core.errors import HarnessError
 from training_harness.kernels import dispatch
+from training_harness.strategies.attention_backends import (
+    BACKEND_CHOICES,
+    attention_reasons,
+    backend_context,
+)
 from training_harness.strategies.base import Choice, Phase, Strategy
-from training_harness.strategies.kernel_swaps import SWAPS
+from training_harness.strategies.kernel_swaps import SWAPS, swap_linear_cross_entropy
 from training_harness.strategies.registry import get, register
+from training_harness.workloads import load_workload
 from training_harness.workloads.attention import swap_attention
 from training_harness.workloads.blocks import find_blocks
 from training_harness.workloads.hf import set_attention
+from training_harness.workloads.hf_head import fused_head_reasons
 
 KernelMode = Literal["eager", "compile", "triton"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead",
@@ -26,7 +34,10 @@ CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA 
 
 @dataclass
 class FusedSettings:
-    attention: Literal["explicit", "sdpa"] = "sdpa"
+    attention: Literal["explicit", "sdpa", "flex"] = "sdpa"  # flex: FlexAttention, causal
+    # SDPA's kernel for every SDPA call of the step (strategies.attention_backends);
+    # auto: torch's choice per call
+    sdpa_backend: Literal["auto", "math", "efficient", "flash", "cudnn"] = "auto"
     optimizer: Literal["default", "foreach", "fused", "triton"] = "fused"
     compile: bool = False  # torch.compile each block
     # torch.compile's mode (CUDA only but "default"): "max-autotune-no-cudagraphs" tunes
@@ -36,6 +47,10 @@ class FusedSettings:
     layernorm: KernelMode = "eager"
     gelu: KernelMode = "eager"  # the MLP's bias + GELU
     cross_entropy: KernelMode = "eager"
+    # The LM head's matmul and the loss in one, over chunks of tokens, the gradients made
+    # in forward (kernels.linear_cross_entropy): the (tokens x vocab) logits are never
+    # held. The gpt workload and hf: causal LMs whose logits are the head's output as is.
+    linear_cross_entropy: bool = False
 
 
 def triton_unavailable(device_type: str) -> str | None:
@@ -49,23 +64,27 @@ def has_compiler() -> bool:
 
 class Fused(Strategy):
     name = "fused"
-    summary = ("fused kernels: SDPA attention, Triton LayerNorm / bias+GELU / cross-entropy, "
-               "fused or multi-tensor optimizer, torch.compile")
+    summary = ("fused kernels: SDPA (its backend a setting) or FlexAttention, Triton "
+               "LayerNorm / bias+GELU / cross-entropy, "
+               "fused linear cross-entropy, fused or multi-tensor optimizer, torch.compile")
     phases = (Phase.MODULE_SWAP, Phase.COMPILE, Phase.OPTIMIZER)
     Settings = FusedSettings
     requires = ("triton: a CUDA device (or TRITON_INTERPRET=1); "
-                "compile: gcc on a CPU, Triton on a GPU")
+                "compile: gcc on a CPU, Triton on a GPU; linear_cross_entropy: the gpt "
+                "workload or an hf: causal LM whose logits are its head's output")
 
     def space(self):
         kernel = Choice(("eager", "compile", "triton"))
         return {
-            "attention": Choice(("explicit", "sdpa")),
+            "attention": Choice(("explicit", "sdpa", "flex")),
+            "sdpa_backend": Choice(BACKEND_CHOICES),
             "optimizer": Choice(("default", "foreach", "fused", "triton")),
             "compile": Choice((False, True)),
             "compile_mode": Choice(COMPILE_MODES),
             "layernorm": kernel,
             "gelu": kernel,
             "cross_entropy": kernel,
+            "linear_cross_entropy": Choice((False, True)),
         }
 
     def availability(self) -> dict[str, str]:
@@ -86,8 +105,11 @@ class Fused(Strategy):
         if wants_compile and env.device_type == "cuda" and not env.triton:
             reasons.append("fused compile on a GPU needs Triton (pip install triton); use 'eager'")
         reasons += compile_mode_reasons(settings, plan, env)
+        reasons += attention_reasons(settings, plan, env)
         if settings.optimizer == "triton":
             reasons += triton_optimizer_reasons(plan, env)
+        if settings.linear_cross_entropy:
+            reasons += linear_cross_entropy_reasons(settings, plan)
         return reasons
 
     def apply(self, phase, setup, settings):
@@ -101,6 +123,11 @@ class Fused(Strategy):
                 mode = getattr(settings, kernel)
                 if mode != "eager":
                     done.append(f"{swap(model, mode)} {kernel} -> {mode}")
+            if settings.linear_cross_entropy:
+                done.append(swap_linear_cross_entropy(model))
+            if settings.sdpa_backend != "auto":
+                setup.step_contexts.append(backend_context(settings.sdpa_backend))
+                done.append(f"SDPA backend {settings.sdpa_backend} in each step")
             setup.notes.append("fused: " + ", ".join(done))
         elif phase is Phase.COMPILE and settings.compile:
             # Per block, as torchtitan does: shorter compiles, and wrappers applied
@@ -141,6 +168,32 @@ def compile_mode_reasons(settings: FusedSettings, plan, env) -> list[str]:
                            "block's outputs on its next forward, and the pipeline runs several "
                            "micro-batches forward before their backward: use "
                            "'max-autotune-no-cudagraphs'")
+    return reasons
+
+
+def linear_cross_entropy_reasons(settings: FusedSettings, plan) -> list[str]:
+    """Where the fused linear cross-entropy cannot stand in for the head and its loss: a
+    model that is not a language model the harness knows the head of, a head whose
+    logits are changed before the loss (hf: models, read from their forward), a loss
+    that needs the whole logits (distillation), or a cross-entropy kernel beside it."""
+    reasons = []
+    if plan.workload.startswith("hf:"):
+        try:
+            workload = load_workload(plan.workload, dict(plan.workload_args))
+        except HarnessError as e:
+            return [str(e)]
+        reasons += fused_head_reasons(workload)
+    elif plan.workload != "gpt":
+        reasons.append(f"fused linear_cross_entropy fuses a language model's head with its "
+                       f"loss: the gpt workload or an hf: causal LM, not '{plan.workload}'; "
+                       "set linear_cross_entropy = false")
+    if settings.cross_entropy != "eager":
+        reasons.append(f"fused linear_cross_entropy computes the loss itself, so "
+                       f"cross_entropy = '{settings.cross_entropy}' has no logits to act on; "
+                       "set cross_entropy = 'eager'")
+    if "distill" in plan.strategies:
+        reasons.append("fused linear_cross_entropy with distill: the teacher's KL term needs "
+                       "the student's whole logits; set linear_cross_entropy = false")
     return reasons
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from training_harness.workloads.hf import HFWorkload
+from training_harness.workloads.hf_head import criterion_of
 
 PARTS = ("embed_tokens", "layers", "norm")  # of model.model, with model.lm_head
 
@@ -59,6 +60,9 @@ class HFStage(nn.Module):
         self.norm = base.norm if last else None
         self.lm_head = model.lm_head if last else None
         self.rotary_emb = getattr(base, "rotary_emb", None)  # buffers only, no parameters
+        # fused linear_cross_entropy: the last stage hands on the norm's output, and the
+        # loss takes the head's weight from here (pipeline.fused_head_loss_fn)
+        self.head_in_loss = criterion_of(model) is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:  # x: token ids
@@ -73,7 +77,9 @@ class HFStage(nn.Module):
             out = layer(x, attention_mask=mask, **extra)
             x = out[0] if isinstance(out, tuple) else out  # a tuple before transformers 5
         if self.lm_head is not None:
-            x = self.lm_head(self.norm(x))
+            x = self.norm(x)
+            if not self.head_in_loss:
+                x = self.lm_head(x)
         return x
 
 

@@ -11,6 +11,8 @@ from torch import nn
 from training_harness.kernels.bias_gelu import LinearBiasGELU
 from training_harness.kernels.cross_entropy import ChunkedCrossEntropy
 from training_harness.kernels.layernorm import FusedLayerNorm
+from training_harness.kernels.linear_cross_entropy import LinearCrossEntropy, chunk_rows
+from training_harness.workloads.hf_head import CRITERION
 
 
 def _children(model: nn.Module):
@@ -62,5 +64,24 @@ def swap_cross_entropy(model: nn.Module, mode: str) -> int:
     return _swap_exact(model, nn.CrossEntropyLoss, mode,
                        lambda m: ChunkedCrossEntropy.from_loss(m, impl="triton"))
 
+
+def swap_linear_cross_entropy(model: nn.Module) -> str:
+    """The LM head and its loss -> one fused linear cross-entropy (kernels.linear_cross_entropy):
+    the gpt's `criterion` (its forward then hands the head's input and weight to it,
+    not the logits), or a transformers model's `CRITERION` attribute (its workload's loss runs
+    the model with the head on no positions and the fused loss on the head's input).
+    Returns what was swapped, for the notes."""
+    criterion = getattr(model, "criterion", None)
+    if isinstance(criterion, nn.CrossEntropyLoss):
+        model.criterion = LinearCrossEntropy.from_loss(criterion)
+        return "criterion -> linear cross-entropy"
+    if hasattr(getattr(model, "config", None), "model_type"):  # a transformers model
+        setattr(model, CRITERION, LinearCrossEntropy())
+        return "output embeddings + loss -> linear cross-entropy"
+    raise ValueError(f"fused linear_cross_entropy: {type(model).__name__} has neither a "
+                     "CrossEntropyLoss `criterion` nor a transformers config")
+
+
+__all__ = ["SWAPS", "chunk_rows", "swap_linear_cross_entropy"]  # chunk_rows: the estimator's
 
 SWAPS = {"layernorm": swap_layernorm, "gelu": swap_bias_gelu, "cross_entropy": swap_cross_entropy}

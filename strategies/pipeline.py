@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from training_harness.core.config import from_table
 from training_harness.core.errors import HarnessError
@@ -32,6 +33,7 @@ from training_harness.strategies.registry import register
 from training_harness.workloads import load_workload
 from training_harness.workloads.gpt import GPT, GPTConfig
 from training_harness.workloads.hf import lm_loss
+from training_harness.workloads.hf_head import criterion_of
 
 # torch.distributed.pipelining is imported when a schedule is built: it imports
 # triton, which the kernel tests need to import first (in interpreter mode).
@@ -81,6 +83,9 @@ class GPTStage(nn.Module):
         self.blocks = nn.ModuleList(gpt.blocks[i] for i in blocks)
         self.ln_f = gpt.ln_f if last else None
         self.lm_head = gpt.lm_head if last else None
+        # fused linear_cross_entropy: the last stage hands on ln_f's output, and the loss
+        # takes the head's weight from here (`fused_head_loss_fn`)
+        self.head_in_loss = getattr(gpt.criterion, "fuses_head", False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.wte is not None:  # x: token ids
@@ -89,8 +94,29 @@ class GPTStage(nn.Module):
         for block in self.blocks:
             x = block(x)
         if self.lm_head is not None:
-            x = self.lm_head(self.ln_f(x))
+            x = self.ln_f(x)
+            if not self.head_in_loss:
+                x = self.lm_head(x)
         return x
+
+
+def fused_head_loss_fn(stages: list[nn.Module], criterion):
+    """The schedule's loss under fused linear_cross_entropy: the last stage returns the
+    head's input, and the loss fuses the head (its weight, held by that stage, so its
+    optimizer, FSDP and gradient are the stage's) with the cross-entropy. None on the
+    ranks without the last stage (they compute no loss)."""
+    last = [s for s in stages if s.lm_head is not None]
+    if not last:
+        return None
+    stage, head = last[0], last[0].lm_head
+
+    def loss_fn(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if isinstance(stage, FSDPModule):  # zero 3 resharded it after the stage's forward
+            stage.unshard()
+        return criterion(hidden.reshape(-1, hidden.size(-1)), head.weight,
+                         targets.reshape(-1), head.bias)
+
+    return loss_fn
 
 
 def gpt_config(plan) -> GPTConfig:
@@ -205,7 +231,10 @@ def split(setup, settings) -> None:
     total = size * settings.virtual_stages
     ids = list(range(rank, total, size))  # looped placement
     if hf_pipeline.is_splittable(model):
-        setup.model = Stages(hf_pipeline.stages(model, ids, total), ids, total, lm_loss)
+        modules = hf_pipeline.stages(model, ids, total)
+        fused = criterion_of(model)  # fused linear_cross_entropy
+        loss = fused_head_loss_fn(modules, fused) if fused is not None else None
+        setup.model = Stages(modules, ids, total, loss or lm_loss)
         per = len(setup.model[0].blocks)
     else:
         if not isinstance(model, GPT) or model.cfg.tie_weights:
@@ -217,10 +246,11 @@ def split(setup, settings) -> None:
         def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
-        setup.model = Stages(
-            [GPTStage(model, range(s * per, (s + 1) * per), s == 0, s == total - 1)
-             for s in ids], ids, total, loss_fn,
-        )
+        modules = [GPTStage(model, range(s * per, (s + 1) * per), s == 0, s == total - 1)
+                   for s in ids]
+        if getattr(criterion, "fuses_head", False):  # fused linear_cross_entropy
+            loss_fn = fused_head_loss_fn(modules, criterion) or loss_fn
+        setup.model = Stages(modules, ids, total, loss_fn)
     setup.notes.append(
         f"pipeline: stages {ids} of {total} on pipeline rank {rank}, {per} blocks each"
     )

@@ -15,8 +15,8 @@ from training_harness.strategies.base import Strategy
 _REGISTRY: dict[str, Strategy] = {}
 
 BUILTINS = ("accumulation", "amp", "averaging", "channels_last", "checkpoint", "curriculum",
-            "ddp", "distill", "float8", "fused", "lamb", "lars", "lora", "muon", "pipeline",
-            "tensor", "tf32", "zero")
+            "ddp", "distill", "float8", "fused", "lamb", "lars", "liger", "lora", "muon",
+            "pipeline", "sparse_attention", "tensor", "tf32", "zero")
 
 
 _loaded = False  # every built-in imported: `get` is called per plan (harness plan: thousands)

@@ -170,7 +170,7 @@ def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
 
     data = json.loads((cache_dir / "peaks.json").read_text())
     assert len(data["entries"]) == 2
-    entry = data["entries"][peaks._cache_key(CPU, peaks._device_name(CPU), "fp32")]
+    entry = data["entries"][peaks.peak_key(CPU, peaks._device_name(CPU), "fp32")]
     assert entry["flops"] == first.flops and entry["source"] == first.source
 
     counted.clear()
@@ -183,7 +183,7 @@ def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
 
 
 def test_measured_peak_uses_a_planted_cache_entry(cache_dir, counted) -> None:
-    key = peaks._cache_key(CPU, peaks._device_name(CPU), "bf16")
+    key = peaks.peak_key(CPU, peaks._device_name(CPU), "bf16")
     (cache_dir / "peaks.json").write_text(
         json.dumps({"version": 1, "entries": {key: {"flops": 1.5e12, "source": "measured: x"}}})
     )
@@ -285,7 +285,7 @@ def test_the_cpu_peak_cache_is_keyed_by_instruction_set(monkeypatch) -> None:
     def key_on(capability: str, flags: list[str]) -> str:
         monkeypatch.setattr(device, "cpu_capability", lambda: capability)
         monkeypatch.setattr(device, "cpu_flags", lambda: flags)
-        return peaks._cache_key(CPU, "AMD EPYC", "bf16")
+        return peaks.peak_key(CPU, "AMD EPYC", "bf16")
 
     avx512 = key_on("AVX512", ["avx2", "avx512f", "avx512_bf16"])
     avx2 = key_on("AVX2", ["avx2"])

@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     from training_harness.cli.selftest import add_selftest_parser  # `selftest --gpu`: the GPU path
     add_selftest_parser(sub)
 
+    from training_harness.cli.calibrate import add_calibrate_parser  # the device's profile
+    add_calibrate_parser(sub)
+
     from training_harness.cli.export import (
         add_export_parsers,  # `export` and `verify`: other stacks
     )

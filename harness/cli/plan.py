@@ -81,7 +81,7 @@ class TargetPredictor:
             dtype = "tf32"  # cuDNN runs fp32 convolutions on TF32 tensor cores by default
         flops = flops_per_sample(plan, workload)
         est = estimate(plan, workload, runtime, target.peak_flops(dtype), flops,
-                       target.overhead())
+                       target.overhead(), profile=target.profile())
         predicted = est.to_record()
         if plan.world_size > runtime.device_count:  # the estimator models one node's link
             predicted["assumptions"].append(

@@ -22,13 +22,14 @@ from training_harness.core.errors import HarnessError
 from training_harness.core.units import parse_duration
 
 WHAT = """\
-harness selftest --gpu proves the GPU path in 8 minutes on one H100 or H200, each phase
+harness selftest --gpu proves the GPU path in 9 minutes on one H100 or H200, each phase
 stopped at its time box (--plan prints them):
   tests   pytest -m "gpu and not slow" (the files that mark gpu tests), pytest tests/kernels
-  bench   harness bench of the plans that matter most: GPT-2 small bf16 + SDPA + fused
-          AdamW at micro-batch 64, the same with float8 (tensorwise, rowwise) and with
-          CUDA graphs (compile reduce-overhead), selective checkpointing, quickstart,
-          amp-bf16, fused, checkpoint, gpt-medium
+  bench   the device's profile (harness calibrate), then harness bench of the plans that
+          matter most: GPT-2 small bf16 + SDPA + fused AdamW at micro-batch 64, the same
+          with fused linear cross-entropy, sliding-window attention, cuDNN SDPA, Flex-
+          Attention, float8 and CUDA graphs; a 1B Llama with and without Liger; then
+          selective checkpointing, quickstart, amp-bf16, fused, checkpoint, gpt-medium
   tune    harness tune studies/selftest/gpt2-small-tune.toml (about 3 minutes)
   report  harness report of the tune
   rest    with a longer --time-limit: the slow gpu tests, the plans the bench's box
@@ -36,7 +37,7 @@ stopped at its time box (--plan prints them):
 After every step it rewrites selftest.json in the out folder and the page
 docs/benchmarks/gpu_<device>_<date>.md, which says which phases did not finish. Without
 CUDA it says so and runs nothing; --rehearse runs the same phases on the CPU with tiny
-sizes and a stand-in device name, within 2 minutes."""
+sizes and a stand-in device name, within 2.5 minutes."""
 
 TABLE_STUDY = "studies/gpt2-small-1gpu-table.toml"
 REHEARSAL_DEVICE = "Rehearsal CPU"  # the stand-in device name of --rehearse

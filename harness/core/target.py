@@ -16,7 +16,8 @@ target is the steps that took times the step time measured for its own layout.
 
 The steps to target depend only on what changes the maths (`maths_key`): the workload
 and its data, the global batch, the optimizer (AdamW, LAMB, LARS or Muon) and its settings,
-weight averaging, the lr schedule above, the precision, the device kind and the seed.
+weight averaging, DDP's PowerSGD compression (its rank and warm-up), the lr schedule
+above, the precision, the device kind and the seed.
 Layout, micro-batch, checkpointing, ZeRO, pipeline, compile and kernels leave them
 unchanged, so one run serves them all (training_harness.measure.target_cache).
 """
@@ -82,8 +83,8 @@ class TargetSpec:
 OPTIMIZERS = ("lamb", "lars", "muon")
 # Strategies beside the optimizer that change what is trained or evaluated, so their
 # settings are part of the maths key (strategies.averaging: the weights evaluated;
-# curriculum, distill, lora: what each step trains).
-MATHS_STRATEGIES = ("averaging", "curriculum", "distill", "lora")
+# curriculum, distill, lora, sparse_attention: what each step trains).
+MATHS_STRATEGIES = ("averaging", "curriculum", "distill", "lora", "sparse_attention")
 
 
 def optimizer_name(strategies: dict[str, Any]) -> str:
@@ -94,8 +95,10 @@ def optimizer_name(strategies: dict[str, Any]) -> str:
 def technique_name(strategies: dict[str, Any]) -> str:
     """What the plan trains with, in words: its optimizer and the maths-changing
     strategies beside it, e.g. "adamw + curriculum" (the report's rows and legends)."""
+    powersgd = (strategies.get("ddp") or {}).get("compression") == "powersgd"
     return " + ".join([optimizer_name(strategies)]
-                      + [name for name in MATHS_STRATEGIES if name in strategies])
+                      + [name for name in MATHS_STRATEGIES if name in strategies]
+                      + ["powersgd"] * powersgd)
 
 
 def _settings(table: dict[str, Any] | None) -> dict[str, Any]:
@@ -134,6 +137,10 @@ def maths_key(plan: dict[str, Any], seed: int, device_type: str) -> str:
     }
     training = {name: _settings(strategies[name]) for name in MATHS_STRATEGIES
                 if name in strategies}
+    ddp = strategies.get("ddp") or {}
+    if ddp.get("compression") == "powersgd":  # compressed gradients (strategies.ddp)
+        training["powersgd"] = {k: v for k, v in sorted(ddp.items())
+                                if k in ("powersgd_rank", "start_powersgd_iter")}
     if "distill" in training:  # the teacher's weights as saved: retrained, another key
         training["distill"]["teacher_weights"] = teacher_weights(training["distill"])
     if training:  # absent otherwise, so that the keys cached before stay valid

@@ -6,7 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 from training_harness.estimator.facts import ModelFacts
-from training_harness.estimator.lm import FIRST_STAGE_TERMS, lm_outside_block_terms, logits_bytes
+from training_harness.estimator.lm import (
+    FIRST_STAGE_TERMS,
+    fused_loss_bytes,
+    lm_outside_block_terms,
+    logits_bytes,
+)
 from training_harness.estimator.settings import Settings, checkpointed_blocks
 from training_harness.estimator.trace import Trace
 from training_harness.estimator.transformer import (
@@ -71,7 +76,9 @@ def transformer_activations(
         requested = cfg.fused_attention or facts.attention_cores
     else:
         requested = "sdpa" if trace is not None and trace.calls_sdpa else "explicit"
-    kind = attention_kind(requested, device_type, dropout)
+    if cfg.sparse_attention is not None:  # its cores replace any other
+        requested = "flex"
+    kind = attention_kind(requested, device_type, dropout, cfg.sdpa_backend)
     par = cfg.parallel
     widths = widths_for(amp, device_type, half_params=par.fsdp_mixed)
     terms = block_activation_terms(
@@ -124,12 +131,13 @@ def transformer_activations(
     ]
     if kind == "fused":
         parts.assumptions.append(
-            "SDPA runs a fused kernel (flash / memory-efficient): no s² terms, a fp32 "
-            "log-sum-exp per row and head instead."
+            "SDPA runs a fused kernel (flash / memory-efficient / cuDNN), or FlexAttention: "
+            "no s² terms, a fp32 log-sum-exp per row and head instead."
         )
     elif kind == "math":
         parts.assumptions.append(
-            "SDPA on CPU with dropout runs its math path, which keeps fp32 scores."
+            "SDPA runs its math path (sdpa_backend 'math', or on CPU with dropout), which "
+            "keeps fp32 scores."
         )
 
     if lm:
@@ -149,6 +157,18 @@ def transformer_activations(
             else "The chunked Triton cross-entropy holds only the logits, overwritten by "
             "their gradient."
         )
+        if cfg.linear_cross_entropy:  # no logits: one chunk's, and the weight's gradient
+            chunk, accumulator, rows = fused_loss_bytes(
+                shape.vocab, shape.hidden, batch * shape.seq_len, widths.act)
+            memory["logits"] = parts.loss_forward = chunk + accumulator
+            parts.logits_output, parts.loss_saved = 0, accumulator
+            parts.assumptions[-1] = (
+                f"The fused linear cross-entropy (fused linear_cross_entropy) never holds the "
+                f"b·s·V logits: one chunk of {rows:,} tokens' logits and their gradient "
+                f"({chunk:,} bytes) and the head weight's fp32 gradient ({accumulator:,}) "
+                f"at most; the hidden state's gradient, made in forward, is kept in place "
+                f"of the head's input."
+            )
     else:
         assert trace is not None, "a transformer that is no language model is traced"
         memory["other_activations"] = trace.other_activations

@@ -55,11 +55,38 @@ def state_assumptions(facts: ModelFacts, cfg: Settings, micro_batch: int) -> lis
             "small at micro-batch 64 stepped 2.7x as long as bf16 eager, 1.09x compiled); "
             "the tuner learns it from the study's trials."
         )
+    if cfg.sdpa_backend != "auto":
+        out.append(
+            f"SDPA's backend '{cfg.sdpa_backend}' is estimated as "
+            + ("the math path: fp32 scores and probabilities kept, as explicit attention "
+               "keeps them" if cfg.sdpa_backend == "math" else
+               "a fused kernel: no s² terms, a log-sum-exp per row and head")
+            + "; its speed is not modelled apart from the FLOPs."
+        )
+    if cfg.sparse_attention is not None:
+        p = cfg.sparse_attention
+        out.append(
+            f"sparse_attention (window {p.window}, {p.global_tokens} global tokens, blocks of "
+            f"{p.block}) is estimated as FlexAttention: no s² terms (as fused SDPA), and "
+            "the attention FLOPs at the share of (query, key) blocks its BlockMask computes; "
+            "an hf: model's traced attention is its own implementation's (an upper bound)."
+        )
     if cfg.channels_last:
         out.append(
             "channels_last is estimated as the plan without it: the same tensors in another "
             "layout hold the same bytes, and its convolutions' speed is not modelled; the "
             "tuner learns it from the study's trials."
+        )
+    if cfg.liger:
+        kernels = [k for k in cfg.liger if k != "fused_linear_cross_entropy"]
+        out.append(
+            f"liger ({', '.join(cfg.liger)}) is estimated as the plan without it"
+            + (", except the logits: its fused linear cross-entropy as the fused strategy's "
+               "(one chunk of logits at a time, the head's gradients made in forward)"
+               if "fused_linear_cross_entropy" in cfg.liger else "")
+            + (f"; its {', '.join(kernels)} kernels as torch's ops (they keep no more, an "
+               "upper bound)" if kernels else "")
+            + "; its speed is not modelled: the tuner learns it from the study's trials."
         )
     return out
 
@@ -134,7 +161,9 @@ def _data_parallel(cfg: Settings, worst: RankMemory) -> str:
                " (gradient_as_bucket_view off: the buckets are a second copy, gradient_buckets, "
                "beside the gradients backward makes)")
             + (f"; {par.compression} compression adds a 16-bit copy of one bucket "
-               f"({par.bucket_cap_mb:g} MB)" if par.compression != "none" else "")
+               f"({par.bucket_cap_mb:g} MB) and halves the bytes all-reduced"
+               if par.compression in ("fp16", "bf16") else "")
+            + (powersgd_assumption(par) if par.compression == "powersgd" else "")
         )
         if par.zero == 1:
             return text + (
@@ -172,6 +201,20 @@ def _data_parallel(cfg: Settings, worst: RankMemory) -> str:
             " Offload on a CPU device moves nothing: the shards stay where they are."
         )
     return text
+
+
+def powersgd_assumption(par) -> str:
+    return (
+        f"; PowerSGD rank {par.powersgd_rank} is estimated after its warm-up (the steady "
+        f"step; its first {par.start_powersgd_iter} steps all-reduce the whole gradients, "
+        "as plain DDP, and a trial measures the compressed step only once its warm-up "
+        "steps reach that count): each gradient matrix n x m sends (n + m) x rank "
+        "elements where that is under half of n x m, 1-D tensors whole; its error-feedback "
+        "buffers (the gradients' size) and P, Q factors are kept all run, counted with the "
+        "gradient buckets, and the hook copies a bucket and its new error while it runs; "
+        "its matmuls, orthogonalisation and its two all-reduces in sequence per bucket "
+        "are not timed"
+    )
 
 
 def checkpoint_assumption(every: int | None, checkpointed: int, layers: int | None) -> str:

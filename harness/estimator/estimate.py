@@ -16,9 +16,12 @@ from training_harness.estimator.assumptions import (
     peak_assumption,
     state_assumptions,
 )
+from training_harness.estimator.compression import wire_bytes
 from training_harness.estimator.facts import ModelFacts
+from training_harness.estimator.lm import fused_loss_bytes
 from training_harness.estimator.memo import model_facts
 from training_harness.estimator.pipeline import bubble_fraction
+from training_harness.estimator.profiled_step import DeviceProfile, plan_step
 from training_harness.estimator.rank import PERSISTENT, RankMemory, rank_memory
 from training_harness.estimator.result import Estimate
 from training_harness.estimator.settings import Settings
@@ -37,6 +40,7 @@ def estimate(
     flops_per_sample: float | None = None,
     overhead: DeviceOverhead | None = None,
     workload_key: str | None = None,
+    profile: DeviceProfile | None = None,
 ) -> Estimate:
     """Predicted per-device peak memory and step time of `plan`; nothing is run.
 
@@ -47,6 +51,9 @@ def estimate(
     beyond its tensors; the peak counts it, so that it predicts what the device holds.
     `workload_key`: the name and arguments `workload` was loaded from, when it was
     (training_harness.measure.prepare): its model is then read once per key in this process.
+    `profile`, this device's measured profile (training_harness.measure.device_profile):
+    the step is then costed operator by operator (training_harness.estimator.profiled_step)
+    where it can be, else as without one, saying why.
     Strategy settings the plan leaves out take the strategies' defaults; a bad
     setting is a HarnessError.
     """
@@ -76,6 +83,11 @@ def estimate(
 
     if flops_per_sample is None:
         flops_per_sample = float(workload.flops_per_sample())
+    if cfg.sparse_attention is not None:  # the attention term at its computed blocks' share
+        from training_harness.strategies.sparse_attention import attention_flops_per_sample
+
+        share = cfg.sparse_attention.computed_fraction(workload.tokens_per_sample)
+        flops_per_sample -= attention_flops_per_sample(workload) * (1.0 - share)
     flops_per_step = (flops_per_sample + parts.recompute_flops_per_sample) * plan.batch_size
     teacher = teacher_cost(plan, workload, b)  # distillation: beside the student
     taught = teacher.forward_flops_per_sample * plan.batch_size if teacher else 0.0
@@ -83,6 +95,14 @@ def estimate(
     seconds, mfu, how, step_parts = step_time(
         flops_per_step + taught, plan, env, peak_flops, bubble, costs,
         recompute_flops=parts.recompute_flops_per_sample * plan.batch_size)
+    if profile is not None and profile.device_type == env.device_type:
+        profiled = plan_step(plan, workload, cfg, facts, profile, bubble, workload_key)
+        if isinstance(profiled, str):
+            how += f" (The device profile was not used: {profiled}.)"
+        else:
+            seconds, how, step_parts = profiled.seconds, profiled.how, profiled.parts
+            if peak_flops:  # the MFU this step time implies
+                mfu = flops_per_step / plan.world_size / (seconds * peak_flops)
     assumptions.append(how)
 
     memory = {k: int(v) for k, v in worst.memory.items()}
@@ -162,7 +182,25 @@ def step_costs(plan: Plan, workload: Workload, facts: ModelFacts, cfg: Settings,
         compiled=cfg.compile, data=par.data, zero=par.zero, model_bytes=model,
         state_touched_bytes=worst.state.parameters + worst.state.optimizer_state,
         gradient_bytes=trained, param_tensors=max(1, stepped // par.pipeline),
-        optimizer_impl=cfg.optimizer_impl, tensor=par.tensor, activation_bytes=act)
+        optimizer_impl=cfg.optimizer_impl, tensor=par.tensor, activation_bytes=act,
+        wire_bytes=wire_bytes(facts.params, par) if par.ddp and par.zero == 0 else None,
+        head_kernels=fused_loss_kernels(plan, workload) if cfg.linear_cross_entropy else 0)
+
+
+# Launches per chunk of the fused linear cross-entropy: forward's matmul, cast, log-sum-exp,
+# gather, loss, softmax (sub, exp), scatter, scale, cast, two matmuls (kernels.linear_cross_entropy)
+FUSED_LOSS_KERNELS_PER_CHUNK = 13
+
+
+def fused_loss_kernels(plan: Plan, workload: Workload) -> int:
+    """The fused linear cross-entropy's kernel launches per micro-step: a few per chunk."""
+    from training_harness.strategies.kernel_swaps import chunk_rows
+
+    vocab = getattr(workload, "vocab", None) or getattr(workload.shape, "vocab", 0)
+    tokens = plan.micro_batch_size * (workload.tokens_per_sample or 0)
+    if not vocab or not tokens:
+        return 0
+    return FUSED_LOSS_KERNELS_PER_CHUNK * -(-tokens // chunk_rows(vocab, tokens))
 
 
 def sharding_record(cfg: Settings, worst: RankMemory) -> dict:
@@ -199,7 +237,8 @@ def activation_parts(
     trace = None
     if shape is None or not lm or facts.attention_cores is None:
         try:
-            trace = trace_activations(workload, batch, amp, device_type, cfg.checkpoint_every)
+            trace = trace_activations(workload, batch, amp, device_type, cfg.checkpoint_every,
+                                      cfg.linear_cross_entropy)
         except TraceFailed as e:  # measured only: said in one line
             trace = untraced(e.line)
     if shape is not None:
@@ -211,6 +250,8 @@ def activation_parts(
             parts.assumptions.append(
                 "The model has no `blocks` ModuleList: checkpointing is not modelled."
             )
+        if cfg.linear_cross_entropy:  # hf: causal LMs: the trace ran the fused loss
+            fused_loss_chunk(parts, workload, batch, amp)
     if trace is not None:
         parts.assumptions[:0] = trace.notes
     if trace is not None and amp:
@@ -220,3 +261,22 @@ def activation_parts(
                else ".")
         )
     return parts
+
+
+def fused_loss_chunk(parts: ActivationParts, workload: Workload, batch: int, amp: bool) -> None:
+    """A traced language model under fused linear_cross_entropy: what the trace saved
+    holds the head weight's gradient already; the forward's one chunk of logits is a
+    transient the trace does not keep, counted here at the end of forward."""
+    vocab = getattr(workload, "vocab", None)
+    hidden = getattr(getattr(workload, "config", None), "hidden_size", None)
+    tokens = batch * (workload.tokens_per_sample or 0)
+    if not isinstance(vocab, int) or not isinstance(hidden, int) or not tokens:
+        return
+    chunk, _, rows = fused_loss_bytes(vocab, hidden, tokens, 2 if amp else 4)
+    parts.loss_forward = max(parts.loss_forward, chunk)
+    parts.assumptions.append(
+        f"The fused linear cross-entropy (fused linear_cross_entropy) never holds the "
+        f"logits: the trace counts what it keeps (the hidden state's and the head "
+        f"weight's gradients) and, at the end of forward, one chunk of {rows:,} tokens' "
+        f"logits and their gradient ({chunk:,} bytes)."
+    )

@@ -44,3 +44,21 @@ def logits_bytes(shape: TransformerShape, batch: int, chunked_width: int | None 
     if chunked_width is not None:
         return chunked_width * batch * shape.seq_len * shape.vocab
     return 12 * batch * shape.seq_len * shape.vocab
+
+
+def fused_loss_bytes(vocab: int, hidden: int, tokens: int, act_width: int) -> tuple[int, int, int]:
+    """The fused linear cross-entropy's working set (fused linear_cross_entropy): (one
+    chunk's bytes, the weight gradient's accumulator, rows per chunk).
+
+    kernels.linear_cross_entropy makes the logits `rows` tokens at a time: a chunk holds
+    its fp32 logits, turned in place into their gradient, and under a 16-bit dtype that
+    gradient's copy for the matmuls (the 16-bit logits before the fp32 copy are the
+    same size, and freed first): rows·V·(4 + 2). Beside them, for the whole forward,
+    the head weight's fp32 gradient (4·V·H), kept until backward scales it; the hidden
+    state's gradient, of the head input's size, is kept in place of the head's input.
+    """
+    from training_harness.strategies.kernel_swaps import chunk_rows
+
+    rows = chunk_rows(vocab, tokens)
+    chunk = rows * vocab * (4 + (act_width if act_width < 4 else 0))
+    return chunk, 4 * vocab * hidden, rows

@@ -30,6 +30,15 @@ class Settings:
     lora: Any = None  # strategies.lora.LoraSettings: only its adapters train
     float8: str | None = None  # torchao float8's recipe; estimated as the plan without it
     channels_last: bool = False  # the same values in NHWC: estimated as the plan without it
+    compile_mode: str = "default"  # fused's torch.compile mode (CUDA graphs in two of them)
+    # fused linear_cross_entropy: the loss holds one chunk of logits, not all of them
+    linear_cross_entropy: bool = False
+    sdpa_backend: str = "auto"  # fused's SDPA kernel: math keeps the scores, the others not
+    # strategies.sparse_attention's Pattern: flex keeps no scores; FLOPs at its blocks' share
+    sparse_attention: Any = None
+    # strategies.liger's patches on; its fused linear cross-entropy sets
+    # linear_cross_entropy too (the same chunked loss), the rest estimated as without them
+    liger: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, plan: Plan) -> Settings:
@@ -49,6 +58,7 @@ class Settings:
                               else None),
             fused_attention=fused.attention if fused is not None else None,
             compile=bool(fused is not None and fused.compile),
+            compile_mode=fused.compile_mode if fused is not None else "default",
             optimizer=optimizer,
             optimizer_impl=fused.optimizer if fused is not None else "default",
             cross_entropy=fused.cross_entropy if fused is not None else "eager",
@@ -58,8 +68,28 @@ class Settings:
             lora=parsed.get("lora"),
             float8=parsed["float8"].recipe if "float8" in parsed else None,
             channels_last="channels_last" in parsed,
+            linear_cross_entropy=bool(fused is not None and fused.linear_cross_entropy)
+            or "fused_linear_cross_entropy" in _liger(parsed),
+            liger=_liger(parsed),
+            sdpa_backend=fused.sdpa_backend if fused is not None else "auto",
+            sparse_attention=_sparse_pattern(plan),
             parallel=Parallelism.of(plan, parsed),
         )
+
+
+def _liger(parsed: dict) -> tuple[str, ...]:
+    """The Liger patches the plan turns on (strategies.liger), in its settings' order."""
+    liger = parsed.get("liger")
+    return tuple(k for k, v in vars(liger).items() if v) if liger is not None else ()
+
+
+def _sparse_pattern(plan: Plan) -> Any:
+    table = plan.strategies.get("sparse_attention")
+    if table is None:
+        return None
+    from training_harness.strategies.sparse_attention import plan_pattern
+
+    return plan_pattern(table, plan.workload, plan.workload_args)
 
 
 @dataclass(frozen=True)
@@ -77,7 +107,9 @@ class Parallelism:
     ddp: bool = False  # a DDP reducer holds the gradients in buckets (ddp, zero stage 1)
     bucket_cap_mb: float = 25.0
     bucket_view: bool = True  # gradients are views of DDP's buckets
-    compression: str = "none"  # DDP's gradients on the wire
+    compression: str = "none"  # DDP's gradients on the wire (estimator.compression)
+    powersgd_rank: int = 1  # compression "powersgd": its factors' rank
+    start_powersgd_iter: int = 0  # its steps of plain all-reduce (the estimate is after)
     pipeline: int = 1  # pipeline ranks
     virtual: int = 1  # stages per pipeline rank
     schedule: str = "1f1b"
@@ -101,6 +133,9 @@ class Parallelism:
             bucket_cap_mb=ddp.bucket_cap_mb if ddp is not None else 25.0,
             bucket_view=ddp.gradient_as_bucket_view if ddp is not None else True,
             compression=ddp.compression if ddp is not None else "none",
+            powersgd_rank=ddp.powersgd_rank if ddp is not None else 1,
+            start_powersgd_iter=(ddp.start_powersgd_iter if ddp is not None
+                                 and ddp.compression == "powersgd" else 0),
             pipeline=layout.pipeline if pipe is not None else 1,
             virtual=pipe.virtual_stages if pipe is not None else 1,
             schedule=pipe.schedule if pipe is not None else "1f1b",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from training_harness.estimator.compression import powersgd_kept
 from training_harness.estimator.facts import Param
 from training_harness.estimator.settings import Parallelism, Settings
 
@@ -103,8 +104,13 @@ def rank_state(params: list[Param], par: Parallelism, device_type: str,
                 state.held = state.gradients
             else:
                 state.buckets = state.gradients
-            if par.compression != "none":  # a 16-bit copy of one bucket on the wire
-                state.communication = min(int(par.bucket_cap_mb * MIB), state.gradients) // 2
+            bucket = min(int(par.bucket_cap_mb * MIB), state.gradients)
+            if par.compression == "powersgd":  # estimator.compression: its error feedback
+                # and factors kept; in the hook a bucket's copy and its new error
+                state.buckets += powersgd_kept(params, par)
+                state.communication = 2 * bucket
+            elif par.compression != "none":  # a 16-bit copy of one bucket on the wire
+                state.communication = bucket // 2
         return state
     return _fsdp_state(params, train, par, device_type, optimizer)
 

@@ -11,7 +11,8 @@ launch-bound GPU needs, nor see what tensor or data parallel send. On CUDA a ste
                 kernels while the device runs earlier ones, so a step takes the
                 longer of the two (a small micro-batch is launch-bound); compile fuses
                 kernels (COMPILED_KERNELS of them)
-    data        DDP and ZeRO-1 all-reduce the gradients (2 (d-1)/d of their bytes),
+    data        DDP and ZeRO-1 all-reduce the gradients (2 (d-1)/d of their bytes on the
+                wire: 16-bit or PowerSGD's factors with compression, estimator.compression),
                 ZeRO-2 reduce-scatters them and all-gathers the parameters, ZeRO-3
                 gathers the parameters for forward and backward of every micro-step;
                 over the link's bandwidth, DATA_EXPOSED of it not hidden behind backward
@@ -69,6 +70,9 @@ class StepCosts:
     optimizer_impl: str
     tensor: int  # tensor-parallel ranks
     activation_bytes: int  # one micro-batch's layer output (micro x seq x hidden x width)
+    wire_bytes: int | None = None  # DDP's all-reduce per step, compressed; None: the gradients
+    # per micro-step beyond OTHER_KERNELS: the fused linear cross-entropy's, per chunk
+    head_kernels: int = 0
 
 
 def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
@@ -79,7 +83,8 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
     `recompute_share` of them a checkpoint's recompute."""
     compute = compute_flops_s / (1 - bubble)
     per_block = KERNELS_PER_BLOCK * (COMPILED_KERNELS if costs.compiled else 1.0)
-    launches = costs.microsteps * (costs.blocks * per_block + OTHER_KERNELS) * LAUNCH_S
+    others = OTHER_KERNELS + costs.head_kernels
+    launches = costs.microsteps * (costs.blocks * per_block + others) * LAUNCH_S
     d = costs.data
     share = (d - 1) / d if d > 1 else 0.0
     if costs.zero >= 3:
@@ -87,7 +92,8 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
     elif costs.zero == 2:
         moved = share * (costs.gradient_bytes + costs.model_bytes)
     else:
-        moved = 2 * share * costs.gradient_bytes
+        moved = 2 * share * (costs.gradient_bytes if costs.wire_bytes is None
+                             else costs.wire_bytes)
     data = DATA_EXPOSED * moved / bw.link
     t = costs.tensor
     tensor = (costs.microsteps * costs.blocks * 4 * 2 * (t - 1) / t * costs.activation_bytes
@@ -104,7 +110,7 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
     how = (f"Step time = max(compute {compute * 1e3:.3g} ms at MFU {COMPUTE_MFU:g}"
            + (f" / (1 - bubble {bubble:.3f})" if bubble else "")
            + f", kernel launches {launches * 1e3:.3g} ms: {costs.microsteps} micro-step(s) "
-           f"x ~{costs.blocks * per_block + OTHER_KERNELS:.0f} kernels x {LAUNCH_S * 1e6:g} us)"
+           f"x ~{costs.blocks * per_block + others:.0f} kernels x {LAUNCH_S * 1e6:g} us)"
            + (f" + data-parallel traffic {data * 1e3:.3g} ms ({DATA_EXPOSED:g} of "
               f"{moved / 2**20:.0f} MiB not overlapped, {bw.link / 1e9:.0f} GB/s)" if data else "")
            + (f" + tensor-parallel all-reduces {tensor * 1e3:.3g} ms" if tensor else "")

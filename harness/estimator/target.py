@@ -9,7 +9,9 @@ measured on its H100 (assumed alike on the other GPUs, and said so).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.errors import HarnessError
@@ -23,6 +25,7 @@ from training_harness.core.gpus import (
 )
 from training_harness.core.overhead import DeviceOverhead
 from training_harness.core.units import format_bytes
+from training_harness.estimator.profiled_step import DeviceProfile
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,13 @@ class Target:
         """The datasheet's dense peak in the plan's compute dtype ("fp32" runs at the fp32
         rate: torch's default leaves TF32 off for matmuls)."""
         return self.gpu.flops.get(dtype)
+
+    def profile(self) -> DeviceProfile | None:
+        """The profile measured on this GPU (`harness calibrate --device cuda --out`, kept in
+        harness/estimator/profiles/<target>.json), or None: then the step comes from the
+        datasheet's peak, and the estimate says so."""
+        path = Path(__file__).parent / "profiles" / f"{self.name}.json"
+        return DeviceProfile(json.loads(path.read_text())) if path.is_file() else None
 
     def overhead(self) -> DeviceOverhead:
         """The context and workspaces measured on the H100; NCCL's buffers unmeasured (0)."""

@@ -61,6 +61,7 @@ def trace_activations(
     amp: bool,
     device_type: str,
     checkpoint_every: int | None = None,
+    fused_head: bool = False,
 ) -> Trace:
     """Trace `workload.loss` on fake tensors and add up what autograd saves.
 
@@ -68,7 +69,8 @@ def trace_activations(
     parameters, buffers and autocast's weight copies (counted apart). Under amp
     the trace runs CPU autocast in bf16, with CUDA's fp32 norms and softmax
     emulated when `device_type` is 'cuda'. With checkpointing, a checkpointed
-    block keeps only its inputs.
+    block keeps only its inputs. `fused_head`: the model's head and loss are the fused
+    linear cross-entropy (fused linear_cross_entropy), as the strategy swaps them in.
 
     A forward fake tensors cannot follow (one that makes a data-dependent decision)
     falls back, and says so in `notes`: to the meta device without autocast, then to
@@ -76,7 +78,7 @@ def trace_activations(
     figures scaled by the micro-batch. Where none works, `TraceFailed` names the op
     that stopped it in one line.
     """
-    key = (micro_batch, amp, device_type, checkpoint_every)
+    key = (micro_batch, amp, device_type, checkpoint_every, fused_head)
     try:
         seen = _TRACES.setdefault(workload, {})
     except TypeError:  # a workload that cannot be a weak key: nothing kept
@@ -84,7 +86,7 @@ def trace_activations(
     if key not in seen:
         try:
             seen[key] = _trace_activations(workload, micro_batch, amp, device_type,
-                                           checkpoint_every)
+                                           checkpoint_every, fused_head)
         except TraceFailed as e:
             seen[key] = e.line
     if isinstance(seen[key], str):
@@ -98,16 +100,18 @@ _TRACES: weakref.WeakKeyDictionary[Any, dict[tuple, Trace | str]] = weakref.Weak
 
 
 def _trace_activations(workload: Workload, micro_batch: int, amp: bool, device_type: str,
-                       checkpoint_every: int | None) -> Trace:
+                       checkpoint_every: int | None, fused_head: bool = False) -> Trace:
     from training_harness.estimator.fake_patches import fake_friendly, quiet_fake_errors
 
     try:
         with fake_friendly(), quiet_fake_errors():
-            return _trace(workload, micro_batch, amp, device_type, checkpoint_every, fake=True)
+            return _trace(workload, micro_batch, amp, device_type, checkpoint_every, fake=True,
+                          fused_head=fused_head)
     except Exception as e:  # a workload fake tensors cannot run: meta, no autocast
         fake_error = e
     try:
-        trace = _trace(workload, micro_batch, False, device_type, checkpoint_every, fake=False)
+        trace = _trace(workload, micro_batch, False, device_type, checkpoint_every, fake=False,
+                       fused_head=fused_head)
         trace.notes.append(
             f"Could not trace on fake tensors ({stopped_by(fake_error)}); traced on the meta "
             "device without autocast, so 16-bit activations are counted at fp32 width."
@@ -120,7 +124,8 @@ def _trace_activations(workload: Workload, micro_batch: int, amp: bool, device_t
         raise TraceFailed(f"{stopped_by(fake_error)}; {too_big}") from None
     try:
         with torch.random.fork_rng():  # the real initialisation draws from the global RNG
-            one = _trace(workload, 1, amp, device_type, checkpoint_every, fake=None)
+            one = _trace(workload, 1, amp, device_type, checkpoint_every, fake=None,
+                         fused_head=fused_head)
     except Exception as e:
         raise TraceFailed(stopped_by(e)) from None
     trace = scaled(one, micro_batch)
@@ -203,8 +208,8 @@ _FORWARDS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = (
 
 
 def _forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
-             fake: bool | None) -> _Forward:
-    key = (micro_batch, amp, device_type, fake)
+             fake: bool | None, fused_head: bool = False) -> _Forward:
+    key = (micro_batch, amp, device_type, fake, fused_head)
     try:
         seen = _FORWARDS.setdefault(workload, {}) if fake is not None else None
     except TypeError:  # a workload that cannot be a weak key: nothing kept
@@ -212,7 +217,7 @@ def _forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
     if seen is None or key not in seen:
         try:
             made: _Forward | Exception = _run_forward(workload, micro_batch, amp, device_type,
-                                                      fake)
+                                                      fake, fused_head)
         except Exception as e:
             made = e
         if seen is None and isinstance(made, Exception):
@@ -230,7 +235,7 @@ def _forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
 
 
 def _run_forward(workload: Workload, micro_batch: int, amp: bool, device_type: str,
-                 fake: bool | None) -> _Forward:
+                 fake: bool | None, fused_head: bool = False) -> _Forward:
     """On fake tensors (`fake`), the meta device (False) or real CPU ones (None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -241,6 +246,10 @@ def _run_forward(workload: Workload, micro_batch: int, amp: bool, device_type: s
     else:
         model, batch = model_and_batch(workload, micro_batch, mode)
     amp = amp and fake is not False  # no autocast on the meta device
+    if fused_head:  # as the fused strategy swaps it in
+        from training_harness.strategies.kernel_swaps import swap_linear_cross_entropy
+
+        swap_linear_cross_entropy(model)
     model.train()
     saved = SavedTensors(model)
     handles = saved.hooked()
@@ -266,9 +275,10 @@ def _trace(
     device_type: str,
     every: int | None,
     fake: bool | None,
+    fused_head: bool = False,
 ) -> Trace:
     """On fake tensors (`fake`), the meta device (False) or real CPU ones (None)."""
-    forward = _forward(workload, micro_batch, amp, device_type, fake)
+    forward = _forward(workload, micro_batch, amp, device_type, fake, fused_head)
     saved = forward.saved
     blocks = saved.blocks
     ckpt = set(checkpointed_blocks(len(blocks), every))

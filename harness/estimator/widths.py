@@ -50,14 +50,22 @@ def widths_for(amp: bool, device_type: str, half_params: bool = False) -> Widths
     return Widths(act=act, resid=2 if half_params else 4, softmax=act, mask=None, stats=4)
 
 
-def attention_kind(requested: str, device_type: str, dropout: bool) -> str:
-    """'explicit', 'fused' (flash / memory-efficient SDPA) or 'math' (SDPA's fallback).
+def attention_kind(requested: str, device_type: str, dropout: bool,
+                   backend: str = "auto") -> str:
+    """'explicit', 'fused' (flash / memory-efficient / cuDNN SDPA, FlexAttention) or
+    'math' (SDPA's math backend).
 
     On CPU, SDPA's flash kernel takes no dropout: with dropout torch runs the
-    math path, which materialises the scores in fp32.
+    math path, which materialises the scores in fp32. `fused`'s sdpa_backend = 'math'
+    asks for that path everywhere (it computes 16-bit inputs in fp32 too); flex and the
+    sparse pattern run FlexAttention (or, on the CPU, flash SDPA with a mask).
     """
     if requested == "explicit":
         return "explicit"
+    if requested == "flex":
+        return "fused"
+    if backend == "math":
+        return "math"
     if device_type == "cpu" and dropout:
         return "math"
     return "fused"

@@ -34,19 +34,30 @@ def _script(w: Writer) -> None:
         if fused["optimizer"] in ("fused", "foreach") and opt == "adamw":
             w.lose(f"fused.optimizer = {fused['optimizer']}", "an optimizer is built in your "
                    "script", f"torch.optim.AdamW(..., {fused['optimizer']}=True)")
-        if fused["attention"] == "sdpa":
-            w.lose("fused.attention = sdpa", "the attention is chosen where the model is built",
-                   "from_pretrained(..., attn_implementation='sdpa')")
+        if fused["attention"] in ("sdpa", "flex"):
+            impl = {"sdpa": "sdpa", "flex": "flex_attention"}[fused["attention"]]
+            w.lose(f"fused.attention = {fused['attention']}", "the attention is chosen where "
+                   "the model is built", f"from_pretrained(..., attn_implementation='{impl}')")
+        if fused.get("sdpa_backend", "auto") != "auto":
+            w.lose(f"fused.sdpa_backend = {fused['sdpa_backend']}", "accelerate has no "
+                   "attention-kernel setting", "torch.nn.attention.sdpa_kernel(SDPBackend...) "
+                   "around each step in your script")
         triton = [k for k in ("layernorm", "gelu", "cross_entropy") if fused[k] != "eager"]
         if triton:
             w.lose(f"fused.{'/'.join(triton)} = triton", "accelerate swaps no kernels",
                    "liger_kernel.transformers.apply_liger_kernel_to_<model>() in your script")
+        if fused.get("linear_cross_entropy"):
+            w.lose("fused.linear_cross_entropy = true", "accelerate swaps no kernels",
+                   "Liger's fused linear cross-entropy: liger_kernel.transformers."
+                   "apply_liger_kernel_to_<model>(fused_linear_cross_entropy=True) in your "
+                   "script")
     ckpt = f.get("checkpoint")
     if ckpt and "checkpoint" not in w.carried:
         w.lose(f"checkpoint.every = {ckpt['every']}", "accelerate's config checkpoints only "
                "under FSDP", "model.gradient_checkpointing_enable() in your script")
     for name in ("pipeline", "tensor", "lamb", "lars", "muon", "averaging", "lora",
-                 "curriculum", "distill", "accumulation", "ddp", "tf32", "channels_last"):
+                 "curriculum", "distill", "accumulation", "ddp", "tf32", "channels_last",
+                 "sparse_attention", "liger"):
         if name in f.strategies and name not in w.carried and not any(
                 n.setting.startswith(name) for n in w.lost):
             w.lose(name, "accelerate's config has no such setting", _NEAREST[name])
@@ -65,6 +76,10 @@ _NEAREST = {
     "ddp": "DistributedDataParallelKwargs(bucket_cap_mb=...) in Accelerator(kwargs_handlers=)",
     "tf32": "torch.backends.cuda.matmul.allow_tf32 = True in your script",
     "channels_last": "model.to(memory_format=torch.channels_last) before accelerator.prepare",
+    "liger": "liger_kernel.transformers.apply_liger_kernel_to_<model_type>(model=model, ...) "
+             "before accelerator.prepare",
+    "sparse_attention": "attn_implementation='flex_attention' with a sliding-window mask, or "
+                        "a transformers AttentionInterface function of your own",
 }
 
 
@@ -76,6 +91,12 @@ def _ddp(w: Writer) -> None:
            "no DDP settings", "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
            f"bucket_cap_mb={ddp['bucket_cap_mb']:g}, gradient_as_bucket_view="
            f"{ddp['gradient_as_bucket_view']}, comm_hook=...)])")
+    if ddp["compression"] == "powersgd":
+        w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
+               f"{ddp['start_powersgd_iter']} steps)", "accelerate's config file holds no "
+               "DDP settings", "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType"
+               ".POWER_SGD, comm_state_option={'matrix_approximation_rank': "
+               f"{ddp['powersgd_rank']}, 'start_powerSGD_iter': {ddp['start_powersgd_iter']}}})")
 
 
 def _sharding(w: Writer, cfg: dict[str, Any]) -> None:

@@ -54,7 +54,13 @@ def _zero(w: Writer, cfg: dict[str, Any]) -> None:
     if ddp:  # DeepSpeed's own data parallel (stage 0) in place of DDP
         w.carry("ddp")
         z["reduce_bucket_size"] = int(ddp["bucket_cap_mb"] * 2**20 / 4)  # elements, fp32
-        if ddp["compression"] != "none":
+        if ddp["compression"] == "powersgd":
+            w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
+                   f"{ddp['start_powersgd_iter']} steps)", "DeepSpeed has no PowerSGD",
+                   "1-bit Adam (optimizer type OneBitAdam, freeze_step = "
+                   f"{ddp['start_powersgd_iter']}: uncompressed Adam steps, then 1-bit "
+                   "momentum with error feedback; another compressor, NCCL or MPI)")
+        elif ddp["compression"] != "none":
             cfg["communication_data_type"] = ddp["compression"]
     cfg["zero_optimization"] = z
 
@@ -127,11 +133,21 @@ def export(facts: Facts, source: str) -> Export:
         "curriculum": "DeepSpeed's data_efficiency curriculum learning (seqlen metric)",
         "distill": "a teacher's KL term in your loss",
         "channels_last": "model.to(memory_format=torch.channels_last) before deepspeed.initialize",
+        "liger": "liger_kernel.transformers.apply_liger_kernel_to_<model_type>(model=model, ...) "
+                 "before deepspeed.initialize",
+        "sparse_attention": "ds_config's sparse_attention (mode 'bslongformer': sliding-window "
+                            "and global blocks) with DeepSpeed's SparseSelfAttention in the model",
     }
     for name, near in nearest.items():
         if name == "fused" and name in facts.strategies:  # the parts besides the optimizer
             parts = [f"fused.{k} = {v}" for k, v in facts.get("fused").items()
-                     if k != "optimizer" and v not in (False, "eager", "default", "explicit")]
+                     if k not in ("optimizer", "linear_cross_entropy")
+                     and v not in (False, "eager", "default", "explicit", "auto")]
+            if facts.get("fused").get("linear_cross_entropy"):
+                w.lose("fused.linear_cross_entropy = true", "not a ds_config setting",
+                       "Liger's fused linear cross-entropy (apply_liger_kernel_to_<model>("
+                       "fused_linear_cross_entropy=True), or LigerFusedLinearCrossEntropyLoss "
+                       "in the model's forward)")
             if parts:
                 w.lose(", ".join(parts), "not a ds_config setting", near)
             elif not any(n.setting.startswith("fused") for n in w.lost):

@@ -70,16 +70,21 @@ def _fused(w: Writer, args: dict[str, Any], model_kwargs: dict[str, Any]) -> Non
     hf = w.facts.plan.workload.startswith("hf:")
     attention = (f or {}).get("attention")
     if hf:  # the model's attention is chosen where it is built, not in TrainingArguments
-        chosen = "sdpa" if attention == "sdpa" else (
+        chosen = {"sdpa": "sdpa", "flex": "flex_attention"}.get(attention) or (
             "eager" if attention else w.facts.plan.workload_args.get("attn_implementation",
                                                                      "eager"))
         model_kwargs["attn_implementation"] = chosen
     if not f:
         return
     w.carry("fused")
-    if attention == "sdpa" and not hf:
-        w.lose("fused.attention = sdpa", "the harness's own model switches its attention",
-               "call F.scaled_dot_product_attention in your model's attention")
+    if attention in ("sdpa", "flex") and not hf:
+        w.lose(f"fused.attention = {attention}", "the harness's own model switches its "
+               "attention", "call F.scaled_dot_product_attention (or flex_attention) in your "
+               "model's attention")
+    if f.get("sdpa_backend", "auto") != "auto":
+        w.lose(f"fused.sdpa_backend = {f['sdpa_backend']}", "TrainingArguments has no "
+               "attention-kernel setting", "a Trainer subclass whose training_step runs under "
+               "torch.nn.attention.sdpa_kernel(SDPBackend...)")
     if f["compile"]:
         args["torch_compile"] = True
         args["torch_compile_mode"] = f["compile_mode"]
@@ -91,6 +96,21 @@ def _fused(w: Writer, args: dict[str, Any], model_kwargs: dict[str, Any]) -> Non
         w.lose(", ".join(f"fused.{k} = {f[k]}" for k in triton), "the harness's Triton "
                "kernels have no Trainer switch", "use_liger_kernel = true (Liger's RMSNorm, "
                "SwiGLU and fused linear cross-entropy)", applied=True)
+    if f.get("linear_cross_entropy"):
+        args["use_liger_kernel"] = True
+        w.lose("fused.linear_cross_entropy = true", "the harness's fused linear "
+               "cross-entropy has no Trainer switch", "use_liger_kernel = true (Liger's fused "
+               "linear cross-entropy, for the model types Liger patches)", applied=True)
+
+
+def _liger(w: Writer, args: dict[str, Any]) -> None:
+    """The liger strategy is the Trainer's own switch, with its patches as Liger's kwargs."""
+    liger = w.facts.get("liger")
+    if not liger:
+        return
+    args["use_liger_kernel"] = True
+    args["liger_kernel_config"] = dict(liger)  # Liger's own argument names
+    w.carry("liger")
 
 
 def _checkpoint(w: Writer, args: dict[str, Any], fsdp: bool) -> None:
@@ -132,7 +152,14 @@ def _parallel(w: Writer, args: dict[str, Any], harness: dict[str, Any]) -> bool:
         if ddp["bucket_cap_mb"] != args["ddp_bucket_cap_mb"]:
             w.lose(f"ddp.bucket_cap_mb = {ddp['bucket_cap_mb']}", "ddp_bucket_cap_mb is whole "
                    "megabytes", f"{args['ddp_bucket_cap_mb']}", applied=True)
-        if ddp["compression"] != "none":
+        if ddp["compression"] == "powersgd":
+            w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
+                   f"{ddp['start_powersgd_iter']} steps)", "the Trainer registers no "
+                   "communication hook", "model.register_comm_hook(powerSGD_hook.PowerSGDState("
+                   f"None, matrix_approximation_rank={ddp['powersgd_rank']}, start_powerSGD_iter="
+                   f"{ddp['start_powersgd_iter']}), powerSGD_hook.powerSGD_hook) in a "
+                   "callback's on_train_begin")
+        elif ddp["compression"] != "none":
             w.lose(f"ddp.compression = {ddp['compression']}", "the Trainer registers no "
                    "communication hook", f"model.register_comm_hook(None, "
                    f"{ddp['compression']}_compress_hook) in a callback's on_train_begin")
@@ -171,6 +198,8 @@ def _rest(w: Writer) -> None:
         "curriculum": "a collate_fn that truncates each batch to the scheduled length",
         "distill": "a Trainer subclass whose compute_loss adds the teacher's KL term",
         "channels_last": "model.to(memory_format=torch.channels_last) before Trainer(model=...)",
+        "sparse_attention": "attn_implementation='flex_attention' with a sliding-window mask, "
+                            "or an AttentionInterface function of your own",
     }
     for name in w.facts.strategies:
         if name in nearest:
@@ -205,6 +234,7 @@ def export(facts: Facts, source: str) -> Export:
     fsdp = _parallel(w, args, harness)
     _checkpoint(w, args, fsdp)
     _fused(w, args, model_kwargs)
+    _liger(w, args)
     _rest(w)
     if model_kwargs:
         harness["model_kwargs"] = model_kwargs

@@ -46,7 +46,14 @@ def _strategy(w: Writer) -> Any:
         return {"class_path": f"{STRATEGIES}.FSDPStrategy", "init_args": args}
     if ddp:
         w.carry("ddp")
-        if ddp["compression"] != "none":
+        if ddp["compression"] == "powersgd":
+            w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
+                   f"{ddp['start_powersgd_iter']} steps)", "a communication hook and its "
+                   "state are objects, not YAML values", "DDPStrategy(ddp_comm_state="
+                   "powerSGD_hook.PowerSGDState(None, matrix_approximation_rank="
+                   f"{ddp['powersgd_rank']}, start_powerSGD_iter={ddp['start_powersgd_iter']}), "
+                   "ddp_comm_hook=powerSGD_hook.powerSGD_hook) in code")
+        elif ddp["compression"] != "none":
             w.lose(f"ddp.compression = {ddp['compression']}", "a communication hook is a "
                    "function, not a YAML value", "DDPStrategy(ddp_comm_hook="
                    f"default_hooks.{ddp['compression']}_compress_hook) in code")
@@ -71,6 +78,9 @@ _NEAREST = {
     "checkpoint": "model.gradient_checkpointing_enable() in configure_model",
     "tf32": "torch.set_float32_matmul_precision('high') before Trainer.fit",
     "channels_last": "model.to(memory_format=torch.channels_last) in configure_model",
+    "liger": "liger_kernel.transformers.apply_liger_kernel_to_<model_type>(model=...) in "
+             "configure_model",
+    "sparse_attention": "flex_attention with a sliding-window BlockMask in your model",
 }
 
 
@@ -104,13 +114,24 @@ def export(facts: Facts, source: str) -> Export:
     if fused and fused["compile"]:
         w.lose("fused.compile = true", "the LightningModule compiles itself",
                "torch.compile each block in configure_model")
-    if fused and fused["attention"] == "sdpa":
-        w.lose("fused.attention = sdpa", "the attention is chosen where the model is built",
-               "from_pretrained(..., attn_implementation='sdpa') in configure_model")
+    if fused and fused["attention"] in ("sdpa", "flex"):
+        impl = {"sdpa": "sdpa", "flex": "flex_attention"}[fused["attention"]]
+        w.lose(f"fused.attention = {fused['attention']}", "the attention is chosen where the "
+               "model is built", f"from_pretrained(..., attn_implementation='{impl}') in "
+               "configure_model")
+    if fused and fused.get("sdpa_backend", "auto") != "auto":
+        w.lose(f"fused.sdpa_backend = {fused['sdpa_backend']}", "Lightning has no "
+               "attention-kernel setting", "torch.nn.attention.sdpa_kernel(SDPBackend...) "
+               "in training_step")
     triton = [k for k in ("layernorm", "gelu", "cross_entropy") if fused and fused[k] != "eager"]
     if triton:
         w.lose(f"fused.{'/'.join(triton)} = triton", "Lightning swaps no kernels",
                "liger_kernel's apply_liger_kernel_to_<model>() in configure_model")
+    if fused and fused.get("linear_cross_entropy"):
+        w.lose("fused.linear_cross_entropy = true", "Lightning swaps no kernels",
+               "Liger's fused linear cross-entropy: apply_liger_kernel_to_<model>("
+               "fused_linear_cross_entropy=True) in configure_model, or "
+               "LigerFusedLinearCrossEntropyLoss in training_step")
     for name in facts.strategies:
         if name in _NEAREST and name not in w.carried and not any(
                 n.setting.startswith(name) for n in w.lost):

@@ -42,7 +42,7 @@ def _parallelism(w: Writer, job: dict[str, Any]) -> None:
         w.carry("ddp")
         w.lose(f"ddp.bucket_cap_mb = {ddp['bucket_cap_mb']:g}", "torchtitan's replicate "
                "(DDP) has no bucket setting", "its default buckets", applied=True)
-        if ddp["compression"] != "none":
+        if ddp["compression"] != "none":  # powersgd too: none nearer
             w.lose(f"ddp.compression = {ddp['compression']}", "torchtitan registers no "
                    "communication hook", "uncompressed gradients", applied=True)
     if zero:
@@ -110,9 +110,20 @@ def _fused(w: Writer, job: dict[str, Any]) -> None:
     if triton:
         w.lose(f"fused.{'/'.join(triton)} = triton", "torchtitan has no switch for the "
                "harness's Triton kernels", "compile (Inductor fuses them)", applied=False)
+    if f.get("linear_cross_entropy"):
+        w.lose("fused.linear_cross_entropy = true", "torchtitan's loss takes the whole "
+               "logits", "none: a chunked loss needs the model's forward to return the "
+               "hidden state, with a custom loss_fn on it", applied=False)
     if f["attention"] == "explicit":
         w.lose("fused.attention = explicit", "torchtitan's models use SDPA or flex attention",
                "SDPA", applied=True)
+    if f["attention"] == "flex":
+        w.lose("fused.attention = flex", "the job config does not choose the attention",
+               "a model flavor with use_flex_attn = True")
+    if f.get("sdpa_backend", "auto") != "auto":
+        w.lose(f"fused.sdpa_backend = {f['sdpa_backend']}", "torchtitan has no "
+               "attention-kernel setting", "torch.nn.attention.sdpa_kernel(SDPBackend...) in "
+               "a custom_import module")
 
 
 def _optimizer(w: Writer, job: dict[str, Any]) -> None:
@@ -182,8 +193,11 @@ def export(facts: Facts, source: str) -> Export:
     for name, nearest in {"averaging": "a custom trainer step", "lora": "peft on the model "
                           "before parallelize", "curriculum": "a custom dataloader",
                           "distill": "a custom loss (loss_fn)",
-                          "channels_last": "none: torchtitan's models have no convolutions"
-                          }.items():
+                          "channels_last": "none: torchtitan's models have no convolutions",
+                          "liger": "[compile] enable = true, components = ['model', "
+                                   "'loss'] (Inductor fuses the norms, SwiGLU and loss)",
+                          "sparse_attention": "a sliding-window mask_mod for the model's "
+                          "FlexAttention (use_flex_attn = True)"}.items():
         if name in facts.strategies:
             w.lose(name, "torchtitan's job config has no such section", nearest)
     body = tomli_w.dumps(job)

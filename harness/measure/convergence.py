@@ -3,8 +3,10 @@ reaches `target.loss`, or the cap.
 
 It trains the plan's maths and nothing else (`maths_plan`): one process, no
 parallel layout, and of the strategies only those that change the numbers (amp's
-precision, LAMB, LARS, Muon, weight averaging) or keep memory in bounds without
-changing them (accumulation, checkpointing). The seed sets the initial weights and
+precision, LAMB, LARS, Muon, weight averaging; DDP's PowerSGD compression, in a
+process group of this process alone: strategies.ddp.alone says why that is the data
+ranks' maths) or keep memory in bounds without changing them (accumulation,
+checkpointing). The seed sets the initial weights and
 the data order (as MLPerf's seeds do): seed k's step s trains on the workload's batch
 s + k x DATA_STRIDE, so seed 0's is batch s, as in every trial, and a fine-tuning
 from saved weights still differs from seed to seed. The lr is the plan's, scaled with
@@ -32,6 +34,7 @@ from training_harness.core.target import MATHS_STRATEGIES, OPTIMIZERS
 from training_harness.measure.batches import split_batch
 from training_harness.measure.validation import validation_loss
 from training_harness.strategies.compose import compose
+from training_harness.strategies.ddp import alone, powersgd_of, wrap_ddp
 from training_harness.workloads import Workload
 
 # What a convergence run keeps of the plan's strategies (everything else leaves the
@@ -67,6 +70,16 @@ def data_index(step: int, seed: int) -> int:
 
 def train_to_target(plan: Plan, workload: Workload, device: torch.device,
                     runtime: RuntimeEnv | None, seed: int) -> dict[str, Any]:
+    powersgd = powersgd_of(plan)
+    if powersgd is None:
+        return _train_to_target(plan, workload, device, runtime, seed)
+    # DDP's PowerSGD compresses the gradients: its hook, in a group of this process alone
+    with alone(device) as pg:
+        return _train_to_target(plan, workload, device, runtime, seed, (powersgd, pg))
+
+
+def _train_to_target(plan: Plan, workload: Workload, device: torch.device,
+                     runtime: RuntimeEnv | None, seed: int, powersgd=None) -> dict[str, Any]:
     spec = plan.target
     assert spec is not None
     run_plan = maths_plan(plan)
@@ -75,6 +88,10 @@ def train_to_target(plan: Plan, workload: Workload, device: torch.device,
     with torch.device(device):
         model = workload.build_model()
     setup = compose(model, run_plan, device, runtime)
+    if powersgd is not None:
+        settings, pg = powersgd
+        wrap_ddp(setup, "ddp", settings.bucket_cap_mb, "powersgd",
+                 settings.gradient_as_bucket_view, settings, pg=pg)
     warm = spec.warmup_steps(batch)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         setup.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)

@@ -208,7 +208,7 @@ def measured_peaks(device: torch.device, dtypes: list[str], *,
         _check_dtype(dtype)
     device = _indexed(device)
     wanted = list(dict.fromkeys(matmul_dtype(device, d) for d in dtypes))
-    keys = {d: _cache_key(device, _device_name(device), d) for d in wanted}
+    keys = {d: peak_key(device, _device_name(device), d) for d in wanted}
     entries = store.read(CACHE_FILE) if cache else {}
     found = {d: hit for d in wanted if (hit := _valid_entry(entries.get(keys[d]))) is not None}
     missing = [d for d in wanted if d not in found]
@@ -226,7 +226,7 @@ def forget_measured_peak(device: torch.device, dtype: str) -> None:
     """Drop the cached figure: a trial ran faster than it, so it was measured low (on a
     loaded machine); the next study or bench measures it again."""
     device = _indexed(device)
-    key = _cache_key(device, _device_name(device), matmul_dtype(device, dtype))
+    key = peak_key(device, _device_name(device), matmul_dtype(device, dtype))
     entries = store.read(CACHE_FILE)
     if entries.pop(key, None) is not None:
         store.write(CACHE_FILE, entries)
@@ -256,7 +256,7 @@ def _device_name(device: torch.device) -> str:
     return cpu_name()
 
 
-def _cache_key(device: torch.device, device_name: str, dtype: str) -> str:
+def peak_key(device: torch.device, device_name: str, dtype: str) -> str:
     """Everything the rate depends on: the device (on a CPU its instruction set and the
     threads torch may use, since one model name comes with AVX2 or AVX-512 BF16; on a
     GPU its UUID and top SM clock, so another card or a clock cap is measured anew),
@@ -275,28 +275,33 @@ def _cache_key(device: torch.device, device_name: str, dtype: str) -> str:
 
 # --- where the calibration runs -----------------------------------------------------
 
-def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str, Peak]:
-    """The calibration of each dtype in one short-lived process
-    (training_harness.measure.calibrate),
-    so that the CUDA context the matmuls need ends with it instead of staying here."""
+def run_module(module: str, argv: list[str], timeout_s: float, what: str) -> str:
+    """The last line `python -m module argv...` prints, run as a process of its own;
+    RuntimeError saying `what` failed, with the end of its stderr."""
     # the folder training_harness imports from (a wheel's site folder on PYTHONPATH)
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "training_harness.measure.calibrate", str(device), *dtypes]
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=CALIBRATION_TIMEOUT_S)
+        done = subprocess.run([sys.executable, "-m", module, *argv], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"calibration matmul on {device} ran past "
-                           f"{CALIBRATION_TIMEOUT_S:.0f} s") from None
+        raise RuntimeError(f"{what} ran past {timeout_s:.0f} s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"calibration matmul on {device} failed (exit {done.returncode}): "
-                           f"{tail}")
-    answer = json.loads(lines[-1])
+        raise RuntimeError(f"{what} failed (exit {done.returncode}): {tail}")
+    return lines[-1]
+
+
+def _measure_in_subprocess(device: torch.device, dtypes: list[str]) -> dict[str, Peak]:
+    """The calibration of each dtype in one short-lived process
+    (training_harness.measure.calibrate),
+    so that the CUDA context the matmuls need ends with it instead of staying here."""
+    line = run_module("training_harness.measure.calibrate", [str(device), *dtypes],
+                      CALIBRATION_TIMEOUT_S, f"calibration matmul on {device}")
+    answer = json.loads(line)
     peaks = {d: _valid_entry(answer.get(d)) for d in dtypes}
     if any(p is None for p in peaks.values()):
-        raise RuntimeError(f"calibration on {device} answered {lines[-1]!r}")
+        raise RuntimeError(f"calibration on {device} answered {line!r}")
     return peaks

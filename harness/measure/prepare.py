@@ -24,7 +24,9 @@ from training_harness.core.device import RuntimeEnv, resolve_device
 from training_harness.core.plan import Plan
 from training_harness.core.prepared import PreparedPlan
 from training_harness.estimator import estimate
+from training_harness.estimator.profiled_step import DeviceProfile
 from training_harness.measure.device_overhead import device_overhead
+from training_harness.measure.device_profile import cached_profile
 from training_harness.measure.env import capture_env
 from training_harness.measure.peaks import (
     PeakChoice,
@@ -87,8 +89,10 @@ def prepare(
     flops = flops_per_sample(plan, workload)
     lap("flops")
     overhead = device_overhead(device) if device.type == "cuda" else None
+    measured = cached_profile(device, runtime.device_name)  # `harness calibrate` measures it
     predicted = estimate(plan, workload, runtime, peak.used.flops, flops, overhead,
-                         workload_key=_workload_key(plan)).to_record()
+                         workload_key=_workload_key(plan),
+                         profile=DeviceProfile(measured) if measured else None).to_record()
     lap("estimate")
     return Prepared(plan, workload, device, runtime, predicted, peak, flops,
                     workload.tokens_per_sample)

@@ -78,38 +78,51 @@ def relative_spread(step: dict[str, Any]) -> float | None:
     return (p90 - p10) / median if None not in (p10, p90) and median else None
 
 
-REFERENCE = "gpt2-small-bf16"  # the plans named gpt2-small-* change one thing of it
-CHANGED = {"gpt2-small-float8-tensorwise": "float8, tensorwise",
-           "gpt2-small-float8-rowwise": "float8, rowwise",
-           "gpt2-small-cuda-graphs": "CUDA graphs (compile reduce-overhead)"}
+REFERENCE = "gpt2-small-bf16"  # most plans named gpt2-small-* change one thing of it
+# plan -> (the one change, the plan it changes)
+CHANGED = {
+    "gpt2-small-linear-ce": ("fused linear cross-entropy", REFERENCE),
+    "gpt2-small-sliding-window": ("sliding-window attention, 1/4 of 1024", REFERENCE),
+    "gpt2-small-sdpa-cudnn": ("SDPA on cuDNN attention", REFERENCE),
+    "gpt2-small-flex": ("FlexAttention", REFERENCE),
+    "gpt2-small-float8-tensorwise": ("float8, tensorwise", REFERENCE),
+    "gpt2-small-float8-rowwise": ("float8, rowwise", REFERENCE),
+    "gpt2-small-cuda-graphs": ("CUDA graphs (compile reduce-overhead)", REFERENCE),
+    "gpt2-small-4096-sliding-window": ("sliding-window attention, 1/8 of 4096",
+                                       "gpt2-small-4096-bf16"),
+    "llama-1b-liger": ("Liger Kernel", "llama-1b-bf16"),
+}
 
 
 def against_reference(ran: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> list[str]:
-    """float8 and CUDA graphs each against the bf16 plan they change, or why not."""
+    """Each plan that changes one thing against the plan it changes, or why not."""
     by_name = {e["name"]: r for e, r in ran}
-    if not any(name in by_name for name in CHANGED):
-        return []
-    ref = by_name.get(REFERENCE)
-    ref_rate = bench_figures(ref)["samples_per_s"] if ref else None
-    lines = [f"Against `{REFERENCE}` (bf16 + SDPA + fused AdamW, micro-batch 64; "
-             f"{rate(ref_rate)} samples/s), one change each:", ""]
-    for name, what in CHANGED.items():
-        if name not in by_name:
+    lines: list[str] = []
+    for reference in dict.fromkeys(ref for _, ref in CHANGED.values()):
+        changed = [(n, what) for n, (what, ref) in CHANGED.items()
+                   if ref == reference and n in by_name]
+        if not changed:
             continue
-        record = by_name[name]
-        if record is None:
-            lines.append(f"- {what}: no record (see the bench's log)")
-            continue
-        f = bench_figures(record)
-        if f["status"] != "ok":
-            lines.append(f"- {what}: {f['status']}: {cell(f['reason'] or '-')}")
-        elif ref_rate:
-            lines.append(f"- {what}: {rate(f['samples_per_s'])} samples/s, "
-                         f"**{f['samples_per_s'] / ref_rate:.2f}x** bf16")
-        else:
-            lines.append(f"- {what}: {rate(f['samples_per_s'])} samples/s; the bf16 plan "
-                         "has no ok record to compare with")
-    return lines + [""]
+        ref = by_name.get(reference)
+        ref_rate = bench_figures(ref)["samples_per_s"] if ref else None
+        lines += [f"Against `{reference}` ({rate(ref_rate)} samples/s), one change each:", ""]
+        for name, what in changed:
+            record = by_name[name]
+            if record is None:
+                lines.append(f"- {what}: no record (see the bench's log)")
+                continue
+            f = bench_figures(record)
+            if f["status"] != "ok":
+                lines.append(f"- {what}: {f['status']}: {cell(f['reason'] or '-')}")
+            elif ref_rate:
+                memory = (f", peak memory {format_bytes(f['memory'])}" if f["memory"] else "")
+                lines.append(f"- {what}: {rate(f['samples_per_s'])} samples/s, "
+                             f"**{f['samples_per_s'] / ref_rate:.2f}x**{memory}")
+            else:
+                lines.append(f"- {what}: {rate(f['samples_per_s'])} samples/s; the plan it "
+                             "changes has no ok record to compare with")
+        lines.append("")
+    return lines
 
 
 def _records(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -272,6 +285,7 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
                   "the GPU's, and differ between machines with the same GPU."]
     lines += ["", "Memory and step time (ms), measured against the estimator's prediction "
               "(error: (predicted - measured) / measured):", "", *memory, ""]
+    lines += step_error_summary(ran, bench.get("profile"))
     lines += against_reference(ran)
     if sources:
         lines += ["Datasheet peaks: " + "; ".join(sorted(sources)) + ".", ""]
@@ -280,6 +294,33 @@ def bench_section(out: Path, state: dict[str, Any]) -> list[str]:
     if skipped:
         lines += ["Skipped:", ""] + [f"- {e['name']}: {e['skipped']}" for e in skipped] + [""]
     return lines
+
+
+def step_error_summary(ran: list[tuple[dict[str, Any], dict[str, Any] | None]],
+                       profile: dict[str, Any] | None) -> list[str]:
+    """The raw step-time error over the ok plans (median, p90, max of |error|), and whether
+    their estimates used the device profile measured at the bench's start."""
+    errors, profiled = [], 0
+    for _, record in ran:
+        if record is None or record.get("status") != "ok":
+            continue
+        f = bench_figures(record)
+        if f["step_error"] is not None:
+            errors.append(abs(f["step_error"]))
+            profiled += any("device profile of" in a
+                            for a in (record.get("predicted") or {}).get("assumptions") or [])
+    if not errors:
+        return []
+    errors.sort()
+    p90 = errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))]
+    step = (profile or {}).get("step") or {}
+    measured = ("the device profile measured at the bench's start (`profile.json`, "
+                f"{secs(step.get('seconds'))})" if step.get("rc") == 0
+                else "no device profile (its measurement failed: `profile.log`)"
+                if profile else "no device profile")
+    return [f"Raw step-time error over {len(errors)} ok plan(s): median "
+            f"{pct(errors[len(errors) // 2])}, p90 {pct(p90)}, max {pct(errors[-1])}; "
+            f"{profiled} of them estimated with {measured}.", ""]
 
 
 def _peaks(peaks: dict[str, Any]) -> list[str]:

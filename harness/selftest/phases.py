@@ -113,13 +113,14 @@ def rest_plans(root: Path, state: dict[str, Any]) -> list[Path]:
 
 
 def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
-    """`harness bench` of each plan whose ranks per node fit the GPUs here, in order,
-    while the box has time; the others are listed with the reason."""
+    """The device's profile (`harness calibrate`: the plans' estimates use it), then
+    `harness bench` of each plan whose ranks per node fit the GPUs here, in order, while
+    the box has time; the others are listed with the reason."""
     bench = run.state["phases"].setdefault("bench", {"pattern": what, "gpus": gpus,
                                                      "plans": []})
+    ok = "profile" in bench or measure_profile(run, bench)
     entries: list[dict[str, Any]] = bench["plans"]
     dirs = {e["dir"].split("/")[-1] for e in entries if e.get("dir")}
-    ok = True
     for path in plans:
         # a plan an earlier box left out, run now: its place on the page is taken
         entries[:] = [e for e in entries if not (e.get("plan") == str(path) and str(
@@ -130,6 +131,9 @@ def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
         entries.append(entry)
         if not fit.fits:
             entry["skipped"] = fit.reason
+            continue
+        if run.rehearse and (why := proof.cuda_only(path)):
+            entry["skipped"] = f"not rehearsed on the CPU ({why})"
             continue
         if run.left() < run.min_step:
             entry["skipped"] = _out_of_box(run)
@@ -151,6 +155,25 @@ def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
         run.save()
     run.save()
     return ok
+
+
+PROFILE_LIMIT_S = 90.0  # `harness calibrate` on a GPU: about a minute
+
+
+def measure_profile(run: Run, bench: dict[str, Any]) -> bool:
+    """`harness calibrate` of the device into the machine's cache (the benches after it
+    estimate with it) and into the out folder, before the plans it is judged on."""
+    if run.left() < run.min_step:  # measured by a later call of the bench, if any
+        return True
+    entry: dict[str, Any] = {"file": "profile.json"}
+    bench["profile"] = entry
+    argv = [run.python, "-m", "training_harness", "calibrate", "--device",
+            "cpu" if run.rehearse else "cuda", *(["--quick"] if run.rehearse else []),
+            "--out", str(run.out / "profile.json")]
+    step = run.step(argv, run.out / "profile.log", min(PROFILE_LIMIT_S, run.left()))
+    entry["step"] = step.to_json()
+    run.save()
+    return step.ok
 
 
 def run_tune(run: Run, study: Path, budget_s: float) -> bool:

@@ -2,16 +2,30 @@
 
 A core takes q, k, v shaped (batch, heads, seq, head_dim) and returns the same
 shape. It holds no parameters, so swapping one for another changes neither the
-state dict nor the optimizer; the `fused` strategy swaps Explicit for Sdpa.
+state dict nor the optimizer; the `fused` strategy swaps Explicit for Sdpa or Flex.
+SDPA's kernel (math, flash ...) is not the core's: `fused`'s sdpa_backend sets it for
+the whole step (strategies.attention_backends), so transformers' SDPA calls get it too.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+
+@lru_cache(maxsize=1)
+def compiled_flex() -> Callable[..., torch.Tensor]:
+    """FlexAttention compiled, one function for the process: fast only compiled (eager it
+    materialises the scores). Made at first use, not at import: torch.compile and
+    torch.compiler.disable import dynamo (a CPU-second, and triton, which the kernel
+    tests import first in interpreter mode)."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class ExplicitAttention(nn.Module):
@@ -47,7 +61,53 @@ class SdpaAttention(nn.Module):
         )
 
 
-ATTENTION = {"explicit": ExplicitAttention, "sdpa": SdpaAttention}
+def causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@lru_cache(maxsize=32)
+def causal_block_mask(seq: int, device: str) -> BlockMask:
+    """The causal BlockMask of `seq` positions (flex's 128 x 128 blocks), made once."""
+    return create_block_mask(causal_mask, None, None, seq, seq, device=device)
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+         mask: Callable[[int, str], BlockMask] | None, scale: float | None = None,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """flex_attention with the block mask `mask(seq, device)` gives (made once per
+    length and device), compiled on CUDA; eager elsewhere (torch 2.13 has no CPU
+    backward for it, and its eager form materialises the scores)."""
+    return _outside_compiled_blocks()(q, k, v, mask, scale, enable_gqa)
+
+
+@lru_cache(maxsize=1)
+def _outside_compiled_blocks() -> Callable[..., torch.Tensor]:
+    # A compiled block calls out here: the compiled flex is its own graph, not the block's.
+    return torch.compiler.disable(_flex)
+
+
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+          mask: Callable[[int, str], BlockMask] | None, scale: float | None,
+          enable_gqa: bool) -> torch.Tensor:
+    block_mask = mask(q.size(-2), str(q.device)) if mask is not None else None
+    fn = compiled_flex() if q.device.type == "cuda" else flex_attention
+    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+class FlexAttention(nn.Module):
+    """torch's FlexAttention with a causal block mask: the blocks above the diagonal
+    are skipped, those on it masked. No dropout (flex has none)."""
+
+    def __init__(self, dropout: float = 0.0, causal: bool = True):
+        super().__init__()
+        self.dropout = dropout
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flex(q, k, v, causal_block_mask if self.causal else None)
+
+
+ATTENTION = {"explicit": ExplicitAttention, "sdpa": SdpaAttention, "flex": FlexAttention}
 
 
 def swap_attention(model: nn.Module, to: str) -> int:

@@ -86,7 +86,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
-        # A module, so a fused kernel can replace it (kernels.cross_entropy).
+        # A module, so a fused kernel can replace it (kernels.cross_entropy), or fuse it
+        # with the head: a criterion that `fuses_head` takes (hidden, weight, targets,
+        # bias) instead of the logits (kernels.linear_cross_entropy).
         self.criterion = nn.CrossEntropyLoss()
         self.apply(self._init)
         for block in self.blocks:  # GPT-2: scale residual projections by 1/sqrt(2L)
@@ -106,7 +108,12 @@ class GPT(nn.Module):
         x = F.dropout(self.wte(idx) + self.wpe(pos), self.cfg.dropout, self.training)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and getattr(self.criterion, "fuses_head", False):
+            # fused linear_cross_entropy: the head's input and weight, no logits held
+            return self.criterion(x.reshape(-1, x.size(-1)), self.lm_head.weight,
+                                  targets.reshape(-1), self.lm_head.bias)
+        logits = self.lm_head(x)
         if targets is None:
             return logits
         return self.criterion(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))

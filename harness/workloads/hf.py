@@ -33,6 +33,7 @@ from training_harness.workloads.base import Workload
 from training_harness.workloads.data import check_name, is_synthetic
 from training_harness.workloads.data import tokens as token_data
 from training_harness.workloads.hf_config import HFSource, is_folder, load_config, model_class
+from training_harness.workloads.hf_head import criterion_of, fused_head_loss
 from training_harness.workloads.hf_moe import (
     aux_loss_coef,
     expert_groups,
@@ -53,12 +54,16 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def set_attention(model: nn.Module, kind: str) -> int:
-    """Switch a transformers model's attention to "sdpa", or "eager" for "explicit";
-    returns 1 when `model` is one (its own switch reaches every layer), else 0."""
+    """Switch a transformers model's attention to "sdpa", "flex_attention" for "flex",
+    or "eager" for "explicit"; returns 1 when `model` is one (its own switch reaches
+    every layer), else 0. A sparse pattern set already (strategies.sparse_attention)
+    is kept: it replaces the attention whatever the kind."""
     switch = getattr(model, "set_attn_implementation", None)
     if switch is None or not hasattr(getattr(model, "config", None), "_attn_implementation"):
         return 0
-    switch("sdpa" if kind == "sdpa" else "eager")
+    if str(model.config._attn_implementation).startswith("harness_sparse"):
+        return 1
+    switch({"sdpa": "sdpa", "flex": "flex_attention"}.get(kind, "eager"))
     return 1
 
 
@@ -127,10 +132,15 @@ class HFWorkload(Workload):
     def data_info(self) -> dict[str, Any]:
         return super().data_info() if is_synthetic(self.data) else token_data(self.data).describe()
 
-    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Cross-entropy of the logits; a mixture of experts adds its router's auxiliary
-        (load-balancing) loss as transformers does: times router_aux_loss_coef, when
-        output_router_logits is on (the default here)."""
+    def loss(self, model: nn.Module, batch: Any, loss_in_forward: bool = False) -> torch.Tensor:
+        """Cross-entropy of the logits (of the head's input, fused with the head, under
+        fused linear_cross_entropy: workloads.hf_head); a mixture of experts adds its
+        router's auxiliary (load-balancing) loss as transformers does: times
+        router_aux_loss_coef, when output_router_logits is on (the default here).
+        `loss_in_forward` (a causal LM, strategies.liger): the model's forward takes the
+        labels, already shifted, as shift_labels and returns the same mean cross-entropy
+        (ignore index IGNORE) without making the logits (Liger's fused linear
+        cross-entropy)."""
         if len(batch) == 3:  # an encoder-decoder: noisy source, teacher-forced decoder
             ids, decoder_ids, labels = batch
             if self.aux_coef and self._has_experts(model):  # an encoder-decoder MoE: its router
@@ -139,10 +149,16 @@ class HFWorkload(Workload):
                 return model(input_ids=ids, decoder_input_ids=decoder_ids, labels=labels,
                              output_router_logits=True).loss
             out = model(input_ids=ids, decoder_input_ids=decoder_ids)
+            loss = lm_loss(out.logits, labels)
         else:
             ids, labels = batch
-            out = model(input_ids=ids)
-        loss = lm_loss(out.logits, labels)
+            criterion = None if loss_in_forward else criterion_of(model)
+            if criterion is not None:  # fused linear_cross_entropy: no logits (hf_head)
+                out, loss = fused_head_loss(model, criterion, ids, labels)
+            else:
+                out = model(input_ids=ids,
+                            **({"shift_labels": labels} if loss_in_forward else {}))
+                loss = out.loss if loss_in_forward else lm_loss(out.logits, labels)
         aux = getattr(out, "aux_loss", None)
         if aux is not None and self.aux_coef:
             loss = loss + self.aux_coef * aux.to(loss.dtype)

@@ -11,7 +11,9 @@ as its baseline (studies/time-to-loss-cpu.toml's at global batch 16: its lr need
 scaling); the baseline's settings are held fixed and each technique gets only the small
 sweep of its own settings listed in VARIANTS. Distillation's teacher and LoRA's starting
 weights are trained first by `harness bench --save` (saved()). LoRA's section fine-tunes
-one saved Llama against full fine-tuning of it, to the same target. Each row is one
+one saved Llama against full fine-tuning of it, to the same target. The gpt-ddp section
+is the gpt's on 2 data ranks (gloo, micro-batch 8): DDP's PowerSGD compression against
+plain DDP (its runs to the target in one process, strategies.ddp.alone). Each row is one
 `harness bench` trial with a [target] table (three runs to the target, then
 WINDOW_STEPS measured steps); a trial measured while the machine was busy is measured
 again (steps from the cache), as time_to_loss_table.py does.
@@ -71,14 +73,33 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], float, str]] = {
                     {"distill": {"weight": 0.5, "temperature": 2.0}}, 1e-3, "gpt"),
     "distill-0.9": ("AdamW + distillation, weight 0.9, T 2",
                     {"distill": {"weight": 0.9, "temperature": 2.0}}, 1e-3, "gpt"),
+    # blocks of 16 positions (flex's 128 would be one block at 64 positions): the counted
+    # FLOPs are the blocks computed; on the CPU a dense mask runs every block all the same
+    "sparse-16": ("AdamW + sliding-window attention, window 16 of 64",
+                  {"sparse_attention": {"window": 16, "block": 16}}, 1e-3, "gpt"),
+    "sparse-32-g4": ("AdamW + sliding-window attention, window 32 of 64, 4 global tokens",
+                     {"sparse_attention": {"window": 32, "global_tokens": 4, "block": 16}},
+                     1e-3, "gpt"),
     "full-ft": ("full fine-tuning, AdamW (baseline)", {}, 1e-3, "llama-ft"),
     "lora-8": ("LoRA rank 8 on q_proj, v_proj", {"lora": {"rank": 8, "alpha": 16}}, 1e-3,
                "llama-ft"),
     "lora-16-all": ("LoRA rank 16 on every linear",
                     {"lora": {"rank": 16, "alpha": 32, "target_modules": ALL_LINEARS}}, 1e-3,
                     "llama-ft"),
+    # the gpt rows' maths on 2 gloo ranks of micro-batch 8 (plan_for): plain DDP, whose
+    # steps to target are AdamW's (the cache's), against DDP's PowerSGD compression
+    "ddp": ("AdamW, DDP on 2 ranks (baseline)", {"ddp": {}}, 1e-3, "gpt-ddp"),
+    "powersgd-2-from-2": ("AdamW + DDP PowerSGD rank 2, from step 2",
+                          {"ddp": {"compression": "powersgd", "powersgd_rank": 2,
+                                   "start_powersgd_iter": 2}}, 1e-3, "gpt-ddp"),
+    "powersgd-2-from-100": ("AdamW + DDP PowerSGD rank 2, from step 100",
+                            {"ddp": {"compression": "powersgd", "powersgd_rank": 2,
+                                     "start_powersgd_iter": 100}}, 1e-3, "gpt-ddp"),
+    "powersgd-4-from-2": ("AdamW + DDP PowerSGD rank 4, from step 2",
+                          {"ddp": {"compression": "powersgd", "powersgd_rank": 4,
+                                   "start_powersgd_iter": 2}}, 1e-3, "gpt-ddp"),
 }
-BASELINES = {"gpt": "adamw", "llama-ft": "full-ft"}
+BASELINES = {"gpt": "adamw", "llama-ft": "full-ft", "gpt-ddp": "ddp"}
 WINDOW_STEPS = 64
 
 
@@ -125,6 +146,13 @@ def plan_for(label: str, out: Path):
     plan = base_plan()
     if "distill" in strategies:
         strategies["distill"]["teacher"] = str(saved(out, "teacher"))
+    if section == "gpt-ddp":  # two data ranks of half the batch (harness bench forks them)
+        from training_harness.core.plan import Layout
+
+        plan = plan.replace(layout=Layout(data=2), micro_batch_size=BATCH // 2)
+        start = strategies["ddp"].get("start_powersgd_iter")
+        if start:  # the measured window after PowerSGD's warm-up: compressed steps
+            plan = plan.replace(warmup_steps=max(plan.warmup_steps, start + 2))
     if section == "llama-ft":
         plan = plan.replace(workload=f"hf:{saved(out, 'base')}",
                             workload_args={"seq_len": plan.workload_args["seq_len"],

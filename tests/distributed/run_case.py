@@ -45,6 +45,7 @@ class Case:
 
 
 UNTIED = {"tie_weights": False}
+LINEAR_CE = {"linear_cross_entropy": True}  # fused linear cross-entropy, the rest default
 FAMILIES: dict[str, tuple[dict, list[Case]]] = {
     "data": ({"data": 2}, [
         Case("ddp", {"ddp": {}}),
@@ -62,6 +63,9 @@ FAMILIES: dict[str, tuple[dict, list[Case]]] = {
         Case("zero3-checkpoint", {"zero": {"stage": 3}, "checkpoint": {}}),
         Case("zero2-bf16", {"zero": {"stage": 2}, "amp": {"dtype": "bf16"}}),
         Case("zero3-fp16", {"zero": {"stage": 3}, "amp": {"dtype": "fp16"}}, pretend_cuda=True),
+        # the fused linear cross-entropy inside FSDP's root (the head's gathered weight)
+        Case("zero3-linear-ce", {"zero": {"stage": 3}, "fused": LINEAR_CE}),
+        Case("ddp-linear-ce", {"ddp": {}, "fused": LINEAR_CE}),
     ]),
     "pipeline": ({"pipeline": 2}, [
         Case("pipeline-gpipe", {"pipeline": {"schedule": "gpipe"}}, micro=2, gpt=UNTIED),
@@ -70,6 +74,9 @@ FAMILIES: dict[str, tuple[dict, list[Case]]] = {
                                                    "virtual_stages": 2}},
              micro=2, gpt={**UNTIED, "layers": 4}),
         Case("pipeline-1f1b-checkpoint", {"pipeline": {}, "checkpoint": {}}, micro=2, gpt=UNTIED),
+        # the last stage hands on ln_f's output; the schedule's loss fuses the head
+        Case("pipeline-1f1b-linear-ce", {"pipeline": {}, "fused": LINEAR_CE}, micro=2,
+             gpt=UNTIED),
     ]),
     "tensor": ({"tensor": 2}, [
         Case("tensor", {"tensor": {}}, micro=8),
@@ -78,11 +85,14 @@ FAMILIES: dict[str, tuple[dict, list[Case]]] = {
         Case("tensor-sdpa-foreach", {"tensor": {}, "fused": {"attention": "sdpa",
                                                              "optimizer": "foreach"}}, micro=8),
         Case("tensor-fused-adamw", {"tensor": {}, "fused": {"optimizer": "fused"}}, micro=8),
+        Case("tensor-linear-ce", {"tensor": {}, "fused": LINEAR_CE}, micro=8),  # head replicated
     ]),
     # 4 ranks: the data-parallel wrappers on pipeline stages and on tensor shards.
     "pipeline-data": ({"pipeline": 2, "data": 2}, [
         Case("pipeline-zero2", {"pipeline": {}, "zero": {"stage": 2}}, micro=2, gpt=UNTIED),
         Case("pipeline-zero3", {"pipeline": {}, "zero": {"stage": 3}}, micro=2, gpt=UNTIED),
+        Case("pipeline-zero3-linear-ce", {"pipeline": {}, "zero": {"stage": 3},
+                                          "fused": LINEAR_CE}, micro=2, gpt=UNTIED),
     ]),
     "tensor-data": ({"tensor": 2, "data": 2}, [
         Case("tensor-zero2", {"tensor": {}, "zero": {"stage": 2}}),

@@ -87,7 +87,8 @@ def test_a_small_cut_replays_through_the_real_tuner(tmp_path):
     table["micro_batch_sizes"] = {"min": 8, "max": 64}
     table["budget"]["time"] = "3h"
     table["strategies"] = {"amp": {"values": {"dtype": ["bf16"]}},
-                           "fused": {"search": ["attention", "compile"]},
+                           "fused": {"search": ["attention", "compile"],
+                                     "values": {"attention": ["explicit", "sdpa"]}},
                            "checkpoint": {"values": {"every": [1]}}}
     study = tmp_path / "cut.toml"
     study.write_text(tomli_w.dumps(table))

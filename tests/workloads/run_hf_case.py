@@ -64,6 +64,12 @@ CASES = [
     Case("llama-pipeline-gpipe", "llama", PIPE, {"pipeline": {"schedule": "gpipe"}}, micro=2),
     Case("llama-pipeline-1f1b-sdpa", "llama", PIPE,
          {"pipeline": {"schedule": "1f1b"}, "fused": {"attention": "sdpa"}}, micro=2),
+    # fused linear cross-entropy: inside FSDP's root forward (the head's hook), and as the
+    # pipeline's loss on the last stage's normed output
+    Case("llama-zero3-linear-ce", "llama", DATA,
+         {"zero": {"stage": 3}, "fused": {"linear_cross_entropy": True}}),
+    Case("llama-pipeline-1f1b-linear-ce", "llama", PIPE,
+         {"pipeline": {}, "fused": {"linear_cross_entropy": True}}, micro=2),
     # No base_model_tp_plan: the harness's own plan (strategies.hf_tensor_plan).
     *[Case(f"{m}-tensor", m, TENSOR, {"tensor": {}}, micro=8)
       for m in ("bert", "opt", "distilbert")],

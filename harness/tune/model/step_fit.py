@@ -21,7 +21,9 @@ SETTINGS = (
     "dtype", "attention", "optimizer", "compile", "compile_mode", "layernorm", "gelu",
     "cross_entropy", "every", "policy", "stage", "offload", "schedule", "virtual_stages",
     "bucket_cap_mb", "compression", "mlp", "recipe", "rank", "alpha", "max_grad_norm",
-    "momentum", "method", "decay", "start", "samples", "temperature", "weight")
+    "momentum", "method", "decay", "start", "samples", "temperature", "weight",
+    "sdpa_backend", "window_fraction", "global_tokens", "linear_cross_entropy",
+    "powersgd_rank", "start_powersgd_iter")
 
 
 def factors(plan: dict[str, Any]) -> dict[str, float]:
