@@ -55,7 +55,7 @@ def summary(profile: dict) -> str:
         m, n, k, s = max(rows, key=lambda r: 2 * r[0] * r[1] * r[2] / r[3])
         lines.append(f"  matmul {dtype}: best {2 * m * n * k / s / 1e9:.1f} GFLOP/s "
                      f"({m}x{n}x{k}), {len(rows)} shapes")
-    nbytes, s = profile["elementwise"]["binary"][-1]
+    nbytes, s = profile["elementwise"]["fp32"]["binary"][-1]
     lines.append(f"  add of {nbytes / 2**20:.0f} MiB: {nbytes / s / 1e9:.1f} GB/s")
     lines.append(f"  host overhead per operator in a step: {profile['op_overhead_s'] * 1e6:.2f} us")
     for kind, (per_tensor, per_element) in profile["optimizer"].items():

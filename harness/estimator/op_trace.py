@@ -102,7 +102,7 @@ def describe(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Op:
         causal = bool(kwargs.get("is_causal", _causal_arg(name, args)))
         kind = "attention_forward" if name in SDPA_FORWARD else "attention_backward"
         return Op(kind, b * h, s, d, q.dtype.itemsize, causal=causal)
-    return Op(elementwise_kind(name), bytes=_bytes(args) + _bytes(out))
+    return Op(elementwise_kind(name), itemsize=_itemsize(out), bytes=_bytes(args) + _bytes(out))
 
 
 def _causal_arg(name: str, args: Any) -> bool:
@@ -123,6 +123,12 @@ def _convolution(packet: Any, args: Any, out: Any) -> Op:
     m = y.shape[0] * math.prod(y.shape[2:])
     return Op("matmul", m * max(1, calls), w.shape[0], math.prod(w.shape[1:]),
               args[1].dtype.itemsize)
+
+
+def _itemsize(out: Any) -> int:
+    """The width of the operator's (first) output: its kernel's element type."""
+    first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+    return first.element_size() if first is not None else 4
 
 
 def _bytes(obj: Any) -> int:

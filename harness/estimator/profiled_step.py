@@ -45,18 +45,25 @@ class DeviceProfile:
         grid = self._grids.get(dtype) or self._grids.get("fp32") or next(iter(self._grids.values()))
         return 2 * m * n * k / grid.rate(m, n, k)
 
-    def elementwise_s(self, kind: str, nbytes: int) -> float:
-        table = self.data["elementwise"].get(kind) or self.data["elementwise"]["binary"]
-        return _loglog(table, max(nbytes, 1), extend=1.0)
+    def elementwise_s(self, kind: str, nbytes: int, itemsize: int = 4) -> float:
+        tables = self._elementwise(itemsize)
+        return _loglog(tables.get(kind) or tables["binary"], max(nbytes, 1), extend=1.0)
 
     def view_s(self) -> float:
-        return float(self.data["elementwise"]["view"][0][1])
+        return float(self._elementwise(4)["view"][0][1])
+
+    def _elementwise(self, itemsize: int) -> dict[str, list[list[float]]]:
+        """The elementwise tables of the dtype of that width (bf16 for 2 bytes)."""
+        by_dtype = self.data["elementwise"]
+        return by_dtype.get(MATMUL_DTYPE.get(itemsize, "fp32")) or by_dtype["fp32"]
 
     def attention_s(self, op: Op) -> float:
-        table = self.data["attention"]["forward" if op.kind == "attention_forward"
-                                       else "backward"]
-        per_row = _loglog(table, op.n, extend=2.0) * op.k / 64
-        return per_row * op.m * (1.0 if op.causal else 2.0)
+        by_dtype = self.data["attention"]
+        dtype = MATMUL_DTYPE.get(op.itemsize, "fp32")
+        tables = by_dtype.get(dtype) or by_dtype.get("fp32") or next(iter(by_dtype.values()))
+        table = tables["causal" if op.causal else "full"][
+            "forward" if op.kind == "attention_forward" else "backward"]
+        return _loglog(table, op.n, extend=2.0) * op.k / 64 * op.m
 
     def optimizer_s(self, kind: str, tensors: int, elements: int) -> tuple[float, str]:
         """Seconds of one optimizer step, and the profile entry used (named)."""
@@ -127,7 +134,7 @@ def op_seconds(op: Op, profile: DeviceProfile) -> float:
         return profile.attention_s(op)
     if op.kind == "view":
         return profile.view_s()
-    return profile.elementwise_s(op.kind, op.bytes)
+    return profile.elementwise_s(op.kind, op.bytes, op.itemsize)
 
 
 def ops_seconds(ops: list[Op], profile: DeviceProfile) -> float:

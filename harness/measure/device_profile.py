@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-SCHEMA = 1
+SCHEMA = 3  # 2: attention by dtype and mask; 3: elementwise by dtype
 DIMS = (16, 64, 256, 1024, 4096)  # each of m, n and k
 MAX_FLOPS = {"cpu": 4e9, "cuda": 1e13}  # larger grid points are left out (and clamped)
 DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16", "tf32", "fp32")}
@@ -124,9 +124,9 @@ def _matmuls(device: torch.device, dtype: str, dims: tuple[int, ...]) -> list[li
                         continue
                     a = torch.randn(m, k, device=device, dtype=_TORCH[dtype])
                     b = torch.randn(k, n, device=device, dtype=_TORCH[dtype])
-                    out = torch.empty(m, n, device=device, dtype=_TORCH[dtype])
-                    rows.append([m, n, k, timed(lambda a=a, b=b, o=out: torch.mm(a, b, out=o),
-                                                device)])
+                    # a new output each call, as in a step (on a CPU a large one is new
+                    # pages, touched for the first time: part of what a matmul costs there)
+                    rows.append([m, n, k, timed(lambda a=a, b=b: torch.mm(a, b), device)])
     finally:
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -144,39 +144,55 @@ ELEMENTWISE: dict[str, tuple[int, Callable[[torch.Tensor, torch.Tensor], Any]]] 
 }
 
 
-def _elementwise(device: torch.device, sizes: tuple[int, ...]) -> dict[str, list[list[float]]]:
-    """{kind: [[bytes moved, seconds], ...]} on fp32 rows of 256."""
-    table: dict[str, list[list[float]]] = {}
-    for kind, (tensors, fn) in ELEMENTWISE.items():
-        rows = []
-        for size in sizes:
-            x = torch.randn(max(1, size // 256), min(size, 256), device=device)
-            y = torch.randn_like(x)
-            rows.append([tensors * x.numel() * 4, timed(lambda x=x, y=y, fn=fn: fn(x, y),
-                                                        device)])
-        table[kind] = rows
-    x = torch.randn(4, 4, device=device)
-    table["view"] = [[0, timed(lambda: x.view(16).t(), device) / 2]]
+def _elementwise(device: torch.device, sizes: tuple[int, ...]
+                 ) -> dict[str, dict[str, list[list[float]]]]:
+    """{dtype: {kind: [[bytes moved, seconds], ...]}} on rows of 256, fp32 and bf16: a
+    CPU converts bf16 element by element, so its bytes cost more than fp32's."""
+    table: dict[str, dict[str, list[list[float]]]] = {}
+    for dtype in ("fp32", "bf16"):
+        if not _dtype_runs(device, dtype):
+            continue
+        kinds: dict[str, list[list[float]]] = {}
+        for kind, (tensors, fn) in ELEMENTWISE.items():
+            rows = []
+            for size in sizes:
+                x = torch.randn(max(1, size // 256), min(size, 256), device=device,
+                                dtype=_TORCH[dtype])
+                y = torch.randn_like(x)
+                rows.append([tensors * x.numel() * x.element_size(),
+                             timed(lambda x=x, y=y, fn=fn: fn(x, y), device)])
+            kinds[kind] = rows
+        x = torch.randn(4, 4, device=device)
+        kinds["view"] = [[0, timed(lambda x=x: x.view(16).t(), device) / 2]]
+        table[dtype] = kinds
     return table
 
 
-def _attention(device: torch.device, seqs: tuple[int, ...]) -> dict[str, list[list[float]]]:
-    """{"forward"|"backward": [[seq, seconds per (batch x head) row], ...]}: causal SDPA,
-    fp32 on a CPU, bf16 on a GPU, head_dim HEAD_DIM."""
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    fwd, bwd = [], []
-    for s in seqs:
-        q, k, v = (torch.randn(1, ATTN_ROWS, s, HEAD_DIM, device=device, dtype=dtype,
-                               requires_grad=True) for _ in range(3))
-        f = timed(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                  device)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        grad = torch.ones_like(out)
-        b = timed(lambda o=out, g=grad, q=q, k=k, v=v: torch.autograd.grad(
-            o, (q, k, v), g, retain_graph=True), device)
-        fwd.append([s, f / ATTN_ROWS])
-        bwd.append([s, b / ATTN_ROWS])
-    return {"forward": fwd, "backward": bwd}
+def _attention(device: torch.device, seqs: tuple[int, ...]
+               ) -> dict[str, dict[str, dict[str, list[list[float]]]]]:
+    """{dtype: {"causal"|"full": {"forward"|"backward": [[seq, seconds per (batch x head)
+    row], ...]}}}: SDPA with head_dim HEAD_DIM, in each dtype the device runs."""
+    table: dict[str, dict[str, dict[str, list[list[float]]]]] = {}
+    for dtype in ("fp32", "bf16"):
+        if not _dtype_runs(device, dtype):
+            continue
+        table[dtype] = {}
+        for causal in (True, False):
+            fwd, bwd = [], []
+            for s in seqs:
+                q, k, v = (torch.randn(1, ATTN_ROWS, s, HEAD_DIM, device=device,
+                                       dtype=_TORCH[dtype], requires_grad=True)
+                           for _ in range(3))
+                f = timed(lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=c), device)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                grad = torch.ones_like(out)
+                b = timed(lambda o=out, g=grad, q=q, k=k, v=v: torch.autograd.grad(
+                    o, (q, k, v), g, retain_graph=True), device)
+                fwd.append([s, f / ATTN_ROWS])
+                bwd.append([s, b / ATTN_ROWS])
+            table[dtype]["causal" if causal else "full"] = {"forward": fwd, "backward": bwd}
+    return table
 
 
 def _optimizers(device: torch.device) -> dict[str, list[float]]:

@@ -35,13 +35,17 @@ def synthetic(op_overhead_s: float = 0.0) -> DeviceProfile:
     grid = [[m, n, k, 2 * m * n * k / RATE] for m in dims for n in dims for k in dims]
     table = [[b, b / BANDWIDTH] for b in (1e3, 1e6, 1e9)]
     return DeviceProfile({
-        "schema": 1, "device_type": "cpu", "device_name": "synthetic", "threads": 1,
+        "schema": 3, "device_type": "cpu", "device_name": "synthetic", "threads": 1,
         "torch": torch.__version__, "measured_at": "-",
         "matmul": {"fp32": grid, "bf16": [[*r[:3], r[3] / 2] for r in grid]},
-        "elementwise": {**{k: table for k in ("binary", "transcendental", "norm", "softmax",
-                                              "reduction")}, "view": [[0, 1e-7]]},
-        "attention": {"forward": [[64, 1e-5], [1024, 1e-5 * 256]],
-                      "backward": [[64, 2e-5], [1024, 2e-5 * 256]]},
+        "elementwise": {"fp32": {**{k: table for k in ("binary", "transcendental", "norm",
+                                                       "softmax", "reduction")},
+                                 "view": [[0, 1e-7]]}},
+        "attention": {"fp32": {
+            "causal": {"forward": [[64, 1e-5], [1024, 1e-5 * 256]],
+                       "backward": [[64, 2e-5], [1024, 2e-5 * 256]]},
+            "full": {"forward": [[64, 2e-5], [1024, 2e-5 * 256]],
+                     "backward": [[64, 4e-5], [1024, 4e-5 * 256]]}}},
         "optimizer": {"adamw-default": [1e-5, 1e-9]},
         "op_overhead_s": op_overhead_s,
     })
