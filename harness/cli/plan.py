@@ -83,6 +83,11 @@ class TargetPredictor:
         est = estimate(plan, workload, runtime, target.peak_flops(dtype), flops,
                        target.overhead(), profile=target.profile())
         predicted = est.to_record()
+        if target.profile() is None:
+            predicted["assumptions"].append(
+                f"No device profile measured on {target.gpu.label} is kept: the step is "
+                "the datasheet's peak at an assumed MFU (`harness calibrate --device cuda "
+                f"--out harness/estimator/profiles/{target.name}.json` on one keeps it)")
         if plan.world_size > runtime.device_count:  # the estimator models one node's link
             predicted["assumptions"].append(
                 f"{plan.world_size} GPUs span {target.nodes} nodes of "

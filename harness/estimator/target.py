@@ -9,6 +9,7 @@ measured on its H100 (assumed alike on the other GPUs, and said so).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +68,7 @@ class Target:
         """The profile measured on this GPU (`harness calibrate --device cuda --out`, kept in
         harness/estimator/profiles/<target>.json), or None: then the step comes from the
         datasheet's peak, and the estimate says so."""
-        path = Path(__file__).parent / "profiles" / f"{self.name}.json"
-        return DeviceProfile(json.loads(path.read_text())) if path.is_file() else None
+        return _shipped_profile(self.name)
 
     def overhead(self) -> DeviceOverhead:
         """The context and workspaces measured on the H100; NCCL's buffers unmeasured (0)."""
@@ -102,3 +102,10 @@ def target_table() -> str:
         lines.append(f"  {name:<16} {g.label:<24} {mem:>10} {bf16:>10} {fp8:>10} "
                      f"{hbm:>9} {link:>9}")
     return "\n".join(lines)
+
+
+@functools.cache
+def _shipped_profile(name: str) -> DeviceProfile | None:
+    """Read once per process: `harness plan` asks for every plan it ranks."""
+    path = Path(__file__).parent / "profiles" / f"{name}.json"
+    return DeviceProfile(json.loads(path.read_text())) if path.is_file() else None
