@@ -86,7 +86,7 @@ class OpRecorder(TorchDispatchMode):
 
 
 def describe(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Op:
-    packet = func._overloadpacket if hasattr(func, "_overloadpacket") else func
+    packet = getattr(func, "overloadpacket", func)  # a higher-order op has none
     name = getattr(packet, "__name__", str(packet))
     if func.is_view or name in ("detach", "alias", "lift_fresh", "_unsafe_view"):
         return Op("view")
