@@ -177,7 +177,7 @@ def test_imports_follow_the_package_table():
 # trial again as the search does.
 TUNE = "training_harness.tune"
 TUNE_LAYERS = {"session": 4, "search": 3, "final": 3, "recovery": 3, "model": 1}
-TUNE_BASE = 2  # recorder, trial_job, study_trials, budget, storage, held, workers, ...
+TUNE_BASE = 2  # recorder, trial_job, study_trials, budget, storage, workers, ...
 TUNE_CROSSINGS = {("final", "search.busy_machine")}
 
 

@@ -40,12 +40,11 @@ from training_harness.tune.final.phases import run_final_phases
 from training_harness.tune.final.results import write_results
 from training_harness.tune.final.summary import now
 from training_harness.tune.final.time_reserve import FinalTime
-from training_harness.tune.held import HeldTrials
 from training_harness.tune.model.correction import Corrections
 from training_harness.tune.model.estimator_model import EstimatorCostModel, Predictions
 from training_harness.tune.options import SessionOptions
 from training_harness.tune.progress import Progress
-from training_harness.tune.recorder import Measured, Recorder, record_held
+from training_harness.tune.recorder import HeldTrials, Measured, Recorder, record_held
 from training_harness.tune.recovery.follower import Announcer, run_follower
 from training_harness.tune.recovery.grid_rest import requeue_grid, seeded_grid
 from training_harness.tune.recovery.resume import (
@@ -54,10 +53,10 @@ from training_harness.tune.recovery.resume import (
     jobs_left,
     recover,
     rejoin,
+    repair_records,
     settle,
     wait_for_untagged,
 )
-from training_harness.tune.recovery.torn import repair_records
 from training_harness.tune.search.first_guesses import estimated_start, sample_size
 from training_harness.tune.search.guided_sampler import GuidedSampler
 from training_harness.tune.search.loop import Tuner

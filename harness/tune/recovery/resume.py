@@ -16,7 +16,7 @@ record is the authority. A RUNNING trial is settled when
                                         to run again (storage.retries times); its
                                         reason begins "record torn (...)" where a
                                         cut line of trials.jsonl was its record
-                                        (training_harness.tune.recovery.torn)
+                                        (below)
 
 A worker is gone when its process (training_harness.tune.workers.Worker) no longer runs on
 this host. One on another host is taken to run; a trial with no owner tag is left
@@ -49,6 +49,25 @@ storage.grace taken for death: StaleTrials recorded it and queued its configurat
 again) is nobody's to wait for: `cancel_jobs_left` cancels its job (the launcher's
 `cancel_job`: scancel, then until it has left the queue), so that no job runs on
 unowned once the resumed study ends.
+
+Records cut short: a line of trials.jsonl that is not a record (power lost mid-write, a
+full disk, a network file system, or a record an older harness glued onto a torn one)
+is cut out when a tuner starts, --resume too (`RunStore.repair`: its bytes are copied
+beside the file first, `trials.jsonl.torn-<byte>-line<N>`, and the line is named with
+the file, its number and that copy). The file then parses whole, and the trial the line
+was is settled once, as a trial whose record never came (`repair_records`):
+
+    RUNNING in Optuna         `recover` settles it as any trial of a stopped worker,
+                              its `failed` record's reason beginning "record torn"
+    finished in Optuna,       its result.json recorded again where there is one;
+    no record here            otherwise a `failed` record (tag orphan), reason
+                              "record torn (...)", and the configuration queued
+                              again, unless it was already
+
+Which trial a line was is read from its bytes (its Optuna number, else its trial id);
+bytes cut before either name the trials of this folder that finished with no record.
+The copies stay, so a tuner stopped between the cut and the settling settles on its
+next --resume; a settled trial has its record and is left alone.
 """
 
 from __future__ import annotations
@@ -61,7 +80,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
 from training_harness.records.result import TrialResult, read_result
-from training_harness.records.run_store import RunStore
+from training_harness.records.run_store import RunStore, Unreadable
 from training_harness.records.tags import tags_of
 from training_harness.tune.recorder import Measured, Recorder, failed_record
 from training_harness.tune.storage import PatientStorage, fail_stale_trials
@@ -118,7 +137,7 @@ def jobs_left(optuna_study: optuna.Study, run: TrialRunner,
         for t in running:
             sid = recorder.storage_id(t.number)
             now = storage.get_trial(sid)  # its owner as of now
-            tid = now.user_attrs.get("trial_id", now.number)
+            tid = _tid(now)
             if (now.state == TrialState.RUNNING and now.number not in records
                     and _abandoned(now) and left_a_job(run, tid)):
                 storage.set_trial_user_attr(sid, "worker", recorder.me.tag)
@@ -141,7 +160,7 @@ def cancel_jobs_left(optuna_study: optuna.Study, run: TrialRunner) -> list[str]:
     records = _by_number(run.store.records())
     notes = []
     for t in failed:
-        tid = t.user_attrs.get("trial_id", t.number)
+        tid = _tid(t)
         own = records.get(t.number)
         if (own is not None and not tags_of(own).get("orphan")) or not _abandoned(t):
             continue
@@ -158,7 +177,7 @@ def rejoin(run: TrialRunner, deadline: float, recorder: Recorder, retries: int,
            should_stop: Callable[[], str | None] | None = None) -> TrialResult:
     """Wait for the job of trial `t` (claimed by `jobs_left`), then record it and tell
     Optuna; a job that ended without a record fails the trial, queued again."""
-    tid, phase = t.user_attrs.get("trial_id", t.number), t.user_attrs.get("phase", "search")
+    tid, phase = _tid(t), t.user_attrs.get("phase", "search")
     plan = t.user_attrs.get("plan")
     with recorder.holding(t.number, tid, phase, plan):
         on_event("note", {"text": f"trial {tid}: launched by a tuner that stopped, and "
@@ -227,15 +246,11 @@ def wait_for_untagged(optuna_study: optuna.Study, say: Callable[[str], None]) ->
 def _settle_one(optuna_study: optuna.Study, store: RunStore, recorder: Recorder,
                 measured: Measured, retries: int, t: FrozenTrial,
                 record: dict | None) -> str | None:
-    tid = t.user_attrs.get("trial_id", t.number)
     note = None
-    path = store.trial_dir(tid) / "result.json"
-    if record is None and path.exists():
-        found = read_result(path)
-        found.tags = {**found.tags, "phase": t.user_attrs.get("phase", "search"),
-                      "optuna_number": t.number}
+    if record is None and (found := _result_json(store, t)) is not None:
         store.append(found)
-        record, note = found.to_dict(), f"trial {tid}: finished before its tuner stopped; recorded"
+        record = found.to_dict()
+        note = f"trial {_tid(t)}: finished before its tuner stopped; recorded"
     if record is not None:
         try:
             recorder.tell(t.number, record)
@@ -247,29 +262,91 @@ def _settle_one(optuna_study: optuna.Study, store: RunStore, recorder: Recorder,
             if retry:
                 queue_retry(optuna_study, t)
             words = "queued to run again" if retry else "not run again (retries spent)"
-            return f"trial {tid}: its worker stopped when the storage went away; {words}"
+            return f"trial {_tid(t)}: its worker stopped when the storage went away; {words}"
         return note
     try:  # claim it: of several workers noticing, one sets FAIL
         recorder.storage.set_trial_state_values(recorder.storage_id(t.number),
                                                 state=TrialState.FAIL)
     except UpdateFinishedTrialError:
         return None
-    torn = _torn_cause(store, t)  # its record was cut short: the bytes are named
-    cause = (f"{torn.replace('{', '{{').replace('}', '}}')}: the tuner running this "
-             "trial{who} stopped while writing it") if torn else \
+    torn = next((u for u in store.kept() if _was_record_of(store, u, t)), None)
+    cause = (f"record torn ({_literal(torn.where())}): the tuner running this trial{{who}} "
+             "stopped while writing it") if torn else \
         "the tuner running this trial{who} stopped before it ended"
     return _dead(store, optuna_study, retries, t, cause)[1]
 
 
-def _torn_cause(store: RunStore, t: FrozenTrial) -> str | None:
-    """Why trial `t` has no record, where a line cut out of trials.jsonl was its record
-    (training_harness.tune.recovery.torn): "record torn (...)"; None where none was."""
-    for u in store.kept():
-        tid, number = u.trial()
-        if number == t.number or (number is None
-                                  and tid == str(t.user_attrs.get("trial_id", t.number))):
-            return f"record torn ({u.where()})"
-    return None
+def repair_records(store: RunStore, optuna_study: optuna.Study, measured: Measured,
+                   retries: int) -> list[str]:
+    """Cut trials.jsonl's unreadable lines out and settle the finished trials they
+    were (see the module's doc); returns what was done, in words (each cut line
+    named). RUNNING ones are `recover`'s."""
+    notes = [u.describe() for u in store.repair()]
+    kept = store.kept()
+    if not kept:
+        return notes
+    with store.locked("settle"):
+        records = store.records()
+        numbers = set(_by_number(records))
+        ids = {str(r.get("trial_id")) for r in records}
+        finished = [t for t in optuna_study.get_trials(deepcopy=False)
+                    if t.state.is_finished()]
+        for u in kept:
+            for t in (t for t in finished if _was_record_of(store, u, t)):
+                if t.number in numbers or str(_tid(t)) in ids:
+                    continue  # settled already
+                notes.append(_settle_torn(store, optuna_study, measured, retries, t, u))
+                numbers.add(t.number)
+                ids.add(str(_tid(t)))
+    return notes
+
+
+def _settle_torn(store: RunStore, optuna_study: optuna.Study, measured: Measured,
+                 retries: int, t: FrozenTrial, u: Unreadable) -> str:
+    found = _result_json(store, t)
+    if found is not None:
+        store.append(found)
+        measured.remember(found.to_dict())
+        return (f"trial {_tid(t)}: its record was torn ({u.where()}); recorded again from "
+                "its result.json")
+    return _dead(store, optuna_study, retries, t,
+                 f"record torn ({_literal(u.where())}), and no result.json",
+                 again=not _retried(optuna_study, t))[1]
+
+
+def _was_record_of(store: RunStore, u: Unreadable, t: FrozenTrial) -> bool:
+    """Whether the cut line `u` may have been trial `t`'s record: by the Optuna number or
+    trial id in its bytes; bytes cut before either may be any finished trial's that ran
+    from this folder."""
+    tid, number = u.trial()
+    if number is not None:
+        return t.number == number
+    if tid is not None:
+        return str(_tid(t)) == tid
+    return t.state.is_finished() and store.trial_dir(_tid(t)).is_dir()
+
+
+def _result_json(store: RunStore, t: FrozenTrial) -> TrialResult | None:
+    """Trial `t`'s result.json, tagged as its record would have been; None where it
+    was never (or not readably) written."""
+    path = store.trial_dir(_tid(t)) / "result.json"
+    try:
+        found = read_result(path) if path.is_file() else None
+    except (OSError, ValueError, TypeError):
+        return None
+    if found is not None:
+        found.tags = {**found.tags, "phase": t.user_attrs.get("phase", "search"),
+                      "optuna_number": t.number}
+    return found
+
+
+def _tid(t: FrozenTrial) -> int | str:
+    return t.user_attrs.get("trial_id", t.number)
+
+
+def _literal(text: str) -> str:
+    """`text` safe inside a cause that `_dead` formats (it names the worker with {who})."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 class StaleTrials:
@@ -288,23 +365,24 @@ class StaleTrials:
 
 
 def _dead(store: RunStore, optuna_study: optuna.Study, retries: int, t: FrozenTrial,
-          cause: str, **tags: object) -> tuple[TrialResult, str]:
-    """A failed trial (FAIL already) whose worker died: record it, queue it again, say
-    so. `cause` may name the worker with {who}."""
-    retry = may_retry(t, retries)
+          cause: str, again: bool = True, **tags: object) -> tuple[TrialResult, str]:
+    """A finished trial (FAIL already) that never got its record: a `failed` record,
+    its configuration queued again (unless `again` is False or its retries are spent),
+    and what was done, in words. `cause` may name the worker with {who}."""
+    retry = again and may_retry(t, retries)
     owner = Worker.parse(t.user_attrs.get("worker"))
     cause = cause.format(who=f" ({owner.describe()})" if owner else "")
-    words = "queued to run again" if retry else "not run again (retries spent)"
-    tid = t.user_attrs.get("trial_id", t.number)
+    words = ("queued to run again" if retry else
+             "not run again (retries spent)" if again else "not run again")
     started = t.datetime_start.isoformat(timespec="seconds") if t.datetime_start else ""
     record = failed_record(
-        store, optuna_study.study_name, tid, t.user_attrs.get("plan"), started, {
+        store, optuna_study.study_name, _tid(t), t.user_attrs.get("plan"), started, {
             "phase": t.user_attrs.get("phase", "search"), "optuna_number": t.number,
             "orphan": True, **tags}, f"{cause}; {words}")
     store.append(record)
     if retry:
         queue_retry(optuna_study, t)
-    return record, f"trial {tid}: {cause}; marked failed, {words}"
+    return record, f"trial {_tid(t)}: {cause}; marked failed, {words}"
 
 
 def may_retry(t: FrozenTrial, retries: int) -> bool:
@@ -314,6 +392,12 @@ def may_retry(t: FrozenTrial, retries: int) -> bool:
     if not t.params or t.user_attrs.get("phase") == "ablation":
         return False
     return len(t.user_attrs.get("retry_history", [])) < retries
+
+
+def _retried(optuna_study: optuna.Study, t: FrozenTrial) -> bool:
+    """Whether trial `t`'s configuration was queued to run again already."""
+    return any(t.number in (other.user_attrs.get("retry_history") or [])
+               for other in optuna_study.get_trials(deepcopy=False))
 
 
 def queue_retry(optuna_study: optuna.Study, t: FrozenTrial) -> None:
