@@ -11,10 +11,20 @@ named when the interval of late over early lies beyond the noise threshold.
 Drift touches every comparison between figures taken at different times: those of a
 configuration measured only early or only late against the rest most; the pairs of the
 interleaved rounds least (both members of a pair share the moment).
+
+`machine_speed` says how fast the machine ran at each moment, from the configurations
+measured more than once (the references): each of their measurements over its own
+level, the median of its paired measurements (the interleaved rounds', taken together
+and so on one footing) where it has some, else of all. A figure measured once is
+divided by the speed interpolated between the nearest references' samples in time, which
+puts it on the rounds' footing; the error of that, each sample left out and predicted
+from the others, is the uncertainty of a figure so normalised.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field
 
 from training_harness.records.pooled import Pooled
@@ -69,3 +79,45 @@ def drift(pools: dict[str, Pooled]) -> Drift | None:
     if min(len(early), len(late)) < MIN_EACH_HALF:
         return None
     return Drift(ratio(late, early), early_only, late_only)
+
+
+@dataclass
+class MachineSpeed:
+    """The machine's speed at each moment of a study, relative to the references' levels."""
+    samples: list[tuple[int, float]] = field(default_factory=list)  # (moment, speed), by time
+
+    def at(self, moment: int) -> float:
+        """The speed at `moment`: the nearest samples before and after, interpolated
+        linearly (the nearest one alone past either end; 1 where there is none)."""
+        return _interpolated(self.samples, moment)
+
+    def uncertainty(self, quantile: float = 0.9) -> float:
+        """A normalised single figure's error, as a log: the `quantile` of each sample's
+        error when predicted from the others (0 with fewer than two samples)."""
+        s = self.samples
+        if len(s) < 2:
+            return 0.0
+        errors = sorted(abs(math.log(v / _interpolated(s[:i] + s[i + 1:], at)))
+                        for i, (at, v) in enumerate(s))
+        return errors[math.ceil(quantile * len(errors)) - 1]
+
+
+def machine_speed(pools: dict[str, Pooled]) -> MachineSpeed:
+    """The speed samples of every configuration measured twice or more."""
+    samples = []
+    for p in pools.values():
+        if p.n < 2:
+            continue
+        paired = [m.value for m in p.measurements if m.pair is not None]
+        level = statistics.median(paired or p.values)
+        samples += [(m.at, m.value / level) for m in p.measurements]
+    return MachineSpeed(sorted(samples))
+
+
+def _interpolated(samples: list[tuple[int, float]], moment: int) -> float:
+    if not samples:
+        return 1.0
+    before = [s for s in samples if s[0] <= moment] or samples[:1]
+    after = [s for s in samples if s[0] >= moment] or samples[-1:]
+    (a, va), (b, vb) = before[-1], after[0]
+    return va if a == b else va + (vb - va) * (moment - a) / (b - a)

@@ -134,9 +134,13 @@ def test_contenders_and_the_decision():
             rec("c2", 185, "confirm", 2), rec("c2b", 188, "confirm", 2, 1),
             rec("c2c", 187, "confirm", 2, 2), rec("c0", 110, "confirm", 0),
             rec("c0b", 104, "confirm", 0, 1), rec("c0c", 106, "confirm", 0, 2)]
-    assert [r["trial_id"] for r in confirm.contenders(recs, 0.2, 0)] == [1, 2]
-    assert [r["trial_id"] for r in confirm.contenders(recs, 0.01, 0)] == [1, 2]  # two at least
-    assert [r["trial_id"] for r in confirm.contenders(recs, 0.6, 0)] == [1, 2, 3, 0]
+    search = recs[:4]  # as the rounds begin: one measurement each, the single figures
+    assert [r["trial_id"] for r in confirm.contenders(search, 0.2, 0)] == [1, 2]
+    assert [r["trial_id"] for r in confirm.contenders(search, 0.01, 0)] == [1, 2]  # two at least
+    assert [r["trial_id"] for r in confirm.contenders(search, 0.6, 0)] == [1, 2, 3, 0]
+    # after rounds, each figure on their footing: trial 1's 200 came at a fast moment
+    # (its rounds: 172.5), and trial 3's 150 is now within 20% of the fastest, 187
+    assert [r["trial_id"] for r in confirm.contenders(recs, 0.2, 0)] == [2, 1, 3]
     table = confirm.standings(recs, ["1", "2", "0"])
     decision = confirm.decide(table, "0")
     # trial 1: [200, 170, 175] median 175; trial 2: [190, 185, 188, 187] median 187.5

@@ -11,6 +11,19 @@ the machine falls on all of them. Each record is tagged
 
     {"phase": "confirm", "confirm": {"of": <trial_id measured again>, "round": r}}
 
+The machine's speed drifts meanwhile (a quickstart's baseline measured 116-198
+samples/s in one run), and the search measures each configuration once: one measured
+in a fast spell reads faster than a better one measured in a slow spell. So, after
+each round asked for, the contenders are chosen anew (at most MAX_CONTENDERS each
+round, the baseline besides: a round's size, and the time kept for it, stay bounded)
+with each single figure taken against the machine's speed at its moment
+(training_harness.records.drift.machine_speed: the configurations measured more than
+once, each measurement over its own rounds' median, interpolated in time), and the
+band widened to that normalisation's measured error where it exceeds the margin. A
+configuration whose figure so corrected could be the best joins the next round; one
+that leaves keeps its measurements and stays in the decision. The first round's
+contenders, before anything is measured twice, are the single figures' as they are.
+
 The best is the contender with the highest median over every measurement of its
 configuration (training_harness.records.pooled: the search's, the rounds', a resumed session's,
 the ablation's; a flagged one counts in none). It *leads* a rival when the ratio of the
@@ -36,6 +49,7 @@ study.json.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
@@ -43,7 +57,8 @@ from typing import Any
 
 import optuna
 
-from training_harness.records.pooled import config_key, in_time_order, measurement_of
+from training_harness.records.drift import machine_speed
+from training_harness.records.pooled import config_key, in_time_order, measurement_of, pool
 from training_harness.records.predicates import finished, may_be_best, ranked
 from training_harness.records.run_store import RunStore
 from training_harness.records.speedup import FASTER, Ratio, ratio
@@ -116,19 +131,39 @@ class Decision:
 
 def contenders(records: list[dict[str, Any]], margin: float, budget_bytes: float,
                limit: int = MAX_CONTENDERS, by: str = "throughput") -> list[dict[str, Any]]:
-    """The search's records whose throughput (or 1 / time to target) is within `margin`
-    of the fastest, and the two fastest in any case (fastest first, one per
-    configuration, at most `limit`): candidates for the best only."""
+    """The search's records that could be the best: within `margin` of the fastest, or
+    within a normalised figure's measured uncertainty of it, and the two fastest in any
+    case (fastest first, one per configuration, at most `limit`). For throughput each
+    configuration's figure is taken against the machine's speed when it was measured
+    (drift_free); with no configuration measured twice, that is its single figure."""
     lower = FIGURES[by][1]
-    rows = sorted((r for r in ranked(records) if may_be_best(r, budget_bytes)),
-                  key=lambda r: figure(r, by), reverse=not lower)
+    rows = [r for r in ranked(records) if may_be_best(r, budget_bytes)]
     if not rows:
         return []
-    top = figure(rows[0], by)
-    near = ((lambda v: v * (1 - margin) <= top) if lower else
-            (lambda v: v >= top * (1 - margin)))
+    score, noise = drift_free(records) if by == "throughput" else (
+        lambda r: figure(r, by), 0.0)
+    rows.sort(key=score, reverse=not lower)
+    top, band = score(rows[0]), min(1 - margin, math.exp(-noise))
+    near = (lambda v: v * band <= top) if lower else (lambda v: v >= top * band)
     # The two fastest at least: a lucky measurement far ahead of the rest is checked too.
-    return [r for i, r in enumerate(rows) if i < 2 or near(figure(r, by))][:limit]
+    return [r for i, r in enumerate(rows) if i < 2 or near(score(r))][:limit]
+
+
+def drift_free(records: list[dict[str, Any]]
+               ) -> tuple[Callable[[dict[str, Any]], float], float]:
+    """A record's throughput on the references' footing (the median of its configuration's
+    measurements, each over the machine's speed at its moment: training_harness.records.drift),
+    and a single figure's uncertainty so normalised, as a log."""
+    pools = pool(records)
+    speed = machine_speed(pools)
+
+    def score(record: dict[str, Any]) -> float:
+        p = pools.get(config_key(record.get("plan")))
+        if p is None:
+            return figure(record, "throughput")
+        return statistics.median(m.value / speed.at(m.at) for m in p.measurements)
+
+    return score, speed.uncertainty()
 
 
 def standings(records: list[dict[str, Any]], ids: list[str],
@@ -253,6 +288,13 @@ def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
                 break
             on_event("note", {"text": f"round {rnd + 1}: the confirmation cannot yet "
                                       f"separate trial(s) {', '.join(still)}"})
+        elif rnd:  # after a round, the contenders anew: its measurements show the drift
+            still, new = _picked_again(store.records(), study, budget_bytes, by,
+                                       optuna_study, params, base_id)
+            if new:
+                on_event("note", {"text": f"round {rnd + 1}: trial(s) {', '.join(new)} join "
+                                          "the contenders: against the machine's speed when "
+                                          "measured, their figure could be the best"})
         else:
             still = list(params)
         ended, any_measured = _round(clock, extra, {i: params[i] for i in still}, rnd,
@@ -264,6 +306,20 @@ def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
         decision.rounds, decision.rounds_unmeasured = measured, rnd - measured
         optuna_study.set_user_attr(KEY, decision.as_dict())
     return ended
+
+
+def _picked_again(records: list[dict[str, Any]], study: Study, budget_bytes: float, by: str,
+                  optuna_study: optuna.Study, params: dict[str, dict[str, Any] | None],
+                  base_id: str | None) -> tuple[list[str], list[str]]:
+    """The ids this round measures (the contenders as the records stand now, and the
+    baseline) and those new among them, which join `params` (the decision weighs every
+    contender ever picked; one that left keeps its measurements, not measured again)."""
+    ids = [str(r["trial_id"]) for r in
+           contenders(records, study.budget.confirm_margin, budget_bytes, by=by)]
+    new = [i for i in ids if i not in params]
+    byid = {str(r["trial_id"]): r for r in records}
+    params.update({i: _params_of(optuna_study, byid[i]) for i in new})
+    return ids + ([base_id] if base_id is not None and base_id not in ids else []), new
 
 
 def refreshed(decision: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
