@@ -172,18 +172,15 @@ def summary_table(runs, labels, heads: list[Headline], effects: list[Effects],
 
 def _pooled(h: Headline, which: str) -> str:
     """A headline's pooled figure ('80.22 samples/s median [73.7, 85.08], n=5'), or ''."""
-    p = getattr(h.study, which, None) if h.study is not None else None
+    p = getattr(h.study, which, None)
     return p.text() if p is not None else ""
 
 
 def _best_over_first(heads: list[Headline]) -> list[str]:
     """Each run's best over the first run's, both pooled, with the interval."""
-    first = heads[0].study.best if heads[0].study is not None else None
-    out = ["–"]
-    for h in heads[1:]:
-        mine = h.study.best if h.study is not None else None
-        out.append(compare(mine, first).text() if mine and first else "–")
-    return out
+    first = getattr(heads[0].study, "best", None)
+    mine = [getattr(h.study, "best", None) for h in heads[1:]]
+    return ["–"] + [compare(m, first).text() if m and first else "–" for m in mine]
 
 
 def _best(h: Headline, key: str, fmt=str) -> str:
@@ -212,7 +209,7 @@ def speedups(labels, heads: list[Headline]) -> Figure:
 
 def _figure(h: Headline, which: str) -> float | None:
     """The pooled median of a run's best or baseline, else its one trial's figure."""
-    p = getattr(h.study, which, None) if h.study is not None else None
+    p = getattr(h.study, which, None)
     row = getattr(h, which)
     return p.median if p is not None else None if row is None else row["samples_per_s"]
 

@@ -71,7 +71,7 @@ class Effects:
 
 def technique_effects(run: Run) -> Effects:
     t = run.trials
-    abl = t[t["phase"] == "ablation"] if len(t) else t
+    abl = t[t["phase"] == "ablation"]
     if len(abl):
         return _from_ablation(run, abl)
     items = _from_pairs(run)
@@ -163,8 +163,6 @@ def _key(record: dict, drop: str | None = None) -> str:
 
 def _from_pairs(run: Run) -> list[Effect]:
     t = run.trials
-    if not len(t):
-        return []
     ok = t[(t["status"] == "ok") & t["samples_per_s"].notna()]
     by_key: dict[str, list[str]] = {}
     for tid in ok.index:

@@ -178,7 +178,7 @@ def fastest(run: Run) -> tuple[Point | None, str]:
     if len(hits) == 1:
         return first, ""
     second = hits[1]
-    lo1, hi1 = first.spread or (first.time_s, first.time_s)
+    _, hi1 = first.spread or (first.time_s, first.time_s)
     lo2, _ = second.spread or (second.time_s, second.time_s)
     if lo2 <= hi1:
         return first, (f"{tid(second.trial_id)} ({second.technique}, batch {second.batch}, "

@@ -19,14 +19,12 @@ def _error_text(name: str, err) -> str:
 
 def memory_prediction(run: Run) -> Figure:
     t = run.trials
-    raw = t[t["measured_for_estimate"].notna() & t["predicted_memory_bytes"].notna()] \
-        if len(t) else t
-    cal = t[t["peak_memory_bytes"].notna() & t["calibrated_memory_bytes"].notna()] \
-        if len(t) else t
+    raw = t[t["measured_for_estimate"].notna() & t["predicted_memory_bytes"].notna()]
+    cal = t[t["peak_memory_bytes"].notna() & t["calibrated_memory_bytes"].notna()]
     if not len(raw) and not len(cal):
         return Figure("memory", TITLE, None, empty="No trial has both a predicted and a "
                       "measured peak memory.")
-    cpu = (raw["device_kind"] == "cpu").any() if len(raw) else False
+    cpu = (raw["device_kind"] == "cpu").any()
     series = [("estimator", raw, "predicted_memory_bytes", "measured_for_estimate", "#3366cc"),
               ("corrected by the tuner", cal, "calibrated_memory_bytes", "peak_memory_bytes",
                "#dc7633")]

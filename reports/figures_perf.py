@@ -35,8 +35,6 @@ def _custom(df: pd.DataFrame) -> list[list[str]]:
 
 def measured(run: Run, ablation: bool = True) -> pd.DataFrame:
     t = run.trials
-    if not len(t):
-        return t
     ok = t[(t["status"] == "ok") & t["samples_per_s"].notna()]
     return ok if ablation else ok[~ok["phase"].isin(REPEATS)]
 

@@ -15,8 +15,7 @@ TITLE = "Step-time prediction error against the trials it learnt from"
 def step_time_prediction(run: Run) -> Figure:
     t = run.trials
     rows = t[t["step_time_median"].notna() & t["corrected_step_time_s"].notna()
-             & t["predicted_step_time_s"].notna() & t["corrected_from_trials"].notna()] \
-        if len(t) else t
+             & t["predicted_step_time_s"].notna() & t["corrected_from_trials"].notna()]
     if not len(rows):
         return Figure("steptime", TITLE, None, empty="No trial has a measured step time next "
                       "to a corrected prediction (records from before the tuner kept one, or "

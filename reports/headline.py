@@ -20,8 +20,6 @@ from training_harness.reports import figures_convergence as fc
 from training_harness.reports.load import Run
 from training_harness.reports.style import num
 
-NOT_RUN = ("pruned",)
-
 
 @dataclass
 class Headline:
@@ -64,7 +62,7 @@ class Headline:
 
 def headline(run: Run) -> Headline:
     t = run.trials
-    counts = t["status"].value_counts().to_dict() if len(t) else {}
+    counts = t["status"].value_counts().to_dict()
     h = Headline(run.row(run.best_id), run.row(run.baseline_id), counts={
         str(k): int(v) for k, v in counts.items()})
     b, base = h.best, h.baseline

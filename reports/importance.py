@@ -100,8 +100,6 @@ def rebuilt_study(run: Run) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", study_name=run.name)
     t = run.trials
-    if not len(t):
-        return study
     ok = t[(t["status"] == "ok") & ~t["phase"].isin(REPEATS) & t["samples_per_s"].notna()]
     names = sorted({n for tid in t.index for n in strategies_of(run.records[tid].get("plan"))})
     rows = []
@@ -115,11 +113,8 @@ def rebuilt_study(run: Run) -> optuna.Study:
             for key, value in strategies.get(name, {}).items():
                 params[f"{name}.{key}"] = _choice(value)
         rows.append((params, float(row["samples_per_s"])))
-    choices: dict[str, list] = {}
-    for params, _ in rows:
-        for k, v in params.items():
-            if v not in choices.setdefault(k, []):
-                choices[k].append(v)
+    keys = dict.fromkeys(k for params, _ in rows for k in params)
+    choices = {k: list(dict.fromkeys(p[k] for p, _ in rows if k in p)) for k in keys}
     # a setting that never changed tells nothing: leave it out
     dists = {k: CategoricalDistribution(v) for k, v in choices.items() if len(v) > 1}
     for params, value in rows:

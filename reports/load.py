@@ -142,33 +142,32 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame(columns=list(flatten({}, 0, "").keys())).set_index("trial_id", drop=False)
 
 
+def _named(run: Run, which: str) -> str | None:
+    """The trial study.json names as its `which` ("baseline", "best"), if it has a record."""
+    given = run.study.get(f"{which}_trial_id")
+    if given is not None and str(given) not in run.trials.index:
+        run.notes.append(f"study.json names {which} trial {given}, which has no record")
+        return None
+    return None if given is None else str(given)
+
+
 def _pick_baseline(run: Run) -> None:
     t = run.trials
-    given = run.study.get("baseline_trial_id")
-    if given is not None and str(given) in t.index:
-        run.baseline_id, run.baseline_note = str(given), "the study's baseline trial"
-        return
-    if given is not None:
-        run.notes.append(f"study.json names baseline trial {given}, which has no record")
-    tagged = t[t["phase"] == "baseline"] if len(t) else t
-    if len(tagged):
+    tagged = t[t["phase"] == "baseline"]
+    plain = t[(t["strategies"] == "none") & (t["world_size"] == 1)]
+    if (given := _named(run, "baseline")) is not None:
+        run.baseline_id, run.baseline_note = given, "the study's baseline trial"
+    elif len(tagged):
         run.baseline_id, run.baseline_note = str(tagged.index[0]), "the trial tagged baseline"
-        return
-    plain = t[(t["strategies"] == "none") & (t["world_size"] == 1)] if len(t) else t
-    if len(plain):
+    elif len(plain):
         run.baseline_id = str(plain.index[0])
         run.baseline_note = "not tagged: the first one-device trial with no strategies (fp32)"
 
 
 def _pick_best(run: Run) -> None:
     t = run.trials
-    given = run.study.get("best_trial_id")
-    if given is not None and str(given) in t.index:
-        run.best_id, run.best_note = str(given), "the study's best trial"
-        return
-    if given is not None:
-        run.notes.append(f"study.json names best trial {given}, which has no record")
-    if not len(t):
+    if (given := _named(run, "best")) is not None:
+        run.best_id, run.best_note = given, "the study's best trial"
         return
     ok = t[(t["status"] == "ok") & ~t["phase"].isin(REPEATS) & t["samples_per_s"].notna()]
     budget = run.memory_budget

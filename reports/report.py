@@ -92,7 +92,7 @@ def headline_html(run: Run, h: Headline) -> str:
                           "good" if h.speedup >= 1 else "bad"))
     if b is not None:
         tok = f", {rate(b['tokens_per_s'])} tokens/s" if num(b["tokens_per_s"]) else ""
-        pooled = h.study.best if h.study is not None else None
+        pooled = getattr(h.study, "best", None)
         best_rate = pooled.median if pooled else b["samples_per_s"]
         cards.append(card("best throughput", f"{rate(best_rate)} samples/s",
                           f"trial {b['trial_id']}{tok}" + (
@@ -240,7 +240,7 @@ def _step(median, p10, p90) -> str:
 
 def failures_html(run: Run) -> str:
     t = run.trials
-    bad = t[t["status"] != "ok"] if len(t) else t
+    bad = t[t["status"] != "ok"]
     if not len(bad):
         return section("failures", "Failures", '<p class="empty">Every trial finished.</p>')
     groups: dict[tuple[str, str], list[str]] = {}

@@ -10,7 +10,6 @@ for a mistake in the flags.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import shlex
 import signal
 import sys
@@ -114,6 +113,7 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
+    from training_harness.core import versions
     from training_harness.selftest import proof
     from training_harness.selftest.device import Device, find_cuda
     from training_harness.selftest.plans import find_plans
@@ -143,7 +143,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     if "tune" in phases and not study.is_file():
         raise HarnessError(f"--study {args.study or study}: no such file")
     if args.rehearse:
-        device = Device(count=1, name=REHEARSAL_DEVICE, torch=_version("torch"))
+        torch = versions.Declared("torch", "", None).installed()
+        device = Device(count=1, name=REHEARSAL_DEVICE, torch=torch)
     else:
         device, why = find_cuda()
         if device is None:
@@ -162,13 +163,6 @@ def _versions() -> list[list]:
     print(f"versions: {said}; " + ("; ".join(drift) if drift else
                                    "all within the ranges the harness is tested with"))
     return found
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _stop_on_sigterm() -> None:
@@ -231,7 +225,7 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
         "table": lambda: ph.run_table(run, proof.ROOT / TABLE_STUDY,
                                       table_folder(proof.ROOT / TABLE_STUDY, device.name)),
     }
-    seconds = {b.phase: b.seconds for b in found}
+    seconds = record["boxes"]
     end_s = (proof.REHEARSAL if args.rehearse else proof.GPU).end
     try:
         for i, phase in enumerate(phases):

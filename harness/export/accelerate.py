@@ -12,7 +12,16 @@ from typing import Any
 
 import yaml
 
-from training_harness.export.common import Export, Facts, Writer, comment_lines, optimizer_name
+from training_harness.export.common import (
+    ATTN_IMPL,
+    Export,
+    Facts,
+    Writer,
+    comment_lines,
+    optimizer_name,
+    powersgd,
+    triton_kernels,
+)
 
 
 def _script(w: Writer) -> None:
@@ -34,15 +43,15 @@ def _script(w: Writer) -> None:
         if fused["optimizer"] in ("fused", "foreach") and opt == "adamw":
             w.lose(f"fused.optimizer = {fused['optimizer']}", "an optimizer is built in your "
                    "script", f"torch.optim.AdamW(..., {fused['optimizer']}=True)")
-        if fused["attention"] in ("sdpa", "flex"):
-            impl = {"sdpa": "sdpa", "flex": "flex_attention"}[fused["attention"]]
+        if fused["attention"] in ATTN_IMPL:
             w.lose(f"fused.attention = {fused['attention']}", "the attention is chosen where "
-                   "the model is built", f"from_pretrained(..., attn_implementation='{impl}')")
+                   "the model is built", "from_pretrained(..., attn_implementation="
+                   f"'{ATTN_IMPL[fused['attention']]}')")
         if fused.get("sdpa_backend", "auto") != "auto":
             w.lose(f"fused.sdpa_backend = {fused['sdpa_backend']}", "accelerate has no "
                    "attention-kernel setting", "torch.nn.attention.sdpa_kernel(SDPBackend...) "
                    "around each step in your script")
-        triton = [k for k in ("layernorm", "gelu", "cross_entropy") if fused[k] != "eager"]
+        triton = triton_kernels(fused)
         if triton:
             w.lose(f"fused.{'/'.join(triton)} = triton", "accelerate swaps no kernels",
                    "liger_kernel.transformers.apply_liger_kernel_to_<model>() in your script")
@@ -55,12 +64,7 @@ def _script(w: Writer) -> None:
     if ckpt and "checkpoint" not in w.carried:
         w.lose(f"checkpoint.every = {ckpt['every']}", "accelerate's config checkpoints only "
                "under FSDP", "model.gradient_checkpointing_enable() in your script")
-    for name in ("pipeline", "tensor", "lamb", "lars", "muon", "averaging", "lora",
-                 "curriculum", "distill", "accumulation", "ddp", "tf32", "channels_last",
-                 "sparse_attention", "liger"):
-        if name in f.strategies and name not in w.carried and not any(
-                n.setting.startswith(name) for n in w.lost):
-            w.lose(name, "accelerate's config has no such setting", _NEAREST[name])
+    w.lose_rest(_NEAREST, "accelerate's config has no such setting")
 
 
 _NEAREST = {
@@ -92,9 +96,8 @@ def _ddp(w: Writer) -> None:
            f"bucket_cap_mb={ddp['bucket_cap_mb']:g}, gradient_as_bucket_view="
            f"{ddp['gradient_as_bucket_view']}, comm_hook=...)])")
     if ddp["compression"] == "powersgd":
-        w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
-               f"{ddp['start_powersgd_iter']} steps)", "accelerate's config file holds no "
-               "DDP settings", "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType"
+        w.lose(powersgd(ddp), "accelerate's config file holds no DDP settings",
+               "DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType"
                ".POWER_SGD, comm_state_option={'matrix_approximation_rank': "
                f"{ddp['powersgd_rank']}, 'start_powerSGD_iter': {ddp['start_powersgd_iter']}}})")
 
@@ -139,8 +142,6 @@ def _sharding(w: Writer, cfg: dict[str, Any]) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("accelerate", facts)
-    w.run_settings()
-    w.optimizer_impl()
     precision = facts.precision()
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
@@ -154,11 +155,8 @@ def export(facts: Facts, source: str) -> Export:
         "same_network": True,
         "main_training_function": "main",
     }
-    if precision:
-        w.carry("amp")
     if facts.world > 1:
         cfg["distributed_type"] = "MULTI_GPU" if facts.cuda else "MULTI_CPU"
-        w.carry("layout")
     if facts.get("ddp"):
         w.carry("ddp")  # the process count and MULTI_*; its knobs are in the script
     if facts.get("float8"):
@@ -183,8 +181,7 @@ def export(facts: Facts, source: str) -> Export:
         w.lose(f"amp.init_scale = {amp['init_scale']:g}", "accelerate's config holds no loss "
                "scale", "Accelerator(kwargs_handlers=[GradScalerKwargs(init_scale=...)])")
     _script(w)
-    if fused and "fused" not in w.carried and not any(n.setting.startswith("fused")
-                                                        for n in w.lost):
+    if fused and not w.touched("fused"):
         w.lose("fused", "nothing of it changes the run here", "leave it out")
     body = yaml.safe_dump(cfg, sort_keys=False)
     return w.finish(comment_lines(w.lost, source, "accelerate launch") + body, ".yaml")

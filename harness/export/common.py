@@ -108,18 +108,39 @@ def read_facts(plan: Plan) -> Facts:
 
 @dataclass
 class Writer:
-    """Collects what an exporter carried and lost, and makes the Export."""
+    """Collects what an exporter carried and lost, and makes the Export. It starts with
+    what every stack's file holds (the processes, amp's dtype) and what none holds (the
+    run settings, the implementation of an optimizer that replaces AdamW)."""
 
     stack: str
     facts: Facts
     carried: list[str] = field(default_factory=list)
     lost: list[NotExpressed] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.facts.world > 1:
+            self.carry("layout")
+        if self.facts.get("amp"):
+            self.carry("amp")
+        self.run_settings()
+        self.optimizer_impl()
+
     def carry(self, what: str) -> None:
         self.carried.append(what)
 
     def lose(self, setting: str, reason: str, nearest: str, applied: bool = False) -> None:
         self.lost.append(NotExpressed(setting, reason, nearest, applied))
+
+    def touched(self, name: str) -> bool:
+        """Whether strategy `name` was carried, or one of its settings lost, already."""
+        return name in self.carried or any(n.setting.startswith(name) for n in self.lost)
+
+    def lose_rest(self, nearest: dict[str, str], reason: str) -> None:
+        """Each strategy of the plan in `nearest` that nothing above carried or lost: lost
+        for `reason`, with its nearest equivalent."""
+        for name in self.facts.strategies:
+            if name in nearest and not self.touched(name):
+                self.lose(name, reason, nearest[name])
 
     def run_settings(self) -> None:
         """The plan's settings of how it was measured that matter to a run elsewhere: the
@@ -185,6 +206,21 @@ def optimizer_name(facts: Facts) -> str:
     from training_harness.core.target import OPTIMIZERS
 
     return next((o for o in OPTIMIZERS if o in facts.strategies), "adamw")
+
+
+def triton_kernels(fused: dict[str, Any]) -> list[str]:
+    """The fused strategy's kernels the plan runs as the harness's Triton ones."""
+    return [k for k in ("layernorm", "gelu", "cross_entropy") if fused[k] != "eager"]
+
+
+def powersgd(ddp: dict[str, Any]) -> str:
+    """The ddp strategy's PowerSGD compression as a not_expressed setting."""
+    return (f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
+            f"{ddp['start_powersgd_iter']} steps)")
+
+
+# the fused strategy's attention, as from_pretrained's attn_implementation names it
+ATTN_IMPL = {"sdpa": "sdpa", "flex": "flex_attention"}
 
 
 def adam_impl(facts: Facts) -> str:

@@ -19,6 +19,7 @@ from training_harness.export.common import (
     Writer,
     adam_impl,
     optimizer_name,
+    powersgd,
 )
 
 
@@ -26,7 +27,6 @@ def _precision(w: Writer, cfg: dict[str, Any]) -> None:
     amp = w.facts.get("amp")
     if not amp:
         return
-    w.carry("amp")
     if amp["dtype"] == "bf16":
         cfg["bf16"] = {"enabled": True}
         return
@@ -55,8 +55,7 @@ def _zero(w: Writer, cfg: dict[str, Any]) -> None:
         w.carry("ddp")
         z["reduce_bucket_size"] = int(ddp["bucket_cap_mb"] * 2**20 / 4)  # elements, fp32
         if ddp["compression"] == "powersgd":
-            w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
-                   f"{ddp['start_powersgd_iter']} steps)", "DeepSpeed has no PowerSGD",
+            w.lose(powersgd(ddp), "DeepSpeed has no PowerSGD",
                    "1-bit Adam (optimizer type OneBitAdam, freeze_step = "
                    f"{ddp['start_powersgd_iter']}: uncompressed Adam steps, then 1-bit "
                    "momentum with error feedback; another compressor, NCCL or MPI)")
@@ -96,8 +95,6 @@ def _optimizer(w: Writer, cfg: dict[str, Any]) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("deepspeed", facts)
-    w.run_settings()
-    w.optimizer_impl()
     cfg: dict[str, Any] = {
         # train_batch_size left out: DeepSpeed derives it (micro x accumulation x world), so
         # the file reads the same at any world size
@@ -115,43 +112,41 @@ def export(facts: Facts, source: str) -> Export:
             w.lose("accumulation.sync_last_only = false", "DeepSpeed reduces gradients at "
                    "the accumulation boundary only", "sync at the last micro-step",
                    applied=True)
-    if facts.world > 1:
-        w.carry("layout")
     _precision(w, cfg)
     _zero(w, cfg)
     _optimizer(w, cfg)
-    nearest = {
-        "checkpoint": "model.gradient_checkpointing_enable() (transformers) or "
-                      "deepspeed.checkpointing.checkpoint in the model's forward",
-        "fused": "the model's own attention and kernels; engine.compile() for torch.compile",
-        "tf32": "torch.backends.cuda.matmul.allow_tf32 = True in your script",
-        "pipeline": "deepspeed.pipe.PipelineModule(layers, num_stages=...) in code",
-        "tensor": "tensor_parallel.autotp_size with deepspeed.tp_model_init (AutoTP)",
-        "float8": "torchao's convert_to_float8_training before deepspeed.initialize",
-        "averaging": "torch.optim.swa_utils.AveragedModel in your loop",
-        "lora": "peft.get_peft_model(...) before deepspeed.initialize",
-        "curriculum": "DeepSpeed's data_efficiency curriculum learning (seqlen metric)",
-        "distill": "a teacher's KL term in your loss",
-        "channels_last": "model.to(memory_format=torch.channels_last) before deepspeed.initialize",
-        "liger": "liger_kernel.transformers.apply_liger_kernel_to_<model_type>(model=model, ...) "
-                 "before deepspeed.initialize",
-        "sparse_attention": "ds_config's sparse_attention (mode 'bslongformer': sliding-window "
-                            "and global blocks) with DeepSpeed's SparseSelfAttention in the model",
-    }
-    for name, near in nearest.items():
-        if name == "fused" and name in facts.strategies:  # the parts besides the optimizer
-            parts = [f"fused.{k} = {v}" for k, v in facts.get("fused").items()
-                     if k not in ("optimizer", "linear_cross_entropy")
-                     and v not in (False, "eager", "default", "explicit", "auto")]
-            if facts.get("fused").get("linear_cross_entropy"):
-                w.lose("fused.linear_cross_entropy = true", "not a ds_config setting",
-                       "Liger's fused linear cross-entropy (apply_liger_kernel_to_<model>("
-                       "fused_linear_cross_entropy=True), or LigerFusedLinearCrossEntropyLoss "
-                       "in the model's forward)")
-            if parts:
-                w.lose(", ".join(parts), "not a ds_config setting", near)
-            elif not any(n.setting.startswith("fused") for n in w.lost):
-                w.carry("fused")  # eager attention, torch's default AdamW: DeepSpeed's own
-        elif name in facts.strategies and name not in w.carried:
-            w.lose(name, "not a ds_config setting", near)
+    fused = facts.get("fused") or {}  # its parts besides the optimizer (_optimizer's)
+    parts = [f"fused.{k} = {v}" for k, v in fused.items()
+             if k not in ("optimizer", "linear_cross_entropy")
+             and v not in (False, "eager", "default", "explicit", "auto")]
+    if fused.get("linear_cross_entropy"):
+        w.lose("fused.linear_cross_entropy = true", "not a ds_config setting",
+               "Liger's fused linear cross-entropy (apply_liger_kernel_to_<model>("
+               "fused_linear_cross_entropy=True), or LigerFusedLinearCrossEntropyLoss "
+               "in the model's forward)")
+    if parts:
+        w.lose(", ".join(parts), "not a ds_config setting", "the model's own attention and "
+               "kernels; engine.compile() for torch.compile")
+    elif fused and not w.touched("fused"):
+        w.carry("fused")  # eager attention, torch's default AdamW: DeepSpeed's own
+    w.lose_rest(_NEAREST, "not a ds_config setting")
     return w.finish(json.dumps(cfg, indent=2) + "\n", ".json")
+
+
+_NEAREST = {
+    "checkpoint": "model.gradient_checkpointing_enable() (transformers) or "
+                  "deepspeed.checkpointing.checkpoint in the model's forward",
+    "tf32": "torch.backends.cuda.matmul.allow_tf32 = True in your script",
+    "pipeline": "deepspeed.pipe.PipelineModule(layers, num_stages=...) in code",
+    "tensor": "tensor_parallel.autotp_size with deepspeed.tp_model_init (AutoTP)",
+    "float8": "torchao's convert_to_float8_training before deepspeed.initialize",
+    "averaging": "torch.optim.swa_utils.AveragedModel in your loop",
+    "lora": "peft.get_peft_model(...) before deepspeed.initialize",
+    "curriculum": "DeepSpeed's data_efficiency curriculum learning (seqlen metric)",
+    "distill": "a teacher's KL term in your loss",
+    "channels_last": "model.to(memory_format=torch.channels_last) before deepspeed.initialize",
+    "liger": "liger_kernel.transformers.apply_liger_kernel_to_<model_type>(model=model, ...) "
+             "before deepspeed.initialize",
+    "sparse_attention": "ds_config's sparse_attention (mode 'bslongformer': sliding-window "
+                        "and global blocks) with DeepSpeed's SparseSelfAttention in the model",
+}

@@ -13,11 +13,14 @@ import json
 from typing import Any
 
 from training_harness.export.common import (
+    ATTN_IMPL,
     Export,
     Facts,
     Writer,
     adam_impl,
     optimizer_name,
+    powersgd,
+    triton_kernels,
 )
 
 SCALER_INIT = 2.0**16  # the Trainer's GradScaler (accelerate's) starts at torch's default
@@ -27,7 +30,6 @@ def _precision(w: Writer, args: dict[str, Any]) -> None:
     amp, tf32 = w.facts.get("amp"), w.facts.get("tf32")
     if amp:
         args["bf16" if amp["dtype"] == "bf16" else "fp16"] = True
-        w.carry("amp")
         if amp["dtype"] == "fp16" and amp["init_scale"] != SCALER_INIT:
             w.lose(f"amp.init_scale = {amp['init_scale']:g}", "TrainingArguments has no loss "
                    "scale", f"the Trainer's GradScaler starts at {SCALER_INIT:g}", applied=True)
@@ -70,14 +72,14 @@ def _fused(w: Writer, args: dict[str, Any], model_kwargs: dict[str, Any]) -> Non
     hf = w.facts.plan.workload.startswith("hf:")
     attention = (f or {}).get("attention")
     if hf:  # the model's attention is chosen where it is built, not in TrainingArguments
-        chosen = {"sdpa": "sdpa", "flex": "flex_attention"}.get(attention) or (
+        chosen = ATTN_IMPL.get(attention) or (
             "eager" if attention else w.facts.plan.workload_args.get("attn_implementation",
                                                                      "eager"))
         model_kwargs["attn_implementation"] = chosen
     if not f:
         return
     w.carry("fused")
-    if attention in ("sdpa", "flex") and not hf:
+    if attention in ATTN_IMPL and not hf:
         w.lose(f"fused.attention = {attention}", "the harness's own model switches its "
                "attention", "call F.scaled_dot_product_attention (or flex_attention) in your "
                "model's attention")
@@ -90,7 +92,7 @@ def _fused(w: Writer, args: dict[str, Any], model_kwargs: dict[str, Any]) -> Non
         args["torch_compile_mode"] = f["compile_mode"]
         w.lose("fused.compile = true", "the harness compiles each block; the Trainer "
                "compiles the whole model", "torch_compile = true", applied=True)
-    triton = [k for k in ("layernorm", "gelu", "cross_entropy") if f[k] != "eager"]
+    triton = triton_kernels(f)
     if triton:
         args["use_liger_kernel"] = True
         w.lose(", ".join(f"fused.{k} = {f[k]}" for k in triton), "the harness's Triton "
@@ -137,7 +139,6 @@ def _parallel(w: Writer, args: dict[str, Any], harness: dict[str, Any]) -> bool:
     layout = f.plan.layout
     if f.world > 1:
         harness["launch"] = f"torchrun --nproc-per-node {f.world} your_train.py"
-        w.carry("layout")
     for name in ("pipeline", "tensor"):
         if f.get(name):
             nearest = ("a torchtitan or DeepSpeed pipeline (--to torchtitan)" if name ==
@@ -153,9 +154,8 @@ def _parallel(w: Writer, args: dict[str, Any], harness: dict[str, Any]) -> bool:
             w.lose(f"ddp.bucket_cap_mb = {ddp['bucket_cap_mb']}", "ddp_bucket_cap_mb is whole "
                    "megabytes", f"{args['ddp_bucket_cap_mb']}", applied=True)
         if ddp["compression"] == "powersgd":
-            w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
-                   f"{ddp['start_powersgd_iter']} steps)", "the Trainer registers no "
-                   "communication hook", "model.register_comm_hook(powerSGD_hook.PowerSGDState("
+            w.lose(powersgd(ddp), "the Trainer registers no communication hook",
+                   "model.register_comm_hook(powerSGD_hook.PowerSGDState("
                    f"None, matrix_approximation_rank={ddp['powersgd_rank']}, start_powerSGD_iter="
                    f"{ddp['start_powersgd_iter']}), powerSGD_hook.powerSGD_hook) in a "
                    "callback's on_train_begin")
@@ -201,15 +201,11 @@ def _rest(w: Writer) -> None:
         "sparse_attention": "attn_implementation='flex_attention' with a sliding-window mask, "
                             "or an AttentionInterface function of your own",
     }
-    for name in w.facts.strategies:
-        if name in nearest:
-            w.lose(name, "TrainingArguments has no such setting", nearest[name])
+    w.lose_rest(nearest, "TrainingArguments has no such setting")
 
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("hf-trainer", facts)
-    w.run_settings()
-    w.optimizer_impl()
     plan = facts.plan
     args: dict[str, Any] = {
         "output_dir": f"trainer_output/{plan.name}",

@@ -13,12 +13,15 @@ from typing import Any
 import yaml
 
 from training_harness.export.common import (
+    ATTN_IMPL,
     Export,
     Facts,
     Writer,
     adam_impl,
     comment_lines,
     optimizer_name,
+    powersgd,
+    triton_kernels,
 )
 
 STRATEGIES = "lightning.pytorch.strategies"
@@ -47,9 +50,8 @@ def _strategy(w: Writer) -> Any:
     if ddp:
         w.carry("ddp")
         if ddp["compression"] == "powersgd":
-            w.lose(f"ddp.compression = powersgd (rank {ddp['powersgd_rank']}, after "
-                   f"{ddp['start_powersgd_iter']} steps)", "a communication hook and its "
-                   "state are objects, not YAML values", "DDPStrategy(ddp_comm_state="
+            w.lose(powersgd(ddp), "a communication hook and its state are objects, not YAML "
+                   "values", "DDPStrategy(ddp_comm_state="
                    "powerSGD_hook.PowerSGDState(None, matrix_approximation_rank="
                    f"{ddp['powersgd_rank']}, start_powerSGD_iter={ddp['start_powersgd_iter']}), "
                    "ddp_comm_hook=powerSGD_hook.powerSGD_hook) in code")
@@ -86,21 +88,14 @@ _NEAREST = {
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("lightning", facts)
-    w.run_settings()
-    w.optimizer_impl()
-    precision = facts.precision()
     trainer: dict[str, Any] = {
         "accelerator": "gpu" if facts.cuda else "cpu",
         "devices": facts.world,
         "num_nodes": 1,
-        "precision": PRECISION[precision],
+        "precision": PRECISION[facts.precision()],
         "accumulate_grad_batches": facts.accumulation,
         "strategy": _strategy(w),
     }
-    if precision:
-        w.carry("amp")
-    if facts.world > 1:
-        w.carry("layout")
     if facts.get("accumulation") or facts.accumulation > 1:
         w.carry("accumulation")
     if facts.get("lamb") and facts.get("lamb")["max_grad_norm"]:
@@ -114,16 +109,15 @@ def export(facts: Facts, source: str) -> Export:
     if fused and fused["compile"]:
         w.lose("fused.compile = true", "the LightningModule compiles itself",
                "torch.compile each block in configure_model")
-    if fused and fused["attention"] in ("sdpa", "flex"):
-        impl = {"sdpa": "sdpa", "flex": "flex_attention"}[fused["attention"]]
+    if fused and fused["attention"] in ATTN_IMPL:
         w.lose(f"fused.attention = {fused['attention']}", "the attention is chosen where the "
-               "model is built", f"from_pretrained(..., attn_implementation='{impl}') in "
-               "configure_model")
+               "model is built", "from_pretrained(..., attn_implementation="
+               f"'{ATTN_IMPL[fused['attention']]}') in configure_model")
     if fused and fused.get("sdpa_backend", "auto") != "auto":
         w.lose(f"fused.sdpa_backend = {fused['sdpa_backend']}", "Lightning has no "
                "attention-kernel setting", "torch.nn.attention.sdpa_kernel(SDPBackend...) "
                "in training_step")
-    triton = [k for k in ("layernorm", "gelu", "cross_entropy") if fused and fused[k] != "eager"]
+    triton = triton_kernels(fused) if fused else []
     if triton:
         w.lose(f"fused.{'/'.join(triton)} = triton", "Lightning swaps no kernels",
                "liger_kernel's apply_liger_kernel_to_<model>() in configure_model")
@@ -132,10 +126,7 @@ def export(facts: Facts, source: str) -> Export:
                "Liger's fused linear cross-entropy: apply_liger_kernel_to_<model>("
                "fused_linear_cross_entropy=True) in configure_model, or "
                "LigerFusedLinearCrossEntropyLoss in training_step")
-    for name in facts.strategies:
-        if name in _NEAREST and name not in w.carried and not any(
-                n.setting.startswith(name) for n in w.lost):
-            w.lose(name, "Lightning's Trainer has no such setting", _NEAREST[name])
+    w.lose_rest(_NEAREST, "Lightning's Trainer has no such setting")
     body = yaml.safe_dump({"seed_everything": facts.plan.seed, "trainer": trainer},
                           sort_keys=False)
     return w.finish(comment_lines(w.lost, source, "Lightning (LightningCLI)") + body, ".yaml")

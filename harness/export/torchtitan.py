@@ -20,6 +20,7 @@ from training_harness.export.common import (
     adam_impl,
     comment_lines,
     optimizer_name,
+    triton_kernels,
 )
 
 SCHEMA = "torchtitan 0.2.1 (torchtitan/config/job_config.py)"
@@ -28,14 +29,23 @@ MODELS = {"hf:llama": "llama3", "gpt": "llama3", "hf:deepseek_v3": "deepseek_v3"
           "hf:qwen3": "qwen3"}
 
 
+_NEAREST = {
+    "averaging": "a custom trainer step", "lora": "peft on the model before parallelize",
+    "curriculum": "a custom dataloader", "distill": "a custom loss (loss_fn)",
+    "channels_last": "none: torchtitan's models have no convolutions",
+    "liger": "[compile] enable = true, components = ['model', 'loss'] (Inductor fuses the "
+             "norms, SwiGLU and loss)",
+    "sparse_attention": "a sliding-window mask_mod for the model's FlexAttention "
+                        "(use_flex_attn = True)",
+}
+
+
 def _parallelism(w: Writer, job: dict[str, Any]) -> None:
     f, layout = w.facts, w.facts.plan.layout
     par: dict[str, Any] = {"data_parallel_replicate_degree": 1,
                            "data_parallel_shard_degree": 1,
                            "tensor_parallel_degree": layout.tensor,
                            "pipeline_parallel_degree": layout.pipeline}
-    if f.world > 1:
-        w.carry("layout")
     ddp, zero = f.get("ddp"), f.get("zero")
     if ddp:
         par["data_parallel_replicate_degree"] = layout.data
@@ -106,7 +116,7 @@ def _fused(w: Writer, job: dict[str, Any]) -> None:
         if f["compile_mode"] != "default":
             w.lose(f"fused.compile_mode = {f['compile_mode']}", "torchtitan's [compile] has "
                    "no mode", "mode 'default'", applied=True)
-    triton = [k for k in ("layernorm", "gelu", "cross_entropy") if f[k] != "eager"]
+    triton = triton_kernels(f)
     if triton:
         w.lose(f"fused.{'/'.join(triton)} = triton", "torchtitan has no switch for the "
                "harness's Triton kernels", "compile (Inductor fuses them)", applied=False)
@@ -145,8 +155,6 @@ def _optimizer(w: Writer, job: dict[str, Any]) -> None:
 
 def export(facts: Facts, source: str) -> Export:
     w = Writer("torchtitan", facts)
-    w.run_settings()
-    w.optimizer_impl()
     plan = facts.plan
     seq_len = plan.workload_args.get("seq_len")
     job: dict[str, Any] = {
@@ -167,12 +175,9 @@ def export(facts: Facts, source: str) -> Export:
            f"({', '.join(f'{k}={v}' for k, v in plan.workload_args.items()) or 'defaults'})")
     w.lose("no gradient clipping", "torchtitan always clips at training.max_norm",
            "max_norm = 1e9 (never reached)", applied=True)
-    amp = facts.get("amp")
-    if amp:
-        w.carry("amp")
-        if amp["dtype"] == "fp16":
-            w.lose("amp.dtype = fp16", "torchtitan's mixed precision is bfloat16 or float32",
-                   "mixed_precision_param = 'bfloat16'")
+    if facts.precision() == "fp16":
+        w.lose("amp.dtype = fp16", "torchtitan's mixed precision is bfloat16 or float32",
+               "mixed_precision_param = 'bfloat16'")
     if facts.get("accumulation") or facts.accumulation > 1:
         w.carry("accumulation")  # global / (local x data-parallel degree), as here
     _parallelism(w, job)
@@ -190,16 +195,7 @@ def export(facts: Facts, source: str) -> Export:
     if facts.get("tf32"):
         w.lose("tf32", "torchtitan has no TF32 switch",
                "torch.backends.cuda.matmul.allow_tf32 = True in a custom_import module")
-    for name, nearest in {"averaging": "a custom trainer step", "lora": "peft on the model "
-                          "before parallelize", "curriculum": "a custom dataloader",
-                          "distill": "a custom loss (loss_fn)",
-                          "channels_last": "none: torchtitan's models have no convolutions",
-                          "liger": "[compile] enable = true, components = ['model', "
-                                   "'loss'] (Inductor fuses the norms, SwiGLU and loss)",
-                          "sparse_attention": "a sliding-window mask_mod for the model's "
-                          "FlexAttention (use_flex_attn = True)"}.items():
-        if name in facts.strategies:
-            w.lose(name, "torchtitan's job config has no such section", nearest)
+    w.lose_rest(_NEAREST, "torchtitan's job config has no such section")
     body = tomli_w.dumps(job)
     head = comment_lines(w.lost, source, f"torchtitan job (schema: {SCHEMA})")
     return w.finish(head + body, ".toml")

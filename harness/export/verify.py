@@ -291,12 +291,10 @@ def table(rows: list[Row]) -> str:
             lines.append(f"  #{i} samples/s over {len(r.trainer_rates)} repeats: Trainer "
                          f"{_spread(r.trainer_rates)}" + (f"; harness bench {_spread(bench)}"
                                                           if bench else ""))
-        for text in r.nearest:
-            lines.append(f"  #{i} ran as its nearest equivalent: {text}")
+        lines += [f"  #{i} ran as its nearest equivalent: {text}" for text in r.nearest]
         if r.trainer_rate and not r.lost:
             lines.append(f"  #{i} settings read back from the running Trainer: as exported")
-        for text in r.lost:
-            lines.append(f"  #{i} setting lost in the Trainer: {text}")
+        lines += [f"  #{i} setting lost in the Trainer: {text}" for text in r.lost]
         if r.busy:
             lines.append(f"  #{i} ~ the harness measured it while the machine was busy "
                          f"({r.busy})")

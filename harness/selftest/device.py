@@ -51,11 +51,6 @@ class Device:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Device:
-        names = {"count", "name", "driver", "memory_bytes", "torch", "cuda", "triton"}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
 
 def slug(name: str | None) -> str:
     """"NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3": a device's name for a file name."""

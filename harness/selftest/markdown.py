@@ -213,13 +213,12 @@ def tests_section(out: Path, state: dict[str, Any]) -> list[str]:
         step = run.get("step") or {}
         counts = junit_counts(out / run["junit"]) if run.get("junit") else None
         exit_text = "timeout" if step.get("timed_out") else str(step.get("rc"))
+        cells = [counts[k] if counts else "?" for k in ("passed", "failed", "errors", "skipped")]
+        lines.append(f"| {name} | {' | '.join(map(str, cells))} | {secs(step.get('seconds'))} "
+                     f"| {exit_text} |")
         if counts is None:
-            lines.append(f"| {name} | ? | ? | ? | ? | {secs(step.get('seconds'))} | "
-                         f"{exit_text} |")
             notes.append(f"{name}: no junit file; see `{step.get('log')}`")
             continue
-        lines.append(f"| {name} | {counts['passed']} | {counts['failed']} | {counts['errors']} "
-                     f"| {counts['skipped']} | {secs(step.get('seconds'))} | {exit_text} |")
         failing += counts["failing"]
         if step.get("log"):
             notes.append(f"{name}: `{short(step['command'])}`, log `{step['log']}`")

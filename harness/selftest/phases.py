@@ -59,10 +59,6 @@ class Run:
         return run_logged(argv, log, timeout_s, root=self.out, echo=self.echo, cwd=self.root,
                           env=env)
 
-    def say(self, text: str) -> None:
-        if self.echo:
-            print(f"[selftest] {text}", flush=True)
-
 
 def _out_of_box(run: Run) -> str:
     return (f"{OUT_OF_TIME}: {max(run.left(), 0):.0f} s left in this phase's box (a longer "
@@ -91,11 +87,6 @@ def run_tests(run: Run, suites: tuple[proof.Suite, ...]) -> bool:
         ok = ok and (step.ok or (step.rc == 5 and not step.timed_out))
         run.save()
     return ok
-
-
-def _bench_ok(folder: Path) -> bool:
-    record = read_json(folder / "result.json")
-    return bool(record) and record.get("status") == "ok"
 
 
 OUT_OF_TIME = "out of time"
@@ -151,7 +142,7 @@ def run_bench(run: Run, plans: list[Path], gpus: int, what: str) -> bool:
         entry.update(dir=str(folder.relative_to(run.out)))
         step = run.step(argv, run.out / "bench" / f"{stem}.log", limit)
         entry["step"] = step.to_json()
-        ok = ok and step.ok and _bench_ok(folder)
+        ok = ok and step.ok and (read_json(folder / "result.json") or {}).get("status") == "ok"
         run.save()
     run.save()
     return ok

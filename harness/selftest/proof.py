@@ -255,18 +255,16 @@ def plan_text(found: list[Box], limit_s: float, timing: Timing) -> str:
     kind = "rehearsal on the CPU" if rehearse else "GPU proof"
     lines = [f"harness selftest --gpu{' --rehearse' if rehearse else ''}: the {kind}, "
              f"phases in order, each stopped at its box"]
-    start = timing.start
     lines.append(f"  {'start':<7} {timing.start:5.0f} s  this process and the device probe")
     for box in found:
         if box.phase in ("rest", "table") and box.seconds <= 0:
             lines.append(f"  {'rest':<7}     0 s  not in this run: a longer --time-limit "
                          "adds the slow gpu tests and the other plans")
-            continue
-        lines.append(f"  {box.phase:<7} {box.seconds:5.0f} s  {box.what}")
-        start += box.seconds
+        else:
+            lines.append(f"  {box.phase:<7} {box.seconds:5.0f} s  {box.what}")
     lines.append(f"  {'end':<7} {timing.end:5.0f} s  kept for stopping a step and the last page")
-    start += timing.end
-    lines.append(f"  {'total':<7} {start:5.0f} s  ({start / 60:.1f} min; time limit "
+    total = timing.start + sum(box.seconds for box in found) + timing.end  # rest: 0 or more
+    lines.append(f"  {'total':<7} {total:5.0f} s  ({total / 60:.1f} min; time limit "
                  f"{limit_s / 60:.1f} min)")
     return "\n".join(lines)
 

@@ -18,16 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from training_harness.selftest.proof import PHASES  # noqa: F401  (the phases, in their order)
+from training_harness.selftest.figures import read_json
 
 FILE = "selftest.json"
 
 
 def load(out: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((out / FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        data = {}
+    data = read_json(out / FILE) or {}
     data.setdefault("runs", [])
     data.setdefault("phases", {})
     return data
