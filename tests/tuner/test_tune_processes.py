@@ -133,7 +133,7 @@ def test_quickstart_study_on_this_cpu(quickstart_study):
     trials = journal_trials(out / "optuna.journal")
     # every trial run is a record (the estimator's guesses not reached stay queued)
     run = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]
-    assert len(recs) == len(run) >= 4
+    assert len(recs) == len(run) >= 2  # how many more than two: this machine's speed
     info = json.loads((out / "study.json").read_text())
     # Timestamps are written to the second: allow the one second of rounding.
     deadline = datetime.fromisoformat(info["started_at"]) + timedelta(seconds=budget + 1)
