@@ -32,6 +32,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from training_harness.core.errors import HarnessError
     from training_harness.export.verify import ranking, table, top_records, verify_one
+    from training_harness.records.plan_text import varying
 
     if args.top < 1:
         raise HarnessError(f"--top {args.top}: give 1 or more configurations")
@@ -42,10 +43,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else run / "verify"
     print(f"verify {run}: its {len(records)} best configuration(s), each trained again in "
           f"the Hugging Face Trainer ({args.with_}) with the exported settings", flush=True)
-    rows = []
+    rows, differ = [], varying([r["plan"] for r in records])  # what tells the rows apart
     for r in records:
         row = verify_one(r, out / str(r["trial_id"]), args.timeout, bench=args.bench,
-                         repeats=args.repeats)
+                         repeats=args.repeats, also=differ)
         state = (f"{row.trainer_rate:.2f} samples/s in the Trainer" if row.trainer_rate else
                  "cannot run" if row.cannot else "failed")
         if row.bench_rate:

@@ -9,7 +9,7 @@ from training_harness.core.units import format_bytes, format_seconds
 
 def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: int | None,
            top: int, seconds: float, predictions: str) -> str:
-    from training_harness.tune.progress import describe_plan, varying
+    from training_harness.records.plan_text import describe_plan, varying
 
     fit = [r for r in ranked if r.rate > 0]
     over = [r for r in ranked if r.rate <= 0 and r.predicted]

@@ -20,6 +20,7 @@ from typing import Any
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.export import export_plan
+from training_harness.records.plan_text import describe_plan
 from training_harness.records.predicates import busy_note, ranked
 from training_harness.records.run_store import RunStore
 
@@ -61,27 +62,6 @@ class Row:
     @property
     def ratio(self) -> float | None:
         return self.trainer_rate / self.harness_rate if self.trainer_rate else None
-
-
-# The settings a configuration's line shows, as the tuner's lines show them
-# (training_harness.tune.progress, which this package sits below and may not import).
-SHOWN = {"fused": ("attention", "optimizer", "compile"), "amp": ("dtype",),
-         "checkpoint": ("every", "policy"), "zero": ("stage", "offload"),
-         "pipeline": ("schedule",), "ddp": ("compression",)}
-
-
-def describe(plan: dict[str, Any]) -> str:
-    """`d1p1t1 mb 8 gb 16 | amp(dtype=bf16) fused(attention=sdpa, optimizer=fused, ...)`."""
-    lay = plan.get("layout") or {}
-    parts = []
-    for name, settings in (plan.get("strategies") or {}).items():
-        shown = ", ".join(f"{k}={v}" for k, v in (settings or {}).items()
-                          if k in SHOWN.get(name, ()))
-        parts.append(f"{name}({shown})" if shown else name)
-    layout = f"d{lay.get('data', 1)}p{lay.get('pipeline', 1)}t{lay.get('tensor', 1)}"
-    mb, gb = plan.get("micro_batch_size"), plan.get("global_batch_size")
-    batch = f"mb {mb}" + (f" gb {gb}" if gb and mb and gb != mb * lay.get("data", 1) else "")
-    return f"{layout} {batch} | {' '.join(parts) or 'plain fp32'}"
 
 
 def top_records(run: Path, k: int) -> list[dict[str, Any]]:
@@ -155,10 +135,12 @@ def bench_again(folder: Path, repeat: int, timeout_s: float) -> float | None:
 
 
 def verify_one(record: dict[str, Any], folder: Path, timeout_s: float,
-               bench: bool = False, repeats: int = 1) -> Row:
+               bench: bool = False, repeats: int = 1,
+               also: dict[str, set[str]] | None = None) -> Row:
+    """`also`: the settings the rows' lines show beyond the main ones (records.plan_text)."""
     plan = Plan.from_dict(record["plan"])
     m = record["metrics"]
-    row = Row(record["trial_id"], describe(record["plan"]), m["samples_per_s"],
+    row = Row(record["trial_id"], describe_plan(record["plan"], also), m["samples_per_s"],
               busy_note(record))
     if not plan.workload.startswith("hf:"):
         row.cannot = f"workload {plan.workload}: the Trainer verify builds hf: models"

@@ -162,7 +162,7 @@ def main() -> None:
 
 
 def _describe(rec: dict) -> str:
-    from training_harness.tune.progress import describe_plan
+    from training_harness.records.plan_text import describe_plan
 
     return describe_plan(rec["plan"])
 

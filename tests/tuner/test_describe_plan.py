@@ -4,7 +4,7 @@ of a table (the summary, `harness plan`)."""
 
 from __future__ import annotations
 
-from training_harness.tune.progress import describe_plan, differing, varying
+from training_harness.records.plan_text import describe_plan, differing, varying
 
 SELECTIVE = {"strategies": {"checkpoint": {"every": 1, "policy": "selective"},
                             "fused": {"attention": "sdpa", "optimizer": "fused",

@@ -33,7 +33,7 @@ def errors(recs: list[dict], predicted: str, measured) -> list[float]:
 
 
 def describe(rec: dict) -> str:
-    from training_harness.tune.progress import describe_plan
+    from training_harness.records.plan_text import describe_plan
 
     return describe_plan(rec["plan"]).replace(" | ", ", ")  # a table cell takes no "|"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from training_harness.core.plan import Plan
 from training_harness.core.units import format_bytes, format_rate, format_seconds
+from training_harness.records.plan_text import describe_plan, varying
 from training_harness.records.pooled import Pooled, compare, config_key, pool
 from training_harness.records.predicates import busy_note, may_be_best, ranked
 from training_harness.records.run_store import RunStore, write_atomic
@@ -15,7 +16,6 @@ from training_harness.records.speedup import NOISE_THRESHOLD, Ratio
 from training_harness.records.tags import VARIANT, tags_of
 from training_harness.records.verdict import StudyVerdict, techniques
 from training_harness.tune.final.ablation import ablation_rows
-from training_harness.tune.progress import describe_plan, varying
 
 
 def _to_target(m: dict[str, Any]) -> str:
