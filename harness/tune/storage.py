@@ -43,7 +43,6 @@ from urllib.parse import quote, unquote, urlsplit
 
 import optuna
 from optuna.storages import BaseStorage, RDBStorage
-from optuna.storages._heartbeat import BaseHeartbeat  # the interface; Optuna exports no other
 from optuna.trial import FrozenTrial, TrialState
 
 from training_harness.core.errors import HarnessError
@@ -82,17 +81,19 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed",
                             category=UserWarning)
     try:
-        rdb = _open_rdb(url, spec)
+        rdb = _open_rdb(url, spec, hooks.on_stale if hooks else None)
         return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say, hooks)
     except Exception as e:  # a driver missing, a server not there: the user's to fix
         raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
                            f"{scrub(_first_line(e), url)})") from None
 
 
-def _open_rdb(url: str, spec: StorageSpec, tries: int = 3) -> RDBStorage:
+def _open_rdb(url: str, spec: StorageSpec, on_stale: Callable | None = None,
+              tries: int = 3) -> RDBStorage:
     """Optuna's RDBStorage, which makes its tables on a new database. Workers started
     at the same moment on one new database race to make them (PostgreSQL: a unique
-    violation in pg_type); the loser tries again and finds them made."""
+    violation in pg_type); the loser tries again and finds them made. `on_stale`: what
+    Optuna's fail_stale_trials calls for each trial it fails (fail_stale_trials below)."""
     import sqlalchemy.exc as sa
 
     for attempt in range(tries):
@@ -101,7 +102,8 @@ def _open_rdb(url: str, spec: StorageSpec, tries: int = 3) -> RDBStorage:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
                                   heartbeat_interval=spec.seconds("heartbeat"),
-                                  grace_period=spec.seconds("grace"))
+                                  grace_period=spec.seconds("grace"),
+                                  heartbeat_stale_trial_callback=on_stale)
         except (sa.IntegrityError, sa.ProgrammingError):
             if attempt + 1 == tries:
                 raise
@@ -155,9 +157,9 @@ def _forward(name: str) -> Callable:
 
 
 def _forwarding(cls: type) -> type:
-    """Every method of the storage interfaces that `cls` does not write out forwards to
-    its backend, patiently (BaseStorage's concrete ones too: RDBStorage has faster ones)."""
-    names = (BaseStorage.__abstractmethods__ | BaseHeartbeat.__abstractmethods__
+    """Every method of Optuna's storage interface that `cls` does not write out forwards
+    to its backend, patiently (BaseStorage's concrete ones too: RDBStorage has faster ones)."""
+    names = (BaseStorage.__abstractmethods__
              | {n for n, v in vars(BaseStorage).items() if not n.startswith("_") and callable(v)})
     for name in sorted(names - set(vars(cls))):
         setattr(cls, name, _forward(name))
@@ -180,11 +182,13 @@ class StorageHooks:
 
 
 @_forwarding
-class PatientStorage(BaseStorage, BaseHeartbeat):
-    """An RDBStorage behind Optuna's storage interfaces: every call is forwarded to it,
+class PatientStorage(BaseStorage):
+    """An RDBStorage behind Optuna's storage interface: every call is forwarded to it,
     and one that cannot reach the database is retried for `patience_s`, then raises
     StorageUnreachable (and every later call at once). The methods not written out
-    below are forwarded as they are (_forwarding)."""
+    below are forwarded as they are (_forwarding). It is not one of Optuna's heartbeat
+    storages (that interface is private to Optuna): the tuner beats (Heartbeat) and
+    fails the silent trials (fail_stale_trials) itself, through the database's own."""
 
     def __init__(self, backend: RDBStorage, shown: str, patience_s: float,
                  say: Callable[[str], None], hooks: StorageHooks | None = None):
@@ -279,8 +283,8 @@ class PatientStorage(BaseStorage, BaseHeartbeat):
     def record_heartbeat(self, trial_id: int) -> None:
         self.backend.record_heartbeat(trial_id)  # one try: a beat never stalls its trial
 
-    def get_heartbeat_stale_trial_callback(self) -> Callable | None:
-        return self.hooks.on_stale
+    def get_heartbeat_interval(self) -> int | None:
+        return self.backend.get_heartbeat_interval()
 
 
 def _is_connection_error(e: BaseException) -> bool:
@@ -302,12 +306,19 @@ def _is_connection_error(e: BaseException) -> bool:
 
 
 def fail_stale_trials(study: optuna.Study, storage: BaseStorage) -> None:
-    """Fail the trials whose worker stopped beating (RDB storages); the storage's on_stale
-    hook records and retries each (training_harness.tune.recovery.resume.StaleTrials)."""
-    if isinstance(storage, PatientStorage):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+    """Fail the trials whose worker stopped beating (RDB storages): Optuna's own
+    fail_stale_trials over the study on the database itself, patiently; the database's
+    stale-trial callback, the hooks' on_stale, records and retries each
+    (training_harness.tune.recovery.resume.StaleTrials)."""
+    if isinstance(storage, PatientStorage) and storage.get_heartbeat_interval():
+        storage.patiently(_fail_stale, study.study_name, storage.backend)
+
+
+def _fail_stale(study_name: str, rdb: RDBStorage) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(optuna.load_study(
+            study_name=study_name, storage=rdb, sampler=optuna.samplers.RandomSampler()))
 
 
 # --- heartbeats ----------------------------------------------------------------------

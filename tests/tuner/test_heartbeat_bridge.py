@@ -29,7 +29,9 @@ def test_a_trial_beats_while_the_sampler_chooses_and_until_its_heartbeat_takes_o
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     storage = make_storage(url, tmp_path, StorageSpec(heartbeat=1, grace=2),
                            hooks=StorageHooks(stamp={"worker": "here"}))
-    other = make_storage(url, tmp_path, StorageSpec(heartbeat=1, grace=2))  # another worker
+    failed = []  # what the other worker's stale-trial hook (resume.StaleTrials) is given
+    other = make_storage(url, tmp_path, StorageSpec(heartbeat=1, grace=2),  # another worker
+                         hooks=StorageHooks(on_stale=lambda s, t: failed.append(t.number)))
     try:
         study = optuna.create_study(study_name="s", storage=storage, sampler=SlowSampler())
         trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
@@ -44,6 +46,9 @@ def test_a_trial_beats_while_the_sampler_chooses_and_until_its_heartbeat_takes_o
         time.sleep(3)  # no beat at all now: the trial goes stale, as a dead worker's does
         fail_stale_trials(seen, other)
         assert study.trials[0].state == TrialState.FAIL
+        assert failed == [trial.number]  # recorded and retried there, once
+        fail_stale_trials(seen, other)
+        assert failed == [trial.number]
     finally:
         for s in (storage, other):
             s.backend.engine.dispose()

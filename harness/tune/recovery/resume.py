@@ -32,8 +32,8 @@ A retry is a queued trial with the user attrs {"retry_of": <first number>,
 "retry_history": [<numbers run so far>]}. (Optuna's RetryFailedTrialCallback is not
 used: it copies every user attribute of the dead trial, its dead worker's tag among
 them, and a retry asked by a live worker would look abandoned to the others until
-that worker tags it. Optuna's heartbeat is: PatientStorage is its BaseHeartbeat, and
-`settle` calls optuna's fail_stale_trials.)
+that worker tags it. Optuna's heartbeat is: the database's RDBStorage beats and fails,
+and `settle` calls optuna's fail_stale_trials on it, training_harness.tune.storage.)
 
 A stopped worker's trial that was launched as a job that outlives it (a Slurm job:
 training_harness.tune.trial_job.left_a_job) is not run again: `jobs_left` claims it for
