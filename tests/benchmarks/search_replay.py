@@ -17,7 +17,11 @@ resumes), then the family's tables; `--family-report FILE.jsonl ...` prints the 
 lines written before (surface_replay/family_report.py), e.g.
 
     python tests/benchmarks/search_replay.py --family gpt-1b-8gpu --seeds 10 \
-        --jsonl runs/family/gpt-1b-8gpu.jsonl [--surfaces base,comm-slow] [--jobs 2]
+        --jsonl runs/family/gpt-1b-8gpu.jsonl [--surfaces base,comm-slow] [--jobs 2] \
+        [--samplers tpe,gp,botorch]
+
+(`--samplers`: Optuna's samplers as well, each through the same real Tuner with only the
+sampler swapped: surface_replay/harness_run.sampler_swapped.)
 
 1. Record: every configuration of a study's space measured once, as a grid study
    (no early stopping, no confirmation, no ablation): the quickstart space, and a
@@ -56,7 +60,6 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -244,6 +247,7 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
     """The strategies' costs, their curves, the table, its total cost, its best, and the
     size of its study's space (a table still being recorded holds fewer: the searches
     then choose among the configurations it holds)."""
+    from tests.benchmarks.surface_replay.others import optuna_samplers
     from training_harness.tune.search.sampling import make_sampler
 
     table, study, space = load_table(folder)
@@ -287,22 +291,6 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
                      "missed": sum(r.reached is None for r in rs), "runs": len(rs)})
     return (rows, {n: [r.curve for r in rs] for n, rs in runs.items()}, table, total, best,
             len(space.enumerate()))
-
-
-def optuna_samplers(seed: int) -> dict[str, Any]:
-    """The samplers a user of this field would otherwise run, with Optuna 5's defaults:
-    TPE (multivariate off, constant liar on, as Optuna 5 makes it), GPSampler, and
-    BoTorchSampler where optuna-integration and botorch are installed (the [replay] extra)."""
-    # GPSampler and BoTorchSampler sample a conditional setting (fused.attention exists only
-    # with fused on) with their independent sampler, as the study's space presents it
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    found = {"tpe": optuna.samplers.TPESampler(seed=seed),
-             "gp": optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)}
-    try:
-        from optuna_integration import BoTorchSampler
-    except ImportError:
-        return found
-    return {**found, "botorch": BoTorchSampler(seed=seed)}
 
 
 def _grid(table, space, grid_space, seed, goal) -> Replay:
@@ -363,6 +351,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jsonl", type=Path,
                    help="with --family: append each surface's line here (default "
                         "runs/family/SPACE-seedsN.jsonl); surfaces already in it are skipped")
+    p.add_argument("--samplers", metavar="NAME,NAME", default="",
+                   help="with --family: Optuna's samplers (tpe, gp, botorch) replayed too, "
+                        "each through the harness's Tuner in its sampler's place")
+    p.add_argument("--censor", type=float, metavar="HOURS",
+                   help="with --samplers: stop an Optuna sampler's search not at 0.97 by "
+                        "this many simulated hours (its cost then reads '> HOURS')")
     p.add_argument("--jobs", type=int, default=1,
                    help="with --family: surfaces replayed in this many processes at once")
     p.add_argument("--family-report", type=Path, nargs="+", metavar="FILE.jsonl",

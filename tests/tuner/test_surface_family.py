@@ -10,7 +10,13 @@ import json
 
 import pytest
 
-from tests.benchmarks.surface_replay.family_report import judge, load
+from tests.benchmarks.surface_replay.family_report import (
+    arms_of,
+    judge,
+    judge_samplers,
+    load,
+    samplers_section,
+)
 from tests.benchmarks.surface_replay.family_run import done_in
 from tests.benchmarks.surfaces.assumptions import BASE
 from tests.benchmarks.surfaces.family import (
@@ -180,3 +186,35 @@ def test_the_report_checks_the_three_goals(tmp_path):
     out.write_text(json.dumps(_line("good", [1.0], [2.0], 1.0)) + "\n")
     assert done_in(out) == {("gpt-1b-8gpu", "good", 1)}
     assert [r["surface"] for r in load([out, out])] == ["good"]
+
+
+def test_the_harness_against_optuna_s_samplers(tmp_path):
+    """A sampler replayed with fewer seeds in a line of its own joins the harness's; the
+    best sampler is the one of lowest median; 1/2 of its median and no miss are the goals."""
+    three = _line("base", [3600.0, 7200.0, 3600.0], [36000.0] * 3, 0.96)
+    three["runs"]["tpe"] = [{"seed": i, "reached_s": c} for i, c in
+                            enumerate([36000.0, None, 9000.0])]
+    one = _line("base", [3600.0], [36000.0], 0.96)
+    one["runs"]["gp"] = [{"seed": 0, "reached_s": 5400.0}]
+    arms = arms_of([three, one])[("gpt-1b-8gpu", "base")]
+    assert len(arms["harness"]) == 3 and len(arms["gp"]) == 1
+    j = judge_samplers("base", arms)
+    assert j["best"] == "gp" and j["figures"]["tpe"]["misses"] == 1
+    assert j["figures"]["tpe"]["p90"] == float("inf") and j["ratio"] == 3600.0 / 5400.0
+    assert not j["goal_half"] and j["goal_miss"]
+    text = "\n".join(samplers_section([three, one]))
+    assert "| base | 1.00, 2.00, 0 of 3 | 10.00, missed, 1 of 3 | 1.50, 1.50, 0 of 1 |" in text
+    assert "Goals met: 1/2 of the best sampler on 0 of 1 surfaces" in text
+    assert judge_samplers("base", {"harness": arms["harness"]}) is None
+    # two files of the same seeds, one sampler each: the report holds both
+    gp_runs = {k: v for k, v in three["runs"].items() if k != "tpe"} | {"gp": arms["gp"] * 3}
+    (tmp_path / "tpe.jsonl").write_text(json.dumps(three) + "\n")
+    (tmp_path / "gp.jsonl").write_text(json.dumps({**three, "runs": gp_runs}) + "\n")
+    merged = load([tmp_path / "tpe.jsonl", tmp_path / "gp.jsonl"])
+    assert len(merged) == 1 and {"tpe", "gp"} <= merged[0]["runs"].keys()
+    # a run censored at 3 h costs more than 3 h: judged against that lower bound
+    one["runs"]["gp"] = [{"seed": 0, "reached_s": None, "censored_s": 10800.0}]
+    j = judge_samplers("base", arms_of([three, one])[("gpt-1b-8gpu", "base")])
+    assert j["best"] == "gp" and j["figures"]["gp"]["misses"] == 0 and j["goal_half"]
+    assert "| > 3.00, > 3.00, 0 of 1, 1 censored | GPSampler | < 0.33 |" in "\n".join(
+        samplers_section([three, one]))

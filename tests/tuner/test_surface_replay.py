@@ -3,6 +3,7 @@ the real Tuner against them (tests/benchmarks/surface_replay)."""
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from pathlib import Path
 
@@ -77,9 +78,11 @@ def test_larger_micro_batch_is_faster_until_memory_runs_out():
         gpt2_small_1gpu.truth(plan(64, BF16_SDPA))["samples_per_s"]  # launch-bound
 
 
-def test_a_small_cut_replays_through_the_real_tuner(tmp_path):
-    from tests.benchmarks.surface_replay.harness_run import prepare_study, run_seed
-    from tests.benchmarks.surface_replay.others import enumerate_space, run_random
+@contextlib.contextmanager
+def small_cut(tmp_path):
+    """A 120-configuration cut of the 1-GPU space, checked, with its truth: (setup, space)."""
+    from tests.benchmarks.surface_replay.harness_run import prepare_study
+    from tests.benchmarks.surface_replay.others import enumerate_space
     from tests.benchmarks.surface_replay.world import h100_world
 
     table = tomllib.loads((ROOT / "studies" / "gpt2-small-1gpu.toml").read_text())
@@ -97,6 +100,14 @@ def test_a_small_cut_replays_through_the_real_tuner(tmp_path):
         space = enumerate_space(setup.checked.space, gpt2_small_1gpu.truth,
                                 setup.checked.budget_bytes)
         setup.size, setup.best, setup.goal = len(space.plans), space.best, 0.97 * space.best
+        yield setup, space
+
+
+def test_a_small_cut_replays_through_the_real_tuner(tmp_path):
+    from tests.benchmarks.surface_replay.harness_run import run_seed
+    from tests.benchmarks.surface_replay.others import run_random
+
+    with small_cut(tmp_path) as (setup, space):
         assert setup.size == 4 * 2 * 5 * 3  # checkpointing: off, full or selective
         runs = [run_seed(setup, seed) for seed in range(2)]
         assert run_random(setup, space, 0).reached_s is not None
@@ -109,3 +120,32 @@ def test_a_small_cut_replays_through_the_real_tuner(tmp_path):
 
     assert torch_helper.shared.__module__ == "training_harness.launch.torch_helper"  # restored
     assert RuntimeEnv.detect("cpu").device_type == "cpu"
+
+
+def test_an_optuna_sampler_searches_in_the_harness_s_place(tmp_path):
+    """Only the sampler swapped: the references first, then every trial the sampler's
+    (no estimator's first guesses queued), through the same Tuner; the product restored."""
+    import optuna
+
+    import training_harness.tune.session as session
+    from tests.benchmarks.surface_replay.harness_run import run_seed
+
+    asked: set[int] = set()
+
+    class Counting(optuna.samplers.TPESampler):
+        def sample_independent(self, study, trial, name, distribution):
+            asked.add(trial.number)
+            return super().sample_independent(study, trial, name, distribution)
+
+    made, guesses = session.make_sampler, session.estimated_start
+    with small_cut(tmp_path) as (setup, _):
+        run = run_seed(setup, 0, sampler=Counting(seed=0))
+        references = len(setup.checked.references)
+        setup.goal = float("inf")  # never reached: the run is censored at its horizon
+        cut = run_seed(setup, 0, sampler=optuna.samplers.TPESampler(seed=0), horizon_s=900)
+    assert run.launched > references and run.stopped and asked
+    assert min(asked) == references  # the first trial after the references is the sampler's
+    assert run.curve[-1][1] > 0 and run.named is not None
+    assert (session.make_sampler, session.estimated_start) == (made, guesses)
+    assert cut.reached_s is None and cut.censored_s == 900 and 900 <= cut.elapsed_s < 1800
+    assert cut.stopped == "replay: censored at 0.25 h"

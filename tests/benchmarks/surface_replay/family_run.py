@@ -5,8 +5,10 @@ Per space the study is checked once (prepare_study) and its configurations liste
 each surface then gets its own truth (its best within the memory budget, its goal) and
 `seeds` runs of the harness's search (run_seed: the search to its own end, i.e. the study's
 budget less the final phases' reserve, unless it reached 0.97 and an hour has passed),
-random search and the estimator's order. The estimator's predictions (the torch-side
-helper's answers) are the same for every surface, so they are cached across them.
+random search and the estimator's order, and with `samplers` Optuna's samplers
+(others.optuna_samplers) through the same run_seed, only the sampler swapped. The
+estimator's predictions (the torch-side helper's answers) are the same for every surface,
+so they are cached across them.
 
 The output file is appended to: a surface already in it with the same seeds is skipped,
 so an interrupted run resumes where it stopped. `jobs` > 1 runs surfaces in that many
@@ -38,15 +40,17 @@ def study_file(space: str) -> Path:
     return ROOT / "studies" / f"{space}.toml"
 
 
-def done_in(out: Path) -> set[tuple[str, str, int]]:
-    """(space, surface, seeds) of the lines already in `out`."""
+def done_in(out: Path, samplers: tuple[str, ...] = ()) -> set[tuple[str, str, int]]:
+    """(space, surface, seeds) of the lines already in `out` that hold every one of
+    `samplers`' runs."""
     if not out.exists():
         return set()
     seen = set()
     for line in out.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            seen.add((r["space"], r["surface"], r["seeds"]))
+            if all(n in r["runs"] for n in samplers):
+                seen.add((r["space"], r["surface"], r["seeds"]))
     return seen
 
 
@@ -83,10 +87,26 @@ def _setup(space: str) -> tuple[Any, Any]:
     return _STATE["setup"], _STATE["given"]
 
 
-def run_surface(space: str, name: str, seeds: int) -> dict[str, Any]:
-    """One surface's line: the space's truth under it and every seed's runs."""
+def _searched(run: Any, seed: int, best: float, cpu_s: float) -> dict[str, Any]:
+    """A run of the real Tuner (the harness's search, or an Optuna sampler in its place)."""
+    return {"seed": seed, "reached_s": run.reached_s, "share_1h": run.best_at(HOUR) / best,
+            "launched": run.launched, "stopped": run.stopped, "elapsed_s": run.elapsed_s,
+            "named_share": (run.named or {}).get("share"),
+            "named_over_budget": bool((run.named or {}).get("over_measured")),
+            "censored_s": run.censored_s, "cpu_s": cpu_s}
+
+
+def run_surface(space: str, name: str, seeds: int, samplers: tuple[str, ...] = (),
+                horizon_s: float | None = None) -> dict[str, Any]:
+    """One surface's line: the space's truth under it and every seed's runs (an Optuna
+    sampler's censored at `horizon_s`, the harness's never)."""
     from tests.benchmarks.surface_replay.harness_run import run_seed
-    from tests.benchmarks.surface_replay.others import enumerate_space, run_estimator, run_random
+    from tests.benchmarks.surface_replay.others import (
+        enumerate_space,
+        optuna_samplers,
+        run_estimator,
+        run_random,
+    )
     from tests.benchmarks.surfaces.family import surface
 
     t0, cpu0 = time.monotonic(), time.process_time()
@@ -95,14 +115,14 @@ def run_surface(space: str, name: str, seeds: int) -> dict[str, Any]:
     setup.surface, setup.truth = s, s.truth
     truth = enumerate_space(setup.checked.space, s.truth, setup.checked.budget_bytes, given)
     setup.size, setup.best, setup.goal = len(truth.plans), truth.best, TARGET * truth.best
-    runs: dict[str, list[dict[str, Any]]] = {"harness": [], "random": [], "estimator": []}
+    runs: dict[str, list[dict[str, Any]]] = {"harness": [], "random": [], "estimator": [],
+                                             **{n: [] for n in samplers}}
     for seed in range(seeds):
-        h = run_seed(setup, seed)
-        runs["harness"].append({
-            "seed": seed, "reached_s": h.reached_s, "share_1h": h.best_at(HOUR) / truth.best,
-            "launched": h.launched, "stopped": h.stopped, "elapsed_s": h.elapsed_s,
-            "named_share": (h.named or {}).get("share"),
-            "named_over_budget": bool((h.named or {}).get("over_measured"))})
+        for arm, sampler in {"harness": None, **optuna_samplers(seed, samplers)}.items():
+            cpu = time.process_time()
+            run = run_seed(setup, seed, sampler=sampler,
+                           horizon_s=None if sampler is None else horizon_s)
+            runs[arm].append(_searched(run, seed, truth.best, time.process_time() - cpu))
         r = run_random(setup, truth, seed)
         runs["random"].append({"seed": seed, "reached_s": r.reached_s,
                                "share_1h": r.best_at(HOUR) / truth.best,
@@ -115,16 +135,17 @@ def run_surface(space: str, name: str, seeds: int) -> dict[str, Any]:
         "configurations": len(truth.plans), "statuses": truth.statuses, "best": truth.best,
         "near": sum(x >= TARGET * truth.best for x in truth.rates),
         "budget_s": setup.checked.study.budget.time_s,
-        "budget_bytes": setup.checked.budget_bytes, "tree": tree(),
+        "budget_bytes": setup.checked.budget_bytes, "tree": tree(), "horizon_s": horizon_s,
         "wall_s": time.monotonic() - t0, "cpu_s": time.process_time() - cpu0,
         "runs": runs,
     }
 
 
 def run_family(space: str, names: list[str], seeds: int, out: Path, jobs: int = 1,
-               say: Callable[[str], None] = print) -> None:
+               say: Callable[[str], None] = print, samplers: tuple[str, ...] = (),
+               horizon_s: float | None = None) -> None:
     """Every surface of `names` not yet in `out`, its line appended as it finishes."""
-    skip = done_in(out)
+    skip = done_in(out, samplers)
     todo = [n for n in names if (space, n, seeds) not in skip]
     if len(todo) < len(names):
         say(f"{out}: {len(names) - len(todo)} surface(s) already there, skipped")
@@ -133,20 +154,23 @@ def run_family(space: str, names: list[str], seeds: int, out: Path, jobs: int = 
     def write(line: dict[str, Any]) -> None:
         with open(out, "a") as f:
             f.write(json.dumps(line) + "\n")
-        h = line["runs"]["harness"]
-        misses = sum(r["reached_s"] is None for r in h)
-        say(f"{space}/{line['surface']}: {misses} miss(es) in {len(h)} seeds, "
+        missed = ", ".join(
+            f"{arm} {sum(r['reached_s'] is None for r in line['runs'][arm])}"
+            for arm in ("harness", *samplers))
+        say(f"{space}/{line['surface']}: not at 0.97 (missed or censored) in {seeds} seeds: "
+            f"{missed}; "
             f"{line['wall_s']:.0f} s wall, {line['cpu_s']:.0f} s CPU")
 
     if jobs <= 1:
         for name in todo:
-            write(run_surface(space, name, seeds))
+            write(run_surface(space, name, seeds, samplers, horizon_s))
         return
     # spawn: a fresh interpreter per worker (no forked torch or Optuna state)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo) or 1), mp_context=ctx,
                              initializer=_quiet) as pool:
-        futures = [pool.submit(run_surface, space, name, seeds) for name in todo]
+        futures = [pool.submit(run_surface, space, name, seeds, samplers, horizon_s)
+                   for name in todo]
         for f in as_completed(futures):
             write(f.result())
 
@@ -173,10 +197,19 @@ def cli(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if unknown:
             p.error(f"--surfaces: no {', '.join(unknown)} in the family ({', '.join(names)})")
         names = wanted
-    jsonl = args.jsonl or Path("runs") / "family" / f"{args.family}-seeds{args.seeds}.jsonl"
+    samplers = tuple(n.strip() for n in args.samplers.split(",") if n.strip())
+    from tests.benchmarks.surface_replay.others import optuna_samplers
+
+    unknown = set(samplers) - set(optuna_samplers(0))
+    if unknown:
+        p.error(f"--samplers: no {', '.join(sorted(unknown))} here (tpe, gp; botorch with "
+                "the [replay] extra)")
+    tail = "".join(f"-{n}" for n in samplers)
+    jsonl = args.jsonl or Path("runs") / "family" / f"{args.family}-seeds{args.seeds}{tail}.jsonl"
     load, t0 = os.getloadavg(), time.monotonic()
     run_family(args.family, names, args.seeds, jsonl, args.jobs,
-               say=lambda text: print(text, file=sys.stderr, flush=True))
+               say=lambda text: print(text, file=sys.stderr, flush=True), samplers=samplers,
+               horizon_s=args.censor * HOUR if args.censor else None)
     print(report([jsonl]))
     print(f"{len(names)} surface(s) in {time.monotonic() - t0:.0f} s wall on "
           f"{os.cpu_count()} CPUs (shared: load average {load[0]:.2f} before, "

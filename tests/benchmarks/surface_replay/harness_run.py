@@ -17,6 +17,15 @@ virtual clock (world.virtual_time). What is patched, and why:
                                                 quiet; the real one reads this host's CPUs)
     time in training_harness.tune.*                   -> the virtual clock (world.virtual_time)
 
+and, for one of Optuna's samplers in the harness's place (run_seed's `sampler`), only the
+sampler (`sampler_swapped`):
+
+    training_harness.tune.session.make_sampler        -> that sampler (not the GuidedSampler)
+    training_harness.tune.session.estimated_start     -> no estimator's first guesses (they are
+                                                the harness's search); the references (the fp32
+                                                baseline, the known-good configuration) are the
+                                                study's and still run first
+
 and open_study's `on_event` (the tuner's callback, the progress display's by default) tallies each
 trial's "end" record and raises StopReplay once the goal is reached and an hour has passed.
 The search ends by its own rules (budget, convergence, exhausted space) or by StopReplay;
@@ -75,6 +84,7 @@ class Run:
     named: dict[str, Any] | None = None  # the tuner's best when it stopped
     final: str = ""  # how the final phases ended (a run with a budget of its own)
     elapsed_s: float = 0.0  # simulated seconds the run took
+    censored_s: float | None = None  # stopped here short of the goal, for the replay's CPU
 
     def best_at(self, seconds: float) -> float:
         return max((b for t, b in self.curve if t <= seconds), default=0.0)
@@ -116,16 +126,32 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
+@contextlib.contextmanager
+def sampler_swapped(sampler: Any) -> Iterator[None]:
+    """open_study makes the study with `sampler` in the harness's place and queues only the
+    references; the Tuner's trial path (early stopping of slow trials, repeats reusing their
+    record, the budget and its reserve) is unchanged."""
+    import training_harness.tune.session as session
+
+    with _patched(session, "make_sampler", lambda *args, **kwargs: sampler), \
+            _patched(session, "estimated_start", lambda *args, **kwargs: []):
+        yield
+
+
 class _Never:
     def __call__(self) -> bool:
         return False
 
 
-def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
+def run_seed(setup: Setup, seed: int, budget_s: float | None = None,
+             sampler: Any = None, horizon_s: float | None = None) -> Run:
     """One seed's study. With `budget_s` the study runs whole within that budget, as
     `harness tune --budget` runs it (the search, then the final phases), and its named
     best is the one the confirmation rounds named; without, it stops once the goal is
-    reached and an hour has passed (the cost to the goal is what is measured)."""
+    reached and an hour has passed (the cost to the goal is what is measured). With
+    `sampler` (an Optuna sampler), that sampler searches in the harness's place. With
+    `horizon_s`, a search not at the goal by then is stopped there (censored: its cost
+    is more than that; a GP sampler's full day costs the replay half an hour of CPU)."""
     import training_harness.core.interference as interference
     import training_harness.tune.session as session
 
@@ -157,11 +183,16 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
                 run.reached_s = elapsed
         if budget_s is None and run.reached_s is not None and elapsed >= HOUR:
             raise StopReplay
+        if horizon_s is not None and run.reached_s is None and elapsed >= horizon_s:
+            run.censored_s = horizon_s
+            raise StopReplay
 
     options = SessionOptions(quiet=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(virtual_time(clock))
         stack.enter_context(_patched(interference, "BusyWatch", _Never))
+        if sampler is not None:
+            stack.enter_context(sampler_swapped(sampler))
         parts = session.open_study(options, checked, on_event=on_event)
         try:
             run.stopped = parts.tuner.search()
@@ -169,7 +200,8 @@ def run_seed(setup: Setup, seed: int, budget_s: float | None = None) -> Run:
                 done = run.stopped.startswith(("converged", "search space exhausted"))
                 run.final = session.run_final(parts, False, lambda text: None, done)
         except StopReplay:
-            run.stopped = "replay: goal reached, an hour gone"
+            run.stopped = ("replay: goal reached, an hour gone" if run.censored_s is None
+                           else f"replay: censored at {run.censored_s / HOUR:g} h")
         run.elapsed_s = clock.now - checked.started
         run.launched = len(launcher.launched)
         best = parts.trials.best_trial()

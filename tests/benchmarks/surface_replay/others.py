@@ -8,6 +8,8 @@
                       predicted samples/s (those predicted to fit the memory budget, by
                       the correction the tuner uses before any trial), fastest first, ties
                       in a seeded random order; measured in full in that order
+    optuna_samplers   Optuna's own samplers (TPE, GPSampler, BoTorchSampler), which
+                      harness_run.run_seed runs through the real Tuner in the harness's place
 
 Each trial costs what the harness's would: the helper's PREPARE_S, the launcher's
 OVERHEAD_S and the surface's wall_s. A configuration counts as found when it ran ok,
@@ -17,8 +19,11 @@ its measured peak within the budget, and its noise-free samples/s is >= the goal
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+import optuna
 
 from tests.benchmarks.surface_replay.harness_run import HOUR, Run, Setup
 from tests.benchmarks.surface_replay.launcher import OVERHEAD_S
@@ -114,3 +119,23 @@ def run_estimator(setup: Setup, space: Space, seed: int) -> Run:
     rng.shuffle(order)  # ties in a seeded order
     order.sort(key=lambda i: -rates[i])
     return _measure_in_order(setup, space, order, until_hour=False)
+
+
+def optuna_samplers(seed: int, names: tuple[str, ...] = ("tpe", "gp", "botorch")
+                    ) -> dict[str, Any]:
+    """The samplers a user of this field would otherwise run, with Optuna 5's defaults:
+    TPE (multivariate, constant liar: Optuna 5's TPESampler() is both), GPSampler, and
+    BoTorchSampler where optuna-integration and botorch are installed (the [replay] extra)."""
+    # GPSampler and BoTorchSampler sample a conditional setting (fused.attention exists only
+    # with fused on) with their independent sampler, as the study's space presents it
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    makers = {"tpe": lambda: optuna.samplers.TPESampler(seed=seed),
+              "gp": lambda: optuna.samplers.GPSampler(seed=seed,
+                                                      warn_independent_sampling=False)}
+    try:
+        from optuna_integration import BoTorchSampler
+    except ImportError:
+        pass
+    else:
+        makers["botorch"] = lambda: BoTorchSampler(seed=seed)
+    return {n: makers[n]() for n in names if n in makers}
