@@ -157,3 +157,17 @@ def test_the_chance_to_fit_is_the_corrected_peaks_lognormal_tail():
               for peak in (80.0, 100.0, 105.0, 100 * em.MEMORY_SLACK)]
     assert chance[0] > 0.99 and chance[1] == pytest.approx(0.5)
     assert 0.1 < chance[2] < 0.2 and chance[3] == pytest.approx(0.00135, rel=0.01)
+
+
+def test_a_pick_is_kept_only_where_the_distribution_allows_it():
+    """The sampler's test of a picked value, through Optuna's public distributions."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    from training_harness.tune.search.guided_sampler import _allows
+
+    assert _allows(CategoricalDistribution(["sdpa", None]), None)
+    assert not _allows(CategoricalDistribution(["sdpa", "flex"]), "math")
+    even = IntDistribution(2, 8, step=2)
+    assert _allows(even, 6) and not _allows(even, 5)
+    assert not _allows(IntDistribution(2, 8), 16)
+    assert _allows(FloatDistribution(0, 1), 0.5) and not _allows(FloatDistribution(0, 1), 2.0)

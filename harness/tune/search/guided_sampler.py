@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, FloatDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
@@ -96,6 +96,21 @@ class SimpleCostModel(CostModel):
                 if sum(c.get(k) != v for k, v in params.items()) == 1 and c.keys() == params.keys()]
 
 
+def _allows(distribution: BaseDistribution, value: Any) -> bool:
+    """Whether `value` is one of the distribution's (a conditional setting's distribution
+    may differ from the pick's)."""
+    try:
+        distribution.to_internal_repr(value)  # a categorical's raises for a value not in it
+    except (ValueError, TypeError):
+        return False
+    if isinstance(distribution, IntDistribution | FloatDistribution):
+        step = distribution.step
+        return distribution.low <= value <= distribution.high and (
+            not step or math.isclose((value - distribution.low) / step,
+                                     round((value - distribution.low) / step)))
+    return True
+
+
 class GuidedSampler(BaseSampler):
     def __init__(self, cost_model: CostModel, fallback: BaseSampler | None = None,
                  seed: int | None = None, noise: float = NOISE):
@@ -127,7 +142,7 @@ class GuidedSampler(BaseSampler):
         params = self._picks.get(trial.number, ({}, ""))[0]
         if param_name in params:
             value = params[param_name]
-            if param_distribution._contains(param_distribution.to_internal_repr(value)):
+            if _allows(param_distribution, value):
                 return value
         return self.fallback.sample_independent(study, trial, param_name, param_distribution)
 
