@@ -41,6 +41,9 @@ sampler swapped: surface_replay/harness_run.sampler_swapped.)
      grid       Optuna's GridSampler over the same space
      estimator  the estimator's order: fastest predicted step time per sample first,
                 its ties in a random order
+     estimator, references first
+                the same order on the harness's trial path: the references first,
+                early stopping
    For each: the cost (measured seconds spent) to first reach 0.97 of the table's
    best, median and 90th percentile over seeds, and the median curve of the best
    found against cost (written as CSV beside the markdown).
@@ -177,12 +180,13 @@ def replay_order(table: dict, order: list[str], goal: float) -> Replay:
 
 
 def replay_sampler(table: dict, study, space, sampler, goal: float, harness: bool,
-                   guesses: bool = True) -> Replay:
+                   guesses: bool = True, queue: list[str] | None = None) -> Replay:
     """Ask/tell with `sampler`; with `harness`, the tuner's trial path (the references
     first, a repeat costs nothing, early stopping of a slow trial) and, with `guesses`, the
     harness's own search around the sampler (the estimator's first guesses, the nearest
     unmeasured configuration after a repeat). Optuna's samplers get the path, not the
-    guesses: they are what the harness's search adds."""
+    guesses: they are what the harness's search adds. `queue`: configurations (keys) asked
+    in this order after the references (the estimator's order on the same path)."""
     r = Replay(table, goal)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna_study = optuna.create_study(sampler=sampler, direction="maximize")
@@ -191,6 +195,8 @@ def replay_sampler(table: dict, study, space, sampler, goal: float, harness: boo
             ref = next((row for row in table.values() if row["phase"] == phase), None)
             if ref is not None:
                 optuna_study.enqueue_trial(ref["params"])
+    for k in queue or []:
+        optuna_study.enqueue_trial(table[k]["params"])
     if harness and guesses:
         # the estimator's guesses (training_harness.tune.search.first_guesses), from the recorded
         # predictions
@@ -260,7 +266,8 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
             if value not in grid_space[name]:
                 grid_space[name].append(value)
     runs: dict[str, list[Replay]] = {"harness": [], **{n: [] for n in optuna_samplers(0)},
-                                     "random": [], "grid": [], "estimator": []}
+                                     "random": [], "grid": [], "estimator": [],
+                                     "estimator, references first": []}
     # The table was recorded as a grid without early stopping: the replay searches as a
     # study does by default (its sampler "auto", the default early stopping).
     study.sampler, study.pruning = "auto", type(study.pruning)()
@@ -280,8 +287,13 @@ def evaluate(folder: Path, seeds: int) -> tuple[list[dict], dict[str, list], dic
         # the estimator's order; its ties (configurations it cannot tell apart) shuffled
         order = list(table)
         random.Random(seed).shuffle(order)
-        runs["estimator"].append(replay_order(
-            table, sorted(order, key=lambda k: -table[k]["predicted"]), goal))
+        by_prediction = sorted(order, key=lambda k: -table[k]["predicted"])
+        runs["estimator"].append(replay_order(table, by_prediction, goal))
+        # the same order on the harness's trial path: the references first (every study
+        # measures its fp32 baseline, the speedups' denominator), early stopping
+        runs["estimator, references first"].append(replay_sampler(
+            table, study, space, optuna.samplers.RandomSampler(seed=seed), goal, harness=True,
+            guesses=False, queue=by_prediction))
     total = sum(row["cost"] for row in table.values())
     rows = []
     for name, rs in runs.items():
