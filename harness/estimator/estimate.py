@@ -96,7 +96,8 @@ def estimate(
         flops_per_step + taught, plan, env, peak_flops, bubble, costs,
         recompute_flops=parts.recompute_flops_per_sample * plan.batch_size)
     if profile is not None and profile.device_type == env.device_type:
-        profiled = plan_step(plan, workload, cfg, facts, profile, bubble, workload_key)
+        profiled = plan_step(plan, workload, cfg, facts, profile, bubble, workload_key,
+                             int(max(worst.phases.values(), default=0)))
         if isinstance(profiled, str):
             how += f" (The device profile was not used: {profiled}.)"
         else:

@@ -28,7 +28,9 @@ aten = torch.ops.aten
 @dataclass(frozen=True)
 class Op:
     """Operators of one kind and shape, `count` times. `kind`: "matmul" (a GEMM of (m, n, k)
-    in elements of `itemsize` bytes), "attention_forward" / "attention_backward" (m rows of
+    in elements of `itemsize` bytes), "convolution" (forward) or "convolution_backward_"
+    + the gradients it computes ("input", "weight" or "input_weight"), each by its
+    forward's GEMM (m, n, k), "attention_forward" / "attention_backward" (m rows of
     batch x heads, length n, head dim k), "view" (no data moved), or an elementwise kind of
     the profile (training_harness.measure.device_profile.ELEMENTWISE) moving `bytes`."""
 
@@ -49,7 +51,7 @@ SDPA_FORWARD = {"_scaled_dot_product_flash_attention_for_cpu",
                 "_scaled_dot_product_cudnn_attention"}
 TRANSCENDENTAL = ("gelu", "tanh", "exp", "sigmoid", "silu", "erf", "log", "pow", "rsqrt",
                   "sqrt", "sin", "cos")
-NORM = ("layer_norm", "rms_norm", "group_norm", "batch_norm")
+NORM = ("layer_norm", "rms_norm", "group_norm")
 SOFTMAX = ("softmax", "log_softmax")
 REDUCTION = ("sum", "mean", "amax", "max", "min", "nll_loss", "norm", "var", "std")
 
@@ -57,6 +59,8 @@ REDUCTION = ("sum", "mean", "amax", "max", "min", "nll_loss", "norm", "var", "st
 def elementwise_kind(name: str) -> str:
     """The profile's kind for an operator's name (the overload packet's)."""
     base = name.lstrip("_").removesuffix("_")
+    if "batch_norm" in base:
+        return "batch_norm"
     if any(w in base for w in NORM):
         return "norm"
     if any(w in base for w in SOFTMAX):
@@ -99,30 +103,34 @@ def describe(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Op:
     if name in SDPA_FORWARD or name.removesuffix("_backward") in SDPA_FORWARD:
         q = args[0] if name in SDPA_FORWARD else args[1]
         b, h, s, d = q.shape
-        causal = bool(kwargs.get("is_causal", _causal_arg(name, args)))
+        causal = _is_causal(func, args, kwargs)
         kind = "attention_forward" if name in SDPA_FORWARD else "attention_backward"
         return Op(kind, b * h, s, d, q.dtype.itemsize, causal=causal)
     return Op(elementwise_kind(name), itemsize=_itemsize(out), bytes=_bytes(args) + _bytes(out))
 
 
-def _causal_arg(name: str, args: Any) -> bool:
-    """is_causal where the operator takes it positionally (CPU flash: q, k, v, dropout, causal)."""
-    bools = [a for a in args if isinstance(a, bool)]
-    return bools[0] if bools else True
+def _is_causal(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """The operator's is_causal, by its schema: positional or not, and False where left
+    out (every SDPA kernel's default; the first bool among the arguments is another one
+    in some, such as compute_log_sumexp)."""
+    from torch.fx.operator_schemas import normalize_function
+
+    named = normalize_function(func, tuple(args), kwargs, normalize_to_only_use_kwargs=True)
+    return bool(named.kwargs.get("is_causal", False)) if named else False
 
 
 def _convolution(packet: Any, args: Any, out: Any) -> Op:
-    """A convolution as the GEMM of its FLOPs: m = batch x output positions, n = output
-    channels, k = input channels per group x kernel size; backward as its GEMMs (the
-    input's and the weight's gradients, those asked for) stacked along m."""
+    """A convolution by its GEMM: m = batch x output positions, n = output channels,
+    k = input channels per group x kernel size; backward by the same GEMM and the
+    gradients it computes (those asked for: the input's, the weight's)."""
     if packet is aten.convolution:
-        y, w, calls = out, args[1], 1
+        y, w, kind = out, args[1], "convolution"
     else:
         y, w, mask = args[0], args[2], args[-1]
-        calls = int(mask[0]) + int(mask[1])
+        kind = "convolution_backward_" + "_".join(
+            g for g, asked in (("input", mask[0]), ("weight", mask[1])) if asked)
     m = y.shape[0] * math.prod(y.shape[2:])
-    return Op("matmul", m * max(1, calls), w.shape[0], math.prod(w.shape[1:]),
-              args[1].dtype.itemsize)
+    return Op(kind, m, w.shape[0], math.prod(w.shape[1:]), args[1].dtype.itemsize)
 
 
 def _itemsize(out: Any) -> int:

@@ -1,10 +1,15 @@
 """A step's time from a measured device profile: its traced operators, each costed by
 what a call of its shape took on the device (training_harness.measure.device_profile).
 
-    step = micro-steps x (sum of the operators' times + operators x op_overhead)
+    step = micro-steps x (sum of the operators' times + operators x op_overhead
+                          + the micro-step's transient memory x first_touch)
            + the optimizer's step (per tensor and per element, by optimizer)
 
-On a CPU the host runs each operator itself, so the times add up. Lookups between the
+On a CPU the host runs each operator itself, so the times add up. The profile's kernels
+are timed on warm memory; the memory a micro-step takes beyond what persists between
+steps (activations, gradients, temporaries: the estimator's peak phase) is given back
+when the step frees it (glibc trims its heap; allocations above its mmap threshold are
+unmapped), so each micro-step writes it to new pages again. Lookups between the
 profile's measured points interpolate in log-log space (a matmul's rate over log m,
 log n, log k); beyond its largest points a matmul keeps the largest measured rate and
 an elementwise operator the largest measured bandwidth.
@@ -30,6 +35,9 @@ class DeviceProfile:
         self.data = data
         self.op_overhead_s = float(data.get("op_overhead_s", 0.0))
         self._grids = {d: _Grid(rows) for d, rows in data.get("matmul", {}).items() if rows}
+        self._convs = {d: {part: _Grid(rows) for part, rows in parts.items() if rows}
+                       for d, parts in data.get("convolution", {}).items()}
+        self.first_touch_s_per_byte = float(data.get("first_touch_s_per_byte", 0.0))
 
     @property
     def device_type(self) -> str:
@@ -44,6 +52,16 @@ class DeviceProfile:
         dtype = MATMUL_DTYPE.get(itemsize, "fp32")
         grid = self._grids.get(dtype) or self._grids.get("fp32") or next(iter(self._grids.values()))
         return 2 * m * n * k / grid.rate(m, n, k)
+
+    def convolution_s(self, op: Op) -> float:
+        """A convolution's forward or backward from the convolution table of its dtype;
+        where the profile has none, the GEMMs of its FLOPs (one per gradient)."""
+        parts = (["forward"] if op.kind == "convolution"
+                 else op.kind.removeprefix("convolution_backward_").split("_"))
+        grids = self._convs.get(MATMUL_DTYPE.get(op.itemsize, "fp32"), {})
+        flops = 2 * op.m * op.n * op.k
+        return sum(flops / grids[p].rate(op.m, op.n, op.k) if p in grids
+                   else self.matmul_s(op.m, op.n, op.k, op.itemsize) for p in parts if p)
 
     def elementwise_s(self, kind: str, nbytes: int, itemsize: int = 4) -> float:
         tables = self._elementwise(itemsize)
@@ -74,17 +92,17 @@ class DeviceProfile:
 
 
 class _Grid:
-    """A matmul's rate (FLOP/s) on the measured (m, n, k) grid, interpolated over the logs."""
+    """A rate (FLOP/s) on a measured (m, n, k) grid, interpolated over the logs; each axis
+    has its own points (a convolution's k is 9 x its channels)."""
 
     def __init__(self, rows: list[list[float]]) -> None:
-        self.dims = sorted({int(r[0]) for r in rows} | {int(r[1]) for r in rows}
-                           | {int(r[2]) for r in rows})
-        self.logs = [math.log(d) for d in self.dims]
+        self.dims = [sorted({int(r[axis]) for r in rows}) for axis in range(3)]
+        self.logs = [[math.log(d) for d in dims] for dims in self.dims]
         rate = {(int(m), int(n), int(k)): 2 * m * n * k / s for m, n, k, s in rows}
         # Points left out (too many FLOPs to time) take the best rate measured at
         # dimensions no larger: large matmuls run at least as fast as smaller ones.
         self.log_rate: dict[tuple[int, int, int], float] = {}
-        for key in itertools.product(self.dims, repeat=3):
+        for key in itertools.product(*self.dims):
             r = rate.get(key)
             if r is None:
                 r = max((v for (m, n, k), v in rate.items()
@@ -92,24 +110,25 @@ class _Grid:
             self.log_rate[key] = math.log(r) if r else 0.0
 
     def rate(self, m: int, n: int, k: int) -> float:
-        corners = [self._bracket(x) for x in (m, n, k)]
+        corners = [_bracket(logs, x) for logs, x in zip(self.logs, (m, n, k), strict=True)]
         total = 0.0
         for (i, wi), (j, wj), (h, wh) in itertools.product(*corners):
             w = wi * wj * wh
             if w:
-                total += w * self.log_rate[(self.dims[i], self.dims[j], self.dims[h])]
+                total += w * self.log_rate[(self.dims[0][i], self.dims[1][j], self.dims[2][h])]
         return math.exp(total)
 
-    def _bracket(self, x: int) -> list[tuple[int, float]]:
-        """The grid indices around `x` with their weights (clamped at the ends)."""
-        lx = math.log(max(x, 1))
-        if lx <= self.logs[0]:
-            return [(0, 1.0)]
-        if lx >= self.logs[-1]:
-            return [(len(self.logs) - 1, 1.0)]
-        i = bisect.bisect_right(self.logs, lx) - 1
-        t = (lx - self.logs[i]) / (self.logs[i + 1] - self.logs[i])
-        return [(i, 1 - t), (i + 1, t)]
+
+def _bracket(logs: list[float], x: int) -> list[tuple[int, float]]:
+    """The indices of `logs` around log(x) with their weights (clamped at the ends)."""
+    lx = math.log(max(x, 1))
+    if lx <= logs[0]:
+        return [(0, 1.0)]
+    if lx >= logs[-1]:
+        return [(len(logs) - 1, 1.0)]
+    i = bisect.bisect_right(logs, lx) - 1
+    t = (lx - logs[i]) / (logs[i + 1] - logs[i])
+    return [(i, 1 - t), (i + 1, t)]
 
 
 def _loglog(table: list[list[float]], x: float, extend: float) -> float:
@@ -130,6 +149,8 @@ def op_seconds(op: Op, profile: DeviceProfile) -> float:
     """One call of `op` alone, by the profile."""
     if op.kind == "matmul":
         return profile.matmul_s(op.m, op.n, op.k, op.itemsize)
+    if op.kind.startswith("convolution"):
+        return profile.convolution_s(op)
     if op.kind.startswith("attention"):
         return profile.attention_s(op)
     if op.kind == "view":
@@ -153,14 +174,16 @@ class ProfiledStep:
 
 def profiled_step(ops: list[Op], microsteps: int, optimizer: str, tensors: int,
                   elements: int, profile: DeviceProfile, bubble: float = 0.0,
-                  graphs: bool = False) -> ProfiledStep:
+                  graphs: bool = False, transient_bytes: int = 0) -> ProfiledStep:
     """The step of `microsteps` forward-backward passes of `ops` and one optimizer step
-    over `tensors` parameter tensors of `elements` elements in all."""
+    over `tensors` parameter tensors of `elements` elements in all; `transient_bytes`,
+    the memory a micro-step takes beyond what persists between steps (its peak)."""
     by_kind: dict[str, float] = {}
     for op in ops:
-        group = "matmul" if op.kind == "matmul" else (
-            "attention" if op.kind.startswith("attention") else "other")
+        group = next((g for g in ("matmul", "convolution", "attention")
+                      if op.kind.startswith(g)), "other")
         by_kind[group] = by_kind.get(group, 0.0) + op.count * op_seconds(op, profile)
+    by_kind["first touch"] = transient_bytes * profile.first_touch_s_per_byte
     calls = sum(op.count for op in ops)
     overhead = calls * profile.op_overhead_s
     busy = sum(by_kind.values())
@@ -177,12 +200,12 @@ def profiled_step(ops: list[Op], microsteps: int, optimizer: str, tensors: int,
     parts = {"compute": microsteps * busy,
              "launches": microsteps * (0.0 if graphs else overhead), "optimizer": opt,
              "bubble": microsteps * micro * bubble / (1 - bubble)}
+    named = ", ".join(f"{'other operators' if g == 'other' else g} {t * 1e3:.3g} ms"
+                      for g, t in by_kind.items() if t)
     how = (f"Step time from {profile.describe()}: {microsteps} micro-step(s) x {calls} traced "
-           f"operators (matmuls {by_kind.get('matmul', 0) * 1e3:.3g} ms, attention "
-           f"{by_kind.get('attention', 0) * 1e3:.3g} ms, other operators "
-           f"{by_kind.get('other', 0) * 1e3:.3g} ms, host overhead "
-           f"{overhead * 1e3:.3g} ms) + optimizer step {opt * 1e3:.3g} ms ({used}, {tensors} "
-           "tensors); data loading is not counted.")
+           f"operators ({named}, host overhead {overhead * 1e3:.3g} ms; first touch: "
+           f"{transient_bytes / 2**20:.0f} MiB of new pages) + optimizer step "
+           f"{opt * 1e3:.3g} ms ({used}, {tensors} tensors); data loading is not counted.")
     return ProfiledStep(seconds, parts, how)
 
 
@@ -190,9 +213,11 @@ _TRACED: dict[tuple[str, int, str], list[Op] | str] = {}  # traces (or why not) 
 
 
 def plan_step(plan: Any, workload: Any, cfg: Any, facts: Any, profile: DeviceProfile,
-              bubble: float, workload_key: str | None) -> ProfiledStep | str:
+              bubble: float, workload_key: str | None, transient_bytes: int = 0
+              ) -> ProfiledStep | str:
     """The plan's step by the profile, or why it cannot be costed so (in words): one
-    device only (communication is not in the profile), a step fake tensors can trace."""
+    device only (communication is not in the profile), a step fake tensors can trace.
+    `transient_bytes`: the estimator's peak phase (memory beyond the persistent state)."""
     import json
 
     from training_harness.estimator.op_trace import StepTraceFailed, trace_step
@@ -214,14 +239,15 @@ def plan_step(plan: Any, workload: Any, cfg: Any, facts: Any, profile: DevicePro
     if isinstance(ops, str):
         return ops
     if cfg.compile:  # compile fuses the element-wise operators: this share is left
-        ops = [op if op.kind in ("matmul", "attention_forward", "attention_backward")
+        ops = [op if op.kind.startswith(("matmul", "convolution", "attention"))
                else Op(**{**op.__dict__, "count": max(1, round(op.count * COMPILED_KERNELS))})
                for op in ops]
     trained = [p for p in facts.params if p.trainable]
     impl = cfg.optimizer_impl
     graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPHS
     step = profiled_step(ops, max(1, plan.accumulation_steps), f"{cfg.optimizer}-{impl}",
-                         len(trained), sum(p.numel for p in trained), profile, bubble, graphs)
+                         len(trained), sum(p.numel for p in trained), profile, bubble, graphs,
+                         transient_bytes)
     if cfg.compile:
         step.how += (f" torch.compile is costed as the eager step with {COMPILED_KERNELS:g} of "
                      "its element-wise operators left (fused).")

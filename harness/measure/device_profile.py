@@ -9,13 +9,21 @@ The profile holds what the estimator needs to cost a step operator by operator
 (training_harness.estimator.profiled_step):
 
     matmul       seconds per call of torch.mm on a grid of (m, n, k), per dtype
+    convolution  seconds of a 3x3 convolution's forward, input gradient and weight
+                 gradient on a grid of their GEMM's (m, n, k), per dtype (oneDNN's
+                 convolutions are not torch.mm's GEMM)
     elementwise  seconds per call by bytes moved, per kind of operator (an add, a
-                 transcendental like GELU, a norm, a softmax, a reduction)
+                 transcendental like GELU, a layer norm, a batch norm, a softmax, a
+                 reduction)
     attention    seconds of SDPA's forward and backward per (batch x head) by length
     optimizer    seconds of an optimizer step by tensors and elements, per kind
     op_overhead  the host's seconds per operator inside a training step: on a CPU beyond
                  what each call above takes alone (autograd's bookkeeping); on a GPU all
                  of it (the host issues kernels while the device runs earlier ones)
+    first_touch  on a CPU, seconds per byte of memory written for the first time (a page
+                 fault and the kernel's zeroing): the tables above are timed on warm
+                 memory, and a step's memory is new pages each step (the allocator gives
+                 back what the step freed)
 
 Each figure is the best of groups of calls timed together, after a warm-up, with the
 device synchronised. Nothing here is fitted on whole-model
@@ -34,14 +42,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-SCHEMA = 3  # 2: attention by dtype and mask; 3: elementwise by dtype
+SCHEMA = 4  # 2: attention by dtype and mask; 3: elementwise by dtype; 4: convolutions,
+# batch norm, matmuls and elementwise on warm outputs, first touch, attention one past
+# each power of two
 DIMS = (16, 64, 256, 1024, 4096)  # each of m, n and k
 MAX_FLOPS = {"cpu": 4e9, "cuda": 1e13}  # larger grid points are left out (and clamped)
 DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16", "tf32", "fp32")}
 _TORCH = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
           "fp16": torch.float16}
-SIZES = tuple(4**i for i in range(3, 13))  # elements per elementwise call: 64 ... 16 M
-SEQS = (64, 128, 256, 512, 1024)
+# elements per elementwise call: 64 ... 4 M, outputs below glibc's largest mmap threshold
+# (32 MiB), so warm pages: a larger output is new pages each call (first touch, costed
+# per step); beyond the largest, the estimator keeps its bandwidth
+SIZES = tuple(4**i for i in range(3, 12))
+# a power of two and one past it: the kernels work in blocks, so a length just past one
+# (a ViT's patches and its class token: 65, 197, 257) costs a block more, a step that
+# interpolating between powers of two would smooth away
+SEQS = (64, 65, 128, 129, 256, 257, 512, 513, 1024)
 HEAD_DIM, ATTN_ROWS = 64, 8  # attention: (batch x heads) rows of head_dim 64
 OPTIMIZERS = ("adamw-default", "adamw-foreach", "adamw-fused", "lamb-default", "lamb-foreach")
 MIN_TIME_S = {"cpu": 0.02, "cuda": 0.005}
@@ -64,7 +80,11 @@ def measure(device: torch.device, quick: bool = False) -> dict[str, Any]:
     profile["matmul"] = {d: _matmuls(device, d, dims) for d in DTYPES[kind]
                          if _dtype_runs(device, d)}
     profile["elementwise"] = _elementwise(device, SIZES[::3] if quick else SIZES)
+    conv_dims = {k: v[::2] if quick else v for k, v in CONV_DIMS.items()}
+    profile["convolution"] = {d: _convolutions(device, d, conv_dims) for d in CONV_DTYPES[kind]
+                              if _dtype_runs(device, d)}
     profile["attention"] = _attention(device, SEQS[::2] if quick else SEQS)
+    profile["first_touch_s_per_byte"] = _first_touch(device)
     profile["optimizer"] = _optimizers(device)
     profile["op_overhead_s"] = _op_overhead(device, profile)
     return profile
@@ -124,13 +144,62 @@ def _matmuls(device: torch.device, dtype: str, dims: tuple[int, ...]) -> list[li
                         continue
                     a = torch.randn(m, k, device=device, dtype=_TORCH[dtype])
                     b = torch.randn(k, n, device=device, dtype=_TORCH[dtype])
-                    # a new output each call, as in a step (on a CPU a large one is new
-                    # pages, touched for the first time: part of what a matmul costs there)
-                    rows.append([m, n, k, timed(lambda a=a, b=b: torch.mm(a, b), device)])
+                    c = torch.empty(m, n, device=device, dtype=_TORCH[dtype])
+                    # into the same output each call: on a CPU a new one above the
+                    # allocator's mmap threshold is new pages each call, and new pages
+                    # are costed once per step (first_touch), not per kernel
+                    rows.append([m, n, k, timed(lambda a=a, b=b, c=c: torch.mm(a, b, out=c),
+                                                device)])
     finally:
         if tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = tf32
     return rows
+
+
+CONV_DIMS = {"m": (256, 2048, 16384), "c": (16, 64, 256)}  # batch x positions; channels
+# the dtypes convolutions train in (others are costed as GEMMs): the calibration stays short
+CONV_DTYPES = {"cpu": ("fp32",), "cuda": ("bf16", "fp32")}
+
+
+def _convolutions(device: torch.device, dtype: str, dims: dict[str, tuple[int, ...]]
+                  ) -> dict[str, list[list[float]]]:
+    """{"forward"|"input"|"weight": [[m, n, k, seconds], ...]}: a 3x3 convolution (stride
+    1, padding 1) of c_in to c_out channels on m = batch x 16 x 16 positions, keyed by its
+    GEMM (m, n = c_out, k = 9 c_in); its backward's input and weight gradients timed
+    apart. FLOPs capped as the matmuls'."""
+    table: dict[str, list[list[float]]] = {"forward": [], "input": [], "weight": []}
+    for m in dims["m"]:
+        for c_out in dims["c"]:
+            for c_in in dims["c"]:
+                if 2 * m * c_out * 9 * c_in > MAX_FLOPS[device.type]:
+                    continue
+                x = torch.randn(max(1, m // 256), c_in, 16, 16, device=device,
+                                dtype=_TORCH[dtype])
+                w = torch.randn(c_out, c_in, 3, 3, device=device, dtype=_TORCH[dtype])
+                y = F.conv2d(x, w, padding=1)
+                key = [m, c_out, 9 * c_in]
+                table["forward"].append(key + [timed(lambda x=x, w=w: F.conv2d(
+                    x, w, padding=1), device)])
+                for part, mask in (("input", (True, False, False)),
+                                   ("weight", (False, True, False))):
+                    table[part].append(key + [timed(
+                        lambda x=x, w=w, y=y, mask=mask: torch.ops.aten.convolution_backward(
+                            y, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask),
+                        device)])
+    return table
+
+
+def _first_touch(device: torch.device) -> float:
+    """Seconds per byte of writing memory new to the process, beyond writing warm memory:
+    64 MiB, above glibc's largest mmap threshold (32 MiB), is new pages each allocation.
+    0 on a GPU (its caching allocator keeps what a step frees)."""
+    if device.type != "cpu":
+        return 0.0
+    n = 64 * 2**20
+    warm = torch.empty(n, dtype=torch.uint8)
+    fresh_s = timed(lambda: torch.empty(n, dtype=torch.uint8).fill_(1), device)
+    warm_s = timed(lambda: warm.fill_(1), device)
+    return max(0.0, (fresh_s - warm_s) / n)
 
 
 # The kinds of elementwise operator, each a call of its own shape: bytes moved per call
@@ -139,6 +208,9 @@ ELEMENTWISE: dict[str, tuple[int, Callable[[torch.Tensor, torch.Tensor], Any]]] 
     "binary": (3, lambda x, y: torch.add(x, y)),
     "transcendental": (2, lambda x, y: F.gelu(x, approximate="tanh")),
     "norm": (2, lambda x, y: F.layer_norm(x, x.shape[-1:])),
+    # per channel over batch and positions: strided passes, not a row's
+    "batch_norm": (2, lambda x, y: F.batch_norm(x.view(x.shape[0], -1, 4, 4), None, None,
+                                                training=True)),
     "softmax": (2, lambda x, y: torch.softmax(x, -1)),
     "reduction": (1, lambda x, y: x.sum(-1)),
 }

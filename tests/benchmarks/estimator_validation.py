@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (out / "profile.json").is_file():
         out.mkdir(parents=True, exist_ok=True)
         subprocess.run([*harness, "calibrate", "--out", str(out / "profile.json")], check=True)
+        # the machine's load while the profile was measured: its figures are bests of groups,
+        # slowed (never sped up) by other work
+        (out / "profile-load.json").write_text(json.dumps(os.getloadavg()))
     from training_harness.core.plan import Plan
 
     rows = []
@@ -58,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = json.loads((out / "profile.json").read_text())
         rows.append(row(name, record, estimate_step(plan, record, None),
                         estimate_step(plan, record, profile)))
-    page = render(rows, json.loads((out / "profile.json").read_text()), args)
+    page = render(rows, json.loads((out / "profile.json").read_text()), args,
+                  json.loads(load.read_text()) if (load := out / "profile-load.json").is_file()
+                  else None)
     (out / "validation.md").write_text(page)
     if args.page:
         Path(args.page).write_text(page)
@@ -129,7 +134,8 @@ def summary(rows: list[dict], key: str) -> str:
             f"predicted best takes {best:.2f} of the measured best")
 
 
-def render(rows: list[dict], profile: dict, args: argparse.Namespace) -> str:
+def render(rows: list[dict], profile: dict, args: argparse.Namespace,
+           load: list[float] | None) -> str:
     lines = [
         f"# The estimator's raw step time on the CPU, {time.strftime('%Y-%m-%d')}",
         "",
@@ -137,6 +143,8 @@ def render(rows: list[dict], profile: dict, args: argparse.Namespace) -> str:
         f"{profile['torch']}. Profile measured {profile['measured_at']} by `harness calibrate` "
         "(microbenchmarks only); steps measured by `harness bench` of studies/plans/ "
         "(median step of each trial; a trial measured beside other work is measured again).",
+        f"Load average (1, 5, 15 min) after the profile: {load or 'not recorded'}; "
+        f"when this page was written: {[round(x, 2) for x in os.getloadavg()]}.",
         "",
         f"    python tests/benchmarks/estimator_validation.py --out {args.out} "
         f"--plans {args.plans}",

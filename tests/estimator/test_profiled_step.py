@@ -30,12 +30,19 @@ RATE = 1e10  # FLOP/s of the synthetic profile's every matmul
 BANDWIDTH = 1e9  # bytes/s of its every elementwise operator
 
 
-def synthetic(op_overhead_s: float = 0.0) -> DeviceProfile:
+CONV_RATE = RATE / 4  # its convolutions: slower than the GEMM of the same shape
+
+
+def synthetic(op_overhead_s: float = 0.0, first_touch_s_per_byte: float = 0.0
+              ) -> DeviceProfile:
     dims = (16, 256, 4096)
     grid = [[m, n, k, 2 * m * n * k / RATE] for m in dims for n in dims for k in dims]
+    # a convolution's k is 9 x its channels: axes of their own
+    conv = [[m, n, k, 2 * m * n * k / CONV_RATE] for m in (256, 16384) for n in (16, 256)
+            for k in (144, 2304)]
     table = [[b, b / BANDWIDTH] for b in (1e3, 1e6, 1e9)]
     return DeviceProfile({
-        "schema": 3, "device_type": "cpu", "device_name": "synthetic", "threads": 1,
+        "schema": 4, "device_type": "cpu", "device_name": "synthetic", "threads": 1,
         "torch": torch.__version__, "measured_at": "-",
         "matmul": {"fp32": grid, "bf16": [[*r[:3], r[3] / 2] for r in grid]},
         "elementwise": {"fp32": {**{k: table for k in ("binary", "transcendental", "norm",
@@ -46,8 +53,10 @@ def synthetic(op_overhead_s: float = 0.0) -> DeviceProfile:
                        "backward": [[64, 2e-5], [1024, 2e-5 * 256]]},
             "full": {"forward": [[64, 2e-5], [1024, 2e-5 * 256]],
                      "backward": [[64, 4e-5], [1024, 4e-5 * 256]]}}},
+        "convolution": {"fp32": {"forward": conv, "input": conv,
+                                 "weight": [[*r[:3], r[3] * 2] for r in conv]}},
         "optimizer": {"adamw-default": [1e-5, 1e-9]},
-        "op_overhead_s": op_overhead_s,
+        "op_overhead_s": op_overhead_s, "first_touch_s_per_byte": first_touch_s_per_byte,
     })
 
 
@@ -184,3 +193,87 @@ def test_op_seconds_of_attention_scales_with_rows_and_head_dim():
     assert op_seconds(Op("attention_forward", 8, 64, 128), profile) == pytest.approx(16 * one)
     assert op_seconds(Op("attention_forward", 1, 64, 64, causal=False), profile) == \
         pytest.approx(2 * one)
+
+
+def test_a_convolution_is_costed_from_the_convolution_table_not_the_gemm():
+    profile = synthetic()
+    flops = 2 * 1000 * 64 * 576
+    forward = op_seconds(Op("convolution", 1000, 64, 576), profile)
+    assert forward == pytest.approx(flops / CONV_RATE)
+    # backward: the gradients it computes, each from its own table (the weight's at half)
+    assert op_seconds(Op("convolution_backward_input_weight", 1000, 64, 576), profile) == \
+        pytest.approx(3 * forward)
+    assert op_seconds(Op("convolution_backward_input", 1000, 64, 576), profile) == \
+        pytest.approx(forward)
+    # a dtype (or a profile) without a convolution table: the GEMM of its FLOPs
+    bf16 = op_seconds(Op("convolution", 1000, 64, 576, itemsize=2), profile)
+    assert bf16 == pytest.approx(profile.matmul_s(1000, 64, 576, 2))
+    assert bf16 < forward
+
+
+def test_the_trace_names_a_convolutions_forward_and_the_gradients_its_backward_computes():
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    x = torch.randn(2, 8, 10, 10)
+    # m = batch x output positions, n = output channels, k = input channels x kernel size
+    shape = (2 * 10 * 10, 16, 8 * 9)
+    for needs_grad, backward in ((False, "convolution_backward_weight"),
+                                 (True, "convolution_backward_input_weight")):
+        x.requires_grad_(needs_grad)
+        ops = trace_callable(lambda: conv(x).sum().backward())
+        convs = {op.kind: (op.m, op.n, op.k) for op in ops if op.kind.startswith("conv")}
+        assert convs == {"convolution": shape, backward: shape}
+
+
+def test_each_micro_step_pays_the_first_touch_of_its_transient_memory():
+    ops = [Op("matmul", 256, 256, 256)]
+    untouched = profiled_step(ops, 2, "adamw-default", 1, 1, synthetic(), transient_bytes=10**6)
+    touched = profiled_step(ops, 2, "adamw-default", 1, 1,
+                            synthetic(first_touch_s_per_byte=1e-9), transient_bytes=10**6)
+    assert touched.seconds - untouched.seconds == pytest.approx(2 * 1e-3)
+    assert "first touch 1 ms" in touched.how
+
+
+def test_the_estimate_pays_first_touch_for_its_peak_phase():
+    """The transient memory is the estimator's own peak phase (beyond the persistent
+    state), a figure its memory half predicts to a few percent."""
+    workload, env = load_workload("gpt", TINY_GPT), RuntimeEnv.detect("cpu")
+    cold = estimate(gpt_plan(), workload, env, 1e11, profile=synthetic(first_touch_s_per_byte=1e-9))
+    warm = estimate(gpt_plan(), workload, env, 1e11, profile=synthetic())
+    transient = max(cold.phases.values())
+    assert transient > 10**5  # a tiny GPT's activations and gradients: hundreds of kB
+    assert cold.step_time_s - warm.step_time_s == pytest.approx(transient * 1e-9)
+
+
+def test_a_cached_profile_of_an_older_schema_is_measured_again(tmp_path, monkeypatch):
+    from training_harness.measure import cache, device_profile
+
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    key = device_profile.cache_key(cpu)
+    cache.add(device_profile.CACHE_FILE, {key: {**synthetic().data, "schema": 3}})
+    assert device_profile.cached_profile(cpu) is None
+    cache.add(device_profile.CACHE_FILE, {key: {**synthetic().data,
+                                                "schema": device_profile.SCHEMA}})
+    assert device_profile.cached_profile(cpu)["schema"] == device_profile.SCHEMA
+
+
+def test_the_trace_reads_whether_attention_is_causal_and_defaults_to_full():
+    q = torch.randn(1, 2, 16, 8, requires_grad=True)
+
+    def kinds(**causal) -> set[tuple[str, bool]]:
+        ops = trace_callable(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, q, q, **causal).sum().backward())
+        return {(op.kind, op.causal) for op in ops if op.kind.startswith("attention")}
+
+    # a ViT's attention leaves is_causal out: full, forward and backward
+    assert kinds() == {("attention_forward", False), ("attention_backward", False)}
+    assert kinds(is_causal=True) == {("attention_forward", True), ("attention_backward", True)}
+
+
+def test_batch_norm_has_a_kind_of_its_own():
+    from training_harness.estimator.op_trace import elementwise_kind
+
+    # per channel over batch and positions: not the row-wise pass of a layer norm
+    assert {elementwise_kind(n) for n in ("native_batch_norm", "native_batch_norm_backward",
+                                          "_native_batch_norm_legit")} == {"batch_norm"}
+    assert elementwise_kind("native_layer_norm") == "norm"
