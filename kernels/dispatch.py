@@ -136,8 +136,7 @@ class LazyKernel:
         return self._jitted[mode][grid]
 
 
-def jit(fn) -> LazyKernel:
-    return LazyKernel(fn)
+jit = LazyKernel  # the kernels' decorator
 
 
 def cdiv(a: int, b: int) -> int:

@@ -134,7 +134,6 @@ def _from_ablation(run: Run, abl) -> Effects:
     return Effects("ablation", note, items)
 
 
-
 def _fill(e: Effect, thr_with, thr_without, mem_with, mem_without) -> None:
     thr_with = [x for x in map(num, thr_with) if x]
     thr_without = [x for x in map(num, thr_without) if x]

@@ -187,7 +187,6 @@ def fastest(run: Run) -> tuple[Point | None, str]:
     return first, f"ahead of the next ({tid(second.trial_id)}) beyond the spread over seeds"
 
 
-
 def ranks_by_time(run: Run) -> bool:
     """The study's objective is time to a target loss (not throughput beside it)."""
     obj = run.study.get("objective")

@@ -7,7 +7,6 @@ import re
 from training_harness.core.units import format_bytes, format_seconds
 from training_harness.records.speedup import NOISE_THRESHOLD
 from training_harness.reports import figures_convergence as fc
-from training_harness.reports import figures_memory as fm
 from training_harness.reports import figures_perf as perf
 from training_harness.reports import figures_prediction as fp
 from training_harness.reports import figures_study as fs
@@ -36,7 +35,7 @@ def build_report(run: Run) -> str:
     importances, imp_note = param_importances(run)
     figures = [fs.effects_figure(effects), perf.throughput_memory(run), perf.micro_batch(run),
                fs.history(run), fs.importances_figure(importances, imp_note),
-               perf.step_times(run), perf.loss_curves(run), fm.memory_prediction(run),
+               perf.step_times(run), perf.loss_curves(run), fp.memory_prediction(run),
                fp.step_time_prediction(run)]
     body = [headline_html(run, h), figure(figures[0], effects_table(effects))]
     body += [figure(f) for f in figures[1:]]
@@ -125,8 +124,6 @@ def headline_html(run: Run, h: Headline) -> str:
             parts.append(f"<pre>{e(h.best_toml_command)}</pre>")
     return section("headline", "Headline: the best configuration against the fp32 baseline",
                    "".join(parts))
-
-
 
 
 def _pooled_rows(h: Headline) -> list[tuple[str, str]]:

@@ -28,14 +28,13 @@ PHASE_COLORS = {"baseline": "#222222", "known-good": "#b7950b", "search": "#3366
 REPEATS = ("confirm", "ablation", "variant")
 BEST, BASELINE = "#e6a800", "#222222"
 
+_AXIS = {"gridcolor": "#eceff3", "linecolor": "#9aa4b1", "zeroline": False,
+         "automargin": True, "ticks": "outside", "tickcolor": "#9aa4b1"}
 TEMPLATE = go.layout.Template(layout={
     "font": {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12,
              "color": "#222"},
     "paper_bgcolor": "white", "plot_bgcolor": "white", "colorway": COLORS,
-    "xaxis": {"gridcolor": "#eceff3", "linecolor": "#9aa4b1", "zeroline": False,
-              "automargin": True, "ticks": "outside", "tickcolor": "#9aa4b1"},
-    "yaxis": {"gridcolor": "#eceff3", "linecolor": "#9aa4b1", "zeroline": False,
-              "automargin": True, "ticks": "outside", "tickcolor": "#9aa4b1"},
+    "xaxis": _AXIS, "yaxis": _AXIS,
     "margin": {"l": 60, "r": 20, "t": 30, "b": 50},
     "hovermode": "closest", "hoverlabel": {"align": "left"},
     "legend": {"bgcolor": "rgba(255,255,255,0.8)"},

@@ -47,8 +47,6 @@ class Phase(IntEnum):
     STEP = 10
 
 
-
-
 class Strategy(ABC):
     """One technique. Subclasses set the class attributes and implement `apply`."""
 

@@ -23,10 +23,10 @@ import importlib.util
 from dataclasses import dataclass, replace
 from typing import Literal
 
-import torch
 from torch import nn
 
 from training_harness.core import versions
+from training_harness.strategies.attention_backends import cuda_capability
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.registry import register
 
@@ -88,7 +88,7 @@ class Float8(Strategy):
                     f"tensor cores); {env.device_type} has none (emulate = true checks "
                     "correctness only)")
             else:
-                cap = _capability()
+                cap = cuda_capability()
                 if cap is not None and cap < MIN_CAPABILITY:
                     reasons.append(
                         f"float8 needs compute capability 8.9 or newer (Ada, Hopper); "
@@ -113,12 +113,6 @@ class Float8(Strategy):
         setup.notes.append(
             f"float8 ({settings.recipe}{', emulated' if settings.emulate else ''}): "
             f"{swapped} of {before} linears")
-
-
-def _capability() -> tuple[int, int] | None:
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_capability(0)
 
 
 register(Float8())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -28,7 +28,7 @@ from training_harness.workloads.hf_head import fused_head_reasons
 KernelMode = Literal["eager", "compile", "triton"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead",
                       "max-autotune"]
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+COMPILE_MODES = get_args(CompileMode)
 CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
 
 

@@ -12,6 +12,14 @@ The split is built by hand rather than traced: it is short, and the stage
 modules stay ordinary modules that zero's FSDP2 shards afterwards (DDP on
 stages is refused: torch's schedules do not drive its reducer correctly). The LM head
 cannot share the embedding's weight across stages, so tied weights are refused.
+
+An `hf:` decoder is cut at decoder-layer boundaries where transformers marks its forward
+as cut so (`base_model_pp_plan`: embed_tokens -> layers -> norm: Llama, Qwen2, Mistral
+...). A stage holds a run of decoder layers, plus the token embedding (first stage) or
+the final norm and LM head (last), and builds what the layers take besides the hidden
+states itself: the rotary position embeddings, and the causal mask for eager attention
+(SDPA gets none and runs causal). Models without such a plan (GPT-2, BERT) are refused
+with the reason, as are tied embeddings.
 """
 
 from __future__ import annotations
@@ -26,13 +34,12 @@ from torch.distributed.fsdp import FSDPModule
 
 from training_harness.core.config import from_table
 from training_harness.core.errors import HarnessError
-from training_harness.strategies import hf_pipeline
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.mesh import group
 from training_harness.strategies.registry import register
 from training_harness.workloads import load_workload
 from training_harness.workloads.gpt import GPT, GPTConfig
-from training_harness.workloads.hf import lm_loss
+from training_harness.workloads.hf import HFWorkload, lm_loss
 from training_harness.workloads.hf_head import criterion_of
 
 # torch.distributed.pipelining is imported when a schedule is built: it imports
@@ -40,6 +47,7 @@ from training_harness.workloads.hf_head import criterion_of
 SCHEDULES = {
     "gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"
 }
+HF_PARTS = ("embed_tokens", "layers", "norm")  # of an hf: decoder's model.model, with lm_head
 
 
 @dataclass
@@ -117,6 +125,80 @@ def fused_head_loss_fn(stages: list[nn.Module], criterion):
                          targets.reshape(-1), head.bias)
 
     return loss_fn
+
+
+def hf_reasons(workload: HFWorkload, stages: int) -> list[str]:
+    c, t = workload.config, workload.source.model_type
+    if not getattr(c, "base_model_pp_plan", None) or not workload.causal:
+        return [f"pipeline: transformers gives '{t}' no base_model_pp_plan, so its forward "
+                "cannot be cut at decoder-layer boundaries here; leave pipeline out"]
+    out = []
+    if c.num_hidden_layers % stages:
+        out.append(f"pipeline: {c.num_hidden_layers} decoder layers do not split evenly into "
+                   f"{stages} stages; choose num_hidden_layers as a multiple of {stages}")
+    if getattr(c, "output_router_logits", False):
+        out.append("pipeline stages pass hidden states only, so a mixture of experts' router "
+                   "loss (output_router_logits) would be dropped; set output_router_logits = "
+                   "false in [workload] to pipeline it without")
+    if getattr(c, "tie_word_embeddings", False):
+        out.append("pipeline cannot tie the LM head to the token embedding: they sit on the "
+                   "last and the first stage; set tie_word_embeddings = false in [workload]")
+    return out
+
+
+def causal_mask(x: torch.Tensor) -> torch.Tensor:
+    """[1, 1, T, T] additive mask: 0 on and below the diagonal, the dtype's minimum above."""
+    t = x.size(1)
+    upper = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+    return torch.zeros(t, t, device=x.device).masked_fill(upper, torch.finfo(torch.float32).min)[
+        None, None
+    ]
+
+
+class HFStage(nn.Module):
+    """Consecutive decoder layers (`blocks`), plus the embedding or the norm and head."""
+
+    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool):
+        super().__init__()
+        base = model.model
+        self.config = model.config
+        self.embed_tokens = base.embed_tokens if first else None
+        self.blocks = nn.ModuleList(base.layers[i] for i in layers)
+        self.norm = base.norm if last else None
+        self.lm_head = model.lm_head if last else None
+        self.rotary_emb = getattr(base, "rotary_emb", None)  # buffers only, no parameters
+        # fused linear_cross_entropy: the last stage hands on the norm's output, and the
+        # loss takes the head's weight from here (fused_head_loss_fn)
+        self.head_in_loss = criterion_of(model) is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:  # x: token ids
+            x = self.embed_tokens(x)
+        pos = torch.arange(x.size(1), device=x.device)[None]
+        extra = {"position_ids": pos}
+        if self.rotary_emb is not None:
+            extra["position_embeddings"] = self.rotary_emb(x, pos)
+        eager = self.config._attn_implementation == "eager"
+        mask = causal_mask(x) if eager else None
+        for layer in self.blocks:
+            out = layer(x, attention_mask=mask, **extra)
+            x = out[0] if isinstance(out, tuple) else out  # a tuple before transformers 5
+        if self.lm_head is not None:
+            x = self.norm(x)
+            if not self.head_in_loss:
+                x = self.lm_head(x)
+        return x
+
+
+def hf_splittable(model: nn.Module) -> bool:
+    base = getattr(model, "model", None)
+    return hasattr(model, "lm_head") and all(hasattr(base, p) for p in HF_PARTS)
+
+
+def hf_stages(model: nn.Module, ids: list[int], total: int) -> list[HFStage]:
+    """Stage modules `ids` of `total`, each an even share of the decoder layers."""
+    per = len(model.model.layers) // total
+    return [HFStage(model, range(s * per, (s + 1) * per), s == 0, s == total - 1) for s in ids]
 
 
 def gpt_config(plan) -> GPTConfig:
@@ -199,7 +281,7 @@ def model_reasons(plan, p: int, v: int) -> list[str] | None:
     """What the model needs to be cut into p x v stages; None: a model not split here."""
     if plan.workload.startswith("hf:"):
         try:
-            return hf_pipeline.reasons(load_workload(plan.workload, dict(plan.workload_args)),
+            return hf_reasons(load_workload(plan.workload, dict(plan.workload_args)),
                                        p * v)
         except HarnessError as e:
             return [str(e)]
@@ -230,8 +312,8 @@ def split(setup, settings) -> None:
     rank, size = pp.rank(), pp.size()
     total = size * settings.virtual_stages
     ids = list(range(rank, total, size))  # looped placement
-    if hf_pipeline.is_splittable(model):
-        modules = hf_pipeline.stages(model, ids, total)
+    if hf_splittable(model):
+        modules = hf_stages(model, ids, total)
         fused = criterion_of(model)  # fused linear_cross_entropy
         loss = fused_head_loss_fn(modules, fused) if fused is not None else None
         setup.model = Stages(modules, ids, total, loss or lm_loss)

@@ -19,6 +19,7 @@ from typing import Literal
 
 import torch
 
+from training_harness.strategies.attention_backends import cuda_capability
 from training_harness.strategies.base import Phase, Strategy
 from training_harness.strategies.registry import register
 
@@ -59,11 +60,11 @@ class Tf32(Strategy):
                 "have no TF32 path, so the trial would be the strict fp32 one: drop "
                 "[strategies.tf32] (or use amp dtype = 'bf16')"
             ]
-        major, minor = _capability()
-        if major is not None and major < 8:
+        cap = cuda_capability()
+        if cap is not None and cap[0] < 8:
             return [
                 f"tf32 needs compute capability 8.0 or newer (Ampere); {env.device_name} "
-                f"is {major}.{minor}: drop [strategies.tf32] or use amp dtype = 'fp16'"
+                f"is {cap[0]}.{cap[1]}: drop [strategies.tf32] or use amp dtype = 'fp16'"
             ]
         return []
 
@@ -73,12 +74,6 @@ class Tf32(Strategy):
             f"tf32: float32 matmul precision '{settings.matmul_precision}'"
             + (", cuDNN TF32" if settings.cudnn else "") + " during each step"
         )
-
-
-def _capability() -> tuple[int | None, int | None]:
-    if not torch.cuda.is_available():
-        return None, None
-    return torch.cuda.get_device_capability(0)
 
 
 register(Tf32())

@@ -81,12 +81,12 @@ def test_refusals(monkeypatch):
     assert "compute capability 8.9" in cpu and "cpu has none" in cpu
     assert f8.check(Float8Settings(emulate=True), Plan(), CPU) == []
     h100 = replace(CPU, device_type="cuda", device_name="NVIDIA H100")
-    monkeypatch.setattr("training_harness.strategies.float8._capability", lambda: (9, 0))
+    monkeypatch.setattr("training_harness.strategies.float8.cuda_capability", lambda: (9, 0))
     assert f8.check(Float8Settings(), Plan(), h100) == []
-    monkeypatch.setattr("training_harness.strategies.float8._capability", lambda: (8, 0))
+    monkeypatch.setattr("training_harness.strategies.float8.cuda_capability", lambda: (8, 0))
     (a100,) = f8.check(Float8Settings(), Plan(), replace(h100, device_name="A100"))
     assert "8.9" in a100 and "A100 is 8.0" in a100
-    monkeypatch.setattr("training_harness.strategies.float8._capability", lambda: (9, 0))
+    monkeypatch.setattr("training_harness.strategies.float8.cuda_capability", lambda: (9, 0))
     tp = Plan(layout=Layout(tensor=2))
     assert any("tensor parallel" in r for r in f8.check(Float8Settings(), tp, h100))
     real = importlib.util.find_spec

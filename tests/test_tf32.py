@@ -33,11 +33,11 @@ def test_refused_on_a_cpu_with_the_reason():
 
 
 def test_allowed_on_cuda_ampere_or_newer(monkeypatch):
-    monkeypatch.setattr("training_harness.strategies.tf32._capability", lambda: (9, 0))
+    monkeypatch.setattr("training_harness.strategies.tf32.cuda_capability", lambda: (9, 0))
     h100 = replace(CPU, device_type="cuda", device_name="NVIDIA H100")
     tf32 = registry.get("tf32")
     assert tf32.check(Tf32Settings(), Plan(), h100) == []
-    monkeypatch.setattr("training_harness.strategies.tf32._capability", lambda: (7, 0))
+    monkeypatch.setattr("training_harness.strategies.tf32.cuda_capability", lambda: (7, 0))
     (reason,) = tf32.check(Tf32Settings(), Plan(), replace(h100, device_name="V100"))
     assert "compute capability 8.0" in reason and "7.0" in reason
 

@@ -10,9 +10,9 @@ from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
 from training_harness.core.target import TargetSpec, maths_key
 from training_harness.measure import convergence, time_to_target
+from training_harness.measure.convergence import validation_loss
 from training_harness.measure.prepare import prepare
 from training_harness.measure.trial_loop import run_trial
-from training_harness.measure.validation import validation_loss
 from training_harness.workloads import load_workload
 
 TEXT = dict(layers=1, heads=2, hidden=32, seq_len=32, vocab=256, data="text")

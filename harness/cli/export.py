@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-STACKS = ("hf-trainer", "accelerate", "lightning", "torchtitan", "deepspeed")
+from training_harness.export.common import STACKS
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -216,9 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub)
 
-    from training_harness.reports.cli import (
-        add_commands,  # `report` and `compare`: HTML pages from records
-    )
+    from training_harness.reports.cli import add_commands  # `report`, `compare`: HTML pages
     add_commands(sub)
 
     from training_harness.cli.selftest import add_selftest_parser  # `selftest --gpu`: the GPU path
@@ -227,12 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     from training_harness.cli.calibrate import add_calibrate_parser  # the device's profile
     add_calibrate_parser(sub)
 
-    from training_harness.cli.export import (
-        add_export_parsers,  # `export` and `verify`: other stacks
-    )
+    from training_harness.cli.export import add_export_parsers  # `export`, `verify`
     add_export_parsers(sub)
     return parser
-
 
 
 _PYTHON_S: float | None = None  # the interpreter's start and the imports, run as a command

@@ -17,13 +17,14 @@ import argparse
 import dataclasses
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
-from training_harness.core.units import format_bytes
+from training_harness.core.units import format_bytes, format_seconds
 
 PREDICTIONS = ("predictions from the estimator and the target's datasheet; nothing was run. "
                "Check the best with `harness bench` on the real GPU")
@@ -56,8 +57,10 @@ class TargetPredictor:
 
     def convolutions(self, workload: Any) -> bool:
         """Whether the model has convolutions (built once on the meta device)."""
+        from training_harness.measure.prepare import has_convolutions
+
         if id(workload) not in self._convolutions:
-            self._convolutions[id(workload)] = _has_convolutions(workload)
+            self._convolutions[id(workload)] = has_convolutions(workload)
         return self._convolutions[id(workload)]
 
     def prepare(self, plan: Plan, peaks: Any = None) -> SimpleNamespace:
@@ -97,14 +100,6 @@ class TargetPredictor:
         predicted["target"] = {"name": target.name, "gpus": target.gpus, "dtype": dtype,
                                "tokens_per_sample": workload.tokens_per_sample}
         return SimpleNamespace(plan=plan, predicted=predicted, workload=workload)
-
-
-def _has_convolutions(workload: Any) -> bool:
-    import torch
-
-    with torch.device("meta"):
-        model = workload.build_model()
-    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
 
 
 # --- harness estimate PLAN --target ------------------------------------------------------
@@ -186,8 +181,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_row_json(r) for r in ranked[:args.top]], indent=2))
         return 0
-    from training_harness.cli.plan_table import render
-
     print(render(study, target, ranked, budget, space_size, args.top,
                  time.monotonic() - started, PREDICTIONS))
     return 0
@@ -260,3 +253,46 @@ def _row_json(r: Ranked) -> dict[str, Any]:
             "step_time_s": r.plan.batch_size / r.rate if r.rate else None,
             "peak_memory_bytes": r.peak, "fits": bool(r.rate), "refused": r.why_not or None,
             "predicted": r.predicted}
+
+
+def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: int | None,
+           top: int, seconds: float, predictions: str) -> str:
+    """`harness plan`'s printout: the ranked predictions as a table that says what they are."""
+    from training_harness.records.plan_text import describe_plan, varying
+
+    fit = [r for r in ranked if r.rate > 0]
+    over = [r for r in ranked if r.rate <= 0 and r.predicted]
+    refused = [r for r in ranked if not r.predicted]
+    of = (f"all {len(ranked):,}" if space_size is not None and len(ranked) >= space_size
+          else f"a seeded sample of {len(ranked):,} of "
+               + (f"{space_size:,}" if space_size is not None else "its (ranges: unbounded)"))
+    lines = [
+        f"plan {study.name}: {study.workload} on {target.describe()}",
+        f"PREDICTED, NOT MEASURED: {predictions}.",
+        f"ranked {of} configurations in {format_seconds(seconds)}: {len(fit):,} predicted to "
+        f"fit the memory budget of {format_bytes(budget)} per GPU, {len(over):,} over it, "
+        f"{len(refused):,} refused on this target",
+        "",
+    ]
+    shown = fit[:top] if fit else sorted(over, key=lambda r: r.peak)[:top]
+    if not fit:
+        lines.append("none is predicted to fit; the smallest predicted peaks:")
+    lines.append(f"  {'#':>3}  {'samples/s':>10}  {'tokens/s':>10}  {'step':>9}  "
+                 f"{'peak mem':>10}  {'fits':>4}  configuration")
+    differ = varying([r.plan.to_dict() for r in shown])  # what tells the rows apart
+    for i, r in enumerate(shown, 1):
+        step = r.plan.batch_size / r.rate if r.rate else (r.predicted or {}).get("step_time_s")
+        per = ((r.predicted or {}).get("target") or {}).get("tokens_per_sample")
+        tokens = f"{r.rate * per:,.0f}" if per and r.rate else "-"
+        rate = f"{r.rate:,.1f}" if r.rate else "-"
+        lines.append(f"  {i:>3}  {rate:>10}  {tokens:>10}  {format_seconds(step):>9}  "
+                     f"{format_bytes(r.peak):>10}  {'yes' if r.rate else 'no':>4}  "
+                     f"{describe_plan(r.plan.to_dict(), differ)}")
+    if refused:
+        reasons = Counter(r.why_not for r in refused)
+        lines.append("refused on this target: " + "; ".join(
+            f"{n} x {why}" for why, n in reasons.most_common(3)))
+    lines.append("peak mem: what the device would hold (tensors + CUDA context and workspaces "
+                 "measured on an H100); step and samples/s: the estimator's model at MFU "
+                 "0.5 of the datasheet peak plus launches and communication, uncorrected")
+    return "\n".join(lines)

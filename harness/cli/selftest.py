@@ -178,7 +178,6 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
          budget: float, limit: float, device) -> int:
     from training_harness.selftest import phases as ph
     from training_harness.selftest import proof
-    from training_harness.selftest import state as st
     from training_harness.selftest.device import slug
     from training_harness.selftest.markdown import build
 
@@ -188,7 +187,7 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
     out = Path(args.out or default_out).resolve()
     name = f"gpu_{slug(device.name)}_{date}.md"
     doc = Path(args.doc or (out / name if args.rehearse else Path("docs/benchmarks") / name))
-    state = st.load(out)
+    state = ph.load_state(out)
     state["device"] = device.to_json()
     state["versions"] = _versions()
     state["rehearsal"] = bool(args.rehearse)
@@ -204,7 +203,7 @@ def _run(args: argparse.Namespace, phases: list[str], found, plans: list[Path], 
 
     def save() -> None:
         record["wall_s"] = round(time.monotonic() - start, 1)
-        st.save(out, state)
+        ph.save_state(out, state)
         doc.parent.mkdir(parents=True, exist_ok=True)
         doc.write_text(build(out, state, date), encoding="utf-8")
 

@@ -85,8 +85,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0
     started = time.time()
     ready = check(args, started)
-    if ready.space.left_out and not (args.check or args.helper or args.follow):
-        print(left_out_text(ready.space.left_out), file=sys.stderr)  # once, before trials
+    if ready.space.left_out and not (args.check or args.helper or args.follow):  # once
+        print("left out of the search space (the registry refuses them here):",
+              *(f"  - {line}" for line in ready.space.left_out), sep="\n", file=sys.stderr)
     if args.check:
         from training_harness.cli.tune_check import what_would_run
 
@@ -100,12 +101,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         helper=args.helper, search_until=args.search_until, deadline_at=args.deadline_at,
         follow=args.follow, node_rank=args.node_rank, rdzv_host=args.rdzv_host)
     return run_session(options, ready)
-
-
-def left_out_text(left_out: list[str]) -> str:
-    """What the registry refused for this study and the search will not offer."""
-    return "\n".join(["left out of the search space (the registry refuses them here):",
-                      *(f"  - {line}" for line in left_out)])
 
 
 def check(args: argparse.Namespace, started: float) -> CheckedStudy:

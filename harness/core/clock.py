@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -13,13 +14,11 @@ def process_age_s() -> float | None:
     On Linux from /proc/self/stat (its start in clock ticks since boot) and the clock
     since boot: psutil's create_time() adds the boot time, which /proc/stat gives in
     whole seconds, and would be up to a second off."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError, AttributeError):
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start)
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
     try:
         import psutil
 

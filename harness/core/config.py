@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, Self, TypeVar, get_args, get_origin
 
 from training_harness.core.errors import HarnessError
 
@@ -244,6 +244,10 @@ def to_table(obj: Any) -> Any:
 class TomlFile:
     """For dataclasses users write as TOML with a [workload] table (plans, studies):
     the workload's name and arguments share one table, the betas are a list."""
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Self:
+        return cls.from_dict(read_toml(path), where=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         table = to_table(self)

@@ -33,6 +33,7 @@ while others compete with it (`BusyWatch`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -87,11 +88,9 @@ def session_pids(sids: set[int] | None = None) -> list[int]:
     sids = {os.getsid(0)} if sids is None else sids
     pids = []
     for pid in psutil.pids():
-        try:
+        with contextlib.suppress(OSError):  # gone, or not ours to ask
             if os.getsid(pid) in sids:
                 pids.append(pid)
-        except OSError:  # gone, or not ours to ask
-            continue
     return pids
 
 
@@ -163,10 +162,7 @@ def _others_on_gpu(seen: list[list[dict[str, Any]] | None],
     listed = [p for s in seen for p in (s or [])]
     if not any(p["pid"] in ours for p in listed):
         return None
-    others: dict[int, dict[str, Any]] = {}
-    for p in listed:
-        if p["pid"] not in ours:
-            others[p["pid"]] = p
+    others = {p["pid"]: p for p in listed if p["pid"] not in ours}  # each once, the last seen
     return sorted(others.values(), key=lambda p: p["pid"])
 
 

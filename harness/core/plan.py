@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from training_harness.core.cluster import ClusterSpec
@@ -25,7 +24,6 @@ from training_harness.core.config import (
     bounded,
     did_you_mean,
     from_table,
-    read_toml,
     split_workload,
     to_table,
 )
@@ -45,6 +43,10 @@ class Layout:
     def world_size(self) -> int:
         return self.data * self.pipeline * self.tensor
 
+    @property
+    def key(self) -> str:  # the search space's name of it, "d2p1t2"
+        return f"d{self.data}p{self.pipeline}t{self.tensor}"
+
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """(pipeline, data, tensor) index of global `rank`: tensor varies fastest, so
         tensor-parallel peers sit on one node. This is the row-major order of a
@@ -54,7 +56,6 @@ class Layout:
             (rank // self.tensor) % self.data,
             rank % self.tensor,
         )
-
 
 
 @dataclass
@@ -181,10 +182,6 @@ class Plan(TomlFile):
                     f"known keys: {', '.join(sorted(known - {'workload_args'}))}"
                 )
         return from_table(cls, data, where)
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> Plan:
-        return cls.from_dict(read_toml(path), where=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The TOML form: workload arguments inside [workload]."""

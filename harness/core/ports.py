@@ -23,11 +23,6 @@ _lock = threading.Lock()
 _handed: dict[int, float] = {}  # port -> when this process handed it out
 
 
-def _reserve_dir() -> Path:
-    return Path(os.environ.get("HARNESS_PORTS_DIR")
-                or Path(tempfile.gettempdir()) / f"harness-ports-{os.getuid()}")
-
-
 def _os_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -36,7 +31,8 @@ def _os_port(host: str) -> int:
 
 def _claim_file(port: int, now: float) -> bool:
     """Create the port's reservation file exclusively; a stale one is taken over."""
-    folder = _reserve_dir()
+    folder = Path(os.environ.get("HARNESS_PORTS_DIR")
+                  or Path(tempfile.gettempdir()) / f"harness-ports-{os.getuid()}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / str(port)

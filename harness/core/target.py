@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -142,19 +142,14 @@ def maths_key(plan: dict[str, Any], seed: int, device_type: str) -> str:
         training["powersgd"] = {k: v for k, v in sorted(ddp.items())
                                 if k in ("powersgd_rank", "start_powersgd_iter")}
     if "distill" in training:  # the teacher's weights as saved: retrained, another key
-        training["distill"]["teacher_weights"] = teacher_weights(training["distill"])
+        training["distill"]["teacher_weights"] = folder_weights(
+            str(training["distill"].get("teacher", "")))
     if training:  # absent otherwise, so that the keys cached before stay valid
         table["training"] = training
     start = folder_weights(str(workload.get("name", "")))
     if start:  # an hf:/folder's saved weights (a fine-tuning's start): saved again, another key
         table["start_weights"] = start
     return json.dumps(table, sort_keys=True, default=str)
-
-
-def teacher_weights(settings: dict[str, Any]) -> list[list[Any]]:
-    """The distillation teacher's weight files (name, size, modification time), so that a
-    teacher saved again in the same folder changes the maths key."""
-    return folder_weights(str(settings.get("teacher", "")))
 
 
 def folder_weights(where: str) -> list[list[Any]]:
@@ -166,10 +161,6 @@ def folder_weights(where: str) -> list[list[Any]]:
         return []
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir())
             if f.suffix in (".safetensors", ".bin", ".pt")]
-
-
-def describe(spec: TargetSpec) -> dict[str, Any]:
-    return asdict(spec)
 
 
 def is_folder(spec: str) -> bool:

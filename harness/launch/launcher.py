@@ -109,11 +109,10 @@ class FunctionLauncher(Launcher):
         self.fn = fn
         attrs = getattr(fn, "__dict__", None) or {}  # once, at wrap time
         self.max_jobs = max(1, int(attrs.get("max_jobs", 1) or 1))
-        self._has_job = attrs.get("has_job")
-        self.may_leave_jobs = self._has_job is not None
-        self._rejoin = attrs.get("rejoin")
-        self._cancel_job = attrs.get("cancel_job")
-        self._check_shared = attrs.get("check_shared")
+        self.may_leave_jobs = attrs.get("has_job") is not None
+        for hook in ("has_job", "rejoin", "cancel_job", "check_shared"):
+            if attrs.get(hook) is not None:  # in place of Launcher's default
+                setattr(self, hook, attrs[hook])
         module = getattr(fn, "__module__", None) or "?"
         qualname = getattr(fn, "__qualname__", None) or "?"
         self._name = f"{module}:{qualname}"
@@ -121,21 +120,6 @@ class FunctionLauncher(Launcher):
     def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
                **kwargs: Any) -> TrialResult:
         return self.fn(prepared, out_dir, command, **kwargs)
-
-    def has_job(self, folder: str | Path) -> bool:
-        return bool(self._has_job(folder)) if self._has_job is not None else False
-
-    def rejoin(self, folder: str | Path, deadline: float | None = None,
-               should_stop: StopCheck | None = None) -> TrialResult | None:
-        if self._rejoin is None:
-            return None
-        return self._rejoin(folder, deadline=deadline, should_stop=should_stop)
-
-    def cancel_job(self, folder: str | Path) -> str | None:
-        return self._cancel_job(folder) if self._cancel_job is not None else None
-
-    def check_shared(self, run_dir: str | Path) -> str | None:
-        return self._check_shared(run_dir) if self._check_shared is not None else None
 
     @property
     def name(self) -> str:

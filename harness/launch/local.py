@@ -80,6 +80,7 @@ from training_harness.launch.verdict import Ended, decide
 from training_harness.measure.compile_cost import inductor_cache_env
 from training_harness.measure.rank_process import NODE_RANK_ENV
 from training_harness.records.result import TrialResult, read_result
+from training_harness.records.run_store import write_atomic
 from training_harness.records.step_log import STEP_LOG_ENV
 
 RDZV_BACKENDS = ("c10d", "static")  # torchrun's, on several nodes (see `launch`)
@@ -178,7 +179,7 @@ def launch(
     logs.mkdir(parents=True)
     if node_rank == 0:
         result_file.unlink(missing_ok=True)
-    _write(out / "plan.toml", plan.to_toml())
+    write_atomic(out / "plan.toml", plan.to_toml())  # several nodes' launchers may share it
     prepared_file = out / "prepared.json"
     prepared.write(prepared_file)
 
@@ -222,19 +223,19 @@ def launch(
             return read_result(result_file)
         except (OSError, ValueError, TypeError) as e:
             note = f"the record at {result_file} could not be read ({e})"
-        return _made_here(prepared, "failed", note, {}, command, study, trial_id, started_at,
-                          duration, result_file)
+        return made_here(prepared, "failed", note, command, study, trial_id, started_at,
+                         duration, write_to=result_file)
     if ended.stop_reason is not None:
-        return _made_here(prepared, "pruned", ended.stop_reason, {"exit_code": ended.code},
-                          command, study, trial_id, started_at, duration,
-                          result_file if node_rank == 0 else None)
+        return made_here(prepared, "pruned", ended.stop_reason, command, study, trial_id,
+                         started_at, duration, {"exit_code": ended.code},
+                         result_file if node_rank == 0 else None)
     status, reason, extra = decide(logs, ended, timeout, single, node_rank == 0)
     if status == "ok":  # a node other than 0 whose ranks finished
         reason = (f"node {node_rank} of {nnodes}: its ranks finished; the record is made "
                   "on node 0")
         extra["node_rank"] = node_rank
-    return _made_here(prepared, status, reason, extra, command, study, trial_id, started_at,
-                      duration, result_file if node_rank == 0 else None)
+    return made_here(prepared, status, reason, command, study, trial_id, started_at, duration,
+                     extra, result_file if node_rank == 0 else None)
 
 
 class LocalLauncher(Launcher):
@@ -278,7 +279,7 @@ def _run(start: Callable[[], Any], timeout: float, launch_id: str, stacks_dir: s
             except subprocess.TimeoutExpired:
                 if time.monotonic() >= deadline:
                     timed_out = True
-                    running = procs.running_ranks(launch_id, known)
+                    running = sorted(procs.workers(launch_id, known))
                     procs.dump_stacks(launch_id, stacks_dir, known=known)  # where each was
                     break
                 stop_reason = should_stop() if should_stop else None
@@ -294,14 +295,17 @@ def _run(start: Callable[[], Any], timeout: float, launch_id: str, stacks_dir: s
                  proc.first_failure if forked else None)
 
 
-def _made_here(
-    prepared: PreparedPlan, status: str, reason: str, extra: dict, command: str, study: str | None,
-    trial_id: int | str | None, started_at: str, duration: float, write_to: Path | None,
-) -> TrialResult:
+def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
+              study: str | None, trial_id: int | str | None, started_at: str | None,
+              duration_s: float, metrics: dict | None = None,
+              write_to: Path | None = None) -> TrialResult:
+    """The record of a trial that left none of its own, made by its launcher (this one's
+    or Slurm's: training_harness.launch.slurm); written to `write_to` where given."""
     result = TrialResult.not_measured(
         status, reason, study=study, trial_id=trial_id,  # type: ignore[arg-type]
         plan=prepared.plan.to_dict(), predicted=prepared.predicted, env=prepared.env,
-        command=command, started_at=started_at, duration_s=duration, metrics=extra)
+        command=command, started_at=started_at or None, duration_s=duration_s,
+        metrics=metrics)
     if write_to is not None:
         result.write(write_to)
     return result
@@ -369,9 +373,3 @@ def import_path(pythonpath: str | None = None) -> list[str]:
         path.append(pythonpath)
     return list(dict.fromkeys(path))
 
-
-def _write(path: Path, text: str) -> None:
-    """Whole or not at all: several nodes' launchers may share the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -40,6 +40,7 @@ next look (a flood of 300 MB in a second is cut only after it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -99,11 +100,9 @@ class LogCap:
             return
         self._next = now + self.every_s
         for path in self.files():
-            try:
+            with contextlib.suppress(OSError):
                 if disk_bytes(path.stat()) > self.cap:
                     self.cut(path)
-            except OSError:
-                continue
 
     def cut(self, path: Path) -> None:
         """Keep the head, a marker line and the latest output of `path` (see the doc)."""

@@ -53,13 +53,11 @@ def tagged(launch_id: str) -> list[psutil.Process]:
     found = []
     me, uid = os.getpid(), os.getuid()
     for p in psutil.process_iter():
-        try:
+        with contextlib.suppress(psutil.Error):
             if p.pid == me or p.uids().real != uid:
                 continue
             if p.environ().get(LAUNCH_ID_ENV) == launch_id and _alive(p):
                 found.append(p)
-        except psutil.Error:
-            continue
     return found
 
 
@@ -81,17 +79,10 @@ def workers(launch_id: str, known: dict[int, int] | None = None) -> dict[int, ps
             if _alive(p := psutil.Process(pid)):
                 found[rank] = p
     for p in tagged(launch_id):
-        try:
+        with contextlib.suppress(psutil.Error, ValueError):
             if "training_harness.measure.rank_main" in " ".join(p.cmdline()):
                 found[int(p.environ().get("RANK", "0"))] = p
-        except (psutil.Error, ValueError):
-            continue
     return found
-
-
-def running_ranks(launch_id: str, known: dict[int, int] | None = None) -> list[int]:
-    """The ranks of this trial's workers still running."""
-    return sorted(workers(launch_id, known))
 
 
 def dump_stacks(launch_id: str, folder: str | os.PathLike, wait_s: float = 2.0,

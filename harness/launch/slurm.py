@@ -46,7 +46,6 @@ import atexit
 import contextlib
 import io
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -61,17 +60,18 @@ from training_harness.launch import procs
 from training_harness.launch import slurm_nodes as nodes
 from training_harness.launch import slurm_queue as queue
 from training_harness.launch.launcher import Launcher
+from training_harness.launch.local import made_here
 from training_harness.launch.slurm_record import (
     Attempt,
     at_time_limit,
     cluster_tag,
     copy_logs,
-    made_here,
     reason_for,
     stderr_tail,
 )
 from training_harness.launch.slurm_shared import check_shared
 from training_harness.records.result import TrialResult, read_result
+from training_harness.records.run_store import write_atomic
 
 STARTUP_S = 60.0  # job start -> trial start (Python, unpickling, torchrun), and stopping
 DEADLINE_GRACE_S = 15.0  # for a job's launcher to stop its trial at the caller's deadline
@@ -89,48 +89,6 @@ CONTROLLER_PATIENCE_S = 600.0
 JOB_FILE = "job.json"  # in the trial's slurm/: the jobs submitted for it (see `rejoin`)
 
 _in_flight: set[str] = set()  # jobs submitted and not yet gone: cancelled at exit
-
-
-class SlurmLauncher(Launcher):
-    """The tuner's Launcher for trials run as Slurm jobs of `cluster`: `launch` below,
-    up to [cluster] max_jobs at once (each call waits on its own job: thread safe), a
-    stopped tuner's jobs found (`has_job`) and waited for again (`rejoin`), and whether
-    the compute nodes see the run folder (training_harness.launch.slurm_shared.check_shared)."""
-
-    may_leave_jobs = True
-
-    def __init__(self, cluster: ClusterSpec, nnodes: int = 1):
-        self.cluster = cluster
-        self.max_jobs = cluster.max_jobs
-        self.nnodes = nnodes  # a study's layout.nnodes: every trial's job spans them
-
-    def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
-               **kwargs: Any) -> TrialResult:
-        # A study of layout.nnodes > 1 gives every trial its nodes and an endpoint for
-        # followers on them (training_harness.tune.recovery.follower); a job has all its nodes
-        # and meets on its first one, so only the count is kept.
-        if kwargs.get("node_rank", 0) == 0:
-            kwargs.pop("node_rank", None)
-            kwargs.pop("rdzv_endpoint", None)
-        kwargs.setdefault("nnodes", self.nnodes)
-        return launch(prepared, out_dir, command, cluster=self.cluster, **kwargs)
-
-    def has_job(self, folder: str | Path) -> bool:
-        return has_job(folder)
-
-    def rejoin(self, folder: str | Path, deadline: float | None = None,
-               should_stop: Callable[[], str | None] | None = None) -> TrialResult | None:
-        return rejoin(folder, deadline=deadline, should_stop=should_stop)
-
-    def cancel_job(self, folder: str | Path) -> str | None:
-        return cancel_left(folder)
-
-    def check_shared(self, run_dir: str | Path) -> str | None:
-        return check_shared(self.cluster, Path(run_dir))
-
-    @property
-    def name(self) -> str:  # what `harness tune --check` shows
-        return "training_harness.launch.slurm:launch"
 
 
 def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
@@ -252,6 +210,42 @@ def cancel_left(out_dir: str | Path) -> str | None:
     return f"job {job_id} cancelled (scancel; it left the queue {info.state})"
 
 
+class SlurmLauncher(Launcher):
+    """The tuner's Launcher for trials run as Slurm jobs of `cluster`: `launch` below,
+    up to [cluster] max_jobs at once (each call waits on its own job: thread safe), a
+    stopped tuner's jobs found (`has_job`) and waited for again (`rejoin`), and whether
+    the compute nodes see the run folder (training_harness.launch.slurm_shared.check_shared)."""
+
+    may_leave_jobs = True
+
+    def __init__(self, cluster: ClusterSpec, nnodes: int = 1):
+        self.cluster = cluster
+        self.max_jobs = cluster.max_jobs
+        self.nnodes = nnodes  # a study's layout.nnodes: every trial's job spans them
+
+    def launch(self, prepared: PreparedPlan, out_dir: str | Path, command: str,
+               **kwargs: Any) -> TrialResult:
+        # A study of layout.nnodes > 1 gives every trial its nodes and an endpoint for
+        # followers on them (training_harness.tune.recovery.follower); a job has all its nodes
+        # and meets on its first one, so only the count is kept.
+        if kwargs.get("node_rank", 0) == 0:
+            kwargs.pop("node_rank", None)
+            kwargs.pop("rdzv_endpoint", None)
+        kwargs.setdefault("nnodes", self.nnodes)
+        return launch(prepared, out_dir, command, cluster=self.cluster, **kwargs)
+
+    has_job = staticmethod(has_job)
+    rejoin = staticmethod(rejoin)
+    cancel_job = staticmethod(cancel_left)
+
+    def check_shared(self, run_dir: str | Path) -> str | None:
+        return check_shared(self.cluster, Path(run_dir))
+
+    @property
+    def name(self) -> str:  # what `harness tune --check` shows
+        return "training_harness.launch.slurm:launch"
+
+
 @dataclass
 class Job:
     """What a trial's jobs are submitted with and recorded by: kept in slurm/job.json."""
@@ -267,11 +261,8 @@ class Job:
     partition: str | None
 
     def save(self, attempts: list[Attempt]) -> None:
-        path = Path(self.out) / "slurm" / JOB_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{JOB_FILE}.tmp")
-        tmp.write_text(json.dumps({"job": asdict(self), "jobs": [a.as_tag() for a in attempts]}))
-        os.replace(tmp, path)
+        write_atomic(Path(self.out) / "slurm" / JOB_FILE,
+                     json.dumps({"job": asdict(self), "jobs": [a.as_tag() for a in attempts]}))
 
 
 def _follow(prepared: PreparedPlan, job: Job, attempts: list[Attempt],

@@ -79,11 +79,10 @@ def _endpoint(job_dir: Path, node: int, job_id: str) -> str:
     path = job_dir / f"{job_id}_{RDZV_FILE}"
     if node == 0:
         from training_harness.core.ports import free_port
+        from training_harness.records.run_store import write_atomic
 
         host = socket.gethostname()
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(f"{host}:{free_port('0.0.0.0')}\n")
-        os.replace(tmp, path)
+        write_atomic(path, f"{host}:{free_port('0.0.0.0')}\n")
     give_up = time.monotonic() + RDZV_WAIT_S
     while not path.exists():
         if time.monotonic() > give_up:

@@ -29,6 +29,7 @@ from typing import Any
 from training_harness.launch.rank_logs import RankLog, read_rank_logs, root_cause
 from training_harness.launch.verdict import STDERR_LINES
 from training_harness.records.result import TrialResult
+from training_harness.records.run_store import write_atomic
 
 STACK_CHARS = 3000  # of each stopped rank's stack, in the record
 LOST_NODE_WAIT_S = 30.0  # for Slurm's word on a node whose part of the job never ended
@@ -45,11 +46,9 @@ def this_node_name() -> str:
 def write_node(job_dir: str | Path, job_id: str, node: int, status: str, reason: str) -> None:
     """This node's name and how its part ended, for the caller (whole or not at all)."""
     path = node_file(Path(job_dir), job_id, node)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"node": node, "name": this_node_name(),
-                               "host": socket.gethostname(), "status": status,
-                               "reason": reason}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"node": node, "name": this_node_name(),
+                                   "host": socket.gethostname(), "status": status,
+                                   "reason": reason}))
 
 
 def read_nodes(out: Path, job_id: str | None) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training_harness.core.prepared import PreparedPlan
 from training_harness.launch.slurm_queue import JobInfo
 from training_harness.records.result import TrialResult
 
@@ -81,15 +80,6 @@ def at_time_limit(record: TrialResult, attempt: Attempt, minutes: Any) -> None:
     record.status = "timeout"
     record.reason = (f"Slurm stopped job {attempt.job_id} at its time limit ({minutes} min) "
                      f"before the trial had ended; what the ranks said: {record.reason}")
-
-
-def made_here(prepared: PreparedPlan, status: str, reason: str, command: str,
-              study: str | None, trial_id: int | str | None, started_at: str | None,
-              duration_s: float) -> TrialResult:
-    return TrialResult.not_measured(
-        status, reason, study=study, trial_id=trial_id,  # type: ignore[arg-type]
-        plan=prepared.plan.to_dict(), predicted=prepared.predicted, env=prepared.env,
-        command=command, started_at=started_at or None, duration_s=duration_s)
 
 
 def cluster_tag(partition: str | None, attempts: list[Attempt], node_names: list[str],

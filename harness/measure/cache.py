@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from training_harness.records.run_store import write_atomic
 
 _VERSION = 1
 
@@ -42,21 +43,9 @@ def read(name: str) -> dict[str, Any]:
 
 def write(name: str, entries: dict[str, Any]) -> None:
     """Replace the cache file `name`'s entries, atomically; skipped when it cannot be written."""
-    path = cache_dir() / name
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": _VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        write_atomic(cache_dir() / name, json.dumps({"version": _VERSION, "entries": entries},
+                                                    indent=1, sort_keys=True))
 
 
 def add(name: str, new: dict[str, Any]) -> None:

@@ -12,30 +12,63 @@ s + k x DATA_STRIDE, so seed 0's is batch s, as in every trial, and a fine-tunin
 from saved weights still differs from seed to seed. The lr is the plan's, scaled with
 the global batch and warmed up as [target] says.
 
-The validation loss (training_harness.measure.validation) is taken every `eval_every` samples,
-between steps and off the training clock; the first at 0 samples, from the fresh
-weights. The steps to target are those after which it was first at or below the
-target: a resolution of eval_every samples. A run that stops short (cap, or a loss
-that is not finite) records the best loss it reached and is a miss, never a hit.
+The validation loss is taken every `eval_every` samples, between steps and off the
+training clock; the first at 0 samples, from the fresh weights. It is measured honestly:
+always over the same held-out samples (the workload's `eval_batch` 0, 1, ... of a fixed
+size), in eval mode, without gradients, in the step's precision (the autocast the
+strategies set: the precision is part of the model being judged). The steps to target
+are those after which it was first at or below the target: a resolution of eval_every
+samples. A run that stops short (cap, or a loss that is not finite) records the best
+loss it reached and is a miss, never a hit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 from typing import Any
 
 import torch
+from torch import nn
 
 from training_harness.core.device import RuntimeEnv
 from training_harness.core.plan import Layout, Plan
 from training_harness.core.target import MATHS_STRATEGIES, OPTIMIZERS
 from training_harness.measure.batches import split_batch
-from training_harness.measure.validation import validation_loss
 from training_harness.strategies.compose import compose
 from training_harness.strategies.ddp import alone, powersgd_of, wrap_ddp
 from training_harness.workloads import Workload
+
+MAX_EVAL_BATCH = 64
+
+
+def eval_batch_size(samples: int) -> int:
+    """The largest size up to MAX_EVAL_BATCH that divides `samples`: every batch full."""
+    return max(b for b in range(1, min(MAX_EVAL_BATCH, samples) + 1) if samples % b == 0)
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, workload: Workload, samples: int,
+                    device: torch.device | str,
+                    autocast: contextlib.AbstractContextManager | None = None) -> float:
+    """The mean loss over the first `samples` held-out samples (training mode restored)."""
+    was_training = model.training
+    model.eval()
+    size = eval_batch_size(samples)
+    total = 0.0
+    try:
+        for i in range(samples // size):
+            batch = workload.eval_batch(size, i, device)
+            with autocast or contextlib.nullcontext():
+                loss = workload.loss(model, batch)
+            total += float(loss.float())
+    finally:
+        model.train(was_training)
+    value = total / (samples // size)
+    return value if math.isfinite(value) else math.inf
+
 
 # What a convergence run keeps of the plan's strategies (everything else leaves the
 # maths unchanged and is there for speed or for several ranks).

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -62,13 +61,11 @@ def device_overhead(device: torch.device, *, cache: bool = True) -> DeviceOverhe
 
 
 def _measure_in_subprocess(device: torch.device) -> DeviceOverhead:
-    out = subprocess.run(
-        [sys.executable, "-m", "training_harness.measure.calibrate", "--overhead", str(device)],
-        capture_output=True, text=True, timeout=CALIBRATION_TIMEOUT_S, check=False)
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the calibration process exited {out.returncode}: {last}")
-    found = DeviceOverhead.from_record(json.loads(out.stdout.strip().splitlines()[-1]))
+    from training_harness.measure.peaks import run_module
+
+    line = run_module("training_harness.measure.calibrate", ["--overhead", str(device)],
+                      CALIBRATION_TIMEOUT_S, "the calibration process")
+    found = DeviceOverhead.from_record(json.loads(line))
     if found is None:
         raise ValueError("the calibration process gave no overhead figures")
     return found

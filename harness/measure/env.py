@@ -107,19 +107,10 @@ def _package_versions() -> dict[str, str | None]:
 def _gpus(device: torch.device) -> list[dict[str, Any]] | None:
     """The visible CUDA devices; for a CPU trial through NVML, so no CUDA context is made."""
     if device.type == "cuda":
-        gpus = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": p.name,
-                    "total_memory_bytes": int(p.total_memory),
-                    "capability": f"{p.major}.{p.minor}",
-                    "multiprocessors": int(p.multi_processor_count),
-                }
-            )
-        return gpus
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        return [{"index": i, "name": p.name, "total_memory_bytes": int(p.total_memory),
+                 "capability": f"{p.major}.{p.minor}",
+                 "multiprocessors": int(p.multi_processor_count)} for i, p in enumerate(props)]
     from training_harness.measure.nvml import gpu_names
 
     return [{"index": i, "name": name} for i, name in enumerate(gpu_names())]

@@ -23,36 +23,30 @@ peak is the process's lifetime peak, and `rss_source` says so.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 from typing import Any
 
+import psutil
 import torch
 
 from training_harness.measure.nvml import process_memory_bytes
 
-try:
-    import psutil
-except ImportError:  # psutil is a dependency, but RSS still works from /proc without it
-    psutil = None
-
 
 def _status_kib(field: str) -> int | None:
     """A "VmXxx:  123 kB" line of /proc/self/status, in bytes."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
     return None
 
 
 def current_rss() -> int | None:
     """The process's resident set size now, in bytes."""
     rss = _status_kib("VmRSS")
-    if rss is None and psutil is not None:
+    if rss is None:
         try:
             rss = int(psutil.Process().memory_info().rss)
         except Exception:

@@ -75,19 +75,15 @@ def nvml_handle(pynvml: Any, device: torch.device) -> Any | None:
     except pynvml.NVMLError:
         return None
     for i in range(count):
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             if _norm_uuid(pynvml.nvmlDeviceGetUUID(handle)) == want:
                 return handle
-        except pynvml.NVMLError:
-            continue
     # A MIG instance: torch reports the instance's UUID, which is no top-level device.
     dashed = f"{want[:8]}-{want[8:12]}-{want[12:16]}-{want[16:20]}-{want[20:]}"
     for prefix in ("MIG-", "GPU-"):
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             return pynvml.nvmlDeviceGetHandleByUUID(prefix + dashed)
-        except pynvml.NVMLError:
-            continue
     return None
 
 
@@ -145,7 +141,8 @@ class NvmlSampler:
         self._nvml, self._handle = pynvml, handle
         self._t0 = time.perf_counter()
         self._guarded(self._first_sample)
-        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._guarded, args=(self._loop,),
+                                        name="nvml-sampler", daemon=True)
         self._thread.start()
         return self
 
@@ -165,9 +162,6 @@ class NvmlSampler:
         self.stop()
 
     # --- sampling ----------------------------------------------------------------------
-
-    def _run(self) -> None:
-        self._guarded(self._loop)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -232,13 +226,9 @@ class NvmlSampler:
         power = [(t, p) for t, _, p, _ in samples if p is not None]
         util = [u for _, _, _, u in samples if u is not None]
 
-        energy, energy_source = None, None
-        if (
-            self._energy0 is not None
-            and self._energy1 is not None
-            and self._energy1 > self._energy0
-        ):
-            energy, energy_source = (self._energy1 - self._energy0) / 1000.0, "energy counter"
+        energy, energy_source, e0, e1 = None, None, self._energy0, self._energy1
+        if e0 is not None and e1 is not None and e1 > e0:
+            energy, energy_source = (e1 - e0) / 1000.0, "energy counter"
         elif len(power) >= 2:  # trapezoids between the power samples
             pairs = zip(power[:-1], power[1:], strict=True)
             energy = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in pairs)

@@ -139,11 +139,12 @@ def peak_for_workload(
     convolutions run on TF32 tensor cores where cuDNN allows, its matmuls may not).
     `convolutions`, where the caller has looked already."""
     if convolutions is None:
-        convolutions = device.type == "cuda" and dtype == "fp32" and _has_convolutions(workload)
+        convolutions = device.type == "cuda" and dtype == "fp32" and has_convolutions(workload)
     return peaks_for(device, device_name, dtype, convolutions=convolutions)
 
 
-def _has_convolutions(workload: Workload) -> bool:
+def has_convolutions(workload: Workload) -> bool:
+    """Whether the workload's model has convolutions (built on the meta device)."""
     with torch.device("meta"):
         model = workload.build_model()
     return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
@@ -156,7 +157,7 @@ def study_peaks(
     once at its start so every trial of the study divides by the same figure."""
     device = resolve_device(device_type)
     name = RuntimeEnv.detect(device.type).device_name
-    conv = device.type == "cuda" and "fp32" in dtypes and _has_convolutions(workload)
+    conv = device.type == "cuda" and "fp32" in dtypes and has_convolutions(workload)
     # the figures not cached yet, measured together (one calibration process on a GPU)
     measured_peaks(device, [matmul_dtype(device, d, conv) for d in dtypes])
     return {d: {**peak_for_workload(device, name, d, workload, conv).as_record(),

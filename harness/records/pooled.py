@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,15 +77,8 @@ class Pooled:
         return max(self.values)
 
     @property
-    def trial_ids(self) -> list[str]:
-        return [m.trial_id for m in self.measurements]
-
-    @property
     def phases(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for m in self.measurements:
-            out[m.phase] = out.get(m.phase, 0) + 1
-        return out
+        return dict(Counter(m.phase for m in self.measurements))
 
     @property
     def windows(self) -> tuple[float, float] | None:

@@ -12,6 +12,7 @@ so far.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -24,11 +25,9 @@ FLUSH_INTERVAL_S = 0.5  # how often the writer's thread appends the buffered lin
 
 
 def _append(path: str, text: str) -> None:
-    try:
-        with open(path, "a") as f:
-            f.write(text)
-    except OSError:
-        pass  # progress is a courtesy; the trial goes on
+    # progress is a courtesy; the trial goes on
+    with contextlib.suppress(OSError), open(path, "a") as f:
+        f.write(text)
 
 
 class StepWriter:
@@ -83,8 +82,6 @@ def read_steps(path: str | Path) -> list[float]:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2:
-            try:
+            with contextlib.suppress(ValueError):
                 times.append(float(parts[1]))
-            except ValueError:
-                continue
     return times

@@ -15,6 +15,7 @@ baseline (the lead is held back, and the headline says why).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,10 +154,7 @@ def techniques(records: list[dict[str, Any]], best_id: str, best: Pooled | None,
         group = groups[name]
         ok = next((r for r in group if r.get("status") == "ok"), None)
         without = pools.get(config_key(ok.get("plan"))) if ok else None
-        failures: dict[str, int] = {}
-        for r in group:
-            if r.get("status") != "ok":
-                failures[r["status"]] = failures.get(r["status"], 0) + 1
+        failures = dict(Counter(r["status"] for r in group if r.get("status") != "ok"))
         r = compare(best, without) if best is not None and without is not None else None
         out.append(Technique(name, without, r, failures))
     return out

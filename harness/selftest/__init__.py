@@ -10,7 +10,7 @@ from a short-lived `python -c "import torch; ..."`.
     device.py    the CUDA devices here, without CUDA in this process
     plans.py     which plans fit the devices here
     runner.py    a subprocess with a timeout, teed to a log
-    state.py     selftest.json: what each phase ran, kept across split runs
+    phases.py    each phase's steps, and selftest.json: what each ran, kept across runs
     figures.py   the figures of a bench record, a junit file and a study's trials
     markdown.py  the page
 """

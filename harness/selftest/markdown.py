@@ -126,10 +126,8 @@ def against_reference(ran: list[tuple[dict[str, Any], dict[str, Any] | None]]) -
 
 
 def _records(out: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
-    found = []
-    for entry in get_plans(state):
-        if entry.get("dir") and (r := read_json(out / entry["dir"] / "result.json")):
-            found.append(r)
+    found = [r for entry in get_plans(state)
+             if entry.get("dir") and (r := read_json(out / entry["dir"] / "result.json"))]
     tune = state["phases"].get("tune") or {}
     if tune.get("dir"):
         found += read_jsonl(out / tune["dir"] / "trials.jsonl")

@@ -3,13 +3,25 @@
 Each phase runs within its time box (proof.py): `Run.left()` is the time to the end of
 the phase's box, or of the whole run if that comes first. A step still running at the
 end is stopped; what did not fit is recorded with the reason. Each phase records what
-it ran in the state (state.py) as it goes, and `Run.save` rewrites selftest.json and the
-page after every step, so a run stopped at any moment leaves what it measured.
+it ran in the state as it goes, and `Run.save` rewrites selftest.json and the page
+after every step, so a run stopped at any moment leaves what it measured.
+
+selftest.json, in the out folder, holds the device, each run of the command (with where
+each of its phases got: waiting, running, done or stopped), and what each phase ran
+(its steps, what it skipped and why). A later run into the same folder with `--only`
+replaces the phases it runs and keeps the others, so the page written at its end
+covers every phase run so far:
+
+    {"device": {...}, "rehearsal": bool,
+     "runs": [{"command", "started_at", "wall_s", "phases", "progress": {phase: ...}}],
+     "phases": {"tests": {"runs": [...]}, "bench": {"plans": [...]}, "tune": {...},
+                "table": {...}}}
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import math
 import shutil
 import sys
@@ -20,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from training_harness.records.predicates import finished
+from training_harness.records.run_store import write_atomic
 from training_harness.selftest import proof
 from training_harness.selftest.figures import read_json, read_jsonl
 from training_harness.selftest.plans import plan_fit
@@ -30,6 +43,19 @@ BENCH_MARGIN_S = 15.0  # the bench's own start and record, beyond its trial's ti
 REHEARSAL_MARGIN_S = 5.0
 MIN_STEP_S = 15.0  # a step is not started with less of its box left than this
 MIN_REHEARSAL_STEP_S = 5.0
+STATE_FILE = "selftest.json"
+
+
+def load_state(out: Path) -> dict[str, Any]:
+    data = read_json(out / STATE_FILE) or {}
+    data.setdefault("runs", [])
+    data.setdefault("phases", {})
+    return data
+
+
+def save_state(out: Path, state: dict[str, Any]) -> None:
+    """Written atomically: a run stopped midway leaves the last whole state."""
+    write_atomic(out / STATE_FILE, json.dumps(state, indent=2) + "\n")
 
 
 @dataclass

@@ -28,10 +28,6 @@ DATA_PARALLEL = ("ddp", "zero")
 MAX_COMBINATIONS = 64  # of one strategy's searched choices; beyond, the first value of each
 
 
-def layout_key(layout: Layout) -> str:
-    return f"d{layout.data}p{layout.pipeline}t{layout.tensor}"
-
-
 def uses(name: str, layout: Layout) -> bool:
     """Whether a layout turns the structural strategy `name` on."""
     if name in DATA_PARALLEL:
@@ -100,7 +96,7 @@ def refuse_by_layout(study: Study, spaces: dict[str, SettingsSpace], env: Runtim
         why_not: dict[tuple[str, Any], str] = {}
         combos, complete = _combinations(space)
         for lay in layouts:
-            key, first = layout_key(lay), None
+            key, first = lay.key, None
             for settings in combos:
                 searched = [(k, v) for k, v in settings.items() if k in space.searched]
                 reasons = _reasons(strategy, settings,

@@ -53,10 +53,6 @@ TARGET_PARAMS = ("global_batch_size", "optimizer", "lr", "lr_scaling", "warmup_s
 Ask = Callable[[str, Space], Any]
 
 
-def layout_key(layout: Layout) -> str:
-    return f"d{layout.data}p{layout.pipeline}t{layout.tensor}"
-
-
 class NotInSpace(Exception):
     """A wanted configuration is not one the space can produce."""
 
@@ -87,7 +83,7 @@ class SearchSpace:
         self.left_out = [line for name in names if name in settings
                          for line in settings[name].left_out]
         self.layouts, self.data_parallel = self._runnable_layouts()
-        self._by_key = {layout_key(lay): lay for lay in self.layouts}
+        self._by_key = {lay.key: lay for lay in self.layouts}
         self._one_data = len({lay.data for lay in self.layouts}) == 1
         self._one_batch_micros = all(
             len({tuple(self.micros_for(lay, g)) for g in study.global_batches}) == 1
@@ -98,7 +94,7 @@ class SearchSpace:
         strategies that run on some of them; what is left out goes in `left_out`."""
         def refused(name: str, lay: Layout) -> str | None:
             space = self.settings.get(name)
-            return space.refused.get(layout_key(lay)) if space else None
+            return space.refused.get(lay.key) if space else None
 
         kept, why = [], {}
         for lay in self.layouts:
@@ -147,7 +143,7 @@ class SearchSpace:
         strategies: dict[str, dict[str, Any]] = {}
         if layout.data > 1:
             dps = [n for n in self.data_parallel
-                   if layout_key(layout) not in self.settings[n].refused]
+                   if layout.key not in self.settings[n].refused]
             dp = dps[0]
             if len(dps) > 1:
                 dp = ask(self._named("data_parallel", dps != self.data_parallel, layout),
@@ -196,7 +192,7 @@ class SearchSpace:
     def _settings(self, name: str, ask: Ask, layout: Layout | None = None) -> dict[str, Any]:
         space = self.settings[name]
         out = dict(space.fixed)
-        here = space.layout_values.get(layout_key(layout), {}) if layout else {}
+        here = space.layout_values.get(layout.key, {}) if layout else {}
         for setting, dist in space.searched.items():
             fewer = setting in here
             if fewer:  # some values are refused on this layout
@@ -211,7 +207,7 @@ class SearchSpace:
     def _named(name: str, per_layout: bool, layout: Layout) -> str:
         """An Optuna parameter keeps one set of choices: one that differs on a layout
         has its own name there."""
-        return f"{name}@{layout_key(layout)}" if per_layout else name
+        return f"{name}@{layout.key}" if per_layout else name
 
     def _plan(self, layout: Layout, micro: int, strategies: dict[str, dict[str, Any]], g: int,
               drawn: dict[str, Any]) -> Plan:
@@ -281,7 +277,7 @@ class SearchSpace:
             lr = self.study.optimizer.lr
             return lr if dist.low <= lr <= dist.high else dist.low
         if name == "layout":
-            return layout_key(wanted.layout) if wanted.layout else dist.values[0]
+            return wanted.layout.key if wanted.layout else dist.values[0]
         if name.startswith("micro_batch_size"):
             return wanted.micro_batch_size if wanted.micro_batch_size else dist.values[-1]
         name = name.partition("@")[0]  # a per-layout parameter (data_parallel@d2p1t2)

@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from training_harness.core.cluster import ClusterSpec
@@ -26,7 +25,6 @@ from training_harness.core.config import (
     bounded,
     did_you_mean,
     from_table,
-    read_toml,
     split_workload,
 )
 from training_harness.core.errors import HarnessError
@@ -309,8 +307,3 @@ class Study(TomlFile):
         }
         check_target(study, where)  # again, now with the strategies
         return study
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> Study:
-        return cls.from_dict(read_toml(path), where=str(path))
-

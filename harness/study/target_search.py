@@ -16,7 +16,6 @@ from training_harness.core.space import Choice, FloatRange, Space
 from training_harness.core.target import TargetSpec
 
 OPTIMIZERS = ("adamw", "lamb", "lars", "muon")
-SCALINGS = ("none", "linear", "sqrt")
 
 
 @dataclass

@@ -67,6 +67,7 @@ from training_harness.tune.storage import (
     StorageUnreachable,
     describe_storage,
     make_storage,
+    say_stderr,
 )
 from training_harness.tune.study_trials import StudyTrials
 from training_harness.tune.trial_job import TrialRunner
@@ -137,7 +138,7 @@ def open_study(options: SessionOptions, checked: CheckedStudy,
     # A cut line of trials.jsonl is named whatever --quiet says (a record was lost). The
     # store says it through the progress display, which reads the store: the one made
     # first calls the other late.
-    store = RunStore(checked.run_dir, say=_stderr if options.quiet else
+    store = RunStore(checked.run_dir, say=say_stderr if options.quiet else
                      lambda text: progress.line(text))
     progress = Progress(study.name, clock, quiet=options.quiet, store=store,
                         defaults=checked.facts.defaults,
@@ -285,10 +286,6 @@ def finish(options: SessionOptions, p: Parts, outcome: Outcome,
         if not RunFolderUnwritable.stops(store, e):
             raise
         raise RunFolderUnwritable(store, e) from None
-
-
-def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _open(storage: Any, study, sampler) -> tuple[optuna.Study, bool]:

@@ -82,7 +82,7 @@ def make_storage(url: str | None, run_dir: Path, spec: StorageSpec | None = None
                             category=UserWarning)
     try:
         rdb = _open_rdb(url, spec, hooks.on_stale if hooks else None)
-        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or _say, hooks)
+        return PatientStorage(rdb, redact(url), spec.seconds("patience"), say or say_stderr, hooks)
     except Exception as e:  # a driver missing, a server not there: the user's to fix
         raise HarnessError(f"--storage {redact(url)}: cannot open ({type(e).__name__}: "
                            f"{scrub(_first_line(e), url)})") from None
@@ -111,7 +111,7 @@ def _open_rdb(url: str, spec: StorageSpec, on_stale: Callable | None = None,
     raise ValueError(f"tries must be 1 or more, not {tries}")
 
 
-def _say(text: str) -> None:
+def say_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 

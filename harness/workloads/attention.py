@@ -28,13 +28,17 @@ def compiled_flex() -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-class ExplicitAttention(nn.Module):
-    """softmax(QKᵀ/√d + causal mask) V, materialising the (seq x seq) scores."""
+class AttentionCore(nn.Module):
+    """What every attention core holds: its dropout and whether it is causal."""
 
     def __init__(self, dropout: float = 0.0, causal: bool = True):
         super().__init__()
         self.dropout = dropout
         self.causal = causal
+
+
+class ExplicitAttention(AttentionCore):
+    """softmax(QKᵀ/√d + causal mask) V, materialising the (seq x seq) scores."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
@@ -47,13 +51,8 @@ class ExplicitAttention(nn.Module):
         return probs @ v
 
 
-class SdpaAttention(nn.Module):
+class SdpaAttention(AttentionCore):
     """torch's scaled_dot_product_attention: a fused (flash / memory-efficient) kernel."""
-
-    def __init__(self, dropout: float = 0.0, causal: bool = True):
-        super().__init__()
-        self.dropout = dropout
-        self.causal = causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(
@@ -94,14 +93,9 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
 
 
-class FlexAttention(nn.Module):
+class FlexAttention(AttentionCore):
     """torch's FlexAttention with a causal block mask: the blocks above the diagonal
     are skipped, those on it masked. No dropout (flex has none)."""
-
-    def __init__(self, dropout: float = 0.0, causal: bool = True):
-        super().__init__()
-        self.dropout = dropout
-        self.causal = causal
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return flex(q, k, v, causal_block_mask if self.causal else None)
@@ -117,7 +111,7 @@ def swap_attention(model: nn.Module, to: str) -> int:
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, tuple(ATTENTION.values())) and not isinstance(child, cls)
+        if isinstance(child, AttentionCore) and not isinstance(child, cls)
     ]
     for parent, name, child in swaps:
         new = cls(dropout=child.dropout, causal=child.causal)

@@ -22,6 +22,7 @@ blocks before and after them.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -164,10 +165,8 @@ def _timm_patterns(model: nn.Module) -> list[re.Pattern[str]]:
         if isinstance(entry, tuple | list) and len(entry) == 2 and entry[1] is None:
             entry = entry[0]
         if isinstance(entry, str):
-            try:
+            with contextlib.suppress(re.error):
                 patterns.append(re.compile(entry))
-            except re.error:
-                continue
     return patterns
 
 

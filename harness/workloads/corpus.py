@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VOCAB = 256
 CHUNK = 4096
 VALIDATION_EVERY = 10
 

@@ -27,8 +27,6 @@ from training_harness.core.errors import HarnessError
 from training_harness.workloads.corpus import Split, text_split
 from training_harness.workloads.image_split import ImageSplit
 
-NAMED = ("synthetic", "text", "digits")
-
 
 def is_synthetic(data: str) -> bool:
     return data == "synthetic"

@@ -38,7 +38,6 @@ from training_harness.workloads.hf_moe import (
     aux_loss_coef,
     expert_groups,
     inactive_parameters,
-    routes_logits,
 )
 from training_harness.workloads.hf_seq2seq import seq2seq_batch, stack_layers, start_id
 from training_harness.workloads.tokens import IGNORE, masked, next_token
@@ -275,8 +274,9 @@ def build_hf(spec: str, args: dict[str, Any]) -> HFWorkload:
     if data == "text" and not is_folder(spec):
         fields.setdefault("vocab_size", 256)  # the corpus is bytes
     source = load_config(spec, fields, task)
-    if routes_logits(source.config) and "output_router_logits" not in fields:
-        source.config.output_router_logits = True  # train the router's balance, as MoEs do
+    # a config that can return router logits has a router loss: trained, as MoEs do
+    if hasattr(source.config, "output_router_logits") and "output_router_logits" not in fields:
+        source.config.output_router_logits = True
     _needs_vocab(source.config, where)
     longest = getattr(source.config, "max_position_embeddings", None)
     if isinstance(longest, int) and 0 < longest < seq_len:  # XLNet: -1, no limit

@@ -21,8 +21,6 @@ from torch import nn
 
 TOP_K_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k",
                 "top_k", "num_selected_experts", "moe_k", "router_top_k")
-EXPERT_COUNT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts",
-                       "moe_num_experts")
 AUX_COEF_FIELDS = ("router_aux_loss_coef", "aux_loss_coef")
 
 
@@ -74,10 +72,6 @@ def expert_groups(model: nn.Module) -> list[ExpertGroup]:
     return groups
 
 
-def is_moe(model: nn.Module) -> bool:
-    return bool(expert_groups(model))
-
-
 def inactive_parameters(model: nn.Module, config: Any) -> tuple[int, str | None]:
     """Parameters a token does not use (routed experts beyond its k), and a note when the
     model has experts but no config field says k (then every expert is counted)."""
@@ -99,8 +93,3 @@ def aux_loss_coef(config: Any) -> float | None:
         if isinstance(v, int | float) and not isinstance(v, bool):
             return float(v)
     return None
-
-
-def routes_logits(config: Any) -> bool:
-    """Whether the config can return router logits (so the model has a router loss)."""
-    return hasattr(config, "output_router_logits")

@@ -104,11 +104,10 @@ class SparseAttention(nn.Module):
 
 def swap_in(model: nn.Module, pattern: Pattern) -> int:
     """Replace every attention core of the built-in models by the sparse one."""
-    from training_harness.workloads.attention import ATTENTION
+    from training_harness.workloads.attention import AttentionCore
 
-    cores = tuple(ATTENTION.values()) + (SparseAttention,)
-    swaps = [(parent, name) for parent in model.modules()
-             for name, child in parent.named_children() if isinstance(child, cores)]
+    swaps = [(parent, name) for parent in model.modules() for name, child in
+             parent.named_children() if isinstance(child, (AttentionCore, SparseAttention))]
     for parent, name in swaps:
         setattr(parent, name, SparseAttention(pattern))
     return len(swaps)

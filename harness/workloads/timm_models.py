@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from training_harness.core.config import did_you_mean
 from training_harness.core.errors import HarnessError
 from training_harness.workloads import optional
-from training_harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
+from training_harness.workloads.vision import LibraryClassifier, whole_numbers
 
 EXAMPLES = "resnet18, vit_tiny_patch16_224, convnext_atto, efficientnet_b0"
+BUILD_ERRORS = (TypeError, ValueError, AssertionError, KeyError, RuntimeError)
 
 
 def timm() -> Any:
@@ -38,15 +38,6 @@ def timm() -> Any:
 
 
 class TimmWorkload(LibraryClassifier):
-    def __init__(self, model: str, num_classes: int, image_size: int, channels: int,
-                 kwargs: dict[str, Any]):
-        self.name = f"timm:{model}"
-        self.model = model
-        self.num_classes = num_classes
-        self.image_size = image_size
-        self.channels = channels
-        self.kwargs = kwargs
-
     def create(self) -> nn.Module:
         return timm().create_model(self.model, pretrained=False, num_classes=self.num_classes,
                                    in_chans=self.channels, **self.kwargs)
@@ -79,9 +70,9 @@ def build_timm(name: str, args: dict[str, Any]) -> TimmWorkload:
     whole_numbers(where, num_classes=num_classes, image_size=image_size, in_chans=channels)
     if fixed and "img_size" not in kwargs:
         kwargs["img_size"] = image_size  # its position embeddings / windows follow it
-    workload = TimmWorkload(name, num_classes, image_size, channels, kwargs)
+    workload = TimmWorkload(f"timm:{name}", num_classes, image_size, kwargs, channels)
     try:
-        _build_on_meta(workload, where)
+        workload.build_on_meta(where, BUILD_ERRORS)
     except HarnessError as e:
         if not fixed or "img_size" in args or "img_size" not in str(e):
             raise
@@ -89,16 +80,8 @@ def build_timm(name: str, args: dict[str, Any]) -> TimmWorkload:
         if image_size != default_size:
             raise HarnessError(f"{where}: this model is built for {default_size} px images "
                                f"only; drop image_size or set it to {default_size}") from None
-        _build_on_meta(workload, where)
+        workload.build_on_meta(where, BUILD_ERRORS)
     workload.check_forward(where, "set image_size to one it takes, e.g. its default "
                                   f"{default_size}")
     return workload
 
-
-def _build_on_meta(workload: TimmWorkload, where: str) -> None:
-    """The builder's own checks, nothing allocated; a refusal is one line."""
-    try:
-        with torch.device("meta"):
-            workload.build_model()
-    except (TypeError, ValueError, AssertionError, KeyError, RuntimeError) as e:
-        raise HarnessError(f"{where}: {one_line(e)}; fix the [workload] arguments") from None

@@ -20,23 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from training_harness.core.config import did_you_mean
 from training_harness.core.errors import HarnessError
 from training_harness.workloads import optional
-from training_harness.workloads.vision import LibraryClassifier, one_line, whole_numbers
+from training_harness.workloads.vision import LibraryClassifier, whole_numbers
 
 
 class TorchvisionWorkload(LibraryClassifier):
-    def __init__(self, model: str, num_classes: int, image_size: int, kwargs: dict[str, Any]):
-        self.name = f"torchvision:{model}"
-        self.model = model
-        self.num_classes = num_classes
-        self.image_size = image_size
-        self.kwargs = kwargs
-
     def create(self) -> nn.Module:
         tv = optional.torchvision()
         return tv.models.get_model(self.model, weights=None, num_classes=self.num_classes,
@@ -60,11 +52,7 @@ def build_torchvision(name: str, args: dict[str, Any]) -> TorchvisionWorkload:
         kwargs["image_size"] = image_size  # its position embeddings follow it
     if name.startswith("maxvit_"):
         kwargs["input_size"] = (image_size, image_size)  # its window partitions follow it
-    workload = TorchvisionWorkload(name, num_classes, image_size, kwargs)
-    try:
-        with torch.device("meta"):  # the builder's own checks, nothing allocated
-            workload.build_model()
-    except (TypeError, ValueError, AssertionError) as e:
-        raise HarnessError(f"{where}: {one_line(e)}; fix the [workload] arguments") from None
+    workload = TorchvisionWorkload(f"torchvision:{name}", num_classes, image_size, kwargs)
+    workload.build_on_meta(where, (TypeError, ValueError, AssertionError))
     workload.check_forward(where, "set image_size to one it takes, e.g. its default 224")
     return workload

@@ -72,13 +72,23 @@ class LibraryClassifier(Workload):
     images of its size and classes (`synthetic_images`), cross-entropy on its logits.
     Subclasses build the model."""
 
-    num_classes: int
-    image_size: int
-    channels: int = 3
+    def __init__(self, name: str, num_classes: int, image_size: int, kwargs: dict[str, Any],
+                 channels: int = 3):
+        self.name, self.model = name, name.partition(":")[2]
+        self.num_classes, self.image_size, self.channels = num_classes, image_size, channels
+        self.kwargs = kwargs  # the builder's own keywords
 
     @abstractmethod
     def create(self) -> nn.Module:
         """The library's model, on the current default device."""
+
+    def build_on_meta(self, where: str, errors: tuple[type[Exception], ...]) -> None:
+        """The builder's own checks, nothing allocated; a refusal (`errors`) is one line."""
+        try:
+            with torch.device("meta"):
+                self.build_model()
+        except errors as e:
+            raise HarnessError(f"{where}: {one_line(e)}; fix the [workload] arguments") from None
 
     def build_model(self) -> nn.Module:
         try:

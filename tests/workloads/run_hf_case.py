@@ -70,7 +70,7 @@ CASES = [
          {"zero": {"stage": 3}, "fused": {"linear_cross_entropy": True}}),
     Case("llama-pipeline-1f1b-linear-ce", "llama", PIPE,
          {"pipeline": {}, "fused": {"linear_cross_entropy": True}}, micro=2),
-    # No base_model_tp_plan: the harness's own plan (strategies.hf_tensor_plan).
+    # No base_model_tp_plan: the harness's own plan (strategies.hf_tensor).
     *[Case(f"{m}-tensor", m, TENSOR, {"tensor": {}}, micro=8)
       for m in ("bert", "opt", "distilbert")],
     Case("opt-tensor-attention-only", "opt", TENSOR, {"tensor": {"mlp": False}}, micro=8),

@@ -88,8 +88,7 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
         parts = [f"{name} {v:.0f} s" for name, v in spent.items()]
         unused = max(clock.left(), 0.0)
         print(f"time: {', '.join(parts)}; {unused:.0f} s of the budget unused")
-    said = verdict_text(verdict) if verdict else ""
-    if said:
+    if verdict and (said := verdict_text(verdict)):
         print(said)
     if decision:  # its figures with the ablation's measurements pooled in
         print(confirmation_text(_agreeing(refreshed(decision, records), verdict)))
@@ -108,12 +107,9 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
     if over_tf32 and (decision or {}).get("objective") != "time_to_loss":
         print(over_tf32)
     if best_id is not None:
-        text = ablation_table(records, best_id)
-        if text:
-            print(text)
-        text = variants_table(records, rate)
-        if text:
-            print(text)
+        for text in (ablation_table(records, best_id), variants_table(records, rate)):
+            if text:
+                print(text)
         print(f"wrote {store.best_toml}; re-run it: harness bench {store.best_toml}")
     else:
         busy = [r for r in records if r["status"] == "ok" and busy_note(r)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -114,9 +115,7 @@ def _above_the_best(rows: list[dict[str, Any]], pooled: Callable[[dict], Pooled 
 
 
 def status_counts(records: list[dict[str, Any]]) -> str:
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    counts = Counter(r["status"] for r in records)
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
 
 

@@ -12,7 +12,6 @@ queued again, in the grid's own seeded order.
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
@@ -20,14 +19,11 @@ import optuna
 from optuna.trial import TrialState
 
 from training_harness.records.tags import tags_of
+from training_harness.study.space_sampling import key
 
 # Trials whose configuration needs nothing more: measured (or found not to run), pruned
 # by Optuna's rules, or already queued or running.
 _COVERED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
-
-
-def _key(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
 
 
 def seeded_grid(grid: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
@@ -46,10 +42,10 @@ def requeue_grid(optuna_study: optuna.Study, grid: list[dict[str, Any]], seed: i
     for t in optuna_study.get_trials(deepcopy=False):
         if t.state in _COVERED or t.number in orphans:
             # a queued trial holds its configuration as fixed_params until it is asked
-            covered.add(_key(t.system_attrs.get("fixed_params") or t.params))
+            covered.add(key(t.system_attrs.get("fixed_params") or t.params))
     queued = 0
     for params in seeded_grid(grid, seed):
-        if _key(params) not in covered:
+        if key(params) not in covered:
             optuna_study.enqueue_trial(params, user_attrs={"phase": "search"})
             queued += 1
     return queued
