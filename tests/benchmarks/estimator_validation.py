@@ -4,11 +4,15 @@
         [--plans quickstart,mlp,...] [--page docs/benchmarks/estimator_cpu_DATE.md]
 
 Nothing is fitted on the steps it is judged on: the profile comes from microbenchmarks
-(`harness calibrate`, measured first, into --out's own cache), the steps from whole-model
-`harness bench` trials of the plans in studies/plans/. The estimates are made here, from
-the plan and --out's profile.json (so a changed estimator is judged again without
-measuring again: the trials and the profile in --out are reused); the estimate without
-the profile (one peak per dtype at an assumed MFU) beside it. A trial measured while the
+(`harness calibrate`, into --out's own cache), the steps from whole-model `harness bench`
+trials of the plans in studies/plans/. Each plan's profile is measured just before its
+trial (PLAN/profile.json): a shared VM's speed moves by up to 30% over the minutes a
+validation takes, and a profile measured once at the start judged the later plans on
+another machine's speed (three runs of 2026-12-06: median error 4.3-13.9%). The page
+gives each profile's best fp32 matmul rate, so that drift is seen. The estimates are made
+here, from the plan and its profile.json (so a changed estimator is judged again without
+measuring again: the trials and profiles in --out are reused); the estimate without the
+profile (one peak per dtype at an assumed MFU) beside it. A trial measured while the
 machine was busy is measured again (as time_to_loss_table.py does).
 
 Raw error = predicted / measured - 1 (negative: predicted fast). The page gives median,
@@ -45,25 +49,27 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     os.environ["HARNESS_CACHE_DIR"] = str(out / "cache")
     harness = [sys.executable, "-m", "training_harness"]
-    if not (out / "profile.json").is_file():
-        out.mkdir(parents=True, exist_ok=True)
-        subprocess.run([*harness, "calibrate", "--out", str(out / "profile.json")], check=True)
-        # the machine's load while the profile was measured: its figures are bests of groups,
-        # slowed (never sped up) by other work
-        (out / "profile-load.json").write_text(json.dumps(os.getloadavg()))
     from training_harness.core.plan import Plan
 
-    rows = []
+    rows, profiles = [], []
     for name in args.plans.split(","):
         plan = Plan.from_toml(ROOT / "studies" / "plans" / f"{name}.toml")
-        measure_until_quiet(out / name, plan, args.remeasure, f"[{name}]")
-        record = quietest(out / name)
-        profile = json.loads((out / "profile.json").read_text())
+        folder = out / name
+        if not (folder / "profile.json").is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            subprocess.run([*harness, "calibrate", "--out", str(folder / "profile.json")],
+                           check=True)
+            # the load while it was measured: its figures are bests of groups, slowed (never
+            # sped up) by other work
+            (folder / "profile-load.json").write_text(json.dumps(os.getloadavg()))
+        measure_until_quiet(folder, plan, args.remeasure, f"[{name}]")
+        record = quietest(folder)
+        profile = json.loads((folder / "profile.json").read_text())
+        profiles.append(profile)
         rows.append(row(name, record, estimate_step(plan, record, None),
-                        estimate_step(plan, record, profile)))
-    page = render(rows, json.loads((out / "profile.json").read_text()), args,
-                  json.loads(load.read_text()) if (load := out / "profile-load.json").is_file()
-                  else None)
+                        estimate_step(plan, record, profile))
+                    | {"matmul": best_matmul(profile), "load": load_of(folder)})
+    page = render(rows, profiles, args)
     (out / "validation.md").write_text(page)
     if args.page:
         Path(args.page).write_text(page)
@@ -82,6 +88,17 @@ def estimate_step(plan, record: dict, profile: dict | None) -> float | None:
     return estimate(plan.replace(device="cpu"), workload, RuntimeEnv.detect("cpu"),
                     _peak(record), profile=DeviceProfile(profile) if profile else None
                     ).step_time_s
+
+
+def best_matmul(profile: dict) -> float:
+    """The profile's best fp32 matmul rate, GFLOP/s: the machine's speed when measured."""
+    return max(2 * m * n * k / t for m, n, k, t in profile["matmul"]["fp32"]) / 1e9
+
+
+def load_of(folder: Path) -> float | None:
+    """The 1-minute load average after the plan's profile was measured."""
+    path = folder / "profile-load.json"
+    return json.loads(path.read_text())[0] if path.is_file() else None
 
 
 def _peak(record: dict) -> float | None:
@@ -134,23 +151,27 @@ def summary(rows: list[dict], key: str) -> str:
             f"predicted best takes {best:.2f} of the measured best")
 
 
-def render(rows: list[dict], profile: dict, args: argparse.Namespace,
-           load: list[float] | None) -> str:
+def render(rows: list[dict], profiles: list[dict], args: argparse.Namespace) -> str:
+    first = profiles[0]
+    rates = [r["matmul"] for r in rows]
     lines = [
         f"# The estimator's raw step time on the CPU, {time.strftime('%Y-%m-%d')}",
         "",
-        f"Device: {profile['device_name']}, {profile['threads']} threads, torch "
-        f"{profile['torch']}. Profile measured {profile['measured_at']} by `harness calibrate` "
-        "(microbenchmarks only); steps measured by `harness bench` of studies/plans/ "
-        "(median step of each trial; a trial measured beside other work is measured again).",
-        f"Load average (1, 5, 15 min) after the profile: {load or 'not recorded'}; "
-        f"when this page was written: {[round(x, 2) for x in os.getloadavg()]}.",
+        f"Device: {first['device_name']}, {first['threads']} threads, torch "
+        f"{first['torch']}. Each plan's profile measured by `harness calibrate` "
+        "(microbenchmarks only) just before its steps, measured by `harness bench` of "
+        "studies/plans/ (median step of each trial; a trial measured beside other work is "
+        f"measured again). Profiles from {first['measured_at']} to "
+        f"{profiles[-1]['measured_at']}; their best fp32 matmul {min(rates):.1f}-"
+        f"{max(rates):.1f} GFLOP/s (the machine's speed moving between plans). Load "
+        f"average when this page was written: {[round(x, 2) for x in os.getloadavg()]}.",
         "",
         f"    python tests/benchmarks/estimator_validation.py --out {args.out} "
         f"--plans {args.plans}",
         "",
-        "| plan | measured step | with the profile | error | without (peak x MFU) | error |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| plan | profile's matmul | load | measured step | with the profile | error "
+        "| without (peak x MFU) | error |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         def ms(x: float | None) -> str:
@@ -160,8 +181,10 @@ def render(rows: list[dict], profile: dict, args: argparse.Namespace,
             return f"{r[key] / r['measured'] - 1:+.0%}" if r["measured"] and r[key] else "-"
 
         flag = " (busy)" if r["interference"] else ""
-        lines.append(f"| {r['plan']}{flag} | {ms(r['measured'])} | {ms(r['predicted'])} "
-                     f"| {err('predicted')} | {ms(r['plain'])} | {err('plain')} |")
+        load = f"{r['load']:.2f}" if r["load"] is not None else "-"
+        lines.append(f"| {r['plan']}{flag} | {r['matmul']:.1f} GFLOP/s | {load} "
+                     f"| {ms(r['measured'])} | {ms(r['predicted'])} | {err('predicted')} "
+                     f"| {ms(r['plain'])} | {err('plain')} |")
     lines += ["", f"- With the profile: {summary(rows, 'predicted')}.",
               f"- Without (one peak per dtype at an assumed MFU): {summary(rows, 'plain')}.",
               ""]
