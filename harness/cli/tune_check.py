@@ -106,6 +106,7 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
         ("budget", f"{_duration(budget.time)} wall clock, {trials}, "
                    f"{_duration(budget.trial_timeout)} per trial"),
         ("memory", memory),
+        ("estimator", _estimator(ready.facts)),
         ("first trials", ", ".join(phase for phase, _ in ready.references)),
         ("start", describe_start(study, size, len(ready.references))),
         ("run folder", f"{ready.run_dir} ({state})"),
@@ -116,6 +117,16 @@ def what_would_run(args: argparse.Namespace, ready: Any) -> str:
              "created or launched)"]
     lines += [f"  {key:<13} {value}" for key, value in rows]
     return "\n".join(one_line(line) for line in lines)
+
+
+def _estimator(facts: Any) -> str:
+    """What the search's first guesses rest on: a measured profile, or the datasheet."""
+    if facts.profile_measured:
+        return f"this device's profile (harness calibrate, {facts.profile_measured})"
+    device = "" if facts.device_type == "cpu" else " --device cuda"
+    return ("no profile of this device: a step costed at the datasheet's peak and an "
+            "assumed MFU, the same at every micro-batch; `harness calibrate"
+            f"{device}` measures one (about a minute) for the search's first guesses")
 
 
 def _duration(value: str | float) -> str:

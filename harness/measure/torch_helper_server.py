@@ -50,7 +50,10 @@ def devices() -> dict[str, Any]:
 
 
 def study_facts(table: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
     from training_harness.core.device import RuntimeEnv, resolve_device
+    from training_harness.measure.device_profile import cached_profile
     from training_harness.measure.memory import device_memory_bytes
     from training_harness.measure.prepare import study_peaks
     from training_harness.strategies import registry
@@ -70,7 +73,9 @@ def study_facts(table: dict[str, Any]) -> dict[str, Any]:
         device_count=runtime.device_count, device_memory_bytes=device_memory_bytes(device_type),
         settings=settings, defaults={s.name: s.defaults() for s in registry.all_strategies()},
         known_good=study.known_good, env=_env_for(device_type),
-        peaks=study_peaks(device_type, _study_dtypes(settings, study.known_good), workload))
+        peaks=study_peaks(device_type, _study_dtypes(settings, study.known_good), workload),
+        profile_measured=(cached_profile(torch.device(device_type), runtime.device_name)
+                          or {}).get("measured_at", ""))
     return facts.to_json()
 
 

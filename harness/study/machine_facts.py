@@ -30,6 +30,10 @@ class MachineFacts:
     # dtype ("fp32", "bf16", "fp16"); study.json keeps them, so a resumed study and
     # its helper workers divide by the same figures.
     peaks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # When this device's profile (`harness calibrate`) was measured, or "" for none: the
+    # estimator then costs a step at the datasheet's peak and an assumed MFU, the same at
+    # every micro-batch, and the search's first guesses cannot rank micro-batches
+    profile_measured: str = ""
 
     def resolved(self, plan: Plan) -> Plan:
         """`plan` with every strategy's settings written out in full (defaults filled),
@@ -44,11 +48,12 @@ class MachineFacts:
                 "device_memory_bytes": self.device_memory_bytes,
                 "settings": {k: v.to_json() for k, v in self.settings.items()},
                 "defaults": self.defaults, "known_good": self.known_good, "env": self.env,
-                "peaks": self.peaks}
+                "peaks": self.peaks, "profile_measured": self.profile_measured}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MachineFacts:
         return cls(data["device_type"], data["device_name"], data["device_count"],
                    data["device_memory_bytes"],
                    {k: SettingsSpace.from_json(v) for k, v in data["settings"].items()},
-                   data["defaults"], data["known_good"], data["env"], data.get("peaks") or {})
+                   data["defaults"], data["known_good"], data["env"], data.get("peaks") or {},
+                   data.get("profile_measured", ""))

@@ -165,9 +165,27 @@ def test_check_prints_what_would_run_and_creates_nothing(tmp_path, capsys, launc
     printed = capsys.readouterr().out
     for words in ("study         quickstart", "throughput (maximize)", "device        cpu",
                   "60 configurations", "3m wall clock", f"{out} (new; not created yet)",
-                  "first trials  baseline, known-good", FAKE):
+                  "first trials  baseline, known-good", "estimator     ", FAKE):
         assert words in printed, printed
     assert not out.exists() and launched == []
+
+
+def test_check_says_whether_the_estimator_has_this_devices_profile():
+    """Without a profile the first guesses cannot rank micro-batches (the step is the
+    datasheet's at an assumed MFU): the check says so and how to measure one."""
+    from training_harness.cli.tune_check import _estimator
+    from training_harness.study.machine_facts import MachineFacts
+
+    gpu = MachineFacts("cuda", "NVIDIA H100 80GB HBM3", 1, 80 * 2**30)
+    assert "no profile" in _estimator(gpu) and "harness calibrate --device cuda" in _estimator(gpu)
+    gpu.profile_measured = "2026-12-06T13:45:14+0000"
+    assert _estimator(gpu) == ("this device's profile (harness calibrate, "
+                               "2026-12-06T13:45:14+0000)")
+    again = MachineFacts.from_json(gpu.to_json())
+    assert again.profile_measured == gpu.profile_measured
+    old = gpu.to_json()
+    del old["profile_measured"]  # a study.json written before the field: no profile known
+    assert MachineFacts.from_json(old).profile_measured == ""
 
 
 def test_check_of_a_space_with_ranges_says_unbounded(tmp_path, capsys):
