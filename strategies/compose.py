@@ -108,6 +108,4 @@ def _on(model: nn.Module, device: torch.device) -> nn.Module:
     """`model` on `device`, moved only where a tensor is elsewhere: the estimator composes
     on fake tensors (training_harness.estimator.op_trace), which `.to` cannot swap."""
     tensors = itertools.chain(model.parameters(), model.buffers())
-    if all(t.device == device for t in tensors):
-        return model
-    return model.to(device)
+    return model if all(t.device == device for t in tensors) else model.to(device)

@@ -104,23 +104,19 @@ def wrap_ddp(setup: Setup, who: str, bucket_cap_mb: float = 25.0, compression: s
     state = None
     if compression == "powersgd":
         assert powersgd is not None
-        state = powersgd_state(pg, powersgd)
+        # the rank and warm-up asked for, torch's defaults for the rest (error feedback and
+        # warm start on, min_compression_rate 2, random_seed 0 on every rank so that all
+        # draw the same Q). Its `iter` counts backward passes whose all-reduce runs:
+        # optimizer steps, with no_sync on the other micro-steps (checked).
+        state = powerSGD_hook.PowerSGDState(
+            process_group=pg, matrix_approximation_rank=powersgd.powersgd_rank,
+            start_powerSGD_iter=powersgd.start_powersgd_iter)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif compression != "none":
         ddp.register_comm_hook(pg, HOOKS[compression])
     setup.model = ddp
     setup.no_sync = ddp.no_sync
     return state
-
-
-def powersgd_state(pg, settings: DdpSettings) -> powerSGD_hook.PowerSGDState:
-    """torch's PowerSGD state: the rank and warm-up asked for, torch's defaults for the
-    rest (error feedback and warm start on, min_compression_rate 2, random_seed 0 on
-    every rank so that all draw the same Q). Its `iter` counts backward passes whose
-    all-reduce runs: optimizer steps, with no_sync on the other micro-steps (checked)."""
-    return powerSGD_hook.PowerSGDState(
-        process_group=pg, matrix_approximation_rank=settings.powersgd_rank,
-        start_powerSGD_iter=settings.start_powersgd_iter)
 
 
 class Ddp(Strategy):

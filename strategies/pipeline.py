@@ -201,10 +201,6 @@ def hf_stages(model: nn.Module, ids: list[int], total: int) -> list[HFStage]:
     return [HFStage(model, range(s * per, (s + 1) * per), s == 0, s == total - 1) for s in ids]
 
 
-def gpt_config(plan) -> GPTConfig:
-    return from_table(GPTConfig, dict(plan.workload_args), "[workload]")
-
-
 class Pipeline(Strategy):
     name = "pipeline"
     summary = ("pipeline parallel: GPT blocks (or an hf: decoder's layers) split into stages, "
@@ -281,14 +277,13 @@ def model_reasons(plan, p: int, v: int) -> list[str] | None:
     """What the model needs to be cut into p x v stages; None: a model not split here."""
     if plan.workload.startswith("hf:"):
         try:
-            return hf_reasons(load_workload(plan.workload, dict(plan.workload_args)),
-                                       p * v)
+            return hf_reasons(load_workload(plan.workload, dict(plan.workload_args)), p * v)
         except HarnessError as e:
             return [str(e)]
     if plan.workload != "gpt":
         return None
     try:
-        cfg = gpt_config(plan)
+        cfg = from_table(GPTConfig, dict(plan.workload_args), "[workload]")
     except HarnessError as e:
         return [str(e)]
     reasons = []

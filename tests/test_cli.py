@@ -249,7 +249,7 @@ def test_a_calibration_measured_low_is_flagged_and_dropped(tmp_path, monkeypatch
     keys = []
     for threads in range(1, 9):  # the trial process picks its own thread count
         monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
-        keys.append(cal.peak_key(cpu, cal._device_name(cpu), "fp32"))
+        keys.append(cal.peak_key(cpu, cal.device_name(cpu), "fp32"))
     monkeypatch.undo()
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     cache.write(cal.CACHE_FILE, {k: low for k in keys})

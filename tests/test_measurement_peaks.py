@@ -170,7 +170,7 @@ def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
 
     data = json.loads((cache_dir / "peaks.json").read_text())
     assert len(data["entries"]) == 2
-    entry = data["entries"][peaks.peak_key(CPU, peaks._device_name(CPU), "fp32")]
+    entry = data["entries"][peaks.peak_key(CPU, peaks.device_name(CPU), "fp32")]
     assert entry["flops"] == first.flops and entry["source"] == first.source
 
     counted.clear()
@@ -183,7 +183,7 @@ def test_measured_peak_cpu_is_positive_and_cached(cache_dir, counted) -> None:
 
 
 def test_measured_peak_uses_a_planted_cache_entry(cache_dir, counted) -> None:
-    key = peaks.peak_key(CPU, peaks._device_name(CPU), "bf16")
+    key = peaks.peak_key(CPU, peaks.device_name(CPU), "bf16")
     (cache_dir / "peaks.json").write_text(
         json.dumps({"version": 1, "entries": {key: {"flops": 1.5e12, "source": "measured: x"}}})
     )

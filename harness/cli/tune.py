@@ -263,8 +263,6 @@ def _launcher(spec: str | None, study: Any, device_type: str):
     FunctionLauncher (or a Launcher instance, taken as it is)."""
     import dataclasses
     import importlib
-    import os
-    import sys
 
     from training_harness.core.cluster import ClusterSpec
     from training_harness.launch.launcher import Launcher, as_launcher

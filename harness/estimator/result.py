@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from training_harness.core.units import format_bytes
@@ -92,23 +92,8 @@ class Estimate:
     step_parts: dict[str, float] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
-        """The `predicted` entry of a result record (JSON-ready)."""
-        return {
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "step_time_s": self.step_time_s,
-            "memory": dict(self.memory),
-            "flops_per_step": self.flops_per_step,
-            "assumptions": list(self.assumptions),
-            "phases": dict(self.phases),
-            "upper_bound_bytes": self.upper_bound_bytes,
-            "block_terms": dict(self.block_terms),
-            "assumed_mfu": self.assumed_mfu,
-            "sharding": dict(self.sharding),
-            "pipeline": dict(self.pipeline),
-            "tensor": dict(self.tensor),
-            "device_overhead_bytes": self.device_overhead_bytes,
-            "step_parts": dict(self.step_parts),
-        }
+        """The `predicted` entry of a result record (JSON-ready): every field, copied."""
+        return asdict(self)
 
     def summary(self) -> str:
         """A few lines for the terminal."""

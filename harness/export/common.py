@@ -55,7 +55,7 @@ class Export:
     def sidecar(self) -> str:
         """The notes file's JSON: written beside the export as <name>.harness.json."""
         notes = {"stack": self.stack, "harness": self.harness,
-                 "not_expressed": notes_json(self.not_expressed)}
+                 "not_expressed": [asdict(n) for n in self.not_expressed]}
         return json.dumps(notes, indent=2) + "\n"
 
     def missing(self) -> list[NotExpressed]:
@@ -186,10 +186,6 @@ class Writer:
 def sidecar_path(out: Path) -> Path:
     """best.hf-trainer.json -> best.hf-trainer.harness.json"""
     return out.with_name(f"{out.stem}.harness.json")
-
-
-def notes_json(lost: list[NotExpressed]) -> list[dict[str, Any]]:
-    return [asdict(n) for n in lost]
 
 
 def comment_lines(lost: list[NotExpressed], source: str, stack: str) -> str:

@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from training_harness.measure.peaks import device_name, peak_key, run_module
+
 SCHEMA = 4  # 2: attention by dtype and mask; 3: elementwise by dtype; 4: convolutions,
 # batch norm, matmuls and elementwise on warm outputs, first touch, attention one past
 # each power of two
@@ -88,12 +90,6 @@ def measure(device: torch.device, quick: bool = False) -> dict[str, Any]:
     profile["optimizer"] = _optimizers(device)
     profile["op_overhead_s"] = _op_overhead(device, profile)
     return profile
-
-
-def device_name(device: torch.device) -> str:
-    from training_harness.measure.peaks import _device_name
-
-    return _device_name(device)
 
 
 def _dtype_runs(device: torch.device, dtype: str) -> bool:
@@ -341,7 +337,6 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
     """Measure `device`'s profile in a process of its own (its CUDA context ends with
     it), keep it in the machine's cache, and return it."""
     from training_harness.measure import cache
-    from training_harness.measure.peaks import run_module
 
     argv = [str(device)] + (["--quick"] if quick else [])
     profile = json.loads(run_module("training_harness.measure.device_profile", argv,
@@ -353,8 +348,6 @@ def calibrate(device: torch.device, quick: bool = False) -> dict[str, Any]:
 def cache_key(device: torch.device, name: str | None = None) -> str:
     """What the figures depend on: the peak calibration's key (device, threads, flags,
     torch)."""
-    from training_harness.measure.peaks import peak_key
-
     return peak_key(device, name or device_name(device), "profile")
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from training_harness.core.device import cpu_capability, cpu_flags
+from training_harness.core.device import cpu_capability, cpu_flags, cpu_name
 
 T = TypeVar("T")
 
@@ -100,10 +100,6 @@ def _env_vars() -> dict[str, str]:
     return dict(sorted(keep.items()))
 
 
-def _package_versions() -> dict[str, str | None]:
-    return {name: _safe(lambda name=name: metadata.version(name)) for name in _PACKAGES}
-
-
 def _gpus(device: torch.device) -> list[dict[str, Any]] | None:
     """The visible CUDA devices; for a CPU trial through NVML, so no CUDA context is made."""
     if device.type == "cuda":
@@ -121,12 +117,6 @@ def _nccl_version() -> str | None:
         return None
     v = torch.cuda.nccl.version()
     return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-
-
-def _cpu_name() -> str:
-    from training_harness.core.device import cpu_name
-
-    return cpu_name()
 
 
 def _matmul_precision() -> str | None:
@@ -147,6 +137,7 @@ def capture_env(device: torch.device) -> dict[str, Any]:
 def _capture(device: torch.device) -> dict[str, Any]:
     import training_harness
     from training_harness.measure.nvml import driver_version
+    from training_harness.measure.peaks import device_name
 
     cuda = device.type == "cuda"
     gpus = _safe(lambda: _gpus(device)) or []
@@ -157,7 +148,7 @@ def _capture(device: torch.device) -> dict[str, Any]:
         "python_implementation": platform.python_implementation(),
         "platform": _safe(platform.platform),
         "hostname": _safe(socket.gethostname),
-        "cpu": _safe(_cpu_name),
+        "cpu": _safe(cpu_name),
         "cpu_capability": _safe(cpu_capability),
         "cpu_flags": _safe(cpu_flags),
         "cpu_count": os.cpu_count(),
@@ -169,11 +160,12 @@ def _capture(device: torch.device) -> dict[str, Any]:
         "cudnn": _safe(lambda: torch.backends.cudnn.version() if cuda else None),
         "nccl": _safe(lambda: _nccl_version() if cuda else None),
         "device": str(device),
-        "device_name": _safe(lambda: torch.cuda.get_device_name(device) if cuda else _cpu_name()),
+        "device_name": _safe(lambda: device_name(device)),
         "gpu_names": [g["name"] for g in gpus],
         "gpus": gpus,
         "driver": _safe(driver_version),
         "float32_matmul_precision": _safe(_matmul_precision),
-        "packages": _package_versions(),
+        "packages": {name: _safe(lambda name=name: metadata.version(name))
+                     for name in _PACKAGES},
         "env": _safe(_env_vars) or {},
     }

@@ -126,6 +126,4 @@ def trial_steps_max(plan: Plan, device_type: str) -> int:
 
 def feed_capacity(feed: Any) -> int:
     """How many steps `feed` can serve: a loader's length; the pool cycles."""
-    if isinstance(feed, LoaderFeed):
-        return len(feed.loader.dataset)
-    return 10**9
+    return len(feed.loader.dataset) if isinstance(feed, LoaderFeed) else 10**9

@@ -181,9 +181,5 @@ def peak_memory_bytes(d: dict[str, Any]) -> int | None:
 def device_memory_bytes(device_type: str) -> int:
     """Memory of one device: the first CUDA device's, or this machine's RAM on a CPU."""
     if device_type == "cuda":
-        import torch
-
         return int(torch.cuda.get_device_properties(0).total_memory)
-    import psutil
-
     return int(psutil.virtual_memory().total)

@@ -208,7 +208,7 @@ def measured_peaks(device: torch.device, dtypes: list[str], *,
         _check_dtype(dtype)
     device = _indexed(device)
     wanted = list(dict.fromkeys(matmul_dtype(device, d) for d in dtypes))
-    keys = {d: peak_key(device, _device_name(device), d) for d in wanted}
+    keys = {d: peak_key(device, device_name(device), d) for d in wanted}
     entries = store.read(CACHE_FILE) if cache else {}
     found = {d: hit for d in wanted if (hit := _valid_entry(entries.get(keys[d]))) is not None}
     missing = [d for d in wanted if d not in found]
@@ -226,7 +226,7 @@ def forget_measured_peak(device: torch.device, dtype: str) -> None:
     """Drop the cached figure: a trial ran faster than it, so it was measured low (on a
     loaded machine); the next study or bench measures it again."""
     device = _indexed(device)
-    key = peak_key(device, _device_name(device), matmul_dtype(device, dtype))
+    key = peak_key(device, device_name(device), matmul_dtype(device, dtype))
     entries = store.read(CACHE_FILE)
     if entries.pop(key, None) is not None:
         store.write(CACHE_FILE, entries)
@@ -248,7 +248,7 @@ def _indexed(device: torch.device) -> torch.device:
     return device
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     from training_harness.core.device import cpu_name

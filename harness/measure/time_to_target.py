@@ -60,7 +60,7 @@ def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss
                               "linear between the measured lengths"}
         step_time_s = lt.run_seconds(length_times, schedule.length, round(mid)) / round(mid)
     strategies = plan.get("strategies") or {}
-    out: dict[str, Any] = {
+    return {
         "target_loss": target_loss,
         "reached": reached,
         "seeds": [r["seed"] for r in runs],
@@ -78,7 +78,6 @@ def summarize(runs: list[dict[str, Any]], step_time_s: float | None, target_loss
         "runs": runs,
         **extra,
     }
-    return out
 
 
 def add_time_to_target(prep: Prepared, metrics: dict[str, Any]) -> tuple[str, str | None]:

@@ -96,9 +96,7 @@ class WindowTimer:
 
     def _seconds(self, a: int, b: int) -> float:
         start, end = self._marks[a], self._marks[b]
-        if self.cuda:
-            return start.elapsed_time(end) / 1e3
-        return end - start
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
 
 SETTLE_STEPS = 3  # warm-up has settled when its last 3 step times are
@@ -143,21 +141,16 @@ def step_time_stats(times_s: list[float]) -> dict[str, float | int]:
     if not times_s:
         raise ValueError("no measured steps")
     ordered = sorted(times_s)
+    # deciles interpolated between closest ranks (numpy's default); one step is every decile
+    deciles = (statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1
+               else ordered * 9)
     return {
         "median": statistics.median(ordered),
-        "p10": _quantile(ordered, 0.10),
-        "p90": _quantile(ordered, 0.90),
+        "p10": deciles[0],
+        "p90": deciles[-1],
         "n": len(ordered),
         "mean": statistics.fmean(ordered),
         "stdev": statistics.stdev(ordered) if len(ordered) > 1 else 0.0,
         "min": ordered[0],
         "max": ordered[-1],
     }
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

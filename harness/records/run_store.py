@@ -295,5 +295,4 @@ def _named(error: OSError, path: Path) -> OSError:
     """`error` with the file it was writing (a write to an open file names none)."""
     if error.filename is not None:
         return error
-    named = OSError(error.errno, error.strerror or str(error), str(path))
-    return named
+    return OSError(error.errno, error.strerror or str(error), str(path))

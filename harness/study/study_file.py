@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -48,9 +49,7 @@ class MicroRange:
         if not 1 <= self.min <= MAX_MICRO:
             raise HarnessError(f"{where}.min: must be between 1 and {MAX_MICRO}")
         if not self.min <= self.max <= MAX_MICRO:
-            raise HarnessError(f"{where}.max: must be between min and {MAX_MICRO}")
-        if self.max < self.min:
-            raise HarnessError(f"{where}.max: must be at least min ({self.min})")
+            raise HarnessError(f"{where}.max: must be between min ({self.min}) and {MAX_MICRO}")
 
     def values(self) -> list[int]:
         out, m = [], self.min
@@ -93,13 +92,9 @@ class LayoutSpec:
             )
 
     def layouts(self) -> list[Layout]:
-        out = []
-        for w in sorted(set(self.world_sizes)):
-            for p in sorted(set(self.pipeline)):
-                for t in sorted(set(self.tensor)):
-                    if w % (p * t) == 0:
-                        out.append(Layout(data=w // (p * t), pipeline=p, tensor=t))
-        return out
+        axes = (sorted(set(v)) for v in (self.world_sizes, self.pipeline, self.tensor))
+        return [Layout(data=w // (p * t), pipeline=p, tensor=t)
+                for w, p, t in itertools.product(*axes) if w % (p * t) == 0]
 
 
 @dataclass

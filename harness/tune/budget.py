@@ -68,6 +68,4 @@ def memory_budget_bytes(value: str | float, device_memory_bytes: int) -> int:
     """`value` as bytes per device: a size, or a fraction of the device's memory
     (`device_memory_bytes`, from the study's facts: training_harness.study.machine_facts)."""
     kind, number = memory_spec(value)
-    if kind == "fraction":
-        return int(number * device_memory_bytes)
-    return int(number)
+    return int(number * device_memory_bytes) if kind == "fraction" else int(number)

@@ -147,7 +147,7 @@ class GPTWorkload(Workload):
         as the model learns instead of sitting at log V. Real data: random windows."""
         cfg = self.cfg
         if not is_synthetic(cfg.data):
-            return self._real(batch_size, index, device, token_data(cfg.data).train_batch)
+            return token_data(cfg.data).next_token(batch_size, index, cfg.seq_len, device)
         g = torch.Generator().manual_seed(1_000_003 * (index + 1))
         start = torch.randint(cfg.vocab, (batch_size, 1), generator=g)
         tokens = start.expand(-1, cfg.seq_len + 1).clone()
@@ -161,14 +161,8 @@ class GPTWorkload(Workload):
     def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         if is_synthetic(self.cfg.data):
             return super().eval_batch(batch_size, index, device)
-        return self._real(batch_size, index, device, token_data(self.cfg.data).eval_batch)
-
-    def _real(self, batch_size: int, index: int, device: torch.device | str, draw: Any) -> Any:
-        if torch.device(device).type == "meta":
-            ids = torch.empty(batch_size, self.cfg.seq_len, dtype=torch.int64, device="meta")
-            return ids, torch.empty_like(ids)
-        rows = draw(batch_size, index, self.cfg.seq_len).to(device)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        return token_data(self.cfg.data).next_token(batch_size, index, self.cfg.seq_len, device,
+                                                    held_out=True)
 
     def data_info(self) -> dict[str, Any]:
         if is_synthetic(self.cfg.data):

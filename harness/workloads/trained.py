@@ -28,10 +28,6 @@ WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_mod
 HF_ARGS = ("seq_len", "attn_implementation", "task", "data")
 
 
-def is_saved(folder: str | Path) -> bool:
-    return (Path(folder).expanduser() / SAVED).is_file()
-
-
 def _plain_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under their own names: LoRA merged, wrappers' names removed."""
     for m in model.modules():
@@ -78,7 +74,7 @@ def saved_workload(folder: str | Path) -> tuple[str, dict[str, Any]]:
     """The workload name and arguments that rebuild the saved model (an hf: model's
     become `hf:FOLDER`, its config read from the folder)."""
     path = Path(folder).expanduser().resolve()
-    if not is_saved(path):
+    if not (path / SAVED).is_file():
         raise HarnessError(f"{path}: no {SAVED}; make the folder with "
                            "`harness bench ... --save FOLDER`")
     table = tomllib.loads((path / SAVED).read_text())["workload"]

@@ -20,7 +20,6 @@ micro-batch size. Each record is tagged
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,29 +92,13 @@ def run_ablation(best: FrozenTrial | None, space: SearchSpace, repeats: int,
 
 def ablation_rows(records: list[dict[str, Any]], of: int | str) -> list[dict[str, Any]]:
     """One row per configuration of the ablation of trial `of` (the best itself first,
-    then each technique left out): its statuses, and the throughput median, min, max
-    and n over its repeats."""
-    rows: dict[str | None, list[float]] = {}
+    then each technique left out) and its repeats' statuses; what each one measured is
+    pooled with the study's other measurements (training_harness.records.verdict)."""
     statuses: dict[str | None, list[str]] = {}
     for r in records:
         tag = tags_of(r).get("ablation") or {}
-        if str(tag.get("of")) != str(of):
-            continue
-        key = tag.get("without")
-        statuses.setdefault(key, []).append(r["status"])
-        rate = (r.get("metrics") or {}).get("samples_per_s")
-        if r["status"] == "ok" and rate:
-            rows.setdefault(key, []).append(rate)
-    out = []
-    for key, st in statuses.items():
-        rates = rows.get(key, [])
-        out.append({
-            "without": key,
-            "n": len(rates),
-            "statuses": st,
-            "median": statistics.median(rates) if rates else None,
-            "min": min(rates) if rates else None,
-            "max": max(rates) if rates else None,
-        })
-    out.sort(key=lambda row: (row["without"] is not None, str(row["without"])))
-    return out
+        if str(tag.get("of")) == str(of):
+            statuses.setdefault(tag.get("without"), []).append(r["status"])
+    rows = [{"without": without, "statuses": st} for without, st in statuses.items()]
+    rows.sort(key=lambda row: (row["without"] is not None, str(row["without"])))
+    return rows

@@ -70,20 +70,16 @@ def variants(plan: dict[str, Any]) -> list[Variant]:
     """The best plan's variants: each other precision, and each other compile mode
     (compile turned on where the best does not compile)."""
     strategies = plan.get("strategies") or {}
-    out = []
     rest = {k: v for k, v in strategies.items() if k not in PRECISION_STRATEGIES}
     mine = {k: v for k, v in strategies.items() if k in PRECISION_STRATEGIES}
-    for label, precision in PRECISIONS:
-        if _same_precision(mine, precision):
-            continue
-        out.append(Variant(f"precision {label}", {**rest, **precision}))
+    out = [Variant(f"precision {label}", {**rest, **precision})
+           for label, precision in PRECISIONS if not _same_precision(mine, precision)]
     fused = strategies.get("fused")
     if fused is not None:
         current = fused.get("compile_mode", "default") if fused.get("compile") else None
-        for mode in COMPILE_MODES:
-            if mode != current:
-                out.append(Variant(f"compile mode {mode}", {
-                    **strategies, "fused": {**fused, "compile": True, "compile_mode": mode}}))
+        out += [Variant(f"compile mode {mode}", {
+            **strategies, "fused": {**fused, "compile": True, "compile_mode": mode}})
+            for mode in COMPILE_MODES if mode != current]
     return out
 
 
