@@ -37,3 +37,24 @@ def test_incremental_reads_match_a_whole_parse(tmp_path):
     path.write_bytes(_line(7) + _line(8))  # rewritten: not the prefix read before
     _same_as_a_whole_parse(store)
     assert [r["trial_id"] for r in store.records()] == [7, 8]
+
+
+def test_a_replaced_file_has_the_mode_open_would_give_it(tmp_path):
+    """A run folder is read by a team and by other nodes' jobs: write_atomic's file is not
+    mkstemp's 0600 but what the umask lets open() make (0644 under the usual 022)."""
+    import os
+
+    from training_harness.records.run_store import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        os.umask(old)
+        path = tmp_path / "plan.toml"
+        write_atomic(path, "x = 1\n")
+        assert path.read_text() == "x = 1\n"
+        assert path.stat().st_mode & 0o777 == 0o666 & ~old
+        write_atomic(path, "x = 2\n")  # replaced whole, the mode again
+        assert path.stat().st_mode & 0o777 == 0o666 & ~old
+        assert [p.name for p in tmp_path.iterdir()] == ["plan.toml"]  # no temporary left
+    finally:
+        os.umask(old)

@@ -252,6 +252,12 @@ class RunStore:
         return folder
 
 
+# mkstemp makes its file 0600; a run folder is read by a team and by other nodes' jobs,
+# so a file is given the mode open() would give it (read once: os.umask only swaps it)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Replace `path` whole (fsync'd), or raise OSError naming it and leave it as it
     was."""
@@ -263,6 +269,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         raise _named(e, path) from e
     try:
         try:
+            os.fchmod(fd, 0o666 & ~_UMASK)
             _write_all(fd, data, 0)
         finally:
             os.close(fd)
