@@ -85,6 +85,14 @@ def test_without_drift_the_contenders_are_what_they_were():
     assert ids(confirm.contenders(recs, 0.01, 0)) == ["D", "A"]  # the two fastest at least
 
 
+def test_a_configuration_measured_by_two_trials_takes_one_slot():
+    recs = study_records(lambda at: 1.0, rounds=2, noise=0.02)
+    # D sampled again by the search (same plan, another trial): its pooled figure is D's
+    again = dict(next(r for r in recs if r["trial_id"] == "D"), trial_id="D-again")
+    picked = ids(confirm.contenders([*recs, again], 0.01, 0))
+    assert len(picked) == 2 and picked[0] in ("D", "D-again") and picked[1] == "A"
+
+
 def test_the_machines_speed_between_references():
     speed = MachineSpeed([(0, 2.0), (10, 1.0), (12, 1.0)])
     assert speed.at(5) == pytest.approx(1.5) and speed.at(-3) == 2.0 and speed.at(20) == 1.0

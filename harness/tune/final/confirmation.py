@@ -143,6 +143,11 @@ def contenders(records: list[dict[str, Any]], margin: float, budget_bytes: float
     score, noise = drift_free(records) if by == "throughput" else (
         lambda r: figure(r, by), 0.0)
     rows.sort(key=score, reverse=not lower)
+    # Two trials of one configuration share its pooled figure: one slot, not two.
+    once: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        once.setdefault(config_key(r.get("plan")), r)
+    rows = list(once.values())
     top, band = score(rows[0]), min(1 - margin, math.exp(-noise))
     near = (lambda v: v * band <= top) if lower else (lambda v: v >= top * band)
     # The two fastest at least: a lucky measurement far ahead of the rest is checked too.
