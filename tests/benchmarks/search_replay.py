@@ -141,10 +141,13 @@ def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
     if study.device != "cuda":
         return rows, study, SearchSpace.of(study, study.device)
     # a GPU table (harness selftest --gpu --only table), replayed here on a CPU: the
-    # space as the GPU resolved it, with the device faked as the surfaces fake it
-    from tests.benchmarks.surface_replay.world import h100_world
+    # space as the GPU resolved it, with the device faked as the surfaces fake it (the
+    # table's own GPU where the simulation knows it)
+    from tests.benchmarks.surface_replay.world import H100, H200, h100_world
 
-    with h100_world(study.layout.world_sizes[0]):
+    recorded = json.loads((folder / "trials.jsonl").read_text().splitlines()[0])
+    gpu = H200 if recorded["env"].get("device_name") == H200.name else H100
+    with h100_world(study.layout.world_sizes[0], gpu):
         return rows, study, SearchSpace.of(study, study.device)
 
 

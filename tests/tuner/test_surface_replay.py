@@ -149,3 +149,32 @@ def test_an_optuna_sampler_searches_in_the_harness_s_place(tmp_path):
     assert (session.make_sampler, session.estimated_start) == (made, guesses)
     assert cut.reached_s is None and cut.censored_s == 900 and 900 <= cut.elapsed_s < 1800
     assert cut.stopped == "replay: censored at 0.25 h"
+
+
+def test_the_measured_h200_table_replays_through_the_real_tuner():
+    """The H200 table as a surface (table_run.py): every recorded configuration found
+    under the key today's plans give it, only the ones the table lacks answered as not
+    measured, and the harness's real search (the GuidedSampler over the estimator, on an
+    H200 world) reaching 0.97 of the table's best, as `harness tune` would search it."""
+    import tests.benchmarks.surface_replay.table_run as table_run
+
+    folder = ROOT / "tests" / "benchmarks" / "tables" / "gpt2-small-1gpu-table80_h200"
+    surface = table_run.TableSurface(folder)
+    assert len(surface.rows) == 48 and surface.best > 450
+    asked: list[dict] = []
+
+    class Watched(table_run.TableSurface):
+        def __call__(self, plan: dict, repeat: int = 0) -> dict:
+            out = super().__call__(plan, repeat)
+            asked.append(out)
+            return out
+
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, table_run, "TableSurface", table_run.TableSurface)
+        table_run.TableSurface = Watched
+        result = table_run.run(folder, seeds=1)
+    (run,) = result["runs"]["harness"]
+    assert result["configurations"] == 80 and run["reached_s"] is not None
+    measured = [a for a in asked if a.get("reason") != "not measured in the table"]
+    assert len(measured) >= 3 and all(a["status"] in ("ok", "oom") for a in measured)
+    assert len(asked) - len(measured) <= 80 - 48

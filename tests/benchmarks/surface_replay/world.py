@@ -12,6 +12,8 @@ RuntimeEnv with bf16 and Triton, 79.18 GiB per device, the datasheet peaks (the 
 ones of docs/benchmarks/gpu_h100-80gb-hbm3_2026-11-23.md beside them), and a fixed env
 record. Its answers are cached per configuration (name and seed aside); each call
 costs PREPARE_S on the virtual clock, as the helper's round trip costs the real tuner.
+`h100_world(1, H200)` is the H200 of the project's one measured GPU table instead
+(table_run.py replays the harness's search on it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 import time as real_time
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from training_harness.core.errors import HarnessError
@@ -31,9 +34,31 @@ from training_harness.core.prepared import PreparedPlan
 from training_harness.launch.torch_helper import TorchHelper
 from training_harness.study.machine_facts import MachineFacts
 
-DEVICE_NAME = "NVIDIA H100 80GB HBM3"
-CAPACITY = int(79.18 * 2**30)
-MEASURED = {"fp32": 52e12, "tf32": 371e12, "bf16": 715e12, "fp16": 673e12}  # selftest 11-23
+
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """What the simulated machine's GPU reports: its name, its memory, the peaks its
+    selftest measured, and the env record its trials carry."""
+
+    name: str
+    capacity: int
+    measured: dict[str, float]  # FLOP/s by dtype, from the GPU's own selftest page
+    measured_on: str  # where the measured peaks come from
+    env: dict[str, Any]
+
+
+H100 = SimulatedGpu("NVIDIA H100 80GB HBM3", int(79.18 * 2**30),
+                    {"fp32": 52e12, "tf32": 371e12, "bf16": 715e12, "fp16": 673e12},
+                    "H100 selftest 2026-11-23",
+                    {"torch": "2.11.0+cu130", "cuda": "13.0", "device": "NVIDIA H100 80GB HBM3",
+                     "simulated": True})
+# The H200 of docs/benchmarks/gpu_h200_2026-11-27c.md and its table: the memory torch
+# reported and the peaks its records carry (fp32 and bf16; the table's study uses no other)
+H200 = SimulatedGpu("NVIDIA H200", 150109880320, {"fp32": 51.01e12, "bf16": 713.5e12},
+                    "H200 selftest 2026-11-27",
+                    {"torch": "2.11.0+cu130", "cuda": "13.0", "device": "NVIDIA H200",
+                     "simulated": True})
+DEVICE_NAME, CAPACITY, MEASURED, ENV = H100.name, H100.capacity, H100.measured, H100.env
 # Virtual seconds per question to the torch-side helper: measured 11.8 ms wall (7.8 ms
 # CPU) per prepare of the 1B GPT's plans in this process on a loaded 2-core EPYC
 # (2026-11-27; the model's facts and FLOPs counted once per workload, as the helper
@@ -44,7 +69,6 @@ PREPARE_S = 0.05
 # context the H100 page measured (0.51 GiB), and the workspaces the surfaces hold beside
 # it (surfaces.hardware.CONTEXT less the context); NCCL not measurable on one rank here.
 OVERHEAD_CONTEXT = int(0.51 * 2**30)
-ENV = {"torch": "2.11.0+cu130", "cuda": "13.0", "device": DEVICE_NAME, "simulated": True}
 
 
 class VirtualClock:
@@ -64,14 +88,16 @@ class VirtualClock:
     advance = sleep
 
 
-def _peaks() -> dict[str, dict[str, Any]]:
+def _peaks(gpu: SimulatedGpu) -> dict[str, dict[str, Any]]:
     from training_harness.measure.peaks import Peak, PeakChoice, datasheet_peak
 
     out = {}
     for dtype in ("fp32", "tf32", "bf16", "fp16"):
-        sheet = datasheet_peak(DEVICE_NAME, dtype)
-        measured = Peak(MEASURED[dtype], f"measured: 8192x8192 {dtype} matmul (H100 selftest "
-                                         "2026-11-23, replayed)")
+        if dtype not in gpu.measured:  # not measured on that GPU: a study of it uses none
+            continue
+        sheet = datasheet_peak(gpu.name, dtype)
+        measured = Peak(gpu.measured[dtype], f"measured: 8192x8192 {dtype} matmul "
+                                             f"({gpu.measured_on}, replayed)")
         choice = PeakChoice(dtype, sheet, measured, sheet, "the device is in the datasheet table")
         out[dtype] = {**choice.as_record(), "compute_dtype": dtype}
     return out
@@ -86,8 +112,9 @@ def _overhead() -> Any:
 
 
 @contextlib.contextmanager
-def h100_world(gpus: int) -> Iterator[None]:
-    """This process's view of the machine: `gpus` H100s (every patch undone on exit)."""
+def h100_world(gpus: int, gpu: SimulatedGpu = H100) -> Iterator[None]:
+    """This process's view of the machine: `gpus` of `gpu`, H100s unless told (every patch
+    undone on exit)."""
     import torch
 
     import training_harness.core.device as device
@@ -97,14 +124,14 @@ def h100_world(gpus: int) -> Iterator[None]:
     import training_harness.measure.torch_helper_server as server
     import training_harness.strategies.fused as fused
 
-    env = device.RuntimeEnv("cuda", DEVICE_NAME, gpus, True, True)
+    env = device.RuntimeEnv("cuda", gpu.name, gpus, True, True)
     cuda = torch.device("cuda", 0)  # a device object only: no CUDA call
     patches = [
         (device.RuntimeEnv, "detect", classmethod(lambda cls, requested="auto": env)),
         (device, "resolve_device", lambda requested="auto", local_rank=0: cuda),
         (prepare, "resolve_device", lambda requested="auto", local_rank=0: cuda),
-        (memory, "device_memory_bytes", lambda device_type: CAPACITY),
-        (prepare, "study_peaks", lambda device_type, dtypes, workload: _peaks()),
+        (memory, "device_memory_bytes", lambda device_type: gpu.capacity),
+        (prepare, "study_peaks", lambda device_type, dtypes, workload: _peaks(gpu)),
         (prepare, "device_overhead", lambda device: _overhead()),
         (fused, "triton_unavailable", lambda device_type: None),
         (model_facts.ModelFacts, "of", classmethod(_cached_facts(model_facts.ModelFacts.of))),
@@ -114,7 +141,7 @@ def h100_world(gpus: int) -> Iterator[None]:
     try:
         for obj, name, value in patches:
             setattr(obj, name, value)
-        server._ENV_CACHE["cuda"] = dict(ENV)
+        server._ENV_CACHE["cuda"] = dict(gpu.env)
         yield
     finally:
         for obj, name, value in saved:
