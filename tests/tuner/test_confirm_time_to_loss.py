@@ -96,7 +96,9 @@ def test_the_seeds_spread_is_part_of_the_comparison():
     def rec(trial_id, time, seeds, phase="search", of=None):
         tags = {"phase": phase, **({"confirm": {"of": of, "round": 0}} if of is not None else {})}
         conv = {"time_spread_s": [time * (1 - seeds), time * (1 + seeds)]}
-        return {"trial_id": trial_id, "status": "ok", "tags": tags, "plan": {"name": trial_id},
+        # a confirmation round measures its trial's configuration again
+        plan = {"name": trial_id, "config": of if of is not None else trial_id}
+        return {"trial_id": trial_id, "status": "ok", "tags": tags, "plan": plan,
                 "metrics": {"time_to_target_s": time, "samples_per_s": 1.0, "convergence": conv,
                             "peak_memory_bytes": 1}}
 
