@@ -160,6 +160,17 @@ def test_contenders_and_the_decision():
     again = confirm.refreshed({**decision.as_dict(), "rounds": 3}, [*recs, later])
     assert again["best"] == "2" and again["n"] == 5 and again["median"] == 187
     assert again["rounds"] == 3 and again["standings"]["1"] == decision.standings["1"]
+    assert "best.toml names the highest median" in summary.confirmation_text(again)
+    # measured again late and slow, the best's median falls below trial 1's: the text says
+    # so, and no longer that best.toml names the highest median
+    slow = [{**rec(f"a{i}", 140, "ablation"), "plan": {"name": f"a{i}", "micro_batch_size": 2}}
+            for i in range(2, 6)]
+    late = confirm.refreshed({**decision.as_dict(), "rounds": 3}, [*recs, later, *slow])
+    assert late["best"] == "2" and late["median"] < late["standings"]["1"]["median"]
+    text = summary.confirmation_text(late)
+    assert ("trial 1 has the highest median now, with the measurements taken after the "
+            "rounds named the best") in text
+    assert "best.toml names the highest median" not in text
     # a baseline whose measurements reach the best's: the lead is not distinguishable
     near = confirm.decide({**table, "0": confirm.Standing("0", [150, 186, 180, 170])}, "0")
     assert near.best == "2" and near.baseline_within_spread

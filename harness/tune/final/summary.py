@@ -249,14 +249,24 @@ def confirmation_text(decision: dict[str, Any]) -> str:
                   "a lead this machine did not show beyond its noise)")
     lines.append(f"best: trial {decision['best']}, {decision['median']:.4g} {unit} median "
                  f"over {decision['n']} measurements{speed}")
+    # The figures are refreshed after the ablation measured the best again (refreshed):
+    # a contender can then lead on medians that the rounds did not weigh.
+    leader = min if timed else max
+    top = leader(decision["standings"].items(), key=lambda kv: kv[1]["median"])[0]
+    moved = str(top) != str(decision["best"]) and str(top) != str(decision.get("baseline_id"))
+    if moved:
+        lines.append(f"  trial {top} has the {'lowest' if timed else 'highest'} median now, "
+                     "with the measurements taken after the rounds named the best (the "
+                     "ablation's); best.toml keeps the best the rounds named")
     close = ", ".join(map(str, decision["indistinguishable"]))
     rule = ("the medians' gap is within the spread of the measurements and seeds" if timed
             else "its ratio over each is not distinguishable at this n" if vs or not base
             else "the medians' gap is within the spread of the measurements")
     if close:
-        lines.append(f"  indistinguishable from it here ({rule}): trial(s) {close}; "
-                     f"best.toml names the {'lowest' if timed else 'highest'} median of the "
-                     "contenders")
+        extreme = "lowest" if timed else "highest"
+        lines.append(f"  indistinguishable from it here ({rule}): trial(s) {close}"
+                     + ("" if moved else f"; best.toml names the {extreme} median of the "
+                                          "contenders"))
     if decision.get("rounds"):
         window = decision.get("window_s")
         span = f", windows of {window[0]:.3g}-{window[1]:.3g} s" if window else ""
