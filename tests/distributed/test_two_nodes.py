@@ -25,10 +25,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_repo_root")]
 @pytest.mark.timeout(300)
 def test_two_nodes_on_loopback_complete_a_ddp_trial(tmp_path):
     # Six processes (two launchers, two agents, two ranks) each importing torch: 9 s on a
-    # quiet 2-core machine, and past the default 60 s once in a CI run of the whole suite
-    # (three workers on two cores). The trial's deadline is generous; a hang still fails.
+    # quiet 2-core machine, past 60 s once in a CI run of the whole suite; faulty_plan's
+    # deadline (180 s) is a ceiling, and a hang still fails.
     plan_file = tmp_path / "two-nodes.toml"
-    plan_file.write_text(faulty_plan(timeout_s=180).replace(name="two-nodes").to_toml())
+    plan_file.write_text(faulty_plan().replace(name="two-nodes").to_toml())
     endpoint = f"127.0.0.1:{free_port()}"
 
     def bench(node: int) -> subprocess.Popen:
