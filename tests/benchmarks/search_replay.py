@@ -110,6 +110,15 @@ def record(study_file: Path, out: Path) -> None:
     print(f"recorded {out} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
 
 
+def recorded(r: dict) -> bool:
+    """Whether a table's record measured its configuration: not a duplicate, and not
+    skipped for time, cut off at the deadline or left by a dead worker (a table recorded
+    over several sessions holds such records; a later session measures them:
+    training_harness.tune.recovery.grid_rest)."""
+    return ("duplicate_of" not in tags_of(r) and finished(r)
+            and tags_of(r).get("phase") in ("baseline", "known-good", "search"))
+
+
 def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
     """(configuration key -> rate, cost, predicted rate, phase), the study, its space."""
     from training_harness.study.search_space import SearchSpace
@@ -124,11 +133,7 @@ def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
     for line in (folder / "trials.jsonl").read_text().splitlines():
         r = json.loads(line)
         t = by_number.get(tags_of(r).get("optuna_number"))
-        # not measured: skipped for time, cut off at the deadline, left by a dead worker
-        # (a table recorded over several sessions holds such records; a later session
-        # measures them: training_harness.tune.recovery.grid_rest)
-        if (t is None or "duplicate_of" in r["tags"] or not finished(r)
-                or r["tags"].get("phase") not in ("baseline", "known-good", "search")):
+        if t is None or not recorded(r):
             continue
         m, p = r["metrics"], r.get("predicted") or {}
         batch = r["plan"]["global_batch_size"]
@@ -145,8 +150,8 @@ def load_table(folder: Path) -> tuple[dict, list[dict], Any]:
     # table's own GPU where the simulation knows it)
     from tests.benchmarks.surface_replay.world import H100, H200, h100_world
 
-    recorded = json.loads((folder / "trials.jsonl").read_text().splitlines()[0])
-    gpu = H200 if recorded["env"].get("device_name") == H200.name else H100
+    first = json.loads((folder / "trials.jsonl").read_text().splitlines()[0])
+    gpu = H200 if first["env"].get("device_name") == H200.name else H100
     with h100_world(study.layout.world_sizes[0], gpu):
         return rows, study, SearchSpace.of(study, study.device)
 

@@ -251,11 +251,11 @@ def confirmation_text(decision: dict[str, Any]) -> str:
                  f"over {decision['n']} measurements{speed}")
     # The figures are refreshed after the ablation measured the best again (refreshed):
     # a contender can then lead on medians that the rounds did not weigh.
-    leader = min if timed else max
+    extreme, leader = ("lowest", min) if timed else ("highest", max)
     top = leader(decision["standings"].items(), key=lambda kv: kv[1]["median"])[0]
     moved = str(top) != str(decision["best"]) and str(top) != str(decision.get("baseline_id"))
     if moved:
-        lines.append(f"  trial {top} has the {'lowest' if timed else 'highest'} median now, "
+        lines.append(f"  trial {top} has the {extreme} median now, "
                      "with the measurements taken after the rounds named the best (the "
                      "ablation's); best.toml keeps the best the rounds named")
     close = ", ".join(map(str, decision["indistinguishable"]))
@@ -263,7 +263,6 @@ def confirmation_text(decision: dict[str, Any]) -> str:
             else "its ratio over each is not distinguishable at this n" if vs or not base
             else "the medians' gap is within the spread of the measurements")
     if close:
-        extreme = "lowest" if timed else "highest"
         lines.append(f"  indistinguishable from it here ({rule}): trial(s) {close}"
                      + ("" if moved else f"; best.toml names the {extreme} median of the "
                                           "contenders"))

@@ -34,13 +34,9 @@ from typing import Any
 
 import tomli_w
 
+from tests.benchmarks.search_replay import TARGET, recorded
 from tests.benchmarks.surface_replay.launcher import OVERHEAD_S
 from training_harness.records.pooled import config_key
-from training_harness.records.predicates import finished
-from training_harness.records.tags import tags_of
-
-TARGET = 0.97
-PHASES = ("baseline", "known-good", "search")
 
 
 class TableSurface:
@@ -58,8 +54,7 @@ class TableSurface:
             for name, settings in r["plan"].get("strategies", {}).items():
                 self.settings.setdefault(name, set()).update(settings)
         for r in records:
-            if ("duplicate_of" in tags_of(r) or not finished(r)
-                    or tags_of(r).get("phase") not in PHASES):
+            if not recorded(r):
                 continue
             m = r["metrics"]
             self.rows[self.key(r["plan"])] = {

@@ -58,7 +58,6 @@ H200 = SimulatedGpu("NVIDIA H200", 150109880320, {"fp32": 51.01e12, "bf16": 713.
                     "H200 selftest 2026-11-27",
                     {"torch": "2.11.0+cu130", "cuda": "13.0", "device": "NVIDIA H200",
                      "simulated": True})
-DEVICE_NAME, CAPACITY, MEASURED, ENV = H100.name, H100.capacity, H100.measured, H100.env
 # Virtual seconds per question to the torch-side helper: measured 11.8 ms wall (7.8 ms
 # CPU) per prepare of the 1B GPT's plans in this process on a loaded 2-core EPYC
 # (2026-11-27; the model's facts and FLOPs counted once per workload, as the helper
