@@ -49,53 +49,25 @@ tuner's torch-side helper, training_harness.measure.torch_helper_server, and in 
 `harness estimate`), never the tuner, the launcher or the trial loop.
 """
 
-from training_harness.estimator.activations import ActivationParts
 from training_harness.estimator.estimate import estimate
-from training_harness.estimator.facts import ModelFacts, Param
-from training_harness.estimator.lm import lm_outside_block_terms, logits_bytes
-from training_harness.estimator.phases import blocks_moment, step_phases
+from training_harness.estimator.phases import blocks_moment
 from training_harness.estimator.pipeline import bubble_fraction, in_flight
-from training_harness.estimator.result import COMPONENTS, Estimate
-from training_harness.estimator.settings import Parallelism, Settings, checkpointed_blocks
-from training_harness.estimator.state import rank_state, shard_numel, zero1_partition
-from training_harness.estimator.step_time import ASSUMED_MFU
-from training_harness.estimator.trace import Trace, trace_activations
-from training_harness.estimator.transformer import (
-    block_activation_terms,
-    block_backward_working_bytes,
-    korthikanti_bytes,
-    split_by_tensor,
-)
-from training_harness.estimator.widths import PAPER, Widths, attention_kind, widths_for
+from training_harness.estimator.result import COMPONENTS
+from training_harness.estimator.settings import Parallelism
+from training_harness.estimator.state import zero1_partition
+from training_harness.estimator.transformer import block_activation_terms, korthikanti_bytes
+from training_harness.estimator.widths import PAPER, widths_for
 
 __all__ = [
-    "ASSUMED_MFU",
     "COMPONENTS",
     "PAPER",
-    "ActivationParts",
-    "Estimate",
-    "ModelFacts",
     "Parallelism",
-    "Param",
-    "Settings",
-    "Trace",
-    "Widths",
-    "attention_kind",
     "block_activation_terms",
-    "block_backward_working_bytes",
     "blocks_moment",
     "bubble_fraction",
-    "checkpointed_blocks",
     "estimate",
     "in_flight",
     "korthikanti_bytes",
-    "lm_outside_block_terms",
-    "logits_bytes",
-    "rank_state",
-    "shard_numel",
-    "split_by_tensor",
-    "step_phases",
-    "trace_activations",
     "widths_for",
     "zero1_partition",
 ]

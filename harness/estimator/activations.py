@@ -51,11 +51,10 @@ class ActivationParts:
     recompute_flops_per_sample: float = 0.0
     # Of other_activations, what is kept before the blocks (the first pipeline
     # stage's; the rest is freed by the time backward reaches the blocks); the
-    # residual stream a pipeline stage hands on; the logits
-    # the head returns; what the loss keeps of one micro-batch until its backward.
+    # residual stream a pipeline stage hands on; what the loss keeps of one micro-batch
+    # until its backward.
     outside_first: int = 0
     stage_output: int = 0
-    logits_output: int = 0
     loss_saved: int = 0
 
 
@@ -147,7 +146,6 @@ def transformer_activations(
         chunked = widths.act if cfg.cross_entropy == "triton" else None
         memory["logits"] = logits_bytes(shape, batch, chunked)
         sbv = batch * shape.seq_len * shape.vocab
-        parts.logits_output = widths.act * sbv
         parts.loss_saved = 0 if chunked else 4 * sbv
         parts.loss_forward = memory["logits"] if chunked else (10 if amp else 8) * sbv
         parts.assumptions.append(
@@ -161,7 +159,7 @@ def transformer_activations(
             chunk, accumulator, rows = fused_loss_bytes(
                 shape.vocab, shape.hidden, batch * shape.seq_len, widths.act)
             memory["logits"] = parts.loss_forward = chunk + accumulator
-            parts.logits_output, parts.loss_saved = 0, accumulator
+            parts.loss_saved = accumulator
             parts.assumptions[-1] = (
                 f"The fused linear cross-entropy (fused linear_cross_entropy) never holds the "
                 f"b·s·V logits: one chunk of {rows:,} tokens' logits and their gradient "

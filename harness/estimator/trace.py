@@ -29,7 +29,6 @@ class Trace:
     weight_copies_rebuilt: int  # the largest checkpointed block's, made again when rebuilt
     weight_copies_by_block: list[int]  # of the kept ones, those each block keeps (the first
     # block to save one keeps it until its backward)
-    largest_saved: int  # the largest single saved storage
     head_working: int  # backward's working set in the ops after the blocks (head, loss)
     # ... in one block's ops, with the gradient of its output, which a residual
     # connection holds until the block's own is added: the largest block's (the whole
@@ -165,14 +164,14 @@ def _too_big_for_real(workload: Workload) -> str | None:
 
 def untraced(line: str) -> Trace:
     """No trace: activations counted as nothing, and the note that says why."""
-    return Trace(0, 0, 0, 0, 0, 0, 0, [], 0, 0, 0, [], [], [], 0.0, False, notes=[
+    return Trace(0, 0, 0, 0, 0, 0, 0, [], 0, 0, [], [], [], 0.0, False, notes=[
         f"Activations are not predicted: no trace could follow the forward ({line}); the "
         "prediction counts the parameters, gradients and optimizer state only, and the "
         "trial's memory is what it measures."])
 
 
-_PER_SAMPLE = ("activations", "other_activations", "other_before", "recompute", "largest_saved",
-               "head_working", "block_working", "recompute_flops")
+_PER_SAMPLE = ("activations", "other_activations", "other_before", "recompute", "head_working",
+               "block_working", "recompute_flops")
 
 
 def scaled(trace: Trace, micro_batch: int) -> Trace:
@@ -307,7 +306,6 @@ def _trace(
             (sum(n for n, who in copies if i in who) for i in ckpt), default=0
         ),
         weight_copies_by_block=_copies_by_block(saved, ckpt),
-        largest_saved=max((n for n, _ in saved.owners.values()), default=0),
         head_working=head_working,
         block_working=block_working,
         working_by_block=working if saved.done else [],
