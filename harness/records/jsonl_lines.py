@@ -78,14 +78,8 @@ def parse_lines(path: Path, data: bytes, first_line: int = 1, first_offset: int 
     """The records in `data` (a trials.jsonl, or its part from line `first_line` at byte
     `first_offset`), and its lines that are not records (a whole record found glued
     after unreadable bytes is kept, and its line named)."""
-    records: list[dict[str, Any]] = []
-    bad: list[Unreadable] = []
-    for _, record, unreadable in numbered_lines(path, data, first_line, first_offset):
-        if record is not None:
-            records.append(record)
-        if unreadable is not None:
-            bad.append(unreadable)
-    return records, bad
+    lines = list(numbered_lines(path, data, first_line, first_offset))
+    return [r for _, r, _ in lines if r is not None], [u for _, _, u in lines if u is not None]
 
 
 def numbered_lines(path: Path, data: bytes, first_line: int = 1, first_offset: int = 0
@@ -168,14 +162,9 @@ def read_trials(path: Path) -> TrialsFile:
         data = path.read_bytes()
     except FileNotFoundError:
         data = b""
-    records: list[tuple[int, dict[str, Any]]] = []
-    unreadable: list[Unreadable] = []
-    for n, record, bad in numbered_lines(path, data):
-        if record is not None:
-            records.append((n, record))
-        if bad is not None:
-            unreadable.append(bad)
-    return TrialsFile(path, records, unreadable, cut_copies(path))
+    lines = list(numbered_lines(path, data))
+    return TrialsFile(path, [(n, r) for n, r, _ in lines if r is not None],
+                      [u for _, _, u in lines if u is not None], cut_copies(path))
 
 
 def cut_copies(path: Path) -> list[Unreadable]:

@@ -38,13 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from training_harness.core.errors import HarnessError
-from training_harness.records.jsonl_lines import (  # noqa: F401  (importable from here too)
-    TORN,
-    Unreadable,
-    cut_copies,
-    numbered_lines,
-    parse_lines,
-)
+from training_harness.records.jsonl_lines import Unreadable, cut_copies, parse_lines
 from training_harness.records.result import TrialResult
 
 
@@ -77,7 +71,6 @@ class RunStore:
         self.trials_jsonl = self.root / "trials.jsonl"
         self.trials_dir = self.root / "trials"
         self.best_toml = self.root / "best.toml"
-        self.journal = self.root / "optuna.journal"
         self._lock_file = self.root / ".lock"
         self.cut: list[Unreadable] = []  # lines this process cut out of trials.jsonl
         # trials.jsonl's whole lines parsed so far (their bytes, records, line count):
