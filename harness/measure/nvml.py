@@ -278,17 +278,23 @@ def _ask(query: Callable[[Any], T], default: T) -> T:
         _shutdown(pynvml)
 
 
-def process_memory_bytes(device: torch.device) -> int | None:
-    """What the device holds for this process now, through NVML; None where NVML or the
-    per-process figure is unavailable (a CPU, no driver, a container's own PIDs)."""
+def _ask_device(device: torch.device, query: Callable[[Any, Any], T]) -> T | None:
+    """`query(pynvml, handle)` of CUDA `device`, as `_ask`; None on a CPU, where NVML is
+    absent or the question fails, or where no NVML device matches."""
     if device.type != "cuda":
         return None
 
-    def query(nv: Any) -> int | None:
+    def ask(nv: Any) -> T | None:
         handle = nvml_handle(nv, device)
-        return None if handle is None else _process_used(nv, handle, os.getpid())
+        return None if handle is None else query(nv, handle)
 
-    return _ask(query, None)
+    return _ask(ask, None)
+
+
+def process_memory_bytes(device: torch.device) -> int | None:
+    """What the device holds for this process now, through NVML; None where NVML or the
+    per-process figure is unavailable (a CPU, no driver, a container's own PIDs)."""
+    return _ask_device(device, lambda nv, handle: _process_used(nv, handle, os.getpid()))
 
 
 def gpu_identity(device: torch.device) -> str:
@@ -296,13 +302,10 @@ def gpu_identity(device: torch.device) -> str:
     two cards of one name, or one card under another clock cap, differ here."""
     uuid = _cuda_uuid(device)
 
-    def sm_max(nv: Any) -> str | None:
-        handle = nvml_handle(nv, device)
-        if handle is None:
-            return None
+    def sm_max(nv: Any, handle: Any) -> str:
         return f"sm-max {int(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))}"
 
-    parts = [f"uuid {uuid}" if uuid else None, _ask(sm_max, None)]
+    parts = [f"uuid {uuid}" if uuid else None, _ask_device(device, sm_max)]
     return " ".join(p for p in parts if p)
 
 
@@ -324,14 +327,6 @@ def gpu_names() -> list[str]:
 def compute_processes(device: torch.device) -> list[dict[str, Any]] | None:
     """The compute processes NVML lists on CUDA `device` now ({"pid", "used_memory_bytes"}),
     or None where NVML cannot say (a CPU, no driver, no matching device)."""
-    if device.type != "cuda":
-        return None
-
-    def query(nv: Any) -> list[dict[str, Any]] | None:
-        handle = nvml_handle(nv, device)
-        if handle is None:
-            return None
-        return [{"pid": p.pid, "used_memory_bytes": getattr(p, "usedGpuMemory", None)}
-                for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)]
-
-    return _ask(query, None)
+    return _ask_device(device, lambda nv, handle: [
+        {"pid": p.pid, "used_memory_bytes": getattr(p, "usedGpuMemory", None)}
+        for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)])
