@@ -17,6 +17,7 @@ import torch
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import OptimizerSettings
 from training_harness.strategies.base import Choice, Phase, Space, Strategy
+from training_harness.strategies.lars import groups_with_grads
 from training_harness.strategies.registry import register
 from training_harness.strategies.setup import Setup
 
@@ -78,17 +79,8 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        work = []  # (group, params, grads, use_foreach) for the groups with gradients
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lamb does not support sparse gradients; use dense ones")
-            if params:
-                foreach = group["foreach"]
-                if foreach is None:
-                    foreach = all(p.is_cuda for p in params)
-                work.append((group, params, [p.grad for p in params], foreach))
+        work = [(group, params, [p.grad for p in params], foreach)
+                for group, params, foreach in groups_with_grads(self, "Lamb")]
         if not work:
             return loss
         if self.max_grad_norm is not None:

@@ -12,7 +12,7 @@ into the local optimizer's, group by group).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,15 +79,7 @@ class Lars(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            if any(p.grad.is_sparse for p in params):
-                raise RuntimeError("Lars does not support sparse gradients; use dense ones")
-            foreach = group["foreach"]
-            if foreach is None:
-                foreach = all(p.is_cuda for p in params)
+        for group, params, foreach in groups_with_grads(self, "Lars"):
             (self._update_foreach if foreach else self._update_loop)(group, params)
         return loss
 
@@ -140,6 +132,20 @@ class Lars(torch.optim.Optimizer):
                     torch._foreach_add_(bufs, [ds[i] for i in old])
                 ds = [s["momentum_buffer"] for s in states]
             torch._foreach_add_(ps, ds, alpha=-lr)
+
+
+def groups_with_grads(optimizer: torch.optim.Optimizer, name: str
+                      ) -> Iterator[tuple[dict, list, bool]]:
+    """(group, its parameters with a gradient, whether to run foreach) for each group that
+    has any; `foreach=None` picks foreach when every one of them is on CUDA."""
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            continue
+        if any(p.grad.is_sparse for p in params):
+            raise RuntimeError(f"{name} does not support sparse gradients; use dense ones")
+        foreach = group["foreach"]
+        yield group, params, all(p.is_cuda for p in params) if foreach is None else foreach
 
 
 def _trust_ratio(w_norm: torch.Tensor, g_norm: torch.Tensor, wd: float, eta: float,

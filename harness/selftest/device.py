@@ -81,9 +81,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
 
 
-def nvml_facts(env: dict[str, str] | None = None) -> dict[str, Any] | str:
+def nvml_facts() -> dict[str, Any] | str:
     """{"count", "name", "driver", "memory_bytes"} from NVML, or why NVML said nothing."""
-    env = os.environ if env is None else env
     try:
         import pynvml
     except ImportError:
@@ -95,7 +94,7 @@ def nvml_facts(env: dict[str, str] | None = None) -> dict[str, Any] | str:
     try:
         total = pynvml.nvmlDeviceGetCount()
         handles = []
-        for entry in visible_entries(env.get("CUDA_VISIBLE_DEVICES"), total):
+        for entry in visible_entries(os.environ.get("CUDA_VISIBLE_DEVICES"), total):
             try:
                 handles.append(pynvml.nvmlDeviceGetHandleByIndex(entry)
                                if isinstance(entry, int)

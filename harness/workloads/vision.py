@@ -158,25 +158,20 @@ class ImageClassification(Workload):
 
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         c = self.config
-        if not is_synthetic(c.data):
-            return self._real(batch_size, index, device, images(c.data).train_batch)
-        return synthetic_images(
-            batch_size, index, channels=c.channels, image_size=c.image_size,
-            num_classes=c.num_classes, device=device,
-        )
+        if is_synthetic(c.data) or torch.device(device).type == "meta":  # meta: sizes only
+            return synthetic_images(
+                batch_size, index, channels=c.channels, image_size=c.image_size,
+                num_classes=c.num_classes, device=device,
+            )
+        return self._real(batch_size, index, device, images(c.data).train_batch)
 
     def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
-        if is_synthetic(self.config.data):
+        if is_synthetic(self.config.data) or torch.device(device).type == "meta":
             return super().eval_batch(batch_size, index, device)
         return self._real(batch_size, index, device, images(self.config.data).eval_batch)
 
     def _real(self, batch_size: int, index: int, device: torch.device | str, draw: Any) -> Any:
-        c = self.config
-        if torch.device(device).type == "meta":  # sizes only, as synthetic_images
-            return synthetic_images(batch_size, index, channels=c.channels,
-                                    image_size=c.image_size, num_classes=c.num_classes,
-                                    device=device)
-        x, y = draw(batch_size, index, c.channels, c.image_size)
+        x, y = draw(batch_size, index, self.config.channels, self.config.image_size)
         return x.to(device), y.to(device)
 
     def data_info(self) -> dict[str, Any]:
