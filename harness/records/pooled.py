@@ -99,15 +99,14 @@ class Pooled:
         return f"{self.median:.4g} {unit} median [{self.lo:.4g}, {self.hi:.4g}], n={self.n}"
 
 
-def measurement_of(record: dict[str, Any], at: int, figure: str = FIGURE
-                   ) -> Measurement | None:
+def measurement_of(record: dict[str, Any], at: int) -> Measurement | None:
     """A record's measurement of its configuration, or None where it stands for none."""
     tags = tags_of(record)
     if record.get("status") != "ok" or busy_note(record) or "duplicate_of" in tags:
         return None
     m = record.get("metrics") or {}
     try:
-        value = float(m.get(figure))
+        value = float(m.get(FIGURE))
     except (TypeError, ValueError):
         return None
     if not math.isfinite(value) or value <= 0:
@@ -128,11 +127,11 @@ def in_time_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: str(r.get("started_at") or ""))
 
 
-def pool(records: list[dict[str, Any]], figure: str = FIGURE) -> dict[str, Pooled]:
+def pool(records: list[dict[str, Any]]) -> dict[str, Pooled]:
     """Every configuration's pooled measurements, by config_key."""
     out: dict[str, Pooled] = {}
     for at, r in enumerate(in_time_order(records)):
-        m = measurement_of(r, at, figure)
+        m = measurement_of(r, at)
         if m is not None:
             key = config_key(r.get("plan"))
             out.setdefault(key, Pooled(key)).measurements.append(m)
@@ -140,12 +139,12 @@ def pool(records: list[dict[str, Any]], figure: str = FIGURE) -> dict[str, Poole
 
 
 def pool_of(records: list[dict[str, Any]], trial_id: Any,
-            pools: dict[str, Pooled] | None = None, figure: str = FIGURE) -> Pooled | None:
+            pools: dict[str, Pooled] | None = None) -> Pooled | None:
     """The pooled measurements of trial `trial_id`'s configuration (None: none measured)."""
     record = next((r for r in records if str(r.get("trial_id")) == str(trial_id)), None)
     if record is None:
         return None
-    pools = pool(records, figure) if pools is None else pools
+    pools = pool(records) if pools is None else pools
     return pools.get(config_key(record.get("plan")))
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training_harness.records.drift import Drift, drift
-from training_harness.records.pooled import FIGURE, Pooled, compare, config_key, pool
+from training_harness.records.pooled import Pooled, compare, config_key, pool, pool_of
 from training_harness.records.speedup import FASTER, SAME, SLOWER, Ratio
 from training_harness.records.tags import tags_of
 
@@ -111,16 +111,16 @@ class StudyVerdict:
         }
 
 
-def study_verdict(records: list[dict[str, Any]], best_id: Any, baseline_id: Any,
-                  figure: str = FIGURE) -> StudyVerdict:
+def study_verdict(records: list[dict[str, Any]], best_id: Any, baseline_id: Any) -> StudyVerdict:
     """The verdict of a study's records, its best trial `best_id` against its baseline
     trial `baseline_id` (either may be None)."""
-    pools = pool(records, figure)
-    by_id = {str(r.get("trial_id")): r for r in records}
+    pools = pool(records)
     out = StudyVerdict(None if best_id is None else str(best_id),
                        None if baseline_id is None else str(baseline_id))
-    out.best = _pool(by_id, pools, out.best_id)
-    out.baseline = _pool(by_id, pools, out.baseline_id)
+    if out.best_id is not None:
+        out.best = pool_of(records, out.best_id, pools)
+    if out.baseline_id is not None:
+        out.baseline = pool_of(records, out.baseline_id, pools)
     if out.best is not None and out.baseline is not None and not out.same_configuration:
         out.versus_baseline = compare(out.best, out.baseline)
     if out.best_id is not None:
@@ -132,12 +132,6 @@ def study_verdict(records: list[dict[str, Any]], best_id: Any, baseline_id: Any,
                          and effects and not needed
                          and all(e.verdict == SAME for e in effects))
     return out
-
-
-def _pool(by_id: dict[str, dict[str, Any]], pools: dict[str, Pooled],
-          trial_id: str | None) -> Pooled | None:
-    record = by_id.get(trial_id) if trial_id is not None else None
-    return pools.get(config_key(record.get("plan"))) if record else None
 
 
 def techniques(records: list[dict[str, Any]], best_id: str, best: Pooled | None,

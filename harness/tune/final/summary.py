@@ -10,7 +10,7 @@ from typing import Any
 from training_harness.core.plan import Plan
 from training_harness.core.units import format_bytes, format_rate, format_seconds
 from training_harness.records.plan_text import describe_plan, varying
-from training_harness.records.pooled import Pooled, compare, config_key, pool
+from training_harness.records.pooled import Pooled, compare, config_key, pool, pool_of
 from training_harness.records.predicates import busy_note, may_be_best, ranked
 from training_harness.records.run_store import RunStore, write_atomic
 from training_harness.records.speedup import NOISE_THRESHOLD, Ratio
@@ -126,8 +126,7 @@ def ablation_table(records: list[dict[str, Any]], of: Any) -> str:
     if not rows:
         return ""
     pools = pool(records)
-    best = next((pools.get(config_key(r.get("plan"))) for r in records
-                 if str(r.get("trial_id")) == str(of)), None)
+    best = pool_of(records, of, pools)
     effects = {t.name: t for t in techniques(records, str(of), best, pools)}
     lines = [f"ablation of trial {of} (samples/s, every measurement of each configuration "
              "pooled: median [min, max], n; what a technique bought: the best over the "
