@@ -91,10 +91,10 @@ def study_keys() -> list[Key]:
     return keys
 
 
-def keys_text(section: str | None = None, width: int | None = None) -> str:
+def keys_text(section: str | None = None) -> str:
     """The keys for a terminal, section by section (or one section: "top", "budget",
     "strategies", ...): `section.key: type = default`, and its meaning under it."""
-    width = width or min(100, max(60, shutil.get_terminal_size().columns))
+    width = min(100, max(60, shutil.get_terminal_size().columns))
     heads = {name: section_doc(cls) for name, cls in sections()}
     if section is not None:
         wanted = {"top": ""}.get(section, section)

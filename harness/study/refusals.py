@@ -17,6 +17,7 @@ Runs in the tuner's torch-side helper (it imports the strategies).
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from training_harness.core.device import RuntimeEnv
@@ -39,19 +40,12 @@ def _combinations(space: SettingsSpace) -> tuple[list[dict[str, Any]], bool]:
     """Every combination of the searched choices (with the fixed settings), and whether
     that is all of them (beyond MAX_COMBINATIONS: the first value of each only)."""
     choices = {k: v.values for k, v in space.searched.items() if isinstance(v, Choice)}
-    complete = _count(choices) <= MAX_COMBINATIONS
+    complete = math.prod(len(v) for v in choices.values()) <= MAX_COMBINATIONS
     if not complete:
         choices = {k: v[:1] for k, v in choices.items()}
     keys = list(choices)
     return [{**space.fixed, **dict(zip(keys, values, strict=True))}
             for values in itertools.product(*(choices[k] for k in keys))], complete
-
-
-def _count(choices: dict[str, tuple]) -> int:
-    n = 1
-    for values in choices.values():
-        n *= len(values)
-    return n
 
 
 def _plans(study: Study, layout: Layout, name: str, settings: dict[str, Any],

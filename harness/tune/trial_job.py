@@ -62,7 +62,6 @@ class TrialRunner:
     facts: MachineFacts  # the device; its env goes into records made without a trial
     torch_helper: TorchHelper  # prepares each plan (torch runs there, never in the tuner)
     launcher: Launcher = field(default_factory=LocalLauncher)
-    launch_kwargs: dict[str, Any] = field(default_factory=dict)
     nodes: Announcer | None = None  # for trials spanning several nodes
     expandable_segments: bool = True  # the study's budget.expandable_segments
 
@@ -96,7 +95,6 @@ def run_trial_job(
     correction: Correction,
     deadline: float,
     should_stop: Callable[[], str | None] | None = None,
-    steps_file_name: str = "steps.log",
     early_stop: EarlyStop | None = None,
 ) -> TrialResult:
     """Run (or decide not to run) one trial; returns its record, also in result.json.
@@ -151,7 +149,7 @@ def run_trial_job(
                 f"must fit), and {format_seconds(max(left, 0))} of the budget is left"))
         timeout = launch_timeout(prep.plan.timeout_s, left)
         kwargs: dict[str, Any] = dict(study=run.name, trial_id=trial_id, timeout_s=timeout,
-                                      progress_file=folder / steps_file_name,
+                                      progress_file=folder / "steps.log",
                                       should_stop=should_stop)
         if run.nodes is not None:  # the other nodes' followers join this trial
             asked.append("nodes")
@@ -164,7 +162,7 @@ def run_trial_job(
     try:
         result = run_plan(plan, folder, command, launcher=run.launcher,
                           helper=run.torch_helper, peaks=run.facts.peaks,
-                          before_launch=before_launch, **run.launch_kwargs)
+                          before_launch=before_launch)
     except HarnessError as e:
         if asked:  # not the helper's refusal
             raise

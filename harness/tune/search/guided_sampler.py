@@ -284,12 +284,10 @@ class GuidedSampler(BaseSampler):
         return surrogate, float(max(mean + np.array([lp for _, _, lp in known])))
 
     def _judge(self, mean: np.ndarray, sd: np.ndarray, best: float, n_observed: int,
-               n_candidates: int, fits: np.ndarray | None = None) -> None:
+               n_candidates: int, fits: np.ndarray) -> None:
         """Converged: no candidate PROB_STOP likely to beat the best by more than the
         noise (and to fit the memory budget), and fewer than EXPECTED_STOP expected to."""
-        p = prob_above(mean, sd, best + math.log1p(self.noise))
-        if fits is not None:
-            p = p * fits
+        p = prob_above(mean, sd, best + math.log1p(self.noise)) * fits
         self.converged = None
         if n_observed >= MIN_OBSERVED and p.max() < PROB_STOP and p.sum() < EXPECTED_STOP:
             self.converged = (f"converged: of {n_candidates} configurations the model ranks, "
