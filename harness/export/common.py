@@ -164,11 +164,6 @@ class Writer:
             self.lose(f"fused.optimizer = {fused['optimizer']} (of {opt})", "the "
                       f"implementation of the harness's {opt}", f"{opt} as your code builds it")
 
-    def unknown(self, name: str) -> None:
-        """A strategy this exporter has no rule for (one registered after it was written)."""
-        self.lose(name, f"no {self.stack} counterpart is known to the harness's exporter",
-                  "leave it out, or add it by hand")
-
     def finish(self, text: str, suffix: str, harness: dict[str, Any] | None = None) -> Export:
         touched = set(self.carried) | {n.setting.split(".")[0].split(" ")[0]
                                        for n in self.lost}
