@@ -32,6 +32,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from training_harness.core.interference import cpus
 from training_harness.strategies.base import Choice, Phase, Strategy
 from training_harness.strategies.ddp import data_parallel_reasons, wrap_ddp
 from training_harness.strategies.mesh import group, submesh
@@ -99,10 +100,6 @@ def offload_threads(cores: int, local_ranks: int) -> int:
     return max(1, cores // max(1, local_ranks))
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def shard(setup, settings: ZeroSettings) -> None:
     """fully_shard every block (training_harness.workloads.blocks: `blocks`, or HF's decoder
     layers ...), then each root (the model, or each pipeline stage)."""
@@ -119,7 +116,7 @@ def shard(setup, settings: ZeroSettings) -> None:
         if setup.device.type == "cpu":
             setup.notes.append("zero: offload on the CPU moves nothing (already there)")
         else:
-            threads = offload_threads(_cores(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            threads = offload_threads(len(cpus()), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
             torch.set_num_threads(threads)
             setup.notes.append(f"zero: offload steps the optimizer on the CPU with {threads} "
                                "threads (this rank's share of the node's cores)")

@@ -220,8 +220,6 @@ def tune_figures(trials: list[dict[str, Any]], info: dict[str, Any] | None) -> d
         "over_budget": _over_budget(measured, num(info.get("memory_budget_bytes"))),
         "memory_budget_bytes": num(info.get("memory_budget_bytes")),
         "stopped_because": info.get("stopped_because"),
-        "wall_clock_s": num(info.get("wall_clock_s")),
-        "budget_s": num(info.get("budget_s")),
     }
 
 
