@@ -89,8 +89,7 @@ def result_table(record: dict[str, Any]) -> str:
 
 def data_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     """Real data's wait (training_harness.measure.loader) and time to target
-    (training_harness.measure.
-    time_to_target), where the record has them."""
+    (training_harness.measure.time_to_target), where the record has them."""
     rows = []
     data = m.get("data") or {}
     if data.get("loader") == "dataloader" and data.get("data_wait_share") is not None:

@@ -3,10 +3,9 @@
     baseline     strict fp32 (TF32 off, torch's default float32 matmul precision
                  "highest"; [strategies.tf32] is the fp32+TF32 one): no technique,
                  the largest world size (data parallel where the layouts allow,
-                 with DDP if the study lists it), the
-                 largest micro-batch (the least accumulation) predicted to fit the
-                 memory budget (training_harness.tune.model.estimator_model.largest_fitting_micro
-                 lowers it)
+                 with DDP if the study lists it), the largest micro-batch (the least
+                 accumulation) predicted to fit the memory budget
+                 (training_harness.tune.model.estimator_model.largest_fitting_micro lowers it)
     known-good   the study's [known_good], or else the techniques usually good on
                  this device (GOOD_BY_DEVICE) at their default settings
 

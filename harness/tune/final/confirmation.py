@@ -42,9 +42,8 @@ round measured. Its spread also covers the seeds' (the fastest and the slowest s
 steps times each measured step time), so two configurations whose seeds overlap are
 not told apart by the step time alone (the rule there stays the spread: the seeds'
 spread is not a measurement's noise, and an interval over measurements would miss
-it). The decision is kept in the Optuna
-study's user attribute "best_by_repeats" (StudyTrials.best_trial reads it) and in
-study.json.
+it). The decision is kept in the Optuna study's user attribute "best_by_repeats"
+(StudyTrials.best_trial reads it) and in study.json.
 """
 
 from __future__ import annotations

@@ -55,8 +55,7 @@ def write_results(study: Study, store: RunStore, clock: Clock, trials: StudyTria
     except StorageUnreachable:
         best = None  # the records are all there is; --resume finishes the study
     best_id = best.user_attrs.get("trial_id", best.number) if best else None
-    baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"),
-                    None)
+    baseline = next((r for r in records if tags_of(r).get("phase") == "baseline"), None)
     decision = confirmed_decision(trials.optuna_study, best_id)
     # one figure per configuration, and the ratios with their intervals (throughput)
     verdict = (study_verdict(records, best_id, baseline and baseline["trial_id"])
