@@ -46,11 +46,14 @@ class Pattern:
 
         return sparse
 
+    @lru_cache(maxsize=64)  # noqa: B019 (keyed by the frozen pattern, kept for the process)
     def block_mask(self, seq: int, device: str) -> BlockMask:
-        return _block_mask(self, seq, device)
+        return create_block_mask(self.mask_mod(), None, None, seq, seq, device=device,
+                                 BLOCK_SIZE=self.block)
 
+    @lru_cache(maxsize=64)  # noqa: B019
     def dense_mask(self, seq: int, device: str) -> torch.Tensor:
-        return _dense_mask(self, seq, device)
+        return create_mask(self.mask_mod(), None, None, seq, seq, device=device)
 
     def computed_fraction(self, seq: int) -> float:
         """Of all (query block, key block) pairs of `seq` positions, the share the
@@ -61,17 +64,6 @@ class Pattern:
             computed += int(mask.full_kv_num_blocks.sum())
         blocks = -(-seq // self.block)
         return computed / (blocks * blocks)
-
-
-@lru_cache(maxsize=64)
-def _block_mask(pattern: Pattern, seq: int, device: str) -> BlockMask:
-    return create_block_mask(pattern.mask_mod(), None, None, seq, seq, device=device,
-                             BLOCK_SIZE=pattern.block)
-
-
-@lru_cache(maxsize=64)
-def _dense_mask(pattern: Pattern, seq: int, device: str) -> torch.Tensor:
-    return create_mask(pattern.mask_mod(), None, None, seq, seq, device=device)
 
 
 def attend(pattern: Pattern, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
