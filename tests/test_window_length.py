@@ -11,8 +11,9 @@ from tests.test_measurement_window import PEAK
 from tests.tiny import TINY_GPT
 from training_harness.core.errors import HarnessError
 from training_harness.core.plan import Plan
+from training_harness.core.window import window_rule, window_steps
 from training_harness.measure.prepare import prepare
-from training_harness.measure.timing import settled, warm_up, window_rule, window_steps
+from training_harness.measure.timing import settled, warm_up
 from training_harness.measure.trial_loop import measure
 
 

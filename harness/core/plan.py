@@ -107,7 +107,7 @@ class Plan(TomlFile):
     # Warm-up runs `warmup_steps`, then on until the step times settle (the last 3 within
     # 5%), `warmup_max_steps` at most (default: 50 on CUDA, `warmup_steps` elsewhere);
     # the measured window then lasts `steps` or `min_window_s` (default: 2 s on CUDA, 0
-    # elsewhere), whichever is longer (training_harness.measure.timing.window_rule)
+    # elsewhere), whichever is longer (training_harness.core.window.window_rule)
     warmup_max_steps: int | None = None
     min_window_s: float | None = None
     # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the trial's environment

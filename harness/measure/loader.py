@@ -21,8 +21,8 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset
 
 from training_harness.core.plan import Plan
+from training_harness.core.window import MAX_WINDOW_STEPS, window_rule
 from training_harness.measure.batches import rank_share, split_batch, step_pool
-from training_harness.measure.timing import MAX_WINDOW_STEPS, window_rule
 from training_harness.workloads import Workload
 
 PREFETCH = 4  # batches each worker keeps ready
@@ -118,7 +118,7 @@ def step_feed(plan: Plan, workload: Workload, device: torch.device, data_rank: i
 
 def trial_steps_max(plan: Plan, device_type: str) -> int:
     """The most steps a trial runs: warm-up's cap and the longest window
-    (training_harness.measure.timing.window_rule)."""
+    (training_harness.core.window.window_rule)."""
     cap, min_s = window_rule(plan.warmup_steps, plan.steps, plan.warmup_max_steps,
                              plan.min_window_s, device_type)
     return cap + (max(plan.steps, MAX_WINDOW_STEPS) if min_s else plan.steps)

@@ -21,13 +21,6 @@ from collections.abc import Callable
 import torch
 
 from training_harness.core.device import synchronize
-from training_harness.core.window import (  # noqa: F401  (the rule lives torch-free, for the tuner)
-    CUDA_MIN_WINDOW_S,
-    CUDA_WARMUP_MAX_STEPS,
-    MAX_WINDOW_STEPS,
-    window_rule,
-    window_steps,
-)
 
 
 class WindowTimer:

@@ -29,6 +29,7 @@ import torch
 from training_harness.core.clock import process_age_s
 from training_harness.core.errors import HarnessError
 from training_harness.core.interference import InterferenceMeter, combine_ranks, session_pids
+from training_harness.core.window import window_rule, window_steps
 from training_harness.measure import distributed
 from training_harness.measure.compile_cost import compile_seconds, compiles
 from training_harness.measure.env import capture_env
@@ -39,14 +40,7 @@ from training_harness.measure.peaks import forget_measured_peak
 from training_harness.measure.prepare import Prepared
 from training_harness.measure.rank_process import RankInfo
 from training_harness.measure.ranks import LossLog, combine, rank_figures, read_losses, step_loss
-from training_harness.measure.timing import (
-    SETTLE_STEPS,
-    WindowTimer,
-    step_time_stats,
-    warm_up,
-    window_rule,
-    window_steps,
-)
+from training_harness.measure.timing import SETTLE_STEPS, WindowTimer, step_time_stats, warm_up
 from training_harness.records.result import TrialResult, empty_metrics
 from training_harness.records.step_log import step_writer
 from training_harness.strategies.compose import compose
