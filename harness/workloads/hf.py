@@ -66,10 +66,6 @@ def set_attention(model: nn.Module, kind: str) -> int:
     return 1
 
 
-def _building_on_meta() -> bool:
-    return torch.empty(0).device.type == "meta"
-
-
 class HFWorkload(Workload):
     """A transformers model from its config (or folder), with synthetic tokens."""
 
@@ -91,7 +87,7 @@ class HFWorkload(Workload):
     def build_model(self) -> nn.Module:
         cls = model_class(self.source)
         kwargs = dict(attn_implementation=self.attn_implementation, dtype=torch.float32)
-        if self.source.weights and not _building_on_meta():
+        if self.source.weights and torch.get_default_device().type != "meta":
             return cls.from_pretrained(str(self.source.folder), config=self.config,
                                        local_files_only=True, **kwargs)
         return cls.from_config(self.config, **kwargs)
