@@ -106,13 +106,9 @@ def measure(device: torch.device) -> DeviceOverhead:
 
 def _device_used(device: torch.device) -> int | None:
     """What the whole device holds now (NVML; None without it)."""
-    from training_harness.measure.nvml import _ask, nvml_handle
+    from training_harness.measure.nvml import ask_device
 
-    def query(nv: Any) -> int | None:
-        handle = nvml_handle(nv, device)
-        return None if handle is None else int(nv.nvmlDeviceGetMemoryInfo(handle).used)
-
-    return _ask(query, None)
+    return ask_device(device, lambda nv, handle: int(nv.nvmlDeviceGetMemoryInfo(handle).used))
 
 
 def _first_kernels(device: torch.device) -> None:

@@ -278,7 +278,7 @@ def _ask(query: Callable[[Any], T], default: T) -> T:
         _shutdown(pynvml)
 
 
-def _ask_device(device: torch.device, query: Callable[[Any, Any], T]) -> T | None:
+def ask_device(device: torch.device, query: Callable[[Any, Any], T]) -> T | None:
     """`query(pynvml, handle)` of CUDA `device`, as `_ask`; None on a CPU, where NVML is
     absent or the question fails, or where no NVML device matches."""
     if device.type != "cuda":
@@ -294,7 +294,7 @@ def _ask_device(device: torch.device, query: Callable[[Any, Any], T]) -> T | Non
 def process_memory_bytes(device: torch.device) -> int | None:
     """What the device holds for this process now, through NVML; None where NVML or the
     per-process figure is unavailable (a CPU, no driver, a container's own PIDs)."""
-    return _ask_device(device, lambda nv, handle: _process_used(nv, handle, os.getpid()))
+    return ask_device(device, lambda nv, handle: _process_used(nv, handle, os.getpid()))
 
 
 def gpu_identity(device: torch.device) -> str:
@@ -305,7 +305,7 @@ def gpu_identity(device: torch.device) -> str:
     def sm_max(nv: Any, handle: Any) -> str:
         return f"sm-max {int(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))}"
 
-    parts = [f"uuid {uuid}" if uuid else None, _ask_device(device, sm_max)]
+    parts = [f"uuid {uuid}" if uuid else None, ask_device(device, sm_max)]
     return " ".join(p for p in parts if p)
 
 
@@ -327,6 +327,6 @@ def gpu_names() -> list[str]:
 def compute_processes(device: torch.device) -> list[dict[str, Any]] | None:
     """The compute processes NVML lists on CUDA `device` now ({"pid", "used_memory_bytes"}),
     or None where NVML cannot say (a CPU, no driver, no matching device)."""
-    return _ask_device(device, lambda nv, handle: [
+    return ask_device(device, lambda nv, handle: [
         {"pid": p.pid, "used_memory_bytes": getattr(p, "usedGpuMemory", None)}
         for p in nv.nvmlDeviceGetComputeRunningProcesses(handle)])
