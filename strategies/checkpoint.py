@@ -54,15 +54,13 @@ class Checkpoint(Strategy):
                 "Sequential of same-typed modules); keep them in self.blocks or drop "
                 "[strategies.checkpoint]"
             )
-        wrapped = 0
-        for i in range(0, len(blocks), settings.every):
+        picked = range(0, len(blocks), settings.every)
+        context = {"context_fn": selective_context} if settings.policy == "selective" else {}
+        for i in picked:
             # torch's wrapper (non-reentrant checkpoint) also composes with FSDP.
-            if settings.policy == "selective":
-                blocks[i] = checkpoint_wrapper(blocks[i], context_fn=selective_context)
-            else:
-                blocks[i] = checkpoint_wrapper(blocks[i])
-            wrapped += 1
-        setup.notes.append(f"checkpoint ({settings.policy}): {wrapped} of {blocks.describe()}")
+            blocks[i] = checkpoint_wrapper(blocks[i], **context)
+        setup.notes.append(f"checkpoint ({settings.policy}): {len(picked)} of "
+                           f"{blocks.describe()}")
 
 
 def _saved_ops() -> frozenset:
