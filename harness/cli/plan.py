@@ -182,7 +182,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps([_row_json(r) for r in ranked[:args.top]], indent=2))
         return 0
     print(render(study, target, ranked, budget, space_size, args.top,
-                 time.monotonic() - started, PREDICTIONS))
+                 time.monotonic() - started))
     return 0
 
 
@@ -231,7 +231,7 @@ def rank(study: Any, target: Any, memory_budget: Any, sample: int
     predictions = Predictions(space, facts, predictor)
     fresh = Correction.from_records([], "cuda")  # the search's rating before any trial
     rows = []
-    for params in first_guess_pool(space, study.seed, sample)[:max(sample, 1)]:
+    for params in first_guess_pool(space, study.seed, sample)[:sample]:
         plan, predicted = predictions.raw(params)
         rate = predictions.rate(params, fresh, budget)
         rows.append(Ranked(params, plan, rate, predicted, fresh.peak_memory(predicted),
@@ -256,7 +256,7 @@ def _row_json(r: Ranked) -> dict[str, Any]:
 
 
 def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: int | None,
-           top: int, seconds: float, predictions: str) -> str:
+           top: int, seconds: float) -> str:
     """`harness plan`'s printout: the ranked predictions as a table that says what they are."""
     from training_harness.records.plan_text import describe_plan, varying
 
@@ -268,7 +268,7 @@ def render(study: Any, target: Any, ranked: list[Any], budget: int, space_size: 
                + (f"{space_size:,}" if space_size is not None else "its (ranges: unbounded)"))
     lines = [
         f"plan {study.name}: {study.workload} on {target.describe()}",
-        f"PREDICTED, NOT MEASURED: {predictions}.",
+        f"PREDICTED, NOT MEASURED: {PREDICTIONS}.",
         f"ranked {of} configurations in {format_seconds(seconds)}: {len(fit):,} predicted to "
         f"fit the memory budget of {format_bytes(budget)} per GPU, {len(over):,} over it, "
         f"{len(refused):,} refused on this target",
