@@ -194,17 +194,13 @@ def ranks_by_time(run: Run) -> bool:
     return "time_to_loss" in objectives and "throughput" not in objectives
 
 
-def repeated(run: Run) -> dict[str, Any] | None:
-    """The confirmation rounds' decision of a time-to-loss study, if they ran."""
-    d = run.study.get("best_by_repeats")
-    return d if isinstance(d, dict) and d.get("objective") == "time_to_loss" else None
-
-
 def _confirmed(run: Run, hits: list[Point]) -> tuple[Point, str] | None:
-    """The best the rounds named, at its median time to target over them."""
-    d = repeated(run)
+    """The best the confirmation rounds of a time-to-loss study named, if they ran
+    (study.json's best_by_repeats), at its median time to target over them."""
+    d = run.study.get("best_by_repeats")
     by_id = {p.trial_id: p for p in hits}
-    if d is None or str(d.get("best")) not in by_id:
+    if (not isinstance(d, dict) or d.get("objective") != "time_to_loss"
+            or str(d.get("best")) not in by_id):
         return None
     best = by_id[str(d["best"])]
     best = dataclasses.replace(best, time_s=d["median"])

@@ -88,7 +88,7 @@ def language_model(name: str, args: dict[str, Any]) -> tuple[Any, str | None]:
     return w, None
 
 
-def flops_at(workload: Any, length: int, _cache: dict | None = None) -> float:
+def flops_at(workload: Any, length: int) -> float:
     """Forward + backward model FLOPs of one sample of `length` tokens: the workload's
     own count (6N + 12·L·H·Q·T per token) with its sequence length set to `length`."""
     from training_harness.workloads.gpt import GPTWorkload
