@@ -94,9 +94,9 @@ class Pooled:
             out["window_s"] = list(self.windows)
         return out
 
-    def text(self, unit: str = "samples/s") -> str:
+    def text(self) -> str:
         """'80.22 samples/s median [73.7, 85.08], n=5'."""
-        return f"{self.median:.4g} {unit} median [{self.lo:.4g}, {self.hi:.4g}], n={self.n}"
+        return f"{self.median:.4g} samples/s median [{self.lo:.4g}, {self.hi:.4g}], n={self.n}"
 
 
 def measurement_of(record: dict[str, Any], at: int) -> Measurement | None:

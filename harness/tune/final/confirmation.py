@@ -254,15 +254,12 @@ def _summary(s: Standing) -> dict[str, Any]:
 def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
                      optuna_study: optuna.Study, clock: Clock, extra: ExtraTrials,
                      on_event: Callable[[str, dict[str, Any]], None],
-                     repeats: int | None = None, longer: float = 1.0,
-                     more: Callable[[int], bool] | None = None) -> str:
-    """Measure the contenders again (`repeats` rounds; budget.confirm_repeats by default)
-    and name the best; returns how it ended, in words. Rounds beyond
-    budget.confirm_repeats measure windows `longer` times each contender's own. Where
-    the verdict is still open after them, further rounds run while `more(trials)` says
-    that many more trials fit (at most MAX_EXTRA_ROUNDS)."""
+                     repeats: int, longer: float, more: Callable[[int], bool]) -> str:
+    """Measure the contenders again (`repeats` rounds) and name the best; returns how it
+    ended, in words. Rounds beyond budget.confirm_repeats measure windows `longer` times
+    each contender's own. Where the verdict is still open after them, further rounds run
+    while `more(trials)` says that many more trials fit (at most MAX_EXTRA_ROUNDS)."""
     budget = study.budget
-    repeats = budget.confirm_repeats if repeats is None else repeats
     by = ranked_by(study.objectives)
     if by is None:
         return ("off: the contenders are ranked by throughput or time to target, not "
@@ -285,7 +282,7 @@ def run_confirmation(study: Study, store: RunStore, budget_bytes: float,
         if rnd >= repeats:  # the rounds asked for ran: more only where the verdict is open
             decision = decide(standings(store.records(), list(params), by), base_id, by)
             still = open_question(decision, base_id) if by == "throughput" else []
-            if not still or more is None or rnd >= repeats + MAX_EXTRA_ROUNDS:
+            if not still or rnd >= repeats + MAX_EXTRA_ROUNDS:
                 break
             if not more(len(still)):
                 ended = "done; the verdict is still open, and no time is left for more rounds"
