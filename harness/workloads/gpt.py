@@ -16,6 +16,7 @@ from training_harness.workloads.base import TransformerShape, Workload
 from training_harness.workloads.data import check_name, is_synthetic
 from training_harness.workloads.data import tokens as token_data
 from training_harness.workloads.meta import on_meta
+from training_harness.workloads.tokens import next_token
 
 
 @dataclass
@@ -142,21 +143,13 @@ class GPTWorkload(Workload):
         return GPT(self.cfg)
 
     def batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
-        """Learnable synthetic text: each sequence follows x[t+1] = (5·x[t] + 17) mod V
-        from a random start, with 10% of tokens replaced by noise, so the loss falls
-        as the model learns instead of sitting at log V. Real data: random windows."""
+        """Learnable synthetic text (workloads.tokens: x[t+1] = (5·x[t] + 17) mod V from a
+        random start, 10% of tokens replaced by noise), so the loss falls as the model
+        learns instead of sitting at log V. Real data: random windows."""
         cfg = self.cfg
         if not is_synthetic(cfg.data):
             return token_data(cfg.data).next_token(batch_size, index, cfg.seq_len, device)
-        g = torch.Generator().manual_seed(1_000_003 * (index + 1))
-        start = torch.randint(cfg.vocab, (batch_size, 1), generator=g)
-        tokens = start.expand(-1, cfg.seq_len + 1).clone()
-        for t in range(1, cfg.seq_len + 1):
-            tokens[:, t] = (5 * tokens[:, t - 1] + 17) % cfg.vocab
-        noise = torch.rand(tokens.shape, generator=g) < 0.1
-        tokens[noise] = torch.randint(cfg.vocab, (int(noise.sum()),), generator=g)
-        tokens = tokens.to(device)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        return next_token(batch_size, index, cfg.seq_len, cfg.vocab, device)
 
     def eval_batch(self, batch_size: int, index: int, device: torch.device | str) -> Any:
         if is_synthetic(self.cfg.data):
