@@ -40,36 +40,11 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @jit
-def _adamw_kernel(Table, BlockTensor, T, P0, G0, M0, GradScale, lr, beta1, beta2, eps,
-                  weight_decay, bc1, bc2_sqrt, HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    t = tl.load(BlockTensor + pid)
-    p_ptr = tl.load(Table + t).to(tl.pointer_type(P0.dtype.element_ty))
-    g_ptr = tl.load(Table + T + t).to(tl.pointer_type(G0.dtype.element_ty))
-    m_ptr = tl.load(Table + 2 * T + t).to(tl.pointer_type(M0.dtype.element_ty))
-    v_ptr = tl.load(Table + 3 * T + t).to(tl.pointer_type(M0.dtype.element_ty))
-    offs = (pid - tl.load(Table + 5 * T + t)) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < tl.load(Table + 4 * T + t)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_SCALE:
-        g = g * tl.load(GradScale).to(tl.float32)
-    p = p * (1.0 - lr * weight_decay)
-    m = beta1 * m + (1.0 - beta1) * g
-    v = beta2 * v + (1.0 - beta2) * g * g
-    p = p - (lr / bc1) * (m / (tl.sqrt(v) / bc2_sqrt + eps))
-    tl.store(p_ptr + offs, p.to(P0.dtype.element_ty), mask=mask)
-    tl.store(m_ptr + offs, m.to(M0.dtype.element_ty), mask=mask)
-    tl.store(v_ptr + offs, v.to(M0.dtype.element_ty), mask=mask)
-
-
-@jit
-def _lamb_moments_kernel(Table, BlockTensor, T, P0, G0, M0, GradScale, Partials, beta1, beta2,
-                         eps, weight_decay, bc1, bc2_sqrt, HAS_SCALE: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    """m, v <- their updates; Partials[block] = (sum w^2, sum u^2) over the block."""
+def _moments_kernel(Table, BlockTensor, T, P0, G0, M0, GradScale, Partials, lr, beta1, beta2,
+                    eps, weight_decay, bc1, bc2_sqrt, HAS_SCALE: tl.constexpr,
+                    LAMB: tl.constexpr, BLOCK: tl.constexpr):
+    """m, v <- their updates; then AdamW's w <- its update, or LAMB's launch 1:
+    Partials[block] = (sum w^2, sum u^2) over the block."""
     pid = tl.program_id(0)
     t = tl.load(BlockTensor + pid)
     p_ptr = tl.load(Table + t).to(tl.pointer_type(P0.dtype.element_ty))
@@ -88,12 +63,17 @@ def _lamb_moments_kernel(Table, BlockTensor, T, P0, G0, M0, GradScale, Partials,
     v = beta2 * v + (1.0 - beta2) * g * g
     tl.store(m_ptr + offs, m.to(M0.dtype.element_ty), mask=mask)
     tl.store(v_ptr + offs, v.to(M0.dtype.element_ty), mask=mask)
-    # u from the moments as stored, so that launch 3 recomputes the same u
-    m = m.to(M0.dtype.element_ty).to(tl.float32)
-    v = v.to(M0.dtype.element_ty).to(tl.float32)
-    u = tl.where(mask, (m / bc1) / (tl.sqrt(v) / bc2_sqrt + eps) + weight_decay * p, 0.0)
-    tl.store(Partials + 2 * pid, tl.sum(p * p, axis=0))
-    tl.store(Partials + 2 * pid + 1, tl.sum(u * u, axis=0))
+    if LAMB:
+        # u from the moments as stored, so that launch 3 recomputes the same u
+        m = m.to(M0.dtype.element_ty).to(tl.float32)
+        v = v.to(M0.dtype.element_ty).to(tl.float32)
+        u = tl.where(mask, (m / bc1) / (tl.sqrt(v) / bc2_sqrt + eps) + weight_decay * p, 0.0)
+        tl.store(Partials + 2 * pid, tl.sum(p * p, axis=0))
+        tl.store(Partials + 2 * pid + 1, tl.sum(u * u, axis=0))
+    else:
+        p = p * (1.0 - lr * weight_decay)
+        p = p - (lr / bc1) * (m / (tl.sqrt(v) / bc2_sqrt + eps))
+        tl.store(p_ptr + offs, p.to(P0.dtype.element_ty), mask=mask)
 
 
 @jit
@@ -195,10 +175,10 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps
         scale, has_scale = _scale_arg(grad_scale, p0)
         if not block_tensor.numel():
             continue  # only empty tensors
-        _adamw_kernel[(block_tensor.numel(),)](
-            table, block_tensor, t, p0, g0, m0, scale, float(lr), float(beta1), float(beta2),
-            float(eps), float(weight_decay), float(bc1), float(bc2_sqrt),
-            HAS_SCALE=has_scale, BLOCK=BLOCK,
+        _moments_kernel[(block_tensor.numel(),)](
+            table, block_tensor, t, p0, g0, m0, scale, table, float(lr), float(beta1),
+            float(beta2), float(eps), float(weight_decay), float(bc1), float(bc2_sqrt),
+            HAS_SCALE=has_scale, LAMB=False, BLOCK=BLOCK,
         )
 
 
@@ -220,9 +200,10 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps,
         partials = torch.empty(2 * n_blocks, dtype=torch.float32, device=p0.device)
         ratio = torch.empty(t, dtype=torch.float32, device=p0.device)
         if n_blocks:
-            _lamb_moments_kernel[(n_blocks,)](
-                table, block_tensor, t, p0, g0, m0, scale, partials, float(beta1), float(beta2),
-                eps, weight_decay, bc1, bc2_sqrt, HAS_SCALE=has_scale, BLOCK=BLOCK,
+            _moments_kernel[(n_blocks,)](
+                table, block_tensor, t, p0, g0, m0, scale, partials, lr, float(beta1),
+                float(beta2), eps, weight_decay, bc1, bc2_sqrt, HAS_SCALE=has_scale, LAMB=True,
+                BLOCK=BLOCK,
             )
         _lamb_ratio_kernel[(t,)](table, t, partials, ratio, BLOCK_R=256)
         if n_blocks:
