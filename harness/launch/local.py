@@ -78,7 +78,12 @@ from training_harness.launch.launcher import Launcher
 from training_harness.launch.log_cap import LogCap
 from training_harness.launch.verdict import Ended, decide
 from training_harness.measure.compile_cost import inductor_cache_env
-from training_harness.measure.rank_process import NODE_RANK_ENV
+from training_harness.measure.rank_process import (
+    LAUNCH_ID_ENV,
+    LAUNCHER_ENV,
+    NODE_RANK_ENV,
+    STACKS_DIR_ENV,
+)
 from training_harness.records.result import TrialResult, read_result
 from training_harness.records.run_store import write_atomic
 from training_harness.records.step_log import STEP_LOG_ENV
@@ -215,7 +220,7 @@ def launch(
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    ended = _run(start, timeout, launch_id, env[procs.STACKS_DIR_ENV], caps, should_stop)
+    ended = _run(start, timeout, launch_id, env[STACKS_DIR_ENV], caps, should_stop)
     duration = time.monotonic() - t0
 
     if node_rank == 0 and result_file.exists():
@@ -339,9 +344,9 @@ def _torchrun(plan: Plan, nnodes: int, endpoint: str | None, logs: Path, run_id:
 
 def _env(launch_id: str, node_rank: int, logs: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
-    env[procs.LAUNCH_ID_ENV] = launch_id
-    env[procs.LAUNCHER_ENV] = procs.launcher_tag()
-    env[procs.STACKS_DIR_ENV] = str(logs)
+    env[LAUNCH_ID_ENV] = launch_id
+    env[LAUNCHER_ENV] = procs.launcher_tag()
+    env[STACKS_DIR_ENV] = str(logs)
     env[NODE_RANK_ENV] = str(node_rank)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(import_path(env.get("PYTHONPATH")))

@@ -27,13 +27,7 @@ from typing import Any
 
 import psutil
 
-from training_harness.measure.rank_process import (  # noqa: F401  (the launcher sets them)
-    LAUNCH_ID_ENV,
-    LAUNCHER_ENV,
-    STACK_SIGNAL,
-    STACKS_DIR_ENV,
-    stack_file,
-)
+from training_harness.measure.rank_process import LAUNCH_ID_ENV, STACK_SIGNAL, stack_file
 
 
 def launcher_tag() -> str:

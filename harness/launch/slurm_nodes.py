@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from training_harness.launch.rank_logs import RankLog, read_rank_logs, root_cause
-from training_harness.launch.verdict import STDERR_LINES
+from training_harness.launch.verdict import with_tail
 from training_harness.records.result import TrialResult
 from training_harness.records.run_store import write_atomic
 
@@ -120,14 +120,10 @@ def across_nodes(record: TrialResult, out: Path, names: list[str],
             _lost_nodes(record, names, nodes)
             return
         node = next(name for name, log in logs if log is cause)
-        reason = f"{cause.name} on node {node} failed: {cause.error}"
-        if cause.stderr.strip():
-            reason += (f"\nlast lines of its stderr ({cause.folder}):\n"
-                       f"{cause.last_lines(STDERR_LINES)}")
-            record.metrics["stderr_tail"] = cause.stderr[-4000:]
-        if cause.traceback:
+        record.reason = with_tail(f"{cause.name} on node {node} failed: {cause.error}", cause,
+                                  record.metrics)
+        if cause.traceback:  # also where its stderr is empty
             record.metrics["traceback_tail"] = cause.traceback[-4000:]
-        record.reason = reason
         record.metrics["failed_rank"] = {"rank": cause.rank, "node": node,
                                          "logs": str(cause.folder)}
         return

@@ -57,10 +57,10 @@ def decide(
         oom = next((r for r in ranks if r.is_oom), None)
     if oom is not None:
         what = oom.error or _oom_line(oom)
-        return "oom", _with_tail(f"out of memory on {oom.name}: {what}", oom, extra), extra
+        return "oom", with_tail(f"out of memory on {oom.name}: {what}", oom, extra), extra
     cause = root_cause(errors)
     if cause is not None and not cause.is_symptom:
-        return "failed", _with_tail(f"{cause.name} failed: {cause.error}", cause, extra), extra
+        return "failed", with_tail(f"{cause.name} failed: {cause.error}", cause, extra), extra
     if timed_out:
         extra["ranks_running"] = running
         where = [f"{r.name} {r.where()}" for r in ranks if r.where() and r.rank in running]
@@ -73,16 +73,16 @@ def decide(
     died = _died(logs, ranks, code, single, ended.first_failure)
     if died is not None:
         text, log = died
-        return "failed", _with_tail(text, log, extra), extra
+        return "failed", with_tail(text, log, extra), extra
     if cause is not None:  # only errors of ranks whose peer went away
-        return "failed", _with_tail(f"{cause.name} failed: {cause.error}", cause, extra), extra
+        return "failed", with_tail(f"{cause.name} failed: {cause.error}", cause, extra), extra
     if code == 0:
         if not expected_record:
             return "ok", "", extra
         return "failed", "the trial exited cleanly but wrote no record", extra
     agent = RankLog(logs, None, tail(logs / "agent.log"), None, None, None)
     what = "torchrun" if (logs / "agent.log").exists() else "the trial's ranks"
-    return "failed", _with_tail(f"{what} ended ({describe_exit(code)}) and no rank "
+    return "failed", with_tail(f"{what} ended ({describe_exit(code)}) and no rank "
                                 "wrote a record", agent, extra), extra
 
 
@@ -106,7 +106,8 @@ def _died(logs: Path, ranks: list[RankLog], code: int | None, single: bool,
     return f"rank {rank} ended ({describe_exit(rank_code)}) without raising an error", log
 
 
-def _with_tail(text: str, rank: RankLog | None, extra: dict) -> str:
+def with_tail(text: str, rank: RankLog | None, extra: dict) -> str:
+    """`text` and the end of `rank`'s stderr; its tails go into `extra` (the metrics)."""
     if rank is None or not rank.stderr.strip():
         return text
     extra["stderr_tail"] = rank.stderr[-4000:]
