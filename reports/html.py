@@ -1,15 +1,13 @@
 """The page: one self-contained HTML file, plotly.js inlined once, no network request.
 
 Every text from a record passes through `e` (html.escape) before it reaches the
-page; figure JSON is escaped by plotly itself (`<` written as \\u003c), and the one
-JSON this module embeds goes through `script_json`. The table sorts and filters by a
-few lines of inline script; nothing is fetched.
+page; figure JSON is escaped by plotly itself (`<` written as \\u003c). The table
+sorts and filters by a few lines of inline script; nothing is fetched.
 """
 
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,12 +18,6 @@ from training_harness.reports.style import Figure, num
 
 def e(text: Any) -> str:
     return html.escape("" if text is None else str(text), quote=True)
-
-
-def script_json(obj: Any) -> str:
-    """JSON safe inside <script>: no `</script>`, no `<!--` can close or confuse it."""
-    return (json.dumps(obj, default=str).replace("<", "\\u003c").replace(">", "\\u003e")
-            .replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
 def plotly_js() -> str:

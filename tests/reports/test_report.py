@@ -3,14 +3,12 @@ and record text that can never become markup or script."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
 from tests.reports.runs import synthetic_records, write_run
 from training_harness.reports.headline import headline
-from training_harness.reports.html import script_json
 from training_harness.reports.load import load_run
 from training_harness.reports.report import build_report
 from training_harness.reports.style import esc
@@ -48,12 +46,6 @@ def test_record_text_is_escaped_everywhere(tmp_path):
     # inside figure JSON, '<' never appears raw: no "</script>" can close the element early
     for body in re.findall(r"Plotly\.newPlot\((.*?)\)\s*};\s*</script>", page, flags=re.S):
         assert "<" not in body
-
-
-def test_script_json_cannot_close_its_element():
-    text = script_json({"a": "</script><!-- <script>", "b": "\u2028"})
-    assert "<" not in text and ">" not in text and "\u2028" not in text
-    assert json.loads(text) == {"a": "</script><!-- <script>", "b": "\u2028"}
 
 
 def test_figure_text_is_entity_escaped():
