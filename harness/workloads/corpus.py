@@ -45,13 +45,13 @@ def corpus_bytes() -> bytes:
     return b"".join(topics[key].encode("utf-8") + b"\n\n" for key in sorted(topics))
 
 
-def split_stream(tokens: np.ndarray, source: str, chunk: int = CHUNK) -> Split:
-    """The fixed rule: chunk i (of `chunk` tokens) is held out when i % 10 == 9."""
-    n_chunks = -(-len(tokens) // chunk)
+def split_stream(tokens: np.ndarray, source: str) -> Split:
+    """The fixed rule: chunk i (of CHUNK tokens) is held out when i % 10 == 9."""
+    n_chunks = -(-len(tokens) // CHUNK)
     held = [i for i in range(n_chunks) if i % VALIDATION_EVERY == VALIDATION_EVERY - 1]
     kept = [i for i in range(n_chunks) if i % VALIDATION_EVERY != VALIDATION_EVERY - 1]
-    train = np.concatenate([tokens[i * chunk:(i + 1) * chunk] for i in kept])
-    validation = [tokens[i * chunk:(i + 1) * chunk] for i in held]
+    train = np.concatenate([tokens[i * CHUNK:(i + 1) * CHUNK] for i in kept])
+    validation = [tokens[i * CHUNK:(i + 1) * CHUNK] for i in held]
     digest = hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
     return Split(train=train, validation=validation, source=source, digest=digest)
 
