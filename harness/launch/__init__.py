@@ -4,7 +4,7 @@ launcher (`local`: the ranks of a one-node trial forked from the command's rank 
 timeout), one plan prepared and launched the one way (`run`), finding and stopping
 a trial's processes (`procs`), bounded log files (`log_cap`), what the ranks left
 behind (`rank_logs`) and the record of a trial that left none (`verdict`), the
-tuner's client of its torch-side helper (`probe`), and the Slurm launcher (`slurm`:
+tuner's client of its torch-side helper (`torch_helper`), and the Slurm launcher (`slurm`:
 one trial as one job through submitit; what Slurm is asked, `slurm_queue`; what runs
 in the job, `slurm_job`; what the job leaves for the record, `slurm_record`; whether
 the compute nodes see the run folder, `slurm_shared`); up to a launcher's max_jobs

@@ -95,23 +95,18 @@ def launcher_for(cluster: ClusterSpec, device_type: str, world_sizes: list[int],
                  trial_timeout_s: float, nnodes: int = 1) -> SlurmLauncher:
     """The launcher for a study's trials (each a job of `nnodes` nodes when more than
     one), once Slurm has said it would take the largest of their jobs (sbatch
-    --test-only); else a HarnessError naming the cause."""
-    check(cluster, device_type, max(world_sizes), trial_timeout_s, nnodes)
-    return SlurmLauncher(cluster, nnodes)
-
-
-def check(cluster: ClusterSpec, device_type: str, world_size: int, timeout_s: float,
-          nnodes: int = 1) -> None:
-    """Refuse (HarnessError, one line) a job Slurm would not take, before anything runs."""
+    --test-only); else a HarnessError (one line) naming the cause, before anything runs."""
     _submitit()
-    shape = queue.shape_for(cluster, device_type, world_size, nnodes)
-    flags = queue.job_flags(cluster, shape, cluster.job_minutes(timeout_s), "harness-check")
+    shape = queue.shape_for(cluster, device_type, max(world_sizes), nnodes)
+    flags = queue.job_flags(cluster, shape, cluster.job_minutes(trial_timeout_s),
+                            "harness-check")
     refused = queue.refusal(flags)
     if refused:
         raise HarnessError(
             f"Slurm would not take a trial's job: {refused} (sbatch --test-only "
             f"{' '.join(queue.as_argv(flags))}); fix the [cluster] table (`sinfo -s` lists "
             "the partitions, `sacctmgr show assoc user=$USER` the accounts and QOS)")
+    return SlurmLauncher(cluster, nnodes)
 
 
 def launch(
