@@ -103,10 +103,8 @@ class Lora(Strategy):
     def apply(self, phase, setup, settings):
         model = setup.model
         adapted = inject(model, settings)
-        trained = total = 0
-        for p in model.parameters():
-            total += p.numel()
-            trained += p.numel() if p.requires_grad else 0
+        total = sum(p.numel() for p in model.parameters())
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         setup.notes.append(
             f"lora: rank {settings.rank}, alpha {settings.alpha:g} on {', '.join(adapted)}; "
             f"{trained} of {total} parameters train ({100 * trained / total:.2g}%); model "

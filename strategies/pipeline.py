@@ -241,15 +241,14 @@ class Pipeline(Strategy):
             n = plan.accumulation_steps
         except HarnessError as e:
             return reasons + [str(e)]
+        per = plan.micro_batch_size * plan.layout.data  # samples a micro-batch
         if settings.microbatches not in (0, n):
-            per = plan.micro_batch_size * plan.layout.data
             reasons.append(
                 f"pipeline microbatches = {settings.microbatches} but the plan makes {n} "
                 f"micro-batches (global batch / (micro_batch_size x data)); set "
                 f"global_batch_size = {settings.microbatches * per} or microbatches = 0"
             )
         if settings.schedule == "1f1b" and n < p:
-            per = plan.micro_batch_size * plan.layout.data
             reasons.append(
                 f"pipeline schedule '1f1b' needs at least as many micro-batches as stages "
                 f"({n} < {p}); set global_batch_size = {p * per}"
