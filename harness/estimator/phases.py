@@ -46,7 +46,6 @@ def step_phases(
     grads_held: int,
     block_gradients: list[int],
     through_step: int = 0,
-    merged: int = 0,
 ) -> dict[str, int]:
     """What lives above the persistent state (parameters, optimizer state, buffers,
     gradient buckets) at each moment of a step.
@@ -59,8 +58,7 @@ def step_phases(
     parameters and a pipeline's buffers live through forward and backward,
     unreduced gradients through backward.
     `through_step`: of the pipeline's buffers, those still alive at the optimizer
-    step (its receive buffers, the last stage's logits); `merged`: the logits
-    the last stage merges (one more copy) when the schedule ends.
+    step (its receive buffers).
     """
     copies = memory["autocast_weight_copies"]
     kept = copies if parts.copies_kept is None else parts.copies_kept
@@ -101,8 +99,6 @@ def step_phases(
                 parts.block_working or [memory["backward_working"]] * len(parts.stored),
             )
         )
-    if merged:
-        phases["pipeline_merge"] = memory["gradients"] + through_step + merged
     phases["optimizer_step"] = (
         memory["gradients"] + memory["optimizer_temporaries"] + through_step
     )

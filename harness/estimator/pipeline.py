@@ -50,10 +50,10 @@ def in_flight(par: Parallelism, rank: int) -> list[int]:
 
 def stage_activations(
     parts: ActivationParts, par: Parallelism, rank: int, chunks: list[list[int]], counts: list[int]
-) -> tuple[ActivationParts, int, int]:
+) -> tuple[ActivationParts, int]:
     """Pipeline rank `rank`'s activations (its stages `chunks`, blocks by stage) with
-    `counts` micro-batches in flight per stage; what of its pipeline_buffers lives
-    to the step's end; and the logits its last stage merges then.
+    `counts` micro-batches in flight per stage, and what of its pipeline_buffers lives
+    to the step's end.
 
     torch's stages keep a receive buffer per micro-batch for their input (all but
     the first stage) and for their output's gradient (all but the last), made
@@ -84,8 +84,7 @@ def stage_activations(
             buffers, outputs = buffers + m, outputs + n  # gradient buffers; outputs
     # strategies.pipeline steps with return_outputs=False: the last stage keeps no
     # per-micro-batch logits and merges none at the end (torch would, by default).
-    logits = 0
-    kept = parts.stage_output * buffers + logits
+    kept = parts.stage_output * buffers
     memory["pipeline_buffers"] = kept + parts.stage_output * outputs
     ckpt = [j for j, i in enumerate(blocks) if i in parts.checkpointed]
     if not ckpt:
@@ -100,4 +99,4 @@ def stage_activations(
         block_working=[parts.block_working[i] for i in blocks] if parts.block_working else [],
         loss_forward=parts.loss_forward if last else 0,
     )
-    return stage, kept, logits
+    return stage, kept

@@ -69,9 +69,9 @@ def _moments(parts: ActivationParts, facts: ModelFacts, params: list[Param], sta
     """The rank's components and the moments of its step, `counts` micro-batches in
     flight per stage and `grads_held` bytes of gradients alive throughout."""
     par = cfg.parallel
-    kept = merged = 0
+    kept = 0
     if par.pipeline > 1:
-        parts, kept, merged = stage_activations(parts, par, rank, chunks, counts)
+        parts, kept = stage_activations(parts, par, rank, chunks, counts)
     else:
         parts = dataclasses.replace(parts, memory=dict(parts.memory))
     if par.fsdp_mixed:  # the gathered parameters are 16-bit already: autocast casts nothing
@@ -94,6 +94,6 @@ def _moments(parts: ActivationParts, facts: ModelFacts, params: list[Param], sta
     )
     memory.update(parts.memory)
     block_gradients = [state.block_gradients.get(i, 0) for c in chunks for i in c]
-    phases = step_phases(memory, parts, grads_held, block_gradients, kept, merged)
+    phases = step_phases(memory, parts, grads_held, block_gradients, kept)
     peak = sum(memory[k] for k in PERSISTENT) + max(phases.values())
     return RankMemory(memory, phases, peak, state, counts, grads_held)

@@ -12,7 +12,6 @@ def block_activation_terms(
     widths: Widths,
     attention: str = "explicit",
     dropout: bool = False,
-    fused_output_shared: bool = True,
     logsumexp_rows: int | None = None,
     tensor: int = 1,
     tensor_mlp: bool = True,
@@ -59,7 +58,7 @@ def block_activation_terms(
       log-sum-exp per row and head (4·a·s·b). The kernels (CUDA flash and
       memory-efficient, CPU flash) lay their output out as (b, s, a, d), so
       the output projection's input, `y.transpose(1, 2).contiguous()`, is that
-      same tensor (`fused_output_shared`, measured on CPU).
+      same tensor (measured on CPU): the projection keeps nothing more.
     - SDPA's math fallback ('math', CPU with dropout) computes attention in fp32:
       Q, K, V copies, softmax, mask and dropout output are all 4 bytes.
 
@@ -90,7 +89,7 @@ def block_activation_terms(
         t["qkv_output"] = 3 * w.act * sbh
         t["attention_output"] = w.act * sbh
         t["logsumexp"] = 4 * a * rows * b
-        t["proj_input"] = 0 if fused_output_shared else w.act * sbh
+        t["proj_input"] = 0  # the attention output itself (see above)
     else:
         raise ValueError(f"attention {attention!r}: 'explicit', 'fused' or 'math'")
     t["residual_dropout_mask"] = w.mask_of(w.act) * sbh if dropout else 0

@@ -35,7 +35,7 @@ OVERHEAD_FILE = "overhead.json"
 CALIBRATION_TIMEOUT_S = 300.0
 
 
-def device_overhead(device: torch.device, *, cache: bool = True) -> DeviceOverhead:
+def device_overhead(device: torch.device) -> DeviceOverhead:
     """The cached figures of `device`'s GPU, measured in the calibration process on a miss;
     zeros on a CPU. A measurement that fails is not cached: the terms are then zero and
     `source` says why, so the estimate names what it did not count."""
@@ -48,15 +48,14 @@ def device_overhead(device: torch.device, *, cache: bool = True) -> DeviceOverhe
         device = torch.device("cuda", torch.cuda.current_device())
     key = (f"{torch.cuda.get_device_name(device)}|{gpu_identity(device)}|torch {torch.__version__}"
            f"|cuda {torch.version.cuda}")
-    hit = DeviceOverhead.from_record(store.read(OVERHEAD_FILE).get(key)) if cache else None
+    hit = DeviceOverhead.from_record(store.read(OVERHEAD_FILE).get(key))
     if hit is not None:
         return hit
     try:
         measured = _measure_in_subprocess(device)
     except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as e:
         return DeviceOverhead(0, 0, 0, f"not measured ({e}); the context is not counted")
-    if cache:
-        store.add(OVERHEAD_FILE, {key: asdict(measured)})
+    store.add(OVERHEAD_FILE, {key: asdict(measured)})
     return measured
 
 
