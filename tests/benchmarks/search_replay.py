@@ -379,6 +379,10 @@ def main(argv: list[str] | None = None) -> None:
                         "this many simulated hours (its cost then reads '> HOURS')")
     p.add_argument("--jobs", type=int, default=1,
                    help="with --family: surfaces replayed in this many processes at once")
+    p.add_argument("--oracle-gemm", action="store_true",
+                   help="with --family: a what-if, the estimator's compute at each surface's "
+                        "own GEMM efficiency by micro-batch and width, as a device profile "
+                        "measured there would give it (surface_replay/world.gemm_oracle)")
     p.add_argument("--family-report", type=Path, nargs="+", metavar="FILE.jsonl",
                    help="print the family tables of these JSON-lines files, nothing run")
     args = p.parse_args(argv)

@@ -7,6 +7,7 @@ import contextlib
 import tomllib
 from pathlib import Path
 
+import pytest
 import tomli_w
 
 from tests.benchmarks.surfaces.h100 import gpt2_small_1gpu, gpt_1b_8gpu
@@ -178,3 +179,36 @@ def test_the_measured_h200_table_replays_through_the_real_tuner():
     measured = [a for a in asked if a.get("reason") != "not measured in the table"]
     assert len(measured) >= 3 and all(a["status"] in ("ok", "oom") for a in measured)
     assert len(asked) - len(measured) <= 80 - 48
+
+
+def test_the_gemm_oracle_rebuilds_the_estimator_s_step_and_scales_only_its_compute():
+    """search_replay.py --oracle-gemm changes a prediction after the estimator: at the
+    estimator's own MFU it gives back the estimator's step to the last bit, and at half
+    that efficiency it gives the step the estimator itself makes of twice the compute (a
+    pipeline's bubble and a launch-bound step included)."""
+    import dataclasses
+
+    from tests.benchmarks.surface_replay.world import gemm_oracle
+    from tests.benchmarks.surfaces.assumptions import BASE
+    from training_harness.estimator.bandwidth import bandwidth
+    from training_harness.estimator.step_costs import COMPUTE_MFU, StepCosts, cuda_step_time
+
+    plan = {"workload": {"name": "gpt", "layers": 12, "hidden": 768, "seq_len": 1024},
+            "micro_batch_size": 8, "global_batch_size": 64, "strategies": {"amp": {}}}
+    bw = bandwidth("cuda", "NVIDIA H100 80GB HBM3")
+    at_mfu = dataclasses.replace(BASE, gemm_top16=COMPUTE_MFU, gemm_width16=0.0,
+                                 gemm_tokens16=0.0)
+    at_half = dataclasses.replace(at_mfu, gemm_top16=COMPUTE_MFU / 2)
+    for compute_s, bubble, microsteps in ((0.1, 0.0, 8), (0.1, 0.25, 8), (1e-4, 0.0, 64)):
+        costs = StepCosts(microsteps=microsteps, blocks=12, compiled=False, data=1, zero=0,
+                          model_bytes=10**8, state_touched_bytes=10**9,
+                          gradient_bytes=10**8, param_tensors=150, optimizer_impl="fused",
+                          tensor=1, activation_bytes=10**7)
+        step, _, parts = cuda_step_time(compute_s, costs, bw, bubble, 0.3)
+        predicted = {"step_time_s": step, "step_parts": parts}
+        assert gemm_oracle(at_mfu)(plan, predicted)["step_time_s"] == pytest.approx(
+            step, rel=1e-12)
+        twice, _, twice_parts = cuda_step_time(2 * compute_s, costs, bw, bubble, 0.3)
+        got = gemm_oracle(at_half)(plan, predicted)
+        assert got["step_time_s"] == pytest.approx(twice, rel=1e-12)
+        assert got["step_parts"] == pytest.approx(twice_parts, rel=1e-12)

@@ -97,9 +97,10 @@ def _searched(run: Any, seed: int, best: float, cpu_s: float) -> dict[str, Any]:
 
 
 def run_surface(space: str, name: str, seeds: int, samplers: tuple[str, ...] = (),
-                horizon_s: float | None = None) -> dict[str, Any]:
+                horizon_s: float | None = None, oracle: bool = False) -> dict[str, Any]:
     """One surface's line: the space's truth under it and every seed's runs (an Optuna
-    sampler's censored at `horizon_s`, the harness's never)."""
+    sampler's censored at `horizon_s`, the harness's never); `oracle`: the estimator's
+    compute at the surface's own GEMM efficiency (world.gemm_oracle)."""
     from tests.benchmarks.surface_replay.harness_run import run_seed
     from tests.benchmarks.surface_replay.others import (
         enumerate_space,
@@ -107,12 +108,14 @@ def run_surface(space: str, name: str, seeds: int, samplers: tuple[str, ...] = (
         run_estimator,
         run_random,
     )
+    from tests.benchmarks.surface_replay.world import gemm_oracle
     from tests.benchmarks.surfaces.family import surface
 
     t0, cpu0 = time.monotonic(), time.process_time()
     setup, given = _setup(space)
     s = surface(space, name)
     setup.surface, setup.truth = s, s.truth
+    setup.helper.adjust = gemm_oracle(s.assumptions) if oracle else None
     truth = enumerate_space(setup.checked.space, s.truth, setup.checked.budget_bytes, given)
     setup.size, setup.best, setup.goal = len(truth.plans), truth.best, TARGET * truth.best
     runs: dict[str, list[dict[str, Any]]] = {"harness": [], "random": [], "estimator": [],
@@ -137,13 +140,14 @@ def run_surface(space: str, name: str, seeds: int, samplers: tuple[str, ...] = (
         "budget_s": setup.checked.study.budget.time_s,
         "budget_bytes": setup.checked.budget_bytes, "tree": tree(), "horizon_s": horizon_s,
         "wall_s": time.monotonic() - t0, "cpu_s": time.process_time() - cpu0,
+        "oracle": "gemm" if oracle else None,
         "runs": runs,
     }
 
 
 def run_family(space: str, names: list[str], seeds: int, out: Path, jobs: int = 1,
                say: Callable[[str], None] = print, samplers: tuple[str, ...] = (),
-               horizon_s: float | None = None) -> None:
+               horizon_s: float | None = None, oracle: bool = False) -> None:
     """Every surface of `names` not yet in `out`, its line appended as it finishes."""
     skip = done_in(out, samplers)
     todo = [n for n in names if (space, n, seeds) not in skip]
@@ -163,13 +167,13 @@ def run_family(space: str, names: list[str], seeds: int, out: Path, jobs: int = 
 
     if jobs <= 1:
         for name in todo:
-            write(run_surface(space, name, seeds, samplers, horizon_s))
+            write(run_surface(space, name, seeds, samplers, horizon_s, oracle))
         return
     # spawn: a fresh interpreter per worker (no forked torch or Optuna state)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo) or 1), mp_context=ctx,
                              initializer=_quiet) as pool:
-        futures = [pool.submit(run_surface, space, name, seeds, samplers, horizon_s)
+        futures = [pool.submit(run_surface, space, name, seeds, samplers, horizon_s, oracle)
                    for name in todo]
         for f in as_completed(futures):
             write(f.result())
@@ -209,7 +213,8 @@ def cli(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     load, t0 = os.getloadavg(), time.monotonic()
     run_family(args.family, names, args.seeds, jsonl, args.jobs,
                say=lambda text: print(text, file=sys.stderr, flush=True), samplers=samplers,
-               horizon_s=args.censor * HOUR if args.censor else None)
+               horizon_s=args.censor * HOUR if args.censor else None,
+               oracle=args.oracle_gemm)
     print(report([jsonl]))
     print(f"{len(names)} surface(s) in {time.monotonic() - t0:.0f} s wall on "
           f"{os.cpu_count()} CPUs (shared: load average {load[0]:.2f} before, "

@@ -24,7 +24,7 @@ import json
 import sys
 import time as real_time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +181,9 @@ class SurfaceHelper(TorchHelper):
         self.clock = clock
         self.cache: dict[str, PreparedPlan | HarnessError] = {}
         self.calls = 0
+        # A what-if (search_replay.py --oracle-gemm): each answer's prediction changed
+        # after the estimator, as by a device profile that knew the surface's GEMMs.
+        self.adjust: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
 
     def devices(self) -> dict[str, Any]:
         from training_harness.core.device import RuntimeEnv
@@ -211,10 +214,38 @@ class SurfaceHelper(TorchHelper):
         got = self.cache[k]
         if isinstance(got, HarnessError):
             raise got
-        return dataclasses.replace(got, plan=got.plan.replace(name=plan.name, seed=plan.seed))
+        predicted = got.predicted
+        if self.adjust is not None and predicted and predicted.get("step_parts"):
+            predicted = self.adjust(got.plan.to_dict(), predicted)
+        return dataclasses.replace(got, plan=got.plan.replace(name=plan.name, seed=plan.seed),
+                                   predicted=predicted)
 
     def close(self) -> None:
         pass
+
+
+def gemm_oracle(a: Any) -> Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]:
+    """The estimator's step with its compute at the GEMM efficiency surface `a` gives the
+    plan's micro-batch and width (tests/benchmarks/surfaces/hardware.py), in place of one
+    MFU for every shape: what a device profile measured on that GPU would tell it of its
+    matmuls, and nothing else (attention, element-wise work and compile stay the
+    estimator's own). A what-if, to ask whether such a profile would change the search."""
+    from tests.benchmarks.surfaces.config import read
+    from tests.benchmarks.surfaces.hardware import gemm_efficiency
+    from training_harness.estimator.step_costs import COMPUTE_MFU
+
+    def adjust(plan: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+        c = read(plan)
+        p = dict(predicted["step_parts"])
+        flops_s = p["compute"] + p["recompute"]
+        stretch = (flops_s + p["bubble"]) / flops_s if flops_s else 1.0  # 1 / (1 - bubble)
+        f = COMPUTE_MFU / gemm_efficiency(c.dtype, c.micro * c.seq, c.hidden / c.tensor, a)
+        p.update(compute=p["compute"] * f, recompute=p["recompute"] * f,
+                 bubble=flops_s * f * (stretch - 1))
+        step = (max((p["compute"] + p["recompute"]) * stretch, p["launches"]) + p["data"]
+                + p["tensor"] + p["optimizer"])
+        return {**predicted, "step_parts": p, "step_time_s": step}
+    return adjust
 
 
 class _TimeModule(types.ModuleType):
