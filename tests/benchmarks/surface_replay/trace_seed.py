@@ -51,6 +51,9 @@ def main() -> None:
     p.add_argument("--hours", type=float, default=1.0, help="trace trials started before this")
     p.add_argument("--watch", type=int, default=3, help="distinct best configurations watched")
     p.add_argument("--dump", type=int, default=12, help="print the fits every this many asks")
+    p.add_argument("--oracle-gemm", action="store_true",
+                   help="the estimator's compute at the surface's GEMM efficiency "
+                        "(world.gemm_oracle, as search_replay.py --oracle-gemm)")
     args = p.parse_args()
 
     import training_harness.tune.search.guided_sampler as guided
@@ -58,11 +61,13 @@ def main() -> None:
     from tests.benchmarks.surface_replay import launcher as launcher_module
     from tests.benchmarks.surface_replay.harness_run import EPOCH, HOUR, run_seed
     from tests.benchmarks.surface_replay.others import enumerate_space
+    from tests.benchmarks.surface_replay.world import gemm_oracle
     from tests.benchmarks.surfaces.family import surface
 
     setup, given = family_run._setup(args.family)
     s = surface(args.family, args.surface)
     setup.surface, setup.truth = s, s.truth
+    setup.helper.adjust = gemm_oracle(s.assumptions) if args.oracle_gemm else None
     truth = enumerate_space(setup.checked.space, s.truth, setup.checked.budget_bytes, given)
     setup.size, setup.best, setup.goal = len(truth.plans), truth.best, 0.97 * truth.best
     watch: list[int] = []
