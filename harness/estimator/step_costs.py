@@ -75,6 +75,13 @@ class StepCosts:
     head_kernels: int = 0
 
 
+def step_of(parts: dict[str, float]) -> float:
+    """A CUDA step's seconds from its parts: the FLOPs (with the pipeline's bubble) overlap
+    the kernel launches, and the rest adds."""
+    flops = parts["compute"] + parts["recompute"] + parts["bubble"]
+    return max(flops, parts["launches"]) + parts["data"] + parts["tensor"] + parts["optimizer"]
+
+
 def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
                    bubble: float, recompute_share: float = 0.0
                    ) -> tuple[float, str, dict[str, float]]:
@@ -103,10 +110,10 @@ def cuda_step_time(compute_flops_s: float, costs: StepCosts, bw: Bandwidth,
             else costs.optimizer_impl)
     optimizer = touched / bw.memory + costs.param_tensors * OPTIMIZER_KERNELS.get(
         impl, 1.0) * LAUNCH_S
-    total = max(compute, launches) + data + tensor + optimizer
     parts = {"compute": compute_flops_s * (1 - recompute_share),
              "recompute": compute_flops_s * recompute_share, "bubble": compute - compute_flops_s,
              "launches": launches, "data": data, "tensor": tensor, "optimizer": optimizer}
+    total = step_of(parts)
     how = (f"Step time = max(compute {compute * 1e3:.3g} ms at MFU {COMPUTE_MFU:g}"
            + (f" / (1 - bubble {bubble:.3f})" if bubble else "")
            + f", kernel launches {launches * 1e3:.3g} ms: {costs.microsteps} micro-step(s) "

@@ -232,7 +232,7 @@ def gemm_oracle(a: Any) -> Callable[[dict[str, Any], dict[str, Any]], dict[str, 
     estimator's own). A what-if, to ask whether such a profile would change the search."""
     from tests.benchmarks.surfaces.config import read
     from tests.benchmarks.surfaces.hardware import gemm_efficiency
-    from training_harness.estimator.step_costs import COMPUTE_MFU
+    from training_harness.estimator.step_costs import COMPUTE_MFU, step_of
 
     def adjust(plan: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
         c = read(plan)
@@ -242,9 +242,7 @@ def gemm_oracle(a: Any) -> Callable[[dict[str, Any], dict[str, Any]], dict[str, 
         f = COMPUTE_MFU / gemm_efficiency(c.dtype, c.micro * c.seq, c.hidden / c.tensor, a)
         p.update(compute=p["compute"] * f, recompute=p["recompute"] * f,
                  bubble=flops_s * f * (stretch - 1))
-        step = (max((p["compute"] + p["recompute"]) * stretch, p["launches"]) + p["data"]
-                + p["tensor"] + p["optimizer"])
-        return {**predicted, "step_parts": p, "step_time_s": step}
+        return {**predicted, "step_parts": p, "step_time_s": step_of(p)}
     return adjust
 
 
